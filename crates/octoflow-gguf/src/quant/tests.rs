@@ -1,0 +1,1 @@
+//! Round-trip, dot and error tests of the quant codecs.

@@ -1,0 +1,80 @@
+//! Build-time GLSL → SPIR-V for OctoFlow's build scripts (no shader compiler at run time).
+//!
+//! [`build_shader_dir`] compiles every `*.comp` of a folder with glslang (Vulkan 1.2, SPIR-V 1.5;
+//! `GL_KHR_cooperative_matrix`, `GL_KHR_shader_subgroup_*`, 8/16-bit types all compile under it),
+//! writes the `.spv` files to `OUT_DIR` and generates a Rust module that embeds them with
+//! `include_bytes!`: one `pub const NAME: Shader` per variant plus `pub const ALL: &[Shader]`.
+//!
+//! Variants come from `variants.txt` in the folder; see [`variants`] for its format.
+
+mod compile;
+pub mod variants;
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+pub use variants::Variant;
+
+/// Compiles `shader_dir/*.comp` (with `#include "x.glsl"` resolved in `shader_dir`) into
+/// `out_dir/<variant>.spv` and writes `out_dir/<module_file>`, whose constants have type
+/// `shader_type` (a path such as `octoflow_vk::Shader`, a struct with `name: &'static str` and
+/// `spirv: &'static [u8]`). Prints `cargo:rerun-if-changed` for the folder and each file.
+/// The error is the compiler log of the first shader that failed.
+pub fn build_shader_dir(
+    shader_dir: &Path,
+    out_dir: &Path,
+    module_file: &str,
+    shader_type: &str,
+) -> Result<Vec<Variant>, String> {
+    println!("cargo:rerun-if-changed={}", shader_dir.display());
+    let sources = list_sources(shader_dir)?;
+    let list = shader_dir.join("variants.txt");
+    let text = match std::fs::read_to_string(&list) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(format!("{}: {e}", list.display())),
+    };
+    let variants = variants::plan(&text, &sources)?;
+
+    let mut module = format!("// Generated from {} by octoflow-glsl; do not edit.\n\n", shader_dir.display());
+    let mut table = String::new();
+    for v in &variants {
+        let words = compile::compile(shader_dir, v)?;
+        let spv = out_dir.join(format!("{}.spv", v.output));
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        std::fs::write(&spv, bytes).map_err(|e| format!("{}: {e}", spv.display()))?;
+        let konst = v.output.to_uppercase();
+        let _ = writeln!(
+            module,
+            "/// `{}` built from `{}` with defines {}.\npub const {konst}: {shader_type} = \
+             {shader_type} {{ name: {:?}, spirv: include_bytes!({:?}) }};",
+            v.output,
+            v.source,
+            v.describe_defines(),
+            v.output,
+            spv.display().to_string(),
+        );
+        let _ = writeln!(table, "    {konst},");
+    }
+    let _ = writeln!(module, "\n/// Every shader variant, in build order.\npub const ALL: &[{shader_type}] = &[\n{table}];");
+    let path = out_dir.join(module_file);
+    std::fs::write(&path, module).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(variants)
+}
+
+/// Names of the `.comp` files in `dir`, sorted; registers every file for rebuilds.
+fn list_sources(dir: &Path) -> Result<Vec<String>, String> {
+    let mut names = Vec::new();
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for entry in entries {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        println!("cargo:rerun-if-changed={}", path.display());
+        if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
+            if name.ends_with(".comp") {
+                names.push(name.to_string());
+            }
+        }
+    }
+    names.sort();
+    Ok(names)
+}

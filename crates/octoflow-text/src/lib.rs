@@ -1,0 +1,1 @@
+//! Tokenizers from GGUF metadata, chat templates, sampling.

@@ -1,0 +1,264 @@
+//! Device selection and the shared device state every resource holds on to.
+
+use std::mem::ManuallyDrop;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ash::vk;
+use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
+use gpu_allocator::{AllocationSizes, AllocatorDebugSettings};
+
+use crate::caps::{DeviceCaps, DeviceKind};
+use crate::error::{vk_err, Result, VkError};
+use crate::features::create_device;
+use crate::instance::Instance;
+use crate::probe::{probe, Probe};
+use crate::transfer::Transfer;
+
+/// Environment variable that selects a device by index (as listed by `octoflow devices`).
+pub const GPU_ENV: &str = "OCTOFLOW_GPU";
+
+/// Which device to open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceChoice {
+    /// `OCTOFLOW_GPU` if set, else the best device: discrete > integrated > virtual > CPU, ties
+    /// broken by device-local memory.
+    #[default]
+    Auto,
+    /// The device at this enumeration index (e.g. from `--gpu N`); overrides `OCTOFLOW_GPU`.
+    Index(usize),
+}
+
+/// Lists every physical device with its capabilities, in enumeration order.
+pub fn list_devices() -> Result<Vec<DeviceCaps>> {
+    let instance = Instance::new()?;
+    let probes = enumerate(&instance)?;
+    Ok(probes.into_iter().map(|(_, p)| p.caps).collect())
+}
+
+fn enumerate(instance: &Instance) -> Result<Vec<(vk::PhysicalDevice, Probe)>> {
+    // SAFETY: read-only query on a live instance.
+    let pdevs = unsafe { instance.raw.enumerate_physical_devices() }
+        .map_err(vk_err("vkEnumeratePhysicalDevices"))?;
+    pdevs
+        .into_iter()
+        .enumerate()
+        .map(|(i, pdev)| Ok((pdev, probe(instance, pdev, i)?)))
+        .collect()
+}
+
+/// Why a device cannot run our kernels, or `None` when it can.
+fn unusable(p: &Probe) -> Option<String> {
+    if p.caps.api_version_raw < vk::API_VERSION_1_2 {
+        Some(format!("Vulkan {} < 1.2", p.caps.api_version))
+    } else if p.queue_family.is_none() {
+        Some("no compute queue".into())
+    } else {
+        None
+    }
+}
+
+/// Picks a device index from the probed list: an explicit index, `OCTOFLOW_GPU` (`env`), or
+/// the best usable device.
+pub(crate) fn select(
+    devices: &[(DeviceKind, u64, Option<String>)],
+    choice: DeviceChoice,
+    env: Option<&str>,
+) -> Result<usize> {
+    let count = devices.len();
+    if count == 0 {
+        return Err(VkError::NoDevice);
+    }
+    let explicit = match (choice, env) {
+        (DeviceChoice::Index(i), _) => Some((i, "the device choice".to_string())),
+        (DeviceChoice::Auto, Some(v)) => {
+            let i = v.trim().parse().map_err(|_| VkError::BadDeviceEnv { value: v.into() })?;
+            Some((i, format!("{GPU_ENV}={v}")))
+        }
+        (DeviceChoice::Auto, None) => None,
+    };
+    if let Some((index, source_of)) = explicit {
+        return if index < count { Ok(index) } else { Err(VkError::NoSuchDevice { index, count, source_of }) };
+    }
+    devices
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, _, why))| why.is_none())
+        .min_by_key(|(_, (kind, local, _))| (*kind, std::cmp::Reverse(*local)))
+        .map(|(i, _)| i)
+        .ok_or(VkError::NoDevice)
+}
+
+/// The device state shared by every resource (`Arc`), so the device outlives them all.
+pub(crate) struct DeviceInner {
+    pub instance: Arc<Instance>,
+    pub device: ash::Device,
+    pub queue: Mutex<vk::Queue>,
+    pub queue_family: u32,
+    pub caps: DeviceCaps,
+    pub allocator: ManuallyDrop<Mutex<Allocator>>,
+    pub pipeline_cache: vk::PipelineCache,
+    pub transfer: ManuallyDrop<Mutex<Transfer>>,
+}
+
+impl DeviceInner {
+    /// The allocator, even if a panicking thread poisoned its lock (its state stays consistent).
+    pub fn allocator(&self) -> MutexGuard<'_, Allocator> {
+        self.allocator.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The queue, locked for a submit.
+    pub fn queue(&self) -> MutexGuard<'_, vk::Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        // SAFETY: every resource holds an Arc to this, so all are destroyed; wait for the queue
+        // anyway in case a submit is still running, then tear down in reverse creation order.
+        unsafe {
+            let _ = self.device.device_wait_idle();
+            ManuallyDrop::drop(&mut self.transfer);
+            self.device.destroy_pipeline_cache(self.pipeline_cache, None);
+            ManuallyDrop::drop(&mut self.allocator);
+            self.device.destroy_device(None);
+        }
+    }
+}
+
+/// An open device: the handle every buffer, pipeline and chain is created from. Cloning is
+/// cheap (one `Arc`).
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<DeviceInner>,
+}
+
+impl Context {
+    /// Opens the chosen device with one compute queue and every feature we use that it has.
+    pub fn new(choice: DeviceChoice) -> Result<Self> {
+        let instance = Instance::new()?;
+        let mut probes = enumerate(&instance)?;
+        let summary: Vec<_> =
+            probes.iter().map(|(_, p)| (p.caps.kind, p.caps.device_local_bytes(), unusable(p))).collect();
+        let env = std::env::var(GPU_ENV).ok();
+        let index = select(&summary, choice, env.as_deref())?;
+        let (pdev, probe) = probes.swap_remove(index);
+        if let Some(reason) = unusable(&probe) {
+            return Err(VkError::Unsupported { device: probe.caps.name, reason });
+        }
+        let family = probe.queue_family.ok_or_else(|| VkError::Unsupported {
+            device: probe.caps.name.clone(),
+            reason: "no compute queue".into(),
+        })?;
+        Self::open(instance, pdev, family, probe.caps)
+    }
+
+    fn open(instance: Arc<Instance>, pdev: vk::PhysicalDevice, family: u32, caps: DeviceCaps) -> Result<Self> {
+        let device = create_device(&instance, pdev, family, &caps)?;
+        // SAFETY: the queue family was requested with one queue at device creation.
+        let queue = unsafe { device.get_device_queue(family, 0) };
+        let allocator = Allocator::new(&AllocatorCreateDesc {
+            instance: instance.raw.clone(),
+            device: device.clone(),
+            physical_device: pdev,
+            debug_settings: AllocatorDebugSettings::default(),
+            buffer_device_address: caps.buffer_device_address,
+            allocation_sizes: AllocationSizes::default(),
+        })
+        .map_err(|e| VkError::Allocator { what: "allocator".into(), detail: e.to_string() });
+        let allocator = match allocator {
+            Ok(a) => a,
+            Err(e) => {
+                // SAFETY: nothing was created from the device yet.
+                unsafe { device.destroy_device(None) };
+                return Err(e);
+            }
+        };
+        // SAFETY: empty initial cache on a live device.
+        let cache = unsafe { device.create_pipeline_cache(&vk::PipelineCacheCreateInfo::default(), None) };
+        let transfer = cache.map_err(vk_err("vkCreatePipelineCache")).and_then(|cache| {
+            Transfer::new(&device, family).map(|t| (cache, t)).inspect_err(|_| unsafe {
+                device.destroy_pipeline_cache(cache, None);
+            })
+        });
+        let (pipeline_cache, transfer) = match transfer {
+            Ok(x) => x,
+            Err(e) => {
+                drop(allocator);
+                // SAFETY: the allocator (the only child) is gone.
+                unsafe { device.destroy_device(None) };
+                return Err(e);
+            }
+        };
+        tracing::info!("opened Vulkan device {:?} ({})", caps.name, caps.driver_info);
+        let inner = DeviceInner {
+            instance,
+            device,
+            queue: Mutex::new(queue),
+            queue_family: family,
+            caps,
+            allocator: ManuallyDrop::new(Mutex::new(allocator)),
+            pipeline_cache,
+            transfer: ManuallyDrop::new(Mutex::new(transfer)),
+        };
+        Ok(Context { inner: Arc::new(inner) })
+    }
+
+    /// The device's capabilities (what variant choices are based on).
+    pub fn caps(&self) -> &DeviceCaps {
+        &self.inner.caps
+    }
+
+    /// Validation-layer errors reported so far (0 without `OCTOFLOW_VALIDATION=1`).
+    pub fn validation_errors(&self) -> u64 {
+        self.inner.instance.validation_errors()
+    }
+
+    /// Blocks until the device is idle.
+    pub fn wait_idle(&self) -> Result<()> {
+        let _queue = self.inner.queue();
+        // SAFETY: the queue lock is held, so no submit races with the wait.
+        unsafe { self.inner.device.device_wait_idle() }.map_err(vk_err("vkDeviceWaitIdle"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(kind: DeviceKind, local: u64) -> (DeviceKind, u64, Option<String>) {
+        (kind, local, None)
+    }
+
+    #[test]
+    fn auto_prefers_discrete_then_integrated_then_cpu() {
+        let list = [dev(DeviceKind::Cpu, 1 << 30), dev(DeviceKind::Integrated, 1 << 30), dev(DeviceKind::Discrete, 1 << 20)];
+        assert_eq!(select(&list, DeviceChoice::Auto, None).unwrap(), 2);
+        assert_eq!(select(&list[..2], DeviceChoice::Auto, None).unwrap(), 1);
+    }
+
+    #[test]
+    fn auto_breaks_ties_by_device_memory_and_skips_unusable() {
+        let mut list = vec![dev(DeviceKind::Discrete, 8 << 30), dev(DeviceKind::Discrete, 80 << 30)];
+        assert_eq!(select(&list, DeviceChoice::Auto, None).unwrap(), 1);
+        list[1].2 = Some("Vulkan 1.1 < 1.2".into());
+        assert_eq!(select(&list, DeviceChoice::Auto, None).unwrap(), 0);
+    }
+
+    #[test]
+    fn env_and_explicit_index_override_auto() {
+        let list = [dev(DeviceKind::Discrete, 1), dev(DeviceKind::Cpu, 1)];
+        assert_eq!(select(&list, DeviceChoice::Auto, Some("1")).unwrap(), 1);
+        assert_eq!(select(&list, DeviceChoice::Index(0), Some("1")).unwrap(), 0);
+    }
+
+    #[test]
+    fn bad_index_or_env_is_a_clear_error() {
+        let list = [dev(DeviceKind::Cpu, 1)];
+        let err = select(&list, DeviceChoice::Index(3), None).unwrap_err();
+        assert!(matches!(err, VkError::NoSuchDevice { index: 3, count: 1, .. }), "{err}");
+        let err = select(&list, DeviceChoice::Auto, Some("gpu0")).unwrap_err();
+        assert!(matches!(err, VkError::BadDeviceEnv { .. }), "{err}");
+        assert!(matches!(select(&[], DeviceChoice::Auto, None), Err(VkError::NoDevice)));
+    }
+}

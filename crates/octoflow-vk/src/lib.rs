@@ -1,0 +1,1 @@
+//! Generic Vulkan compute runtime on ash: devices, memory, pipelines, dispatch chains, timestamps.

@@ -1,0 +1,43 @@
+//! `octoflow`: the command line. Each subcommand lives in `cmd/<name>.rs`; this file only parses
+//! arguments, sets up logging (to stderr) and dispatches.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "octoflow", version, about = "GPU-native LLM engine: run, serve and fine-tune GGUF models with Vulkan")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print a GGUF file's metadata and tensor table (like gguf-dump).
+    Inspect(cmd::inspect::Args),
+    /// Download a model (a name from the built-in list, or an http(s) URL of a .gguf) into the cache.
+    Pull(cmd::pull::Args),
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("OCTOFLOW_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect(args) => cmd::inspect::run(args),
+        Command::Pull(args) => cmd::pull::run(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
