@@ -1,4 +1,5 @@
 //! One module per subcommand.
 
+pub mod common;
 pub mod inspect;
 pub mod pull;

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what building and testing OctoFlow needs, only where it is missing (idempotent):
+# a Rust toolchain (must already be there: rustup), Mesa's lavapipe Vulkan driver and the Vulkan
+# loader (the GPU path runs on lavapipe where there is no GPU), and a C++ compiler for glslang.
+set -euo pipefail
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "error: cargo not found; install Rust with rustup (https://rustup.rs) first" >&2
+  exit 1
+fi
+
+need=()
+have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+for pkg in libvulkan1 mesa-vulkan-drivers g++ cmake python3; do
+  have_pkg "$pkg" || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing: ${need[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq >&2
+  $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+fi
