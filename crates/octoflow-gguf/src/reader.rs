@@ -475,11 +475,19 @@ fn read_tensor_info(c: &mut Cursor<'_>, index: u64) -> Result<TensorInfo> {
     })?;
     let offset = c.u64(&|| format!("data offset of tensor {name:?}"))?;
 
-    let n_elements = dims
+    // The product of the non-zero dimensions must fit, not only the (possibly zero) total: callers
+    // multiply subsets of the dimensions (`n_rows`), and a zero must not excuse `[0, 2^40, 2^40]`.
+    let nonzero_product = dims
         .iter()
+        .filter(|&&d| d != 0)
         .try_fold(1u64, |acc, &d| acc.checked_mul(d))
         .filter(|&n| n <= i64::MAX as u64)
         .ok_or_else(|| bad(format!("shape {dims:?} overflows")))?;
+    let n_elements = if dims.contains(&0) {
+        0
+    } else {
+        nonzero_product
+    };
     let row_len = dims.first().copied().unwrap_or(1);
     let row_bytes = ty.row_bytes(row_len).ok_or_else(|| {
         bad(format!(
