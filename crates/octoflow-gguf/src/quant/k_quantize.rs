@@ -43,7 +43,11 @@ impl BlockQuantize for Q2_K {
         };
         let mut codes = [0u8; QK_K];
         let (mut scales, mut mins) = ([0f32; 16], [0f32; 16]);
-        for (j, (x, c)) in x.chunks_exact(16).zip(codes.chunks_exact_mut(16)).enumerate() {
+        for (j, (x, c)) in x
+            .chunks_exact(16)
+            .zip(codes.chunks_exact_mut(16))
+            .enumerate()
+        {
             let mut w = [0f32; 16];
             for (w, v) in w.iter_mut().zip(x) {
                 *w = v.abs();
@@ -77,7 +81,14 @@ impl BlockQuantize for Q2_K {
             let sc = b[j];
             let dl = d * (sc & 0x0F) as f32;
             let ml = dmin * (sc >> 4) as f32;
-            requantize(&x[16 * j..16 * j + 16], dl, ml, 0, 3, &mut codes[16 * j..16 * j + 16]);
+            requantize(
+                &x[16 * j..16 * j + 16],
+                dl,
+                ml,
+                0,
+                3,
+                &mut codes[16 * j..16 * j + 16],
+            );
         }
         pack_2bit(&codes, &mut b[16..80]);
     }
@@ -88,7 +99,11 @@ impl BlockQuantize for Q3_K {
         let mut codes = [0i8; QK_K];
         let mut scales = [0f32; 16];
         let (mut max_scale, mut amax) = (0f32, 0f32);
-        for (j, (x, c)) in x.chunks_exact(16).zip(codes.chunks_exact_mut(16)).enumerate() {
+        for (j, (x, c)) in x
+            .chunks_exact(16)
+            .zip(codes.chunks_exact_mut(16))
+            .enumerate()
+        {
             scales[j] = make_q3_quants(4, x, c);
             if scales[j].abs() > amax {
                 amax = scales[j].abs();
@@ -121,7 +136,14 @@ impl BlockQuantize for Q3_K {
         }
         for j in 0..16 {
             let dl = d * sc[j] as f32;
-            requantize(&x[16 * j..16 * j + 16], dl, 0.0, -4, 3, &mut l[16 * j..16 * j + 16]);
+            requantize(
+                &x[16 * j..16 * j + 16],
+                dl,
+                0.0,
+                -4,
+                3,
+                &mut l[16 * j..16 * j + 16],
+            );
         }
         // The high bit of element j goes to bit j/32 of hmask[j % 32].
         let hmask = &mut b[0..32];
@@ -142,7 +164,11 @@ impl BlockQuantize for Q3_K {
 fn quantize_q45_k(fit: &Qkx2, x: &[f32], b: &mut [u8]) -> [u8; QK_K] {
     let mut codes = [0u8; QK_K];
     let (mut scales, mut mins) = ([0f32; 8], [0f32; 8]);
-    for (j, (x, c)) in x.chunks_exact(32).zip(codes.chunks_exact_mut(32)).enumerate() {
+    for (j, (x, c)) in x
+        .chunks_exact(32)
+        .zip(codes.chunks_exact_mut(32))
+        .enumerate()
+    {
         let mut sum_x2 = 0f32;
         for &v in x {
             sum_x2 += v * v;
@@ -156,7 +182,11 @@ fn quantize_q45_k(fit: &Qkx2, x: &[f32], b: &mut [u8]) -> [u8; QK_K] {
     }
     let max_scale = scales.iter().fold(0f32, |m, &s| if s > m { s } else { m });
     let max_min = mins.iter().fold(0f32, |m, &s| if s > m { s } else { m });
-    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+    let inv_scale = if max_scale > 0.0 {
+        63.0 / max_scale
+    } else {
+        0.0
+    };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
 
     let sb = &mut b[4..16];
@@ -213,7 +243,11 @@ impl BlockQuantize for Q5_K {
         let codes = quantize_q45_k(&FIT, x, b);
         let (qh, qs) = b[16..176].split_at_mut(32);
         qh.fill(0);
-        for (n, (c, qs)) in codes.chunks_exact(64).zip(qs.chunks_exact_mut(32)).enumerate() {
+        for (n, (c, qs)) in codes
+            .chunks_exact(64)
+            .zip(qs.chunks_exact_mut(32))
+            .enumerate()
+        {
             for l in 0..32 {
                 let (lo, hi) = (c[l], c[l + 32]);
                 qh[l] |= ((lo >> 4) << (2 * n)) | ((hi >> 4) << (2 * n + 1));
@@ -228,7 +262,11 @@ impl BlockQuantize for Q6_K {
         let mut codes = [0i8; QK_K];
         let mut scales = [0f32; 16];
         let (mut max_scale, mut max_abs) = (0f32, 0f32);
-        for (j, (x, c)) in x.chunks_exact(16).zip(codes.chunks_exact_mut(16)).enumerate() {
+        for (j, (x, c)) in x
+            .chunks_exact(16)
+            .zip(codes.chunks_exact_mut(16))
+            .enumerate()
+        {
             scales[j] = make_qx_quants(32, x, c);
             if scales[j].abs() > max_abs {
                 max_abs = scales[j].abs();
@@ -250,7 +288,14 @@ impl BlockQuantize for Q6_K {
         }
         for j in 0..16 {
             let dl = d * b[192 + j] as i8 as f32;
-            requantize(&x[16 * j..16 * j + 16], dl, 0.0, -32, 31, &mut l[16 * j..16 * j + 16]);
+            requantize(
+                &x[16 * j..16 * j + 16],
+                dl,
+                0.0,
+                -32,
+                31,
+                &mut l[16 * j..16 * j + 16],
+            );
         }
         let (ql, qh) = b[..192].split_at_mut(128);
         for ((c, ql), qh) in l
@@ -286,7 +331,10 @@ impl BlockQuantize for Q8_K {
             *q = nearest_int(iscale * v).min(127) as i8 as u8;
         }
         for j in 0..16 {
-            let sum: i32 = b[4 + 16 * j..20 + 16 * j].iter().map(|&q| q as i8 as i32).sum();
+            let sum: i32 = b[4 + 16 * j..20 + 16 * j]
+                .iter()
+                .map(|&q| q as i8 as i32)
+                .sum();
             b[260 + 2 * j..262 + 2 * j].copy_from_slice(&(sum as i16).to_le_bytes());
         }
         b[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());

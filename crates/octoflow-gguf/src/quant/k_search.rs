@@ -141,7 +141,12 @@ pub(super) struct Qkx2 {
 /// `make_qkx2_quants`: an affine fit `x ≈ scale*L - min_offset` with codes `L` in `0..=nmax`
 /// and `min_offset ≥ 0`, minimizing the weighted error over the candidate scales (each refined
 /// by weighted least squares). Writes the codes and returns `(scale, min_offset)`.
-pub(super) fn make_qkx2_quants(p: &Qkx2, x: &[f32], weights: &[f32], codes: &mut [u8]) -> (f32, f32) {
+pub(super) fn make_qkx2_quants(
+    p: &Qkx2,
+    x: &[f32],
+    weights: &[f32],
+    codes: &mut [u8],
+) -> (f32, f32) {
     let n = x.len();
     let (mut min, mut max) = (x[0], x[0]);
     let mut sum_w = weights[0];
@@ -161,7 +166,8 @@ pub(super) fn make_qkx2_quants(p: &Qkx2, x: &[f32], weights: &[f32], codes: &mut
     }
     let nmax = p.nmax as f32;
     // Candidates after an improvement measure from the improved `min`, as in ggml.
-    let code = |iscale: f32, min: f32, v: f32| nearest_int(iscale * (v - min)).clamp(0, p.nmax) as u8;
+    let code =
+        |iscale: f32, min: f32, v: f32| nearest_int(iscale * (v - min)).clamp(0, p.nmax) as u8;
     let error = |scale: f32, min: f32, codes: &[u8]| {
         let mut e = 0f32;
         for i in 0..n {

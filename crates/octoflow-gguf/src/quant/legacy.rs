@@ -230,7 +230,12 @@ impl BlockFormat for Q5_1 {
         }
     }
     fn dot(b: &[u8], x: &[f32]) -> f32 {
-        dot_affine(f16_at(b, 0), f16_at(b, 2), &five_bit(&b[4..8], &b[8..24]), x)
+        dot_affine(
+            f16_at(b, 0),
+            f16_at(b, 2),
+            &five_bit(&b[4..8], &b[8..24]),
+            x,
+        )
     }
 }
 

@@ -54,7 +54,9 @@ pub enum QuantError {
         block_size: usize,
     },
     /// The quantized buffer does not have the size that the element count implies.
-    #[error("{ty}: {n_elements} elements take {expected} bytes, but the quantized buffer has {found}")]
+    #[error(
+        "{ty}: {n_elements} elements take {expected} bytes, but the quantized buffer has {found}"
+    )]
     ByteLength {
         ty: GgmlType,
         n_elements: usize,
@@ -236,7 +238,10 @@ trait BlockQuantize: BlockFormat {
 }
 
 fn dequantize_blocks<F: BlockFormat>(data: &[u8], out: &mut [f32]) {
-    for (b, v) in data.chunks_exact(F::BYTES).zip(out.chunks_exact_mut(F::ELEMS)) {
+    for (b, v) in data
+        .chunks_exact(F::BYTES)
+        .zip(out.chunks_exact_mut(F::ELEMS))
+    {
         F::dequantize(b, v);
     }
 }
@@ -249,7 +254,10 @@ fn dot_blocks<F: BlockFormat>(row: &[u8], x: &[f32]) -> f32 {
 }
 
 fn quantize_blocks<F: BlockQuantize>(src: &[f32], out: &mut [u8]) {
-    for (v, b) in src.chunks_exact(F::ELEMS).zip(out.chunks_exact_mut(F::BYTES)) {
+    for (v, b) in src
+        .chunks_exact(F::ELEMS)
+        .zip(out.chunks_exact_mut(F::BYTES))
+    {
         F::quantize(v, b);
     }
 }
