@@ -17,13 +17,23 @@ impl IncludeHandler for Includer<'_> {
     fn include(&mut self, _: IncludeType, name: &str, _: &str, _: usize) -> Option<IncludeResult> {
         let path = self.0.join(name);
         let data = std::fs::read_to_string(&path).ok()?;
-        Some(IncludeResult { name: path.display().to_string(), data })
+        Some(IncludeResult {
+            name: path.display().to_string(),
+            data,
+        })
     }
 }
 
 /// Compiles `v` to SPIR-V words; the error carries glslang's log.
 pub(crate) fn compile(dir: &Path, v: &Variant) -> Result<Vec<u32>, String> {
-    let what = |e: &dyn std::fmt::Display| format!("{} ({} with {}): {e}", v.output, v.source, v.describe_defines());
+    let what = |e: &dyn std::fmt::Display| {
+        format!(
+            "{} ({} with {}): {e}",
+            v.output,
+            v.source,
+            v.describe_defines()
+        )
+    };
     let compiler = Compiler::acquire().ok_or("glslang failed to initialize")?;
     let path = dir.join(&v.source);
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -32,14 +42,26 @@ pub(crate) fn compile(dir: &Path, v: &Variant) -> Result<Vec<u32>, String> {
         source_language: SourceLanguage::GLSL,
         // Vulkan 1.2 / SPIR-V 1.5 is the runtime's floor; subgroup ops, 8/16-bit types, integer
         // dot product and cooperative matrices compile under it as extensions.
-        target: Target::Vulkan { version: VulkanVersion::Vulkan1_2, spirv_version: SpirvVersion::SPIRV1_5 },
+        target: Target::Vulkan {
+            version: VulkanVersion::Vulkan1_2,
+            spirv_version: SpirvVersion::SPIRV1_5,
+        },
         ..CompilerOptions::default()
     };
-    let defines: Vec<(&str, Option<&str>)> =
-        v.defines.iter().map(|(k, val)| (k.as_str(), val.as_deref())).collect();
+    let defines: Vec<(&str, Option<&str>)> = v
+        .defines
+        .iter()
+        .map(|(k, val)| (k.as_str(), val.as_deref()))
+        .collect();
     let mut includer = Includer(dir);
-    let input = ShaderInput::new(&source, ShaderStage::Compute, &options, Some(&defines), Some(&mut includer))
-        .map_err(|e| what(&e))?;
+    let input = ShaderInput::new(
+        &source,
+        ShaderStage::Compute,
+        &options,
+        Some(&defines),
+        Some(&mut includer),
+    )
+    .map_err(|e| what(&e))?;
     let shader = compiler.create_shader(input).map_err(|e| what(&e))?;
     shader.compile().map_err(|e| what(&e))
 }

@@ -5,12 +5,16 @@
 //! writes the `.spv` files to `OUT_DIR` and generates a Rust module that embeds them with
 //! `include_bytes!`: one `pub const NAME: Shader` per variant plus `pub const ALL: &[Shader]`.
 //!
-//! Variants come from `variants.txt` in the folder; see [`variants`] for its format.
+//! Variants come from `variants.txt` in the folder; see [`variants`] for its format. The
+//! compiler is behind the `compile` feature, which build scripts enable.
 
+#[cfg(feature = "compile")]
 mod compile;
 pub mod variants;
 
+#[cfg(feature = "compile")]
 use std::fmt::Write as _;
+#[cfg(feature = "compile")]
 use std::path::Path;
 
 pub use variants::Variant;
@@ -20,6 +24,7 @@ pub use variants::Variant;
 /// `shader_type` (a path such as `octoflow_vk::Shader`, a struct with `name: &'static str` and
 /// `spirv: &'static [u8]`). Prints `cargo:rerun-if-changed` for the folder and each file.
 /// The error is the compiler log of the first shader that failed.
+#[cfg(feature = "compile")]
 pub fn build_shader_dir(
     shader_dir: &Path,
     out_dir: &Path,
@@ -36,7 +41,10 @@ pub fn build_shader_dir(
     };
     let variants = variants::plan(&text, &sources)?;
 
-    let mut module = format!("// Generated from {} by octoflow-glsl; do not edit.\n\n", shader_dir.display());
+    let mut module = format!(
+        "// Generated from {} by octoflow-glsl; do not edit.\n\n",
+        shader_dir.display()
+    );
     let mut table = String::new();
     for v in &variants {
         let words = compile::compile(shader_dir, v)?;
@@ -63,6 +71,7 @@ pub fn build_shader_dir(
 }
 
 /// Names of the `.comp` files in `dir`, sorted; registers every file for rebuilds.
+#[cfg(feature = "compile")]
 fn list_sources(dir: &Path) -> Result<Vec<String>, String> {
     let mut names = Vec::new();
     let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;

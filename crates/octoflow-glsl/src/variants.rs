@@ -50,10 +50,16 @@ pub fn plan(text: &str, sources: &[String]) -> Result<Vec<Variant>, String> {
         }
         let mut fields = line.split_whitespace();
         let (Some(output), Some(source)) = (fields.next(), fields.next()) else {
-            return Err(format!("variants.txt line {}: expected `<output> <source.comp> [DEFINES]`, found {line:?}", n + 1));
+            return Err(format!(
+                "variants.txt line {}: expected `<output> <source.comp> [DEFINES]`, found {line:?}",
+                n + 1
+            ));
         };
         if !sources.iter().any(|s| s == source) {
-            return Err(format!("variants.txt line {}: no shader file {source:?}", n + 1));
+            return Err(format!(
+                "variants.txt line {}: no shader file {source:?}",
+                n + 1
+            ));
         }
         let defines = fields
             .map(|d| match d.split_once('=') {
@@ -61,12 +67,20 @@ pub fn plan(text: &str, sources: &[String]) -> Result<Vec<Variant>, String> {
                 None => (d.to_string(), None),
             })
             .collect();
-        variants.push(Variant { output: output.into(), source: source.into(), defines });
+        variants.push(Variant {
+            output: output.into(),
+            source: source.into(),
+            defines,
+        });
     }
     for source in sources {
         if !variants.iter().any(|v| &v.source == source) {
             let stem = source.trim_end_matches(".comp").to_string();
-            variants.push(Variant { output: stem, source: source.clone(), defines: vec![] });
+            variants.push(Variant {
+                output: stem,
+                source: source.clone(),
+                defines: vec![],
+            });
         }
     }
     check_names(&variants)?;
@@ -77,9 +91,14 @@ fn check_names(variants: &[Variant]) -> Result<(), String> {
     for (i, v) in variants.iter().enumerate() {
         let snake = !v.output.is_empty()
             && v.output.starts_with(|c: char| c.is_ascii_lowercase())
-            && v.output.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            && v.output
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
         if !snake {
-            return Err(format!("variant name {:?} (from {}) must be snake_case", v.output, v.source));
+            return Err(format!(
+                "variant name {:?} (from {}) must be snake_case",
+                v.output, v.source
+            ));
         }
         if variants[..i].iter().any(|w| w.output == v.output) {
             return Err(format!("variant name {:?} is defined twice", v.output));
@@ -104,16 +123,25 @@ mod tests {
         assert_eq!(v[0].output, "matvec_q4_0");
         assert_eq!(
             v[0].defines,
-            vec![("QTYPE".into(), Some("Q4_0".into())), ("USE_SUBGROUPS".into(), None)]
+            vec![
+                ("QTYPE".into(), Some("Q4_0".into())),
+                ("USE_SUBGROUPS".into(), None)
+            ]
         );
-        assert_eq!((v[1].output.as_str(), v[1].source.as_str()), ("add", "add.comp"));
+        assert_eq!(
+            (v[1].output.as_str(), v[1].source.as_str()),
+            ("add", "add.comp")
+        );
         assert!(v[1].defines.is_empty());
     }
 
     #[test]
     fn unknown_source_is_a_clear_error() {
         let err = plan("x nothere.comp", &sources()).unwrap_err();
-        assert!(err.contains("line 1") && err.contains("nothere.comp"), "{err}");
+        assert!(
+            err.contains("line 1") && err.contains("nothere.comp"),
+            "{err}"
+        );
     }
 
     #[test]

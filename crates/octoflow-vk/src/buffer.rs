@@ -68,12 +68,18 @@ impl Buffer {
         }
         let info = vk::BufferCreateInfo::default().size(size).usage(usage);
         // SAFETY: valid create info on a live device.
-        let raw = unsafe { dev.device.create_buffer(&info, None) }.map_err(vk_err("vkCreateBuffer"))?;
+        let raw =
+            unsafe { dev.device.create_buffer(&info, None) }.map_err(vk_err("vkCreateBuffer"))?;
         match allocate(dev, name, raw, kind) {
             Ok(allocation) => {
                 // Only coherent memory is written directly: no flush/invalidate bookkeeping.
-                let coherent = allocation.memory_properties().contains(vk::MemoryPropertyFlags::HOST_COHERENT);
-                let mapped = allocation.mapped_ptr().filter(|_| coherent).map(|p| MappedPtr(p.cast()));
+                let coherent = allocation
+                    .memory_properties()
+                    .contains(vk::MemoryPropertyFlags::HOST_COHERENT);
+                let mapped = allocation
+                    .mapped_ptr()
+                    .filter(|_| coherent)
+                    .map(|p| MappedPtr(p.cast()));
                 let inner = BufferInner {
                     dev: dev.clone(),
                     raw,
@@ -83,7 +89,9 @@ impl Buffer {
                     name: name.to_string(),
                     kind,
                 };
-                Ok(Buffer { inner: Arc::new(inner) })
+                Ok(Buffer {
+                    inner: Arc::new(inner),
+                })
             }
             Err(e) => {
                 // SAFETY: the buffer was never bound or used.
@@ -120,13 +128,21 @@ impl Buffer {
 
     /// The whole buffer as a binding.
     pub fn whole(&self) -> BufferSlice {
-        BufferSlice { buffer: self.clone(), offset: 0, size: self.inner.size }
+        BufferSlice {
+            buffer: self.clone(),
+            offset: 0,
+            size: self.inner.size,
+        }
     }
 
     /// `size` bytes from `offset` as a binding; checked against the buffer's size.
     pub fn slice(&self, offset: u64, size: u64) -> Result<BufferSlice> {
         self.check_range(offset, size)?;
-        Ok(BufferSlice { buffer: self.clone(), offset, size })
+        Ok(BufferSlice {
+            buffer: self.clone(),
+            offset,
+            size,
+        })
     }
 
     /// Copies `data` into a mapped buffer at byte `offset`. The GPU must not be using that
@@ -150,7 +166,9 @@ impl Buffer {
     }
 
     fn mapped_range(&self, offset: u64, len: u64) -> Result<*mut u8> {
-        let base = self.inner.mapped.ok_or_else(|| VkError::NotMapped { what: self.inner.name.clone() })?;
+        let base = self.inner.mapped.ok_or_else(|| VkError::NotMapped {
+            what: self.inner.name.clone(),
+        })?;
         self.check_range(offset, len)?;
         // SAFETY: offset is within the allocation (checked), which is at least `size` long.
         Ok(unsafe { base.0.as_ptr().add(offset as usize) })
@@ -169,7 +187,11 @@ impl Buffer {
 
 impl std::fmt::Debug for Buffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Buffer({:?}, {} bytes, {:?})", self.inner.name, self.inner.size, self.inner.kind)
+        write!(
+            f,
+            "Buffer({:?}, {} bytes, {:?})",
+            self.inner.name, self.inner.size, self.inner.kind
+        )
     }
 }
 
@@ -180,16 +202,31 @@ fn check_size(ctx: &Context, name: &str, size: u64) -> Result<()> {
     }
     if caps.max_allocation > 0 && size > caps.max_allocation {
         let (limit_name, limit) = ("maxMemoryAllocationSize", caps.max_allocation);
-        return Err(VkError::BufferTooLarge { what: name.into(), requested: size, limit_name, limit });
+        return Err(VkError::BufferTooLarge {
+            what: name.into(),
+            requested: size,
+            limit_name,
+            limit,
+        });
     }
     if size > caps.max_storage_buffer_range {
         let (limit_name, limit) = ("maxStorageBufferRange", caps.max_storage_buffer_range);
-        return Err(VkError::BufferTooLarge { what: name.into(), requested: size, limit_name, limit });
+        return Err(VkError::BufferTooLarge {
+            what: name.into(),
+            requested: size,
+            limit_name,
+            limit,
+        });
     }
     Ok(())
 }
 
-fn allocate(dev: &DeviceInner, name: &str, raw: vk::Buffer, kind: MemoryKind) -> Result<Allocation> {
+fn allocate(
+    dev: &DeviceInner,
+    name: &str,
+    raw: vk::Buffer,
+    kind: MemoryKind,
+) -> Result<Allocation> {
     // SAFETY: `raw` is a live buffer of this device.
     let requirements = unsafe { dev.device.get_buffer_memory_requirements(raw) };
     let location = match kind {
@@ -202,17 +239,29 @@ fn allocate(dev: &DeviceInner, name: &str, raw: vk::Buffer, kind: MemoryKind) ->
     } else {
         AllocationScheme::GpuAllocatorManaged
     };
-    let desc = AllocationCreateDesc { name, requirements, location, linear: true, allocation_scheme };
+    let desc = AllocationCreateDesc {
+        name,
+        requirements,
+        location,
+        linear: true,
+        allocation_scheme,
+    };
     let allocation = dev.allocator().allocate(&desc).map_err(|e| match e {
         AllocationError::OutOfMemory => VkError::OutOfDeviceMemory {
             what: name.into(),
             requested: requirements.size,
             heap_size: dev.caps.heaps.iter().map(|h| h.size).max().unwrap_or(0),
         },
-        other => VkError::Allocator { what: name.into(), detail: other.to_string() },
+        other => VkError::Allocator {
+            what: name.into(),
+            detail: other.to_string(),
+        },
     })?;
     // SAFETY: fresh allocation sized and typed for this buffer.
-    let bound = unsafe { dev.device.bind_buffer_memory(raw, allocation.memory(), allocation.offset()) };
+    let bound = unsafe {
+        dev.device
+            .bind_buffer_memory(raw, allocation.memory(), allocation.offset())
+    };
     if let Err(e) = bound {
         let _ = dev.allocator().free(allocation);
         return Err(vk_err("vkBindBufferMemory")(e));
@@ -225,7 +274,11 @@ impl Drop for BufferInner {
         // SAFETY: the last reference is gone, so no recorded chain can still use the buffer
         // (chains hold clones until they are dropped, and wait for their fences first).
         unsafe { self.dev.device.destroy_buffer(self.raw, None) };
-        let allocation = self.allocation.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        let allocation = self
+            .allocation
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         if let Some(allocation) = allocation {
             if let Err(e) = self.dev.allocator().free(allocation) {
                 tracing::error!("freeing buffer {:?}: {e}", self.name);

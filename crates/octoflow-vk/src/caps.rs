@@ -134,7 +134,12 @@ pub struct DeviceCaps {
 impl DeviceCaps {
     /// Bytes of the largest device-local heap.
     pub fn device_local_bytes(&self) -> u64 {
-        self.heaps.iter().filter(|h| h.device_local).map(|h| h.size).max().unwrap_or(0)
+        self.heaps
+            .iter()
+            .filter(|h| h.device_local)
+            .map(|h| h.size)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Largest single buffer this device binds as one storage buffer and allocates at once.
@@ -146,7 +151,11 @@ impl DeviceCaps {
     pub fn coopmat_supports(&self, m: u32, n: u32, k: u32, ab: &str, acc: &str) -> bool {
         self.cooperative_matrix.as_ref().is_some_and(|shapes| {
             shapes.iter().any(|s| {
-                (s.m, s.n, s.k) == (m, n, k) && s.a == ab && s.b == ab && s.c == acc && s.result == acc
+                (s.m, s.n, s.k) == (m, n, k)
+                    && s.a == ab
+                    && s.b == ab
+                    && s.c == acc
+                    && s.result == acc
             })
         })
     }

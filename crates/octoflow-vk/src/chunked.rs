@@ -60,7 +60,9 @@ pub fn pack_plan(sizes: &[u64], align: u64, limit: u64) -> Result<(Vec<Placement
             });
         }
         // First fit: the first buffer with room after its aligned end.
-        let fit = chunks.iter().position(|&used| used.div_ceil(align) * align + size <= limit);
+        let fit = chunks
+            .iter()
+            .position(|&used| used.div_ceil(align) * align + size <= limit);
         match fit {
             Some(chunk) => {
                 let offset = chunks[chunk].div_ceil(align) * align;
@@ -69,7 +71,10 @@ pub fn pack_plan(sizes: &[u64], align: u64, limit: u64) -> Result<(Vec<Placement
             }
             None => {
                 chunks.push(size);
-                placements.push(Placement { chunk: chunks.len() - 1, offset: 0 });
+                placements.push(Placement {
+                    chunk: chunks.len() - 1,
+                    offset: 0,
+                });
             }
         }
     }
@@ -89,12 +94,32 @@ pub struct ChunkedBuffer {
 
 impl ChunkedBuffer {
     /// Allocates `total` bytes split at multiples of `granule` within the device's limits.
-    pub fn new(ctx: &Context, name: &str, total: u64, granule: u64, kind: MemoryKind) -> Result<Self> {
-        Self::with_limit(ctx, name, total, granule, ctx.caps().max_buffer_bytes(), kind)
+    pub fn new(
+        ctx: &Context,
+        name: &str,
+        total: u64,
+        granule: u64,
+        kind: MemoryKind,
+    ) -> Result<Self> {
+        Self::with_limit(
+            ctx,
+            name,
+            total,
+            granule,
+            ctx.caps().max_buffer_bytes(),
+            kind,
+        )
     }
 
     /// Like [`ChunkedBuffer::new`] with a per-buffer `limit` of at most the device's.
-    pub fn with_limit(ctx: &Context, name: &str, total: u64, granule: u64, limit: u64, kind: MemoryKind) -> Result<Self> {
+    pub fn with_limit(
+        ctx: &Context,
+        name: &str,
+        total: u64,
+        granule: u64,
+        limit: u64,
+        kind: MemoryKind,
+    ) -> Result<Self> {
         let limit = limit.min(ctx.caps().max_buffer_bytes());
         let ranges = split_plan(total, granule, limit)?;
         let chunks = ranges
@@ -102,7 +127,11 @@ impl ChunkedBuffer {
             .enumerate()
             .map(|(i, r)| Buffer::new(ctx, &format!("{name}[{i}]"), r.end - r.start, kind))
             .collect::<Result<Vec<_>>>()?;
-        Ok(ChunkedBuffer { chunks, ranges, name: name.into() })
+        Ok(ChunkedBuffer {
+            chunks,
+            ranges,
+            name: name.into(),
+        })
     }
 
     /// The buffers, in order.
@@ -133,8 +162,12 @@ impl ChunkedBuffer {
 
     /// A binding of `size` logical bytes from `offset`; they must lie in one buffer.
     pub fn slice(&self, offset: u64, size: u64) -> Result<BufferSlice> {
-        let (i, local) = self.locate(offset).ok_or_else(|| self.range_error(offset, size))?;
-        self.chunks[i].slice(local, size).map_err(|_| self.range_error(offset, size))
+        let (i, local) = self
+            .locate(offset)
+            .ok_or_else(|| self.range_error(offset, size))?;
+        self.chunks[i]
+            .slice(local, size)
+            .map_err(|_| self.range_error(offset, size))
     }
 
     /// Copies `data` to logical byte `offset`, across buffer boundaries as needed.
@@ -166,7 +199,9 @@ impl ChunkedBuffer {
         }
         let mut done = 0u64;
         while done < len {
-            let (i, local) = self.locate(offset + done).ok_or_else(|| self.range_error(offset, len))?;
+            let (i, local) = self
+                .locate(offset + done)
+                .ok_or_else(|| self.range_error(offset, len))?;
             let piece = (self.ranges[i].end - self.ranges[i].start - local).min(len - done);
             f(&self.chunks[i], local, done as usize, piece as usize)?;
             done += piece;
@@ -177,7 +212,11 @@ impl ChunkedBuffer {
     fn range_error(&self, offset: u64, size: u64) -> VkError {
         VkError::BadRange {
             what: self.name.clone(),
-            detail: format!("range {offset}+{size} is not inside one of its {} buffers ({} bytes)", self.chunks.len(), self.len()),
+            detail: format!(
+                "range {offset}+{size} is not inside one of its {} buffers ({} bytes)",
+                self.chunks.len(),
+                self.len()
+            ),
         }
     }
 }
@@ -190,7 +229,9 @@ mod tests {
     fn split_cuts_at_granule_multiples_within_the_limit() {
         let r = split_plan(1000, 30, 100).unwrap();
         assert_eq!(r.first(), Some(&(0..90)));
-        assert!(r.iter().all(|x| x.end - x.start <= 100 && x.start % 30 == 0));
+        assert!(r
+            .iter()
+            .all(|x| x.end - x.start <= 100 && x.start % 30 == 0));
         assert_eq!(r.last().map(|x| x.end), Some(1000));
         assert_eq!(r.len(), 12);
     }
@@ -204,11 +245,41 @@ mod tests {
     #[test]
     fn pack_places_first_fit_with_aligned_offsets() {
         let (p, chunks) = pack_plan(&[60, 10, 30, 90, 5], 16, 100).unwrap();
-        assert_eq!(p[0], Placement { chunk: 0, offset: 0 });
-        assert_eq!(p[1], Placement { chunk: 0, offset: 64 });
-        assert_eq!(p[2], Placement { chunk: 1, offset: 0 });
-        assert_eq!(p[3], Placement { chunk: 2, offset: 0 });
-        assert_eq!(p[4], Placement { chunk: 0, offset: 80 });
+        assert_eq!(
+            p[0],
+            Placement {
+                chunk: 0,
+                offset: 0
+            }
+        );
+        assert_eq!(
+            p[1],
+            Placement {
+                chunk: 0,
+                offset: 64
+            }
+        );
+        assert_eq!(
+            p[2],
+            Placement {
+                chunk: 1,
+                offset: 0
+            }
+        );
+        assert_eq!(
+            p[3],
+            Placement {
+                chunk: 2,
+                offset: 0
+            }
+        );
+        assert_eq!(
+            p[4],
+            Placement {
+                chunk: 0,
+                offset: 80
+            }
+        );
         assert_eq!(chunks, vec![85, 30, 90]);
     }
 

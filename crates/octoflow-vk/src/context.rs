@@ -71,13 +71,24 @@ pub(crate) fn select(
     let explicit = match (choice, env) {
         (DeviceChoice::Index(i), _) => Some((i, "the device choice".to_string())),
         (DeviceChoice::Auto, Some(v)) => {
-            let i = v.trim().parse().map_err(|_| VkError::BadDeviceEnv { value: v.into() })?;
+            let i = v
+                .trim()
+                .parse()
+                .map_err(|_| VkError::BadDeviceEnv { value: v.into() })?;
             Some((i, format!("{GPU_ENV}={v}")))
         }
         (DeviceChoice::Auto, None) => None,
     };
     if let Some((index, source_of)) = explicit {
-        return if index < count { Ok(index) } else { Err(VkError::NoSuchDevice { index, count, source_of }) };
+        return if index < count {
+            Ok(index)
+        } else {
+            Err(VkError::NoSuchDevice {
+                index,
+                count,
+                source_of,
+            })
+        };
     }
     devices
         .iter()
@@ -119,7 +130,8 @@ impl Drop for DeviceInner {
         unsafe {
             let _ = self.device.device_wait_idle();
             ManuallyDrop::drop(&mut self.transfer);
-            self.device.destroy_pipeline_cache(self.pipeline_cache, None);
+            self.device
+                .destroy_pipeline_cache(self.pipeline_cache, None);
             ManuallyDrop::drop(&mut self.allocator);
             self.device.destroy_device(None);
         }
@@ -138,13 +150,18 @@ impl Context {
     pub fn new(choice: DeviceChoice) -> Result<Self> {
         let instance = Instance::new()?;
         let mut probes = enumerate(&instance)?;
-        let summary: Vec<_> =
-            probes.iter().map(|(_, p)| (p.caps.kind, p.caps.device_local_bytes(), unusable(p))).collect();
+        let summary: Vec<_> = probes
+            .iter()
+            .map(|(_, p)| (p.caps.kind, p.caps.device_local_bytes(), unusable(p)))
+            .collect();
         let env = std::env::var(GPU_ENV).ok();
         let index = select(&summary, choice, env.as_deref())?;
         let (pdev, probe) = probes.swap_remove(index);
         if let Some(reason) = unusable(&probe) {
-            return Err(VkError::Unsupported { device: probe.caps.name, reason });
+            return Err(VkError::Unsupported {
+                device: probe.caps.name,
+                reason,
+            });
         }
         let family = probe.queue_family.ok_or_else(|| VkError::Unsupported {
             device: probe.caps.name.clone(),
@@ -153,7 +170,12 @@ impl Context {
         Self::open(instance, pdev, family, probe.caps)
     }
 
-    fn open(instance: Arc<Instance>, pdev: vk::PhysicalDevice, family: u32, caps: DeviceCaps) -> Result<Self> {
+    fn open(
+        instance: Arc<Instance>,
+        pdev: vk::PhysicalDevice,
+        family: u32,
+        caps: DeviceCaps,
+    ) -> Result<Self> {
         let device = create_device(&instance, pdev, family, &caps)?;
         // SAFETY: the queue family was requested with one queue at device creation.
         let queue = unsafe { device.get_device_queue(family, 0) };
@@ -165,7 +187,10 @@ impl Context {
             buffer_device_address: caps.buffer_device_address,
             allocation_sizes: AllocationSizes::default(),
         })
-        .map_err(|e| VkError::Allocator { what: "allocator".into(), detail: e.to_string() });
+        .map_err(|e| VkError::Allocator {
+            what: "allocator".into(),
+            detail: e.to_string(),
+        });
         let allocator = match allocator {
             Ok(a) => a,
             Err(e) => {
@@ -175,12 +200,17 @@ impl Context {
             }
         };
         // SAFETY: empty initial cache on a live device.
-        let cache = unsafe { device.create_pipeline_cache(&vk::PipelineCacheCreateInfo::default(), None) };
-        let transfer = cache.map_err(vk_err("vkCreatePipelineCache")).and_then(|cache| {
-            Transfer::new(&device, family).map(|t| (cache, t)).inspect_err(|_| unsafe {
-                device.destroy_pipeline_cache(cache, None);
-            })
-        });
+        let cache =
+            unsafe { device.create_pipeline_cache(&vk::PipelineCacheCreateInfo::default(), None) };
+        let transfer = cache
+            .map_err(vk_err("vkCreatePipelineCache"))
+            .and_then(|cache| {
+                Transfer::new(&device, family)
+                    .map(|t| (cache, t))
+                    .inspect_err(|_| unsafe {
+                        device.destroy_pipeline_cache(cache, None);
+                    })
+            });
         let (pipeline_cache, transfer) = match transfer {
             Ok(x) => x,
             Err(e) => {
@@ -190,7 +220,11 @@ impl Context {
                 return Err(e);
             }
         };
-        tracing::info!("opened Vulkan device {:?} ({})", caps.name, caps.driver_info);
+        tracing::info!(
+            "opened Vulkan device {:?} ({})",
+            caps.name,
+            caps.driver_info
+        );
         let inner = DeviceInner {
             instance,
             device,
@@ -201,7 +235,9 @@ impl Context {
             pipeline_cache,
             transfer: ManuallyDrop::new(Mutex::new(transfer)),
         };
-        Ok(Context { inner: Arc::new(inner) })
+        Ok(Context {
+            inner: Arc::new(inner),
+        })
     }
 
     /// The device's capabilities (what variant choices are based on).
@@ -212,6 +248,18 @@ impl Context {
     /// Validation-layer errors reported so far (0 without `OCTOFLOW_VALIDATION=1`).
     pub fn validation_errors(&self) -> u64 {
         self.inner.instance.validation_errors()
+    }
+
+    /// Whether the Khronos validation layer is active (`OCTOFLOW_VALIDATION=1`).
+    pub fn validation_enabled(&self) -> bool {
+        self.inner.instance.validation_enabled()
+    }
+
+    /// Bytes of live buffer allocations, and bytes of device memory reserved for them (blocks
+    /// and dedicated allocations): what the process holds on the device.
+    pub fn memory_usage(&self) -> (u64, u64) {
+        let report = self.inner.allocator().generate_report();
+        (report.total_allocated_bytes, report.total_capacity_bytes)
     }
 
     /// Blocks until the device is idle.
@@ -232,14 +280,21 @@ mod tests {
 
     #[test]
     fn auto_prefers_discrete_then_integrated_then_cpu() {
-        let list = [dev(DeviceKind::Cpu, 1 << 30), dev(DeviceKind::Integrated, 1 << 30), dev(DeviceKind::Discrete, 1 << 20)];
+        let list = [
+            dev(DeviceKind::Cpu, 1 << 30),
+            dev(DeviceKind::Integrated, 1 << 30),
+            dev(DeviceKind::Discrete, 1 << 20),
+        ];
         assert_eq!(select(&list, DeviceChoice::Auto, None).unwrap(), 2);
         assert_eq!(select(&list[..2], DeviceChoice::Auto, None).unwrap(), 1);
     }
 
     #[test]
     fn auto_breaks_ties_by_device_memory_and_skips_unusable() {
-        let mut list = vec![dev(DeviceKind::Discrete, 8 << 30), dev(DeviceKind::Discrete, 80 << 30)];
+        let mut list = vec![
+            dev(DeviceKind::Discrete, 8 << 30),
+            dev(DeviceKind::Discrete, 80 << 30),
+        ];
         assert_eq!(select(&list, DeviceChoice::Auto, None).unwrap(), 1);
         list[1].2 = Some("Vulkan 1.1 < 1.2".into());
         assert_eq!(select(&list, DeviceChoice::Auto, None).unwrap(), 0);
@@ -256,9 +311,22 @@ mod tests {
     fn bad_index_or_env_is_a_clear_error() {
         let list = [dev(DeviceKind::Cpu, 1)];
         let err = select(&list, DeviceChoice::Index(3), None).unwrap_err();
-        assert!(matches!(err, VkError::NoSuchDevice { index: 3, count: 1, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                VkError::NoSuchDevice {
+                    index: 3,
+                    count: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
         let err = select(&list, DeviceChoice::Auto, Some("gpu0")).unwrap_err();
         assert!(matches!(err, VkError::BadDeviceEnv { .. }), "{err}");
-        assert!(matches!(select(&[], DeviceChoice::Auto, None), Err(VkError::NoDevice)));
+        assert!(matches!(
+            select(&[], DeviceChoice::Auto, None),
+            Err(VkError::NoDevice)
+        ));
     }
 }

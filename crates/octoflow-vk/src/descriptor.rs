@@ -23,19 +23,39 @@ pub(crate) struct DescriptorArena {
 
 impl DescriptorArena {
     pub(crate) fn new(device: &ash::Device) -> Self {
-        DescriptorArena { device: device.clone(), pools: Vec::new(), sets: HashMap::new() }
+        DescriptorArena {
+            device: device.clone(),
+            pools: Vec::new(),
+            sets: HashMap::new(),
+        }
     }
 
     /// A set of `layout` with binding `i` = `bindings[i]`.
-    pub(crate) fn set_for(&mut self, layout: vk::DescriptorSetLayout, bindings: &[BufferSlice]) -> Result<vk::DescriptorSet> {
-        let key: Key = (layout, bindings.iter().map(|b| (b.buffer.raw(), b.offset, b.size)).collect());
+    pub(crate) fn set_for(
+        &mut self,
+        layout: vk::DescriptorSetLayout,
+        bindings: &[BufferSlice],
+    ) -> Result<vk::DescriptorSet> {
+        let key: Key = (
+            layout,
+            bindings
+                .iter()
+                .map(|b| (b.buffer.raw(), b.offset, b.size))
+                .collect(),
+        );
         if let Some(&set) = self.sets.get(&key) {
             return Ok(set);
         }
         let set = self.allocate(layout)?;
         let infos: Vec<[vk::DescriptorBufferInfo; 1]> = bindings
             .iter()
-            .map(|b| [vk::DescriptorBufferInfo { buffer: b.buffer.raw(), offset: b.offset, range: b.size }])
+            .map(|b| {
+                [vk::DescriptorBufferInfo {
+                    buffer: b.buffer.raw(),
+                    offset: b.offset,
+                    range: b.size,
+                }]
+            })
             .collect();
         let writes: Vec<_> = infos
             .iter()
@@ -57,7 +77,9 @@ impl DescriptorArena {
     fn allocate(&mut self, layout: vk::DescriptorSetLayout) -> Result<vk::DescriptorSet> {
         let layouts = [layout];
         if let Some(&pool) = self.pools.last() {
-            let info = vk::DescriptorSetAllocateInfo::default().descriptor_pool(pool).set_layouts(&layouts);
+            let info = vk::DescriptorSetAllocateInfo::default()
+                .descriptor_pool(pool)
+                .set_layouts(&layouts);
             // SAFETY: pool and layout are live; exhaustion is reported as an error we handle.
             match unsafe { self.device.allocate_descriptor_sets(&info) } {
                 Ok(sets) => return Ok(sets[0]),
@@ -65,13 +87,20 @@ impl DescriptorArena {
                 Err(e) => return Err(vk_err("vkAllocateDescriptorSets")(e)),
             }
         }
-        let sizes = [vk::DescriptorPoolSize { ty: vk::DescriptorType::STORAGE_BUFFER, descriptor_count: BUFFERS_PER_POOL }];
-        let pool_info = vk::DescriptorPoolCreateInfo::default().max_sets(SETS_PER_POOL).pool_sizes(&sizes);
+        let sizes = [vk::DescriptorPoolSize {
+            ty: vk::DescriptorType::STORAGE_BUFFER,
+            descriptor_count: BUFFERS_PER_POOL,
+        }];
+        let pool_info = vk::DescriptorPoolCreateInfo::default()
+            .max_sets(SETS_PER_POOL)
+            .pool_sizes(&sizes);
         // SAFETY: valid create info on a live device.
         let pool = unsafe { self.device.create_descriptor_pool(&pool_info, None) }
             .map_err(vk_err("vkCreateDescriptorPool"))?;
         self.pools.push(pool);
-        let info = vk::DescriptorSetAllocateInfo::default().descriptor_pool(pool).set_layouts(&layouts);
+        let info = vk::DescriptorSetAllocateInfo::default()
+            .descriptor_pool(pool)
+            .set_layouts(&layouts);
         // SAFETY: fresh pool with room for one set of up to BUFFERS_PER_POOL buffers.
         let sets = unsafe { self.device.allocate_descriptor_sets(&info) }
             .map_err(vk_err("vkAllocateDescriptorSets"))?;

@@ -10,11 +10,17 @@ pub enum VkError {
     #[error("no Vulkan loader: {0} (install libvulkan1 and a driver, e.g. mesa-vulkan-drivers)")]
     NoLoader(String),
     /// The loader works but reports no physical device.
-    #[error("no Vulkan device found (install a driver, e.g. mesa-vulkan-drivers for CPU lavapipe)")]
+    #[error(
+        "no Vulkan device found (install a driver, e.g. mesa-vulkan-drivers for CPU lavapipe)"
+    )]
     NoDevice,
     /// The device index given by `--gpu` or `OCTOFLOW_GPU` does not exist.
     #[error("device index {index} requested by {source_of} but only {count} device(s) exist")]
-    NoSuchDevice { index: usize, count: usize, source_of: String },
+    NoSuchDevice {
+        index: usize,
+        count: usize,
+        source_of: String,
+    },
     /// `OCTOFLOW_GPU` is not a device index.
     #[error("OCTOFLOW_GPU={value:?} is not a device index (expected 0, 1, ...)")]
     BadDeviceEnv { value: String },
@@ -23,13 +29,22 @@ pub enum VkError {
     Unsupported { device: String, reason: String },
     /// The device heap could not hold an allocation.
     #[error("out of device memory allocating {requested} bytes for {what:?} (largest heap: {heap_size} bytes)")]
-    OutOfDeviceMemory { what: String, requested: u64, heap_size: u64 },
+    OutOfDeviceMemory {
+        what: String,
+        requested: u64,
+        heap_size: u64,
+    },
     /// Host memory ran out inside the driver.
     #[error("out of host memory in {call}")]
     OutOfHostMemory { call: &'static str },
     /// A single buffer larger than the device allows; use `ChunkedBuffer` to split it.
     #[error("buffer {what:?} of {requested} bytes exceeds the device limit {limit_name} = {limit} (split it with ChunkedBuffer)")]
-    BufferTooLarge { what: String, requested: u64, limit_name: &'static str, limit: u64 },
+    BufferTooLarge {
+        what: String,
+        requested: u64,
+        limit_name: &'static str,
+        limit: u64,
+    },
     /// A zero-sized buffer was requested.
     #[error("buffer {what:?} has size 0")]
     EmptyBuffer { what: String },
@@ -53,7 +68,10 @@ pub enum VkError {
     DeviceLost { call: &'static str },
     /// Any other Vulkan failure.
     #[error("{call} failed: {result}")]
-    Vulkan { call: &'static str, result: vk::Result },
+    Vulkan {
+        call: &'static str,
+        result: vk::Result,
+    },
     /// The memory allocator failed for a reason other than exhausted memory.
     #[error("allocating {what:?}: {detail}")]
     Allocator { what: String, detail: String },
@@ -66,9 +84,11 @@ pub type Result<T, E = VkError> = std::result::Result<T, E>;
 pub(crate) fn vk_error(call: &'static str, result: vk::Result) -> VkError {
     match result {
         vk::Result::ERROR_OUT_OF_HOST_MEMORY => VkError::OutOfHostMemory { call },
-        vk::Result::ERROR_OUT_OF_DEVICE_MEMORY => {
-            VkError::OutOfDeviceMemory { what: call.to_string(), requested: 0, heap_size: 0 }
-        }
+        vk::Result::ERROR_OUT_OF_DEVICE_MEMORY => VkError::OutOfDeviceMemory {
+            what: call.to_string(),
+            requested: 0,
+            heap_size: 0,
+        },
         vk::Result::ERROR_DEVICE_LOST => VkError::DeviceLost { call },
         result => VkError::Vulkan { call, result },
     }

@@ -49,13 +49,21 @@ impl Instance {
         let exts = [ext::debug_utils::NAME.as_ptr()];
         let mut info = vk::InstanceCreateInfo::default().application_info(&app);
         if validation {
-            info = info.enabled_layer_names(&layers).enabled_extension_names(&exts);
+            info = info
+                .enabled_layer_names(&layers)
+                .enabled_extension_names(&exts);
         }
         // SAFETY: create info and the arrays it points to live across the call.
-        let raw = unsafe { entry.create_instance(&info, None) }.map_err(vk_err("vkCreateInstance"))?;
+        let raw =
+            unsafe { entry.create_instance(&info, None) }.map_err(vk_err("vkCreateInstance"))?;
         let validation_errors = Box::new(AtomicU64::new(0));
-        let mut instance =
-            Instance { entry, raw, api_version, debug: None, validation_errors };
+        let mut instance = Instance {
+            entry,
+            raw,
+            api_version,
+            debug: None,
+            validation_errors,
+        };
         if validation {
             instance.install_messenger()?;
         }
@@ -99,7 +107,9 @@ fn layer_present(entry: &ash::Entry) -> Result<bool> {
     // SAFETY: plain query on a loaded entry.
     let layers = unsafe { entry.enumerate_instance_layer_properties() }
         .map_err(vk_err("vkEnumerateInstanceLayerProperties"))?;
-    Ok(layers.iter().any(|l| l.layer_name_as_c_str() == Ok(VALIDATION_LAYER)))
+    Ok(layers
+        .iter()
+        .any(|l| l.layer_name_as_c_str() == Ok(VALIDATION_LAYER)))
 }
 
 unsafe extern "system" fn on_validation_message(

@@ -21,9 +21,15 @@ pub struct Shader {
 impl Shader {
     /// The module as 32-bit words, checked for length and the SPIR-V magic number.
     pub fn words(&self) -> Result<Vec<u32>> {
-        let bad = |detail: &str| VkError::BadSpirv { pipeline: self.name.into(), detail: detail.into() };
-        if self.spirv.len() % 4 != 0 || self.spirv.len() < 20 {
-            return Err(bad(&format!("{} bytes is not a SPIR-V module", self.spirv.len())));
+        let bad = |detail: &str| VkError::BadSpirv {
+            pipeline: self.name.into(),
+            detail: detail.into(),
+        };
+        if !self.spirv.len().is_multiple_of(4) || self.spirv.len() < 20 {
+            return Err(bad(&format!(
+                "{} bytes is not a SPIR-V module",
+                self.spirv.len()
+            )));
         }
         let words: Vec<u32> = self
             .spirv
@@ -31,7 +37,10 @@ impl Shader {
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
         if words[0] != 0x0723_0203 {
-            return Err(bad(&format!("magic {:#010x}, expected 0x07230203", words[0])));
+            return Err(bad(&format!(
+                "magic {:#010x}, expected 0x07230203",
+                words[0]
+            )));
         }
         Ok(words)
     }
@@ -127,7 +136,12 @@ impl Pipeline {
             .collect();
         let set_info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&binding_list);
         // SAFETY: valid create info; on error the partial objects are destroyed by `Partial`.
-        let mut partial = Partial { d, set_layout: None, layout: None, module: None };
+        let mut partial = Partial {
+            d,
+            set_layout: None,
+            layout: None,
+            module: None,
+        };
         let set_layout = unsafe { d.create_descriptor_set_layout(&set_info, None) }
             .map_err(vk_err("vkCreateDescriptorSetLayout"))?;
         partial.set_layout = Some(set_layout);
@@ -158,7 +172,9 @@ impl Pipeline {
             bindings: desc.bindings,
             push_bytes: desc.push_constant_bytes,
         };
-        Ok(Pipeline { inner: Arc::new(inner) })
+        Ok(Pipeline {
+            inner: Arc::new(inner),
+        })
     }
 
     /// The profiling label.
@@ -179,8 +195,11 @@ impl Pipeline {
 
 fn check_desc(ctx: &Context, desc: &PipelineDesc<'_>) -> Result<()> {
     let caps = ctx.caps();
-    let unsupported = |reason: String| VkError::Unsupported { device: caps.name.clone(), reason };
-    if desc.push_constant_bytes % 4 != 0 || desc.push_constant_bytes > caps.max_push_constants {
+    let unsupported = |reason: String| VkError::Unsupported {
+        device: caps.name.clone(),
+        reason,
+    };
+    if !desc.push_constant_bytes.is_multiple_of(4) || desc.push_constant_bytes > caps.max_push_constants {
         return Err(unsupported(format!(
             "pipeline {:?}: push constants of {} bytes (must be a multiple of 4, at most {})",
             desc.label, desc.push_constant_bytes, caps.max_push_constants
@@ -196,7 +215,10 @@ fn check_desc(ctx: &Context, desc: &PipelineDesc<'_>) -> Result<()> {
         }
     }
     if desc.full_subgroups && !caps.subgroup.full_subgroups {
-        return Err(unsupported(format!("pipeline {:?}: full subgroups not supported", desc.label)));
+        return Err(unsupported(format!(
+            "pipeline {:?}: full subgroups not supported",
+            desc.label
+        )));
     }
     Ok(())
 }
@@ -212,10 +234,20 @@ fn create_pipeline(
         detail: format!("entry point {:?} contains NUL", desc.entry),
     })?;
     let map: Vec<_> = (0..desc.spec_constants.len() as u32)
-        .map(|i| vk::SpecializationMapEntry { constant_id: i, offset: 4 * i, size: 4 })
+        .map(|i| vk::SpecializationMapEntry {
+            constant_id: i,
+            offset: 4 * i,
+            size: 4,
+        })
         .collect();
-    let data: Vec<u8> = desc.spec_constants.iter().flat_map(|v| v.to_ne_bytes()).collect();
-    let spec = vk::SpecializationInfo::default().map_entries(&map).data(&data);
+    let data: Vec<u8> = desc
+        .spec_constants
+        .iter()
+        .flat_map(|v| v.to_ne_bytes())
+        .collect();
+    let spec = vk::SpecializationInfo::default()
+        .map_entries(&map)
+        .data(&data);
     let mut required = vk::PipelineShaderStageRequiredSubgroupSizeCreateInfo::default()
         .required_subgroup_size(desc.subgroup_size.unwrap_or(0));
     let mut flags = vk::PipelineShaderStageCreateFlags::empty();
@@ -231,10 +263,15 @@ fn create_pipeline(
     if desc.subgroup_size.is_some() {
         stage = stage.push_next(&mut required);
     }
-    let info = [vk::ComputePipelineCreateInfo::default().stage(stage).layout(layout)];
+    let info = [vk::ComputePipelineCreateInfo::default()
+        .stage(stage)
+        .layout(layout)];
     // SAFETY: module and layout are live; the cache is internally synchronized.
-    let pipelines = unsafe { dev.device.create_compute_pipelines(dev.pipeline_cache, &info, None) }
-        .map_err(|(_, e)| vk_err("vkCreateComputePipelines")(e))?;
+    let pipelines = unsafe {
+        dev.device
+            .create_compute_pipelines(dev.pipeline_cache, &info, None)
+    }
+    .map_err(|(_, e)| vk_err("vkCreateComputePipelines")(e))?;
     pipelines.into_iter().next().ok_or(VkError::Vulkan {
         call: "vkCreateComputePipelines",
         result: vk::Result::ERROR_UNKNOWN,
@@ -272,7 +309,9 @@ impl Drop for PipelineInner {
         unsafe {
             self.dev.device.destroy_pipeline(self.raw, None);
             self.dev.device.destroy_pipeline_layout(self.layout, None);
-            self.dev.device.destroy_descriptor_set_layout(self.set_layout, None);
+            self.dev
+                .device
+                .destroy_descriptor_set_layout(self.set_layout, None);
         }
     }
 }

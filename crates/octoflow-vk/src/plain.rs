@@ -14,7 +14,20 @@ macro_rules! plain {
         impl Plain for $t {}
     )*};
 }
-plain!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64, half::f16, half::bf16);
+plain!(
+    u8,
+    i8,
+    u16,
+    i16,
+    u32,
+    i32,
+    u64,
+    i64,
+    f32,
+    f64,
+    half::f16,
+    half::bf16
+);
 
 /// Views a slice of plain elements as bytes.
 pub fn as_bytes<T: Plain>(data: &[T]) -> &[u8] {

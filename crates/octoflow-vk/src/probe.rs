@@ -26,7 +26,11 @@ pub(crate) fn probe(instance: &Instance, pdev: vk::PhysicalDevice, index: usize)
     let api = base.api_version.min(instance.api_version);
     let extensions = unsafe { inst.enumerate_device_extension_properties(pdev) }
         .map_err(vk_err("vkEnumerateDeviceExtensionProperties"))?;
-    let has_ext = |name: &CStr| extensions.iter().any(|e| e.extension_name_as_c_str() == Ok(name));
+    let has_ext = |name: &CStr| {
+        extensions
+            .iter()
+            .any(|e| e.extension_name_as_c_str() == Ok(name))
+    };
     let has_coopmat = has_ext(COOPMAT_EXT) && api >= vk::API_VERSION_1_3;
 
     let mut p11 = vk::PhysicalDeviceVulkan11Properties::default();
@@ -92,7 +96,11 @@ pub(crate) fn probe(instance: &Instance, pdev: vk::PhysicalDevice, index: usize)
         buffer_device_address: f12.buffer_device_address == vk::TRUE,
         timeline_semaphore: f12.timeline_semaphore == vk::TRUE,
         max_shared_memory: limits.max_compute_shared_memory_size,
-        max_allocation: if api >= vk::API_VERSION_1_2 { p11.max_memory_allocation_size } else { 0 },
+        max_allocation: if api >= vk::API_VERSION_1_2 {
+            p11.max_memory_allocation_size
+        } else {
+            0
+        },
         max_storage_buffer_range: u64::from(limits.max_storage_buffer_range),
         max_push_constants: limits.max_push_constants_size,
         max_workgroup_invocations: limits.max_compute_work_group_invocations,
@@ -107,7 +115,8 @@ pub(crate) fn probe(instance: &Instance, pdev: vk::PhysicalDevice, index: usize)
 }
 
 fn cstr(s: std::result::Result<&CStr, std::ffi::FromBytesUntilNulError>) -> String {
-    s.map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
+    s.map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 fn kind_of(t: vk::PhysicalDeviceType) -> DeviceKind {
@@ -127,7 +136,9 @@ fn subgroup_caps(
     v13: bool,
 ) -> SubgroupCaps {
     use vk::SubgroupFeatureFlags as F;
-    let in_compute = p11.subgroup_supported_stages.contains(vk::ShaderStageFlags::COMPUTE);
+    let in_compute = p11
+        .subgroup_supported_stages
+        .contains(vk::ShaderStageFlags::COMPUTE);
     let names = [
         (F::BASIC, "basic"),
         (F::VOTE, "vote"),
@@ -145,7 +156,9 @@ fn subgroup_caps(
         .collect();
     let size_control = v13
         && f13.subgroup_size_control == vk::TRUE
-        && p13.required_subgroup_size_stages.contains(vk::ShaderStageFlags::COMPUTE);
+        && p13
+            .required_subgroup_size_stages
+            .contains(vk::ShaderStageFlags::COMPUTE);
     let (min_size, max_size) = if size_control {
         (p13.min_subgroup_size, p13.max_subgroup_size)
     } else {
@@ -182,7 +195,10 @@ fn heaps(inst: &ash::Instance, pdev: vk::PhysicalDevice) -> Vec<Heap> {
     let mem = unsafe { inst.get_physical_device_memory_properties(pdev) };
     mem.memory_heaps_as_slice()
         .iter()
-        .map(|h| Heap { size: h.size, device_local: h.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL) })
+        .map(|h| Heap {
+            size: h.size,
+            device_local: h.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL),
+        })
         .collect()
 }
 

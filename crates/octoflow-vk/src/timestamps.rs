@@ -34,7 +34,11 @@ pub fn summarize(times: &[DispatchTime]) -> Vec<LabelTime> {
                 l.count += 1;
                 l.total_ns += t.ns;
             }
-            None => out.push(LabelTime { label: t.label.clone(), count: 1, total_ns: t.ns }),
+            None => out.push(LabelTime {
+                label: t.label.clone(),
+                count: 1,
+                total_ns: t.ns,
+            }),
         }
     }
     out.sort_by(|a, b| b.total_ns.total_cmp(&a.total_ns));
@@ -54,7 +58,11 @@ pub(crate) struct Timestamps {
 
 impl Timestamps {
     pub(crate) fn new(device: &ash::Device, period_ns: f32, valid_bits: u32) -> Self {
-        let mask = if valid_bits >= 64 { u64::MAX } else { (1u64 << valid_bits) - 1 };
+        let mask = if valid_bits >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << valid_bits) - 1
+        };
         Timestamps {
             device: device.clone(),
             pools: Vec::new(),
@@ -75,13 +83,20 @@ impl Timestamps {
                 .query_count(QUERIES_PER_POOL);
             // SAFETY: valid create info; the reset is recorded before any write into the pool,
             // so every replay of the command buffer resets it again first.
-            let pool = unsafe { self.device.create_query_pool(&info, None) }.map_err(vk_err("vkCreateQueryPool"))?;
+            let pool = unsafe { self.device.create_query_pool(&info, None) }
+                .map_err(vk_err("vkCreateQueryPool"))?;
             self.pools.push(pool);
-            unsafe { self.device.cmd_reset_query_pool(cmd, pool, 0, QUERIES_PER_POOL) };
+            unsafe {
+                self.device
+                    .cmd_reset_query_pool(cmd, pool, 0, QUERIES_PER_POOL)
+            };
         }
         let pool = self.pools[self.pools.len() - 1];
         // SAFETY: recording into `cmd`; the query was reset above in this command buffer.
-        unsafe { self.device.cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, pool, slot) };
+        unsafe {
+            self.device
+                .cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, pool, slot)
+        };
         self.written += 1;
         if let Some(label) = label {
             self.labels.push(label);
@@ -102,7 +117,12 @@ impl Timestamps {
             let mut out = vec![0u64; count as usize];
             // SAFETY: the chain's fence was waited on, so these queries are available.
             unsafe {
-                self.device.get_query_pool_results(pool, 0, &mut out, vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT)
+                self.device.get_query_pool_results(
+                    pool,
+                    0,
+                    &mut out,
+                    vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+                )
             }
             .map_err(vk_err("vkGetQueryPoolResults"))?;
             ticks.extend(out);
@@ -136,9 +156,26 @@ mod tests {
 
     #[test]
     fn summary_groups_by_label_largest_first() {
-        let t = |label: &str, ns| DispatchTime { label: label.into(), ns };
+        let t = |label: &str, ns| DispatchTime {
+            label: label.into(),
+            ns,
+        };
         let s = summarize(&[t("a", 1.0), t("b", 5.0), t("a", 2.0)]);
-        assert_eq!(s[0], LabelTime { label: "b".into(), count: 1, total_ns: 5.0 });
-        assert_eq!(s[1], LabelTime { label: "a".into(), count: 2, total_ns: 3.0 });
+        assert_eq!(
+            s[0],
+            LabelTime {
+                label: "b".into(),
+                count: 1,
+                total_ns: 5.0
+            }
+        );
+        assert_eq!(
+            s[1],
+            LabelTime {
+                label: "a".into(),
+                count: 2,
+                total_ns: 3.0
+            }
+        );
     }
 }

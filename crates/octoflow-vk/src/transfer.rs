@@ -27,8 +27,12 @@ impl Transfer {
             .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
         // SAFETY: valid create infos on a live device; partial results are destroyed on error.
         unsafe {
-            let pool = device.create_command_pool(&info, None).map_err(vk_err("vkCreateCommandPool"))?;
-            let alloc = vk::CommandBufferAllocateInfo::default().command_pool(pool).command_buffer_count(1);
+            let pool = device
+                .create_command_pool(&info, None)
+                .map_err(vk_err("vkCreateCommandPool"))?;
+            let alloc = vk::CommandBufferAllocateInfo::default()
+                .command_pool(pool)
+                .command_buffer_count(1);
             let cmd = match device.allocate_command_buffers(&alloc) {
                 Ok(c) => c[0],
                 Err(e) => {
@@ -43,7 +47,12 @@ impl Transfer {
                     return Err(vk_err("vkCreateFence")(e));
                 }
             };
-            Ok(Transfer { device: device.clone(), pool, cmd, fence })
+            Ok(Transfer {
+                device: device.clone(),
+                pool,
+                cmd,
+                fence,
+            })
         }
     }
 }
@@ -60,17 +69,22 @@ impl Drop for Transfer {
 
 impl Context {
     /// Records commands with `record`, submits them and waits for completion.
-    pub(crate) fn one_shot(&self, record: impl FnOnce(&ash::Device, vk::CommandBuffer)) -> Result<()> {
+    pub(crate) fn one_shot(
+        &self,
+        record: impl FnOnce(&ash::Device, vk::CommandBuffer),
+    ) -> Result<()> {
         let dev = &self.inner;
         let t = dev.transfer.lock().unwrap_or_else(|e| e.into_inner());
         let d = &dev.device;
-        let begin = vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
+        let begin = vk::CommandBufferBeginInfo::default()
+            .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
         // SAFETY: the transfer lock gives exclusive use of the command buffer and fence, which
         // are idle (every previous one-shot waited for its fence).
         unsafe {
             d.reset_command_buffer(t.cmd, vk::CommandBufferResetFlags::empty())
                 .map_err(vk_err("vkResetCommandBuffer"))?;
-            d.begin_command_buffer(t.cmd, &begin).map_err(vk_err("vkBeginCommandBuffer"))?;
+            d.begin_command_buffer(t.cmd, &begin)
+                .map_err(vk_err("vkBeginCommandBuffer"))?;
             record(d, t.cmd);
             let to_host = vk::MemoryBarrier::default()
                 .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
@@ -84,15 +98,19 @@ impl Context {
                 &[],
                 &[],
             );
-            d.end_command_buffer(t.cmd).map_err(vk_err("vkEndCommandBuffer"))?;
+            d.end_command_buffer(t.cmd)
+                .map_err(vk_err("vkEndCommandBuffer"))?;
             let cmds = [t.cmd];
             let submit = [vk::SubmitInfo::default().command_buffers(&cmds)];
             {
                 let queue = dev.queue();
-                d.queue_submit(*queue, &submit, t.fence).map_err(vk_err("vkQueueSubmit"))?;
+                d.queue_submit(*queue, &submit, t.fence)
+                    .map_err(vk_err("vkQueueSubmit"))?;
             }
-            d.wait_for_fences(&[t.fence], true, u64::MAX).map_err(vk_err("vkWaitForFences"))?;
-            d.reset_fences(&[t.fence]).map_err(vk_err("vkResetFences"))?;
+            d.wait_for_fences(&[t.fence], true, u64::MAX)
+                .map_err(vk_err("vkWaitForFences"))?;
+            d.reset_fences(&[t.fence])
+                .map_err(vk_err("vkResetFences"))?;
         }
         Ok(())
     }
@@ -104,6 +122,11 @@ impl Context {
         if dst.is_mapped() || bytes.is_empty() {
             return dst.write(offset, bytes);
         }
+        self.upload_staged(dst, offset, bytes)
+    }
+
+    /// The staging path of [`Context::upload`] (range already checked).
+    pub(crate) fn upload_staged(&self, dst: &Buffer, offset: u64, bytes: &[u8]) -> Result<()> {
         let staging = self.staging(bytes.len() as u64, MemoryKind::Upload)?;
         for (i, piece) in bytes.chunks(staging.size() as usize).enumerate() {
             staging.write(0, piece)?;
@@ -113,7 +136,9 @@ impl Context {
                 size: piece.len() as u64,
             };
             // SAFETY: both buffers are live and the region is inside both (checked above).
-            self.one_shot(|d, cmd| unsafe { d.cmd_copy_buffer(cmd, staging.raw(), dst.raw(), &[region]) })?;
+            self.one_shot(|d, cmd| unsafe {
+                d.cmd_copy_buffer(cmd, staging.raw(), dst.raw(), &[region])
+            })?;
         }
         Ok(())
     }
@@ -125,6 +150,16 @@ impl Context {
         if src.is_mapped() || bytes.is_empty() {
             return src.read(offset, bytes);
         }
+        self.download_staged(src, offset, bytes)
+    }
+
+    /// The staging path of [`Context::download`] (range already checked).
+    pub(crate) fn download_staged(
+        &self,
+        src: &Buffer,
+        offset: u64,
+        bytes: &mut [u8],
+    ) -> Result<()> {
         let staging = self.staging(bytes.len() as u64, MemoryKind::Readback)?;
         let step = staging.size() as usize;
         for (i, piece) in bytes.chunks_mut(step).enumerate() {
@@ -134,7 +169,9 @@ impl Context {
                 size: piece.len() as u64,
             };
             // SAFETY: both buffers are live and the region is inside both (checked above).
-            self.one_shot(|d, cmd| unsafe { d.cmd_copy_buffer(cmd, src.raw(), staging.raw(), &[region]) })?;
+            self.one_shot(|d, cmd| unsafe {
+                d.cmd_copy_buffer(cmd, src.raw(), staging.raw(), &[region])
+            })?;
             staging.read(0, piece)?;
         }
         Ok(())
@@ -149,16 +186,29 @@ impl Context {
     }
 
     /// Copies `size` bytes from `src` at `src_offset` to `dst` at `dst_offset`.
-    pub fn copy(&self, src: &Buffer, src_offset: u64, dst: &Buffer, dst_offset: u64, size: u64) -> Result<()> {
+    pub fn copy(
+        &self,
+        src: &Buffer,
+        src_offset: u64,
+        dst: &Buffer,
+        dst_offset: u64,
+        size: u64,
+    ) -> Result<()> {
         src.check_range(src_offset, size)?;
         dst.check_range(dst_offset, size)?;
-        let region = vk::BufferCopy { src_offset, dst_offset, size };
+        let region = vk::BufferCopy {
+            src_offset,
+            dst_offset,
+            size,
+        };
         // SAFETY: live buffers, ranges checked.
         self.one_shot(|d, cmd| unsafe { d.cmd_copy_buffer(cmd, src.raw(), dst.raw(), &[region]) })
     }
 
     fn staging(&self, len: u64, kind: MemoryKind) -> Result<Buffer> {
-        let size = len.clamp(4, STAGING_BYTES).min(self.caps().max_buffer_bytes());
+        let size = len
+            .clamp(4, STAGING_BYTES)
+            .min(self.caps().max_buffer_bytes());
         Buffer::new(self, "staging", size, kind)
     }
 }
@@ -166,7 +216,7 @@ impl Context {
 /// Checks a fill's range: inside the buffer and 4-byte aligned (a Vulkan requirement).
 pub(crate) fn check_fill(dst: &Buffer, offset: u64, size: u64) -> Result<()> {
     dst.check_range(offset, size)?;
-    if offset % 4 != 0 || size % 4 != 0 {
+    if !offset.is_multiple_of(4) || !size.is_multiple_of(4) {
         return Err(VkError::BadRange {
             what: dst.name().into(),
             detail: format!("fill range {offset}+{size} is not a multiple of 4 bytes"),
