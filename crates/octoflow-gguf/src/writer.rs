@@ -175,7 +175,11 @@ impl<'a> GgufWriter<'a> {
             head.extend_from_slice(&offset.to_le_bytes());
             offset += padded(t.data.len() as u64, align);
         }
-        head.resize(padded(head.len() as u64, align) as usize, 0);
+        // Pad to the data section only when data follows: a tensor-less file (vocab-only files
+        // are) needs none, and an alignment of up to 2^31 must not turn it into gigabytes.
+        if !self.tensors.is_empty() {
+            head.resize(padded(head.len() as u64, align) as usize, 0);
+        }
         w.write_all(&head)?;
         let zeros = vec![0u8; align as usize];
         for t in &self.tensors {

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use octoflow_gguf::{parse_header, GgufError, GgufFile};
+use octoflow_gguf::{parse_header, GgufError, GgufFile, GgufWriter};
 
 fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fuzz")
@@ -26,6 +26,23 @@ fn zero_dimension_does_not_hide_an_overflowing_row_count() {
         }
         other => panic!("expected BadTensor, got {other:?}"),
     }
+}
+
+/// A file without tensors but with `general.alignment = 2^29` is valid (the reader allows the
+/// data section to start past the end when no tensor lives there), but writing it back padded
+/// the header to 512 MiB (the fuzzer's timeout). Without tensors the writer adds no padding.
+#[test]
+fn tensorless_file_with_huge_alignment_writes_back_without_padding() {
+    let bytes = fixture("tensorless_alignment_2pow29.gguf");
+    let file = GgufFile::from_bytes(bytes).expect("a valid tensor-less file");
+    assert_eq!(file.header().alignment, 1 << 29);
+    assert!(file.tensors().is_empty());
+
+    let mut written = Vec::new();
+    GgufWriter::from_file(&file).write_to(&mut written).unwrap();
+    assert!(written.len() < 4096, "wrote {} bytes", written.len());
+    let again = GgufFile::from_bytes(written).unwrap();
+    assert_eq!(again.header(), file.header());
 }
 
 /// Every kept input, including ones without a dedicated test above, is handled without a panic,
