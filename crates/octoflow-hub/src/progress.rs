@@ -31,12 +31,24 @@ impl Progress {
         } else if io::stderr().is_terminal() {
             Mode::Bar(make_bar(label, total, already))
         } else {
-            let size = total.map(|t| format!(" ({})", human_bytes(t))).unwrap_or_default();
-            let resume = if already > 0 { format!(", resuming at {}", human_bytes(already)) } else { String::new() };
+            let size = total
+                .map(|t| format!(" ({})", human_bytes(t)))
+                .unwrap_or_default();
+            let resume = if already > 0 {
+                format!(", resuming at {}", human_bytes(already))
+            } else {
+                String::new()
+            };
             eprintln!("{label}{size}{resume} ...");
             Mode::Lines
         };
-        Self { mode, label: label.to_string(), start: Instant::now(), done: already, first: already }
+        Self {
+            mode,
+            label: label.to_string(),
+            start: Instant::now(),
+            done: already,
+            first: already,
+        }
     }
 
     pub(crate) fn inc(&mut self, n: u64) {
@@ -51,8 +63,12 @@ impl Progress {
         let secs = self.start.elapsed().as_secs_f64();
         let moved = self.done - self.first;
         let rate = if secs > 0.0 { moved as f64 / secs } else { 0.0 };
-        let summary =
-            format!("{}: {} in {secs:.1} s ({}/s)", self.label, human_bytes(self.done), human_bytes(rate as u64));
+        let summary = format!(
+            "{}: {} in {secs:.1} s ({}/s)",
+            self.label,
+            human_bytes(self.done),
+            human_bytes(rate as u64)
+        );
         match std::mem::replace(&mut self.mode, Mode::Quiet) {
             Mode::Quiet => {}
             Mode::Lines => eprintln!("{summary}"),
@@ -76,9 +92,9 @@ fn make_bar(label: &str, total: Option<u64>, already: u64) -> ProgressBar {
     let (bar, template) = match total {
         Some(t) => (
             ProgressBar::new(t),
-            "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+            "{msg} [{wide_bar}] {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec} eta {eta}",
         ),
-        None => (ProgressBar::new_spinner(), "{msg} {spinner} {bytes} {binary_bytes_per_sec}"),
+        None => (ProgressBar::new_spinner(), "{msg} {spinner} {decimal_bytes} {decimal_bytes_per_sec}"),
     };
     if let Ok(style) = ProgressStyle::with_template(template) {
         bar.set_style(style.progress_chars("=> "));
@@ -111,7 +127,11 @@ pub(crate) enum PumpError {
 }
 
 /// Copies `reader` to `writer` in 256 KiB steps, reporting each step; returns the bytes copied.
-pub(crate) fn pump(reader: &mut dyn Read, writer: &mut dyn Write, progress: &mut Progress) -> Result<u64, PumpError> {
+pub(crate) fn pump(
+    reader: &mut dyn Read,
+    writer: &mut dyn Write,
+    progress: &mut Progress,
+) -> Result<u64, PumpError> {
     let mut buf = vec![0u8; 256 * 1024];
     let mut copied = 0u64;
     loop {
@@ -143,7 +163,9 @@ mod tests {
     fn pump_copies_everything_and_reports_read_failures_with_the_count() {
         let mut progress = Progress::start(false, "t", None, 0);
         let mut out = Vec::new();
-        let n = pump(&mut &b"hello"[..], &mut out, &mut progress).ok().unwrap();
+        let n = pump(&mut &b"hello"[..], &mut out, &mut progress)
+            .ok()
+            .unwrap();
         assert_eq!((n, out.as_slice()), (5, &b"hello"[..]));
 
         struct Failing(usize);

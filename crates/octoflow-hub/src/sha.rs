@@ -14,13 +14,19 @@ pub fn parse_sha256(value: &str) -> Result<String, HubError> {
     if v.len() == 64 && v.chars().all(|c| c.is_ascii_hexdigit()) {
         Ok(v.to_ascii_lowercase())
     } else {
-        Err(HubError::BadSha256 { value: value.to_string() })
+        Err(HubError::BadSha256 {
+            value: value.to_string(),
+        })
     }
 }
 
 /// Lowercase hex of a finished digest.
 pub(crate) fn to_hex(hasher: Sha256) -> String {
-    hasher.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// sha256 of a whole file, as 64 lowercase hex digits.
@@ -46,7 +52,11 @@ pub(crate) struct HashingWriter<W> {
 
 impl<W: Write> HashingWriter<W> {
     pub(crate) fn new(inner: W) -> Self {
-        Self { inner, hasher: Sha256::new(), bytes: 0 }
+        Self {
+            inner,
+            hasher: Sha256::new(),
+            bytes: 0,
+        }
     }
 
     /// Bytes written so far.
@@ -82,7 +92,10 @@ mod tests {
         let upper = "E3B0C44298FC1C149AFBF4C8996FB92427AE41E4649B934CA495991B7852B855";
         assert_eq!(parse_sha256(upper).unwrap(), upper.to_ascii_lowercase());
         for bad in ["", "e3b0", &format!("{upper}00"), &upper.replace('E', "g")] {
-            assert!(matches!(parse_sha256(bad), Err(HubError::BadSha256 { .. })), "{bad}");
+            assert!(
+                matches!(parse_sha256(bad), Err(HubError::BadSha256 { .. })),
+                "{bad}"
+            );
         }
     }
 
@@ -93,6 +106,9 @@ mod tests {
         assert_eq!(w.bytes(), 3);
         let (inner, hex) = w.finish();
         assert_eq!(inner, b"abc");
-        assert_eq!(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(
+            hex,
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
     }
 }

@@ -1,0 +1,234 @@
+//! `resolve_model` / `pull_url` for plain HTTP URLs, against a scripted server on 127.0.0.1.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+
+use common::{body, sha_hex, Mode, Request, Server};
+use octoflow_hub::{parse_sha256, pull_url, resolve_model, Cache, HubError, PullOptions};
+
+const SIZE: usize = 300_000;
+
+fn opts(dir: &Path) -> PullOptions {
+    PullOptions::with_cache(Cache::new(dir))
+}
+
+fn dest(dir: &Path, name: &str) -> std::path::PathBuf {
+    dir.join("models").join(name)
+}
+
+fn partial(dir: &Path, name: &str) -> std::path::PathBuf {
+    dir.join("models").join(format!("{name}.partial"))
+}
+
+fn write_partial(dir: &Path, name: &str, data: &[u8]) {
+    fs::create_dir_all(dir.join("models")).unwrap();
+    fs::write(partial(dir, name), data).unwrap();
+}
+
+#[test]
+fn full_download_lands_under_the_url_file_name() {
+    let server = Server::start();
+    let data = body(SIZE, 1);
+    server.serve("/repo/resolve/main/m.gguf", data.clone(), Mode::HonourRange);
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url("/repo/resolve/main/m.gguf?download=true");
+    let path = resolve_model(&url, &opts(dir.path())).unwrap();
+    assert_eq!(path, dest(dir.path(), "m.gguf"));
+    assert_eq!(fs::read(&path).unwrap(), data);
+    assert!(!partial(dir.path(), "m.gguf").exists());
+    assert_eq!(
+        server.requests(),
+        [Request {
+            path: "/repo/resolve/main/m.gguf?download=true".into(),
+            range: None
+        }]
+    );
+}
+
+#[test]
+fn partial_download_is_resumed_with_a_range_request() {
+    let server = Server::start();
+    let data = body(SIZE, 2);
+    server.serve("/m.gguf", data.clone(), Mode::HonourRange);
+    let dir = tempfile::tempdir().unwrap();
+    write_partial(dir.path(), "m.gguf", &data[..123_456]);
+    let path = pull_url(&server.url("/m.gguf"), &opts(dir.path())).unwrap();
+    assert_eq!(fs::read(&path).unwrap(), data);
+    assert_eq!(server.requests()[0].range.as_deref(), Some("bytes=123456-"));
+    assert_eq!(server.requests().len(), 1);
+}
+
+#[test]
+fn server_ignoring_range_restarts_the_download_cleanly() {
+    let server = Server::start();
+    let data = body(SIZE, 3);
+    server.serve("/m.gguf", data.clone(), Mode::IgnoreRange);
+    let dir = tempfile::tempdir().unwrap();
+    // Not a prefix of the body: appending the 200 answer to it would corrupt the file.
+    write_partial(dir.path(), "m.gguf", &[0xAA; 5000]);
+    let path = pull_url(&server.url("/m.gguf"), &opts(dir.path())).unwrap();
+    assert_eq!(fs::read(&path).unwrap(), data);
+    assert_eq!(server.requests()[0].range.as_deref(), Some("bytes=5000-"));
+}
+
+#[test]
+fn complete_partial_file_is_placed_after_a_416_answer() {
+    let server = Server::start();
+    let data = body(SIZE, 4);
+    server.serve("/m.gguf", data.clone(), Mode::HonourRange);
+    let dir = tempfile::tempdir().unwrap();
+    write_partial(dir.path(), "m.gguf", &data);
+    let path = pull_url(&server.url("/m.gguf"), &opts(dir.path())).unwrap();
+    assert_eq!(fs::read(&path).unwrap(), data);
+    assert_eq!(
+        server.requests()[0].range.as_deref(),
+        Some(&*format!("bytes={SIZE}-"))
+    );
+}
+
+#[test]
+fn sha_mismatch_is_an_error_and_leaves_no_file() {
+    let server = Server::start();
+    let data = body(SIZE, 5);
+    server.serve("/m.gguf", data.clone(), Mode::HonourRange);
+    let dir = tempfile::tempdir().unwrap();
+    let wrong = "0".repeat(64);
+    let options = PullOptions {
+        sha256: Some(wrong.clone()),
+        ..opts(dir.path())
+    };
+    let err = pull_url(&server.url("/m.gguf"), &options).unwrap_err();
+    match &err {
+        HubError::ShaMismatch {
+            expected,
+            found,
+            deleted,
+            ..
+        } => {
+            assert_eq!((expected, found, deleted), (&wrong, &sha_hex(&data), &true));
+        }
+        other => panic!("expected a sha mismatch, got {other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!("expected {wrong}, found {}", sha_hex(&data))),
+        "{msg}"
+    );
+    assert!(!dest(dir.path(), "m.gguf").exists());
+    assert!(!partial(dir.path(), "m.gguf").exists());
+}
+
+#[test]
+fn matching_sha_is_accepted_in_any_case() {
+    let server = Server::start();
+    let data = body(SIZE, 6);
+    server.serve("/m.gguf", data.clone(), Mode::HonourRange);
+    let dir = tempfile::tempdir().unwrap();
+    let sha = parse_sha256(&sha_hex(&data).to_uppercase()).unwrap();
+    let options = PullOptions {
+        sha256: Some(sha),
+        ..opts(dir.path())
+    };
+    let path = pull_url(&server.url("/m.gguf"), &options).unwrap();
+    assert_eq!(fs::read(path).unwrap(), data);
+}
+
+#[test]
+fn http_404_is_a_clear_error_naming_the_url() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url("/missing.gguf");
+    let err = pull_url(&url, &opts(dir.path())).unwrap_err();
+    assert!(
+        matches!(err, HubError::HttpStatus { status: 404, .. }),
+        "{err:?}"
+    );
+    assert_eq!(err.to_string(), format!("GET {url}: HTTP 404 Not Found"));
+    assert!(!dest(dir.path(), "missing.gguf").exists());
+}
+
+#[test]
+fn interrupted_download_leaves_no_final_file_and_the_next_run_resumes() {
+    let server = Server::start();
+    let data = body(SIZE, 7);
+    server.serve("/m.gguf", data.clone(), Mode::CutAfter(100_000));
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url("/m.gguf");
+    let err = pull_url(&url, &opts(dir.path())).unwrap_err();
+    match err {
+        HubError::Truncated {
+            expected, received, ..
+        } => assert_eq!((expected, received), (SIZE as u64, 100_000)),
+        other => panic!("expected a truncated download, got {other:?}"),
+    }
+    assert!(!dest(dir.path(), "m.gguf").exists());
+    assert_eq!(
+        fs::metadata(partial(dir.path(), "m.gguf")).unwrap().len(),
+        100_000
+    );
+
+    server.set_mode("/m.gguf", Mode::HonourRange);
+    let path = pull_url(&url, &opts(dir.path())).unwrap();
+    assert_eq!(fs::read(path).unwrap(), data);
+    assert_eq!(server.requests()[1].range.as_deref(), Some("bytes=100000-"));
+}
+
+#[test]
+fn cached_url_is_not_fetched_again_unless_forced() {
+    let server = Server::start();
+    server.serve("/m.gguf", body(1000, 8), Mode::HonourRange);
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url("/m.gguf");
+    pull_url(&url, &opts(dir.path())).unwrap();
+    pull_url(&url, &opts(dir.path())).unwrap();
+    assert_eq!(server.requests().len(), 1);
+
+    let newer = body(2000, 9);
+    server.serve("/m.gguf", newer.clone(), Mode::HonourRange);
+    let path = pull_url(
+        &url,
+        &PullOptions {
+            force: true,
+            ..opts(dir.path())
+        },
+    )
+    .unwrap();
+    assert_eq!(server.requests().len(), 2);
+    assert_eq!(fs::read(path).unwrap(), newer);
+}
+
+#[test]
+fn without_download_permission_an_uncached_url_is_reported() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let err = pull_url(
+        &server.url("/m.gguf"),
+        &PullOptions {
+            download: false,
+            ..opts(dir.path())
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(err, HubError::NotCached { .. }), "{err:?}");
+    assert!(server.requests().is_empty());
+}
+
+#[test]
+fn unreachable_server_is_a_transport_error_naming_the_url() {
+    // Bind then drop a listener: its port is free, so the connection is refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("http://127.0.0.1:{port}/m.gguf");
+    let err = pull_url(&url, &opts(dir.path())).unwrap_err();
+    assert!(matches!(err, HubError::Transport { .. }), "{err:?}");
+    assert!(
+        err.to_string().starts_with(&format!("GET {url}: ")),
+        "{err}"
+    );
+}
