@@ -19,6 +19,18 @@ pub enum DeviceKind {
     Other,
 }
 
+impl std::fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DeviceKind::Discrete => "discrete GPU",
+            DeviceKind::Integrated => "integrated GPU",
+            DeviceKind::Virtual => "virtual GPU",
+            DeviceKind::Cpu => "CPU",
+            DeviceKind::Other => "other",
+        })
+    }
+}
+
 /// Subgroup (warp/wave) properties of the compute stage.
 #[derive(Debug, Clone, Serialize)]
 pub struct SubgroupCaps {
@@ -125,6 +137,8 @@ pub struct DeviceCaps {
     pub heaps: Vec<Heap>,
     /// Nanoseconds per timestamp tick.
     pub timestamp_period_ns: f32,
+    /// The device has a compute queue (every usable one does).
+    pub compute_queue: bool,
     /// The compute queue records timestamps.
     pub timestamps: bool,
     /// Valid bits of a compute-queue timestamp (0 without timestamps).

@@ -47,14 +47,25 @@ fn enumerate(instance: &Instance) -> Result<Vec<(vk::PhysicalDevice, Probe)>> {
 }
 
 /// Why a device cannot run our kernels, or `None` when it can.
-fn unusable(p: &Probe) -> Option<String> {
-    if p.caps.api_version_raw < vk::API_VERSION_1_2 {
-        Some(format!("Vulkan {} < 1.2", p.caps.api_version))
-    } else if p.queue_family.is_none() {
+fn unusable(caps: &DeviceCaps) -> Option<String> {
+    if caps.api_version_raw < vk::API_VERSION_1_2 {
+        Some(format!("Vulkan {} < 1.2", caps.api_version))
+    } else if !caps.compute_queue {
         Some("no compute queue".into())
     } else {
         None
     }
+}
+
+/// The index [`Context::new`] opens for `choice` among `devices` (as from [`list_devices`]),
+/// honouring `OCTOFLOW_GPU`.
+pub fn choose_device(devices: &[DeviceCaps], choice: DeviceChoice) -> Result<usize> {
+    let summary: Vec<_> = devices
+        .iter()
+        .map(|c| (c.kind, c.device_local_bytes(), unusable(c)))
+        .collect();
+    let env = std::env::var(GPU_ENV).ok();
+    select(&summary, choice, env.as_deref())
 }
 
 /// Picks a device index from the probed list: an explicit index, `OCTOFLOW_GPU` (`env`), or
@@ -69,7 +80,7 @@ pub(crate) fn select(
         return Err(VkError::NoDevice);
     }
     let explicit = match (choice, env) {
-        (DeviceChoice::Index(i), _) => Some((i, "the device choice".to_string())),
+        (DeviceChoice::Index(i), _) => Some((i, "--gpu".to_string())),
         (DeviceChoice::Auto, Some(v)) => {
             let i = v
                 .trim()
@@ -150,14 +161,10 @@ impl Context {
     pub fn new(choice: DeviceChoice) -> Result<Self> {
         let instance = Instance::new()?;
         let mut probes = enumerate(&instance)?;
-        let summary: Vec<_> = probes
-            .iter()
-            .map(|(_, p)| (p.caps.kind, p.caps.device_local_bytes(), unusable(p)))
-            .collect();
-        let env = std::env::var(GPU_ENV).ok();
-        let index = select(&summary, choice, env.as_deref())?;
+        let caps: Vec<DeviceCaps> = probes.iter().map(|(_, p)| p.caps.clone()).collect();
+        let index = choose_device(&caps, choice)?;
         let (pdev, probe) = probes.swap_remove(index);
-        if let Some(reason) = unusable(&probe) {
+        if let Some(reason) = unusable(&probe.caps) {
             return Err(VkError::Unsupported {
                 device: probe.caps.name,
                 reason,

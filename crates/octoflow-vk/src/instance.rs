@@ -54,8 +54,11 @@ impl Instance {
                 .enabled_extension_names(&exts);
         }
         // SAFETY: create info and the arrays it points to live across the call.
-        let raw =
-            unsafe { entry.create_instance(&info, None) }.map_err(vk_err("vkCreateInstance"))?;
+        let raw = unsafe { entry.create_instance(&info, None) }.map_err(|e| match e {
+            // The loader's answer when it finds no driver (ICD) at all.
+            vk::Result::ERROR_INCOMPATIBLE_DRIVER => VkError::NoDevice,
+            e => vk_err("vkCreateInstance")(e),
+        })?;
         let validation_errors = Box::new(AtomicU64::new(0));
         let mut instance = Instance {
             entry,

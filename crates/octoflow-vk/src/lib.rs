@@ -38,7 +38,7 @@ pub use buffer::{Buffer, BufferSlice, MemoryKind};
 pub use caps::{CoopMatShape, DeviceCaps, DeviceKind, Heap, SubgroupCaps};
 pub use chain::Chain;
 pub use chunked::{pack_plan, split_plan, ChunkedBuffer, Placement};
-pub use context::{list_devices, Context, DeviceChoice, GPU_ENV};
+pub use context::{choose_device, list_devices, Context, DeviceChoice, GPU_ENV};
 pub use error::{Result, VkError};
 pub use grid::groups_1d;
 pub use instance::VALIDATION_ENV;

@@ -199,7 +199,9 @@ fn check_desc(ctx: &Context, desc: &PipelineDesc<'_>) -> Result<()> {
         device: caps.name.clone(),
         reason,
     };
-    if !desc.push_constant_bytes.is_multiple_of(4) || desc.push_constant_bytes > caps.max_push_constants {
+    if !desc.push_constant_bytes.is_multiple_of(4)
+        || desc.push_constant_bytes > caps.max_push_constants
+    {
         return Err(unsupported(format!(
             "pipeline {:?}: push constants of {} bytes (must be a multiple of 4, at most {})",
             desc.label, desc.push_constant_bytes, caps.max_push_constants

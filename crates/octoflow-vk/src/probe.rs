@@ -108,6 +108,7 @@ pub(crate) fn probe(instance: &Instance, pdev: vk::PhysicalDevice, index: usize)
         storage_offset_alignment: limits.min_storage_buffer_offset_alignment,
         heaps: heaps(inst, pdev),
         timestamp_period_ns: limits.timestamp_period,
+        compute_queue: queue_family.is_some(),
         timestamps: timestamp_bits > 0 && queue_family.is_some(),
         timestamp_bits,
     };

@@ -14,6 +14,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// List Vulkan devices and the capabilities kernels are chosen by.
+    Devices(cmd::devices::Args),
     /// Print a GGUF file's metadata and tensor table (like gguf-dump).
     Inspect(cmd::inspect::Args),
     /// Download a model (a name from the built-in list, or an http(s) URL of a .gguf) into the cache.
@@ -30,6 +32,7 @@ fn main() -> std::process::ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Devices(args) => cmd::devices::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Pull(args) => cmd::pull::run(args),
     };

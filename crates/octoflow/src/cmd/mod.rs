@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
 pub mod common;
+pub mod devices;
 pub mod inspect;
 pub mod pull;
