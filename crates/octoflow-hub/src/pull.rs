@@ -9,7 +9,7 @@ use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use crate::cache::{commit, create_dir_all, partial_path, remove_file_if_exists};
+use crate::cache::{commit, create_dir_all, lock_pull, partial_path, remove_file_if_exists};
 use crate::catalogue::KnownModel;
 use crate::error::{io_err, HubError};
 use crate::http::{agent, download, Fetch};
@@ -40,6 +40,11 @@ pub fn pull_model(model: &KnownModel, opts: &PullOptions) -> Result<PathBuf, Hub
             spec: model.name.clone(),
             path: dest,
         });
+    }
+    let _lock = lock_pull(&opts.cache, &format!("{}.gguf", model.name), opts.progress)?;
+    if dest.is_file() && !opts.force {
+        // Another pull placed it while this one waited for the lock.
+        return check_cached_size(model, dest);
     }
     if opts.force && work.exists() {
         fs::remove_dir_all(&work).map_err(io_err("remove", &work))?;

@@ -232,3 +232,28 @@ fn unreachable_server_is_a_transport_error_naming_the_url() {
         "{err}"
     );
 }
+
+#[test]
+fn concurrent_pulls_of_one_url_take_turns_and_download_it_once() {
+    let server = Server::start();
+    let data = body(2_000_000, 10);
+    server.serve("/m.gguf", data.clone(), Mode::HonourRange);
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url("/m.gguf");
+    let paths: Vec<_> = std::thread::scope(|s| {
+        let pulls: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| pull_url(&url, &opts(dir.path()))))
+            .collect();
+        pulls
+            .into_iter()
+            .map(|p| p.join().unwrap().unwrap())
+            .collect()
+    });
+    assert!(paths.iter().all(|p| *p == dest(dir.path(), "m.gguf")));
+    assert_eq!(fs::read(&paths[0]).unwrap(), data);
+    assert_eq!(
+        server.requests().len(),
+        1,
+        "the later pulls found the file in place"
+    );
+}
