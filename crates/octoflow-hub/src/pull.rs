@@ -24,7 +24,7 @@ pub fn pull_model(model: &KnownModel, opts: &PullOptions) -> Result<PathBuf, Hub
     if let Some(sha) = &opts.sha256 {
         if *sha != model.sha256 {
             return Err(HubError::ShaMismatch {
-                what: format!("--sha256 of model '{}' (the catalogue's value)", model.name),
+                what: format!("model '{}': the catalogue's sha256 versus --sha256", model.name),
                 expected: model.sha256.clone(),
                 found: sha.clone(),
                 deleted: false,
