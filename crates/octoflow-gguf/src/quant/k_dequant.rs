@@ -20,7 +20,7 @@
 //! the low nibble of byte `l` and element `32 + l` in the high nibble. The scale is multiplied
 //! in first and the min subtracted last, as ggml and gguf-py do, so results are bit-exact.
 
-use super::{dot_f32, f16_at, BlockFormat};
+use super::{f16_at, lanes_add_scaled, lanes_dot, BlockFormat, Lanes};
 use crate::types::QK_K;
 
 /// The 6-bit scale and min of sub-block `j` (0..8) from the 12 packed bytes of Q4_K/Q5_K:
@@ -51,12 +51,12 @@ pub(super) fn q3_k_scales(s: &[u8]) -> [i8; 16] {
     out
 }
 
-/// Dequantizes into a stack buffer and dots with `x`.
+/// Dequantizes into a stack buffer and adds its dot with `x` into `acc`.
 #[inline(always)]
-fn dot_via_buffer<F: BlockFormat>(b: &[u8], x: &[f32]) -> f32 {
+fn dot_via_buffer<F: BlockFormat>(b: &[u8], x: &[f32], acc: &mut Lanes) {
     let mut buf = [0f32; QK_K];
     F::dequantize(b, &mut buf);
-    dot_f32(&buf, &x[..QK_K])
+    lanes_add_scaled(acc, 1.0, &lanes_dot(&buf, &x[..QK_K]));
 }
 
 #[allow(non_camel_case_types)]
@@ -79,8 +79,8 @@ impl BlockFormat for Q2_K {
             }
         }
     }
-    fn dot(b: &[u8], x: &[f32]) -> f32 {
-        dot_via_buffer::<Self>(b, x)
+    fn dot(b: &[u8], x: &[f32], acc: &mut Lanes) {
+        dot_via_buffer::<Self>(b, x, acc);
     }
 }
 
@@ -108,8 +108,8 @@ impl BlockFormat for Q3_K {
             }
         }
     }
-    fn dot(b: &[u8], x: &[f32]) -> f32 {
-        dot_via_buffer::<Self>(b, x)
+    fn dot(b: &[u8], x: &[f32], acc: &mut Lanes) {
+        dot_via_buffer::<Self>(b, x, acc);
     }
 }
 
@@ -148,8 +148,8 @@ impl BlockFormat for Q4_K {
     fn dequantize(b: &[u8], out: &mut [f32]) {
         dequantize_q45_k(b, None, &b[16..144], out);
     }
-    fn dot(b: &[u8], x: &[f32]) -> f32 {
-        dot_via_buffer::<Self>(b, x)
+    fn dot(b: &[u8], x: &[f32], acc: &mut Lanes) {
+        dot_via_buffer::<Self>(b, x, acc);
     }
 }
 
@@ -162,8 +162,8 @@ impl BlockFormat for Q5_K {
     fn dequantize(b: &[u8], out: &mut [f32]) {
         dequantize_q45_k(b, Some(&b[16..48]), &b[48..176], out);
     }
-    fn dot(b: &[u8], x: &[f32]) -> f32 {
-        dot_via_buffer::<Self>(b, x)
+    fn dot(b: &[u8], x: &[f32], acc: &mut Lanes) {
+        dot_via_buffer::<Self>(b, x, acc);
     }
 }
 
@@ -190,8 +190,8 @@ impl BlockFormat for Q6_K {
             }
         }
     }
-    fn dot(b: &[u8], x: &[f32]) -> f32 {
-        dot_via_buffer::<Self>(b, x)
+    fn dot(b: &[u8], x: &[f32], acc: &mut Lanes) {
+        dot_via_buffer::<Self>(b, x, acc);
     }
 }
 
@@ -207,11 +207,12 @@ impl BlockFormat for Q8_K {
             *o = d * q as i8 as f32;
         }
     }
-    fn dot(b: &[u8], x: &[f32]) -> f32 {
+    fn dot(b: &[u8], x: &[f32], acc: &mut Lanes) {
         let mut v = [0f32; QK_K];
         for (v, &q) in v.iter_mut().zip(&b[4..260]) {
             *v = q as i8 as f32;
         }
-        f32::from_le_bytes([b[0], b[1], b[2], b[3]]) * dot_f32(&v, &x[..QK_K])
+        let d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        lanes_add_scaled(acc, d, &lanes_dot(&v, &x[..QK_K]));
     }
 }

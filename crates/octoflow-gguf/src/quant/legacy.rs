@@ -14,7 +14,9 @@
 //! The products are formed in the same order as ggml and gguf-py (`(d * q) + m`, no fused
 //! multiply-add), which is what makes dequantization bit-exact with them.
 
-use super::{dot_f32, f16_at, put_f16, BlockFormat, BlockQuantize};
+use super::{
+    f16_at, lanes_add_scaled, lanes_dot, lanes_sum, put_f16, BlockFormat, BlockQuantize, Lanes,
+};
 
 const QK: usize = 32;
 
@@ -63,25 +65,26 @@ fn pack_five_bit(q: &[u8; QK], qh: &mut [u8], qs: &mut [u8]) {
     qh[..4].copy_from_slice(&h.to_le_bytes());
 }
 
-/// `d * dot(q - offset, x)`: the dot of a symmetric block.
+/// `acc += d * dot(q - offset, x)`: the dot of a symmetric block.
 #[inline(always)]
-fn dot_symmetric(d: f32, q: &[u8; QK], offset: i32, x: &[f32]) -> f32 {
+fn dot_symmetric(d: f32, q: &[u8; QK], offset: i32, x: &[f32], acc: &mut Lanes) {
     let mut v = [0f32; QK];
     for (v, &q) in v.iter_mut().zip(q) {
         *v = (q as i32 - offset) as f32;
     }
-    d * dot_f32(&v, &x[..QK])
+    lanes_add_scaled(acc, d, &lanes_dot(&v, &x[..QK]));
 }
 
-/// `d * dot(q, x) + m * sum(x)`: the dot of a block with an offset.
+/// `acc += d * dot(q, x) + m * sum(x)`: the dot of a block with an offset.
 #[inline(always)]
-fn dot_affine(d: f32, m: f32, q: &[u8; QK], x: &[f32]) -> f32 {
+fn dot_affine(d: f32, m: f32, q: &[u8; QK], x: &[f32], acc: &mut Lanes) {
     let mut v = [0f32; QK];
     for (v, &q) in v.iter_mut().zip(q) {
         *v = q as f32;
     }
     let x = &x[..QK];
-    d * dot_f32(&v, x) + m * x.iter().sum::<f32>()
+    lanes_add_scaled(acc, d, &lanes_dot(&v, x));
+    lanes_add_scaled(acc, m, &lanes_sum(x));
 }
 
 /// The value with the largest magnitude (the first one on ties), as ggml's symmetric quantizers
@@ -150,8 +153,8 @@ impl BlockFormat for Q4_0 {
             *o = d * (q as i32 - 8) as f32;
         }
     }
-    fn dot(b: &[u8], x: &[f32]) -> f32 {
-        dot_symmetric(f16_at(b, 0), &nibbles(&b[2..18]), 8, x)
+    fn dot(b: &[u8], x: &[f32], acc: &mut Lanes) {
+        dot_symmetric(f16_at(b, 0), &nibbles(&b[2..18]), 8, x, acc);
     }
 }
 
@@ -175,8 +178,8 @@ impl BlockFormat for Q4_1 {
             *o = d * q as f32 + m;
         }
     }
-    fn dot(b: &[u8], x: &[f32]) -> f32 {
-        dot_affine(f16_at(b, 0), f16_at(b, 2), &nibbles(&b[4..20]), x)
+    fn dot(b: &[u8], x: &[f32], acc: &mut Lanes) {
+        dot_affine(f16_at(b, 0), f16_at(b, 2), &nibbles(&b[4..20]), x, acc);
     }
 }
 
@@ -202,8 +205,8 @@ impl BlockFormat for Q5_0 {
             *o = d * (q as i32 - 16) as f32;
         }
     }
-    fn dot(b: &[u8], x: &[f32]) -> f32 {
-        dot_symmetric(f16_at(b, 0), &five_bit(&b[2..6], &b[6..22]), 16, x)
+    fn dot(b: &[u8], x: &[f32], acc: &mut Lanes) {
+        dot_symmetric(f16_at(b, 0), &five_bit(&b[2..6], &b[6..22]), 16, x, acc);
     }
 }
 
@@ -229,13 +232,9 @@ impl BlockFormat for Q5_1 {
             *o = d * q as f32 + m;
         }
     }
-    fn dot(b: &[u8], x: &[f32]) -> f32 {
-        dot_affine(
-            f16_at(b, 0),
-            f16_at(b, 2),
-            &five_bit(&b[4..8], &b[8..24]),
-            x,
-        )
+    fn dot(b: &[u8], x: &[f32], acc: &mut Lanes) {
+        let q = five_bit(&b[4..8], &b[8..24]);
+        dot_affine(f16_at(b, 0), f16_at(b, 2), &q, x, acc);
     }
 }
 
@@ -260,12 +259,12 @@ fn dequantize_i8(d: f32, qs: &[u8], out: &mut [f32]) {
 }
 
 #[inline(always)]
-fn dot_i8(d: f32, qs: &[u8], x: &[f32]) -> f32 {
+fn dot_i8(d: f32, qs: &[u8], x: &[f32], acc: &mut Lanes) {
     let mut v = [0f32; QK];
     for (v, &q) in v.iter_mut().zip(&qs[..QK]) {
         *v = q as i8 as f32;
     }
-    d * dot_f32(&v, &x[..QK])
+    lanes_add_scaled(acc, d, &lanes_dot(&v, &x[..QK]));
 }
 
 /// `quantize_row_q8_{0,1}_ref`: `d = absmax / 127`, `q = round(v / d)` (half away from zero).
@@ -296,8 +295,8 @@ impl BlockFormat for Q8_0 {
     fn dequantize(b: &[u8], out: &mut [f32]) {
         dequantize_i8(f16_at(b, 0), &b[2..34], out);
     }
-    fn dot(b: &[u8], x: &[f32]) -> f32 {
-        dot_i8(f16_at(b, 0), &b[2..34], x)
+    fn dot(b: &[u8], x: &[f32], acc: &mut Lanes) {
+        dot_i8(f16_at(b, 0), &b[2..34], x, acc);
     }
 }
 
@@ -317,8 +316,8 @@ impl BlockFormat for Q8_1 {
     fn dequantize(b: &[u8], out: &mut [f32]) {
         dequantize_i8(f16_at(b, 0), &b[4..36], out);
     }
-    fn dot(b: &[u8], x: &[f32]) -> f32 {
-        dot_i8(f16_at(b, 0), &b[4..36], x)
+    fn dot(b: &[u8], x: &[f32], acc: &mut Lanes) {
+        dot_i8(f16_at(b, 0), &b[4..36], x, acc);
     }
 }
 
@@ -342,11 +341,11 @@ impl BlockFormat for IQ4_NL {
             *o = d * IQ4_NL_VALUES[q as usize] as f32;
         }
     }
-    fn dot(b: &[u8], x: &[f32]) -> f32 {
+    fn dot(b: &[u8], x: &[f32], acc: &mut Lanes) {
         let mut v = [0f32; QK];
         for (v, q) in v.iter_mut().zip(nibbles(&b[2..18])) {
             *v = IQ4_NL_VALUES[q as usize] as f32;
         }
-        f16_at(b, 0) * dot_f32(&v, &x[..QK])
+        lanes_add_scaled(acc, f16_at(b, 0), &lanes_dot(&v, &x[..QK]));
     }
 }

@@ -166,10 +166,14 @@ fn check_bytes(ty: GgmlType, n_elements: usize, found: usize) -> Result<(), Quan
 /// The row-level functions of one format. Each is called only with lengths already checked:
 /// whole blocks, and `data.len() / type_size * block_size == values.len()`.
 struct Codec {
-    dequantize: fn(&[u8], &mut [f32]),
-    dot: fn(&[u8], &[f32]) -> f32,
-    quantize: Option<fn(&[f32], &mut [u8])>,
+    dequantize: DequantizeFn,
+    dot: DotFn,
+    quantize: Option<QuantizeFn>,
 }
+
+type DequantizeFn = fn(&[u8], &mut [f32]);
+type DotFn = fn(&[u8], &[f32]) -> f32;
+type QuantizeFn = fn(&[f32], &mut [u8]);
 
 fn codec(ty: GgmlType) -> Option<Codec> {
     use GgmlType as T;
@@ -228,8 +232,8 @@ trait BlockFormat {
     const ELEMS: usize;
     const BYTES: usize;
     fn dequantize(block: &[u8], values: &mut [f32]);
-    /// `sum(dequantized[i] * x[i])` over the block.
-    fn dot(block: &[u8], x: &[f32]) -> f32;
+    /// Adds the block's `dequantized[i] * x[i]` into the lanes of `acc`.
+    fn dot(block: &[u8], x: &[f32], acc: &mut Lanes);
 }
 
 /// A block format with a reference quantizer.
@@ -247,10 +251,11 @@ fn dequantize_blocks<F: BlockFormat>(data: &[u8], out: &mut [f32]) {
 }
 
 fn dot_blocks<F: BlockFormat>(row: &[u8], x: &[f32]) -> f32 {
-    row.chunks_exact(F::BYTES)
-        .zip(x.chunks_exact(F::ELEMS))
-        .map(|(b, x)| F::dot(b, x))
-        .sum()
+    let mut acc = [0f32; LANES];
+    for (b, x) in row.chunks_exact(F::BYTES).zip(x.chunks_exact(F::ELEMS)) {
+        F::dot(b, x, &mut acc);
+    }
+    acc.iter().sum()
 }
 
 fn quantize_blocks<F: BlockQuantize>(src: &[f32], out: &mut [u8]) {
@@ -277,21 +282,40 @@ fn put_f16(b: &mut [u8], at: usize, v: f32) -> f32 {
     h.to_f32()
 }
 
-/// `sum(a[i] * b[i])` in 8 independent lanes, so that the loop vectorizes.
+const LANES: usize = 8;
+
+/// Partial sums of a row dot product, kept in independent lanes across the whole row so that
+/// the multiply-adds vectorize and the horizontal sum happens once per row.
+type Lanes = [f32; LANES];
+
+/// Lane-wise `sum(a[i] * b[i])`; `a.len()` is a multiple of [`LANES`] (every block size is).
 #[inline(always)]
-fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ac.zip(bc) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
+fn lanes_dot(a: &[f32], b: &[f32]) -> Lanes {
+    let mut acc = [0f32; LANES];
+    for (a, b) in a.chunks_exact(LANES).zip(b.chunks_exact(LANES)) {
+        for l in 0..LANES {
+            acc[l] += a[l] * b[l];
         }
     }
-    acc.iter().sum::<f32>() + tail
+    acc
+}
+
+/// Lane-wise `sum(a[i])`; `a.len()` is a multiple of [`LANES`].
+#[inline(always)]
+fn lanes_sum(a: &[f32]) -> Lanes {
+    let mut acc = [0f32; LANES];
+    for a in a.chunks_exact(LANES) {
+        for l in 0..LANES {
+            acc[l] += a[l];
+        }
+    }
+    acc
+}
+
+/// `acc += d * p`, lane-wise.
+#[inline(always)]
+fn lanes_add_scaled(acc: &mut Lanes, d: f32, p: &Lanes) {
+    for l in 0..LANES {
+        acc[l] += d * p[l];
+    }
 }

@@ -4,7 +4,7 @@
 //! nibbles are elements 0..16, high nibbles 16..32). ggml stores the E2M1 values doubled
 //! ([`E2M1_DOUBLED`]) and halves the scale instead, so value = `E2M1_DOUBLED[q] * 2^(e - 128)`.
 
-use super::{dot_f32, BlockFormat, BlockQuantize};
+use super::{lanes_add_scaled, lanes_dot, BlockFormat, BlockQuantize, Lanes};
 
 const QK: usize = 32;
 
@@ -57,9 +57,9 @@ impl BlockFormat for MXFP4 {
             *o = v * d;
         }
     }
-    fn dot(b: &[u8], x: &[f32]) -> f32 {
+    fn dot(b: &[u8], x: &[f32], acc: &mut Lanes) {
         let (d, v) = decode(b);
-        d * dot_f32(&v, &x[..QK])
+        lanes_add_scaled(acc, d, &lanes_dot(&v, &x[..QK]));
     }
 }
 
