@@ -1,10 +1,10 @@
 //! What a device can do, as far as our kernels care: the capability record behind
 //! `octoflow devices` and behind every shader-variant choice.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Kind of physical device, in the order we prefer them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DeviceKind {
     /// A discrete GPU (preferred).
@@ -32,7 +32,7 @@ impl std::fmt::Display for DeviceKind {
 }
 
 /// Subgroup (warp/wave) properties of the compute stage.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SubgroupCaps {
     /// Default subgroup size.
     pub size: u32,
@@ -57,7 +57,7 @@ impl SubgroupCaps {
 }
 
 /// One matrix shape supported by VK_KHR_cooperative_matrix: `result[M×N] = A[M×K]·B[K×N] + C`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CoopMatShape {
     pub m: u32,
     pub n: u32,
@@ -74,7 +74,7 @@ pub struct CoopMatShape {
 }
 
 /// One memory heap.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Heap {
     /// Size in bytes.
     pub size: u64,
@@ -82,8 +82,9 @@ pub struct Heap {
     pub device_local: bool,
 }
 
-/// Capabilities of one physical device, as listed by `octoflow devices`.
-#[derive(Debug, Clone, Serialize)]
+/// Capabilities of one physical device, as listed by `octoflow devices`. Serializable both
+/// ways, so variant choices can be tested against recorded devices (`fixtures/caps_*.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeviceCaps {
     /// Index in the loader's enumeration order (what `--gpu N` / `OCTOFLOW_GPU` select).
     pub index: usize,
@@ -97,7 +98,6 @@ pub struct DeviceCaps {
     /// Device API version, `major.minor.patch`.
     pub api_version: String,
     /// Raw API version (as `vk::make_api_version`).
-    #[serde(skip)]
     pub api_version_raw: u32,
     pub subgroup: SubgroupCaps,
     /// 16-bit float arithmetic in shaders (`shaderFloat16`).

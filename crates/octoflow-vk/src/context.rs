@@ -30,7 +30,7 @@ pub enum DeviceChoice {
 
 /// Lists every physical device with its capabilities, in enumeration order.
 pub fn list_devices() -> Result<Vec<DeviceCaps>> {
-    let instance = Instance::new()?;
+    let instance = Instance::shared()?;
     let probes = enumerate(&instance)?;
     Ok(probes.into_iter().map(|(_, p)| p.caps).collect())
 }
@@ -159,7 +159,7 @@ pub struct Context {
 impl Context {
     /// Opens the chosen device with one compute queue and every feature we use that it has.
     pub fn new(choice: DeviceChoice) -> Result<Self> {
-        let instance = Instance::new()?;
+        let instance = Instance::shared()?;
         let mut probes = enumerate(&instance)?;
         let caps: Vec<DeviceCaps> = probes.iter().map(|(_, p)| p.caps.clone()).collect();
         let index = choose_device(&caps, choice)?;

@@ -2,7 +2,7 @@
 
 use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use ash::{ext, vk};
 
@@ -24,10 +24,26 @@ pub struct Instance {
     validation_errors: Box<AtomicU64>,
 }
 
+/// The process-wide instance, made on first use and kept until the process exits.
+static SHARED: Mutex<Option<Arc<Instance>>> = Mutex::new(None);
+
 impl Instance {
+    /// The process's instance, created on first use. One instance per process, never destroyed:
+    /// NVIDIA's driver deadlocks when instances are created and destroyed concurrently (seen
+    /// with parallel tests on the H100), and the loader is process-global state anyway.
+    pub fn shared() -> Result<Arc<Self>> {
+        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(instance) = shared.as_ref() {
+            return Ok(instance.clone());
+        }
+        let instance = Self::new()?;
+        *shared = Some(instance.clone());
+        Ok(instance)
+    }
+
     /// Loads `libvulkan` and creates an instance. Validation is on when `OCTOFLOW_VALIDATION=1`
     /// and the layer is installed.
-    pub fn new() -> Result<Arc<Self>> {
+    fn new() -> Result<Arc<Self>> {
         // SAFETY: loading the system Vulkan loader runs its initializers; that is its contract.
         let entry = unsafe { ash::Entry::load() }.map_err(|e| VkError::NoLoader(e.to_string()))?;
         // SAFETY: plain query on a loaded entry.
