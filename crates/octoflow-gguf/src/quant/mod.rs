@@ -26,7 +26,9 @@
 //!   Q4_1, Q5_0, Q5_1, Q8_0, MXFP4.
 //! - **Quantization, bit-exact against ggml's C reference quantizers** (`quantize_row_*_ref`,
 //!   compiled from ggml's source by the fixture script, since gguf-py has no K-quant quantizer):
-//!   Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, Q8_1.
+//!   Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, Q8_1. (gguf-py's legacy quantizers agree with ggml's
+//!   on every fixture case. Beyond the committed fixtures, both comparisons were also run once on
+//!   ~25 MB of extra random blocks from 16 more input distributions, all bit-exact.)
 //! - Every quantizer also has a round-trip error bound on fresh random input (`tests.rs`).
 
 mod float;
