@@ -1,1 +1,39 @@
-//! Architectures (llama, qwen2, gemma3), weights, KV cache, CPU reference forward and GPU chains.
+//! Architectures (llama, qwen2, gemma3), weights, KV cache and the CPU reference forward pass.
+//!
+//! The CPU reference is the oracle every GPU kernel is tested against: plain f32 math over
+//! weights dequantized on the fly, threaded with rayon.
+//!
+//! ```no_run
+//! use octoflow_model::{Model, Logits};
+//! let model = Model::open("smollm2-135m-instruct-q4_1.gguf")?;
+//! let mut session = model.session(2048);
+//! let logits = session.prefill(&[504, 3575, 282, 4649, 314], 256)?;
+//! let next = octoflow_model::ops::argmax(&logits).map(|(id, _)| id as u32);
+//! let logits = session.decode(next.unwrap_or(0))?;
+//! # let _ = (logits, Logits::Last);
+//! # Ok::<(), octoflow_model::ModelError>(())
+//! ```
+
+pub mod arch;
+pub mod attention;
+pub mod config;
+pub mod error;
+pub mod forward;
+pub mod kv_cache;
+pub mod matmul;
+pub mod model;
+pub mod nll;
+pub mod ops;
+pub mod weights;
+
+#[cfg(test)]
+mod testing;
+
+pub use arch::Architecture;
+pub use config::{Activation, LayerConfig, ModelConfig, RopeType};
+pub use error::{ModelError, Result};
+pub use forward::{Logits, Session, Tap};
+pub use kv_cache::KvCache;
+pub use model::Model;
+pub use nll::{mean_nll, token_nlls};
+pub use weights::{BlockWeights, ModelWeights, QMatrix};

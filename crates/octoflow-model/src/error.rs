@@ -1,0 +1,76 @@
+//! Errors of model loading and the forward pass. Each names the file, metadata key or tensor and
+//! says what was expected versus what was found.
+
+use std::path::PathBuf;
+
+use octoflow_gguf::quant::QuantError;
+use octoflow_gguf::{GgmlType, GgufError};
+
+/// What went wrong while loading a model or running it.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The GGUF file could not be opened or parsed.
+    #[error("{path}: {source}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: GgufError,
+    },
+    /// A metadata key is missing or has the wrong type (the source names the key).
+    #[error("{0}")]
+    Metadata(#[from] GgufError),
+    /// `general.architecture` names an architecture we do not implement.
+    #[error(
+        "architecture {found:?} (general.architecture) is not supported; supported: {supported}"
+    )]
+    UnsupportedArchitecture {
+        found: String,
+        supported: &'static str,
+    },
+    /// A hyper-parameter has a value the forward pass cannot use.
+    #[error("metadata key {key:?}: {problem}")]
+    BadHyperParameter { key: String, problem: String },
+    /// A tensor the architecture needs is absent.
+    #[error("tensor {name:?} is missing (required by architecture {arch})")]
+    MissingTensor { name: String, arch: &'static str },
+    /// A tensor's shape disagrees with the hyper-parameters.
+    #[error("tensor {name:?}: expected shape {expected:?} (ggml order), found {found:?}")]
+    TensorShape {
+        name: String,
+        expected: Vec<u64>,
+        found: Vec<u64>,
+    },
+    /// A tensor's element type has no CPU codec.
+    #[error("tensor {name:?}: type {ty} is not supported by the CPU reference")]
+    UnsupportedTensorType { name: String, ty: GgmlType },
+    /// A quant codec rejected a tensor's data.
+    #[error("tensor {name:?}: {source}")]
+    Quant {
+        name: String,
+        #[source]
+        source: QuantError,
+    },
+    /// A token id is not below the vocabulary size.
+    #[error(
+        "token id {id} at batch index {index} is outside the vocabulary (n_vocab = {n_vocab})"
+    )]
+    TokenOutOfRange {
+        id: u32,
+        index: usize,
+        n_vocab: usize,
+    },
+    /// The batch would run past the session's context size.
+    #[error(
+        "context overflow: positions up to {needed} are needed, but the context holds {n_ctx}"
+    )]
+    ContextOverflow { needed: usize, n_ctx: usize },
+    /// `start_pos` is past the positions the KV cache holds.
+    #[error("start position {start_pos} is past the {cached} positions in the KV cache")]
+    StartPastCache { start_pos: usize, cached: usize },
+    /// A forward pass was asked to process no tokens.
+    #[error("the token batch is empty")]
+    EmptyBatch,
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;

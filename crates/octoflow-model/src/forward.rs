@@ -1,0 +1,335 @@
+//! The CPU reference forward pass: one sequence, a batch of tokens at a time, f32 math.
+//!
+//! Per batch of `T` tokens (activations row-major, one row per token):
+//! ```text
+//! x = token_embd[tokens] * embedding_scale                     [T, n_embd]
+//! for each layer:
+//!     h = rmsnorm(x, attn_norm)
+//!     q, k, v = h·attn_qᵀ (+ bias), h·attn_kᵀ (+ bias), h·attn_vᵀ (+ bias)
+//!     q, k = rmsnorm per head (attn_q_norm, attn_k_norm)       (gemma3)
+//!     q, k = rope(q), rope(k); append k, v to the KV cache
+//!     a = attention(q, cache) · attn_outputᵀ
+//!     a = rmsnorm(a, post_attention_norm)                        (gemma3)
+//!     x = x + a
+//!     h = rmsnorm(x, ffn_norm)
+//!     f = (act(h·ffn_gateᵀ) * h·ffn_upᵀ) · ffn_downᵀ
+//!     f = rmsnorm(f, post_ffw_norm)                              (gemma3)
+//!     x = x + f
+//! logits = rmsnorm(x, output_norm) · outputᵀ                   [T or 1, n_vocab]
+//! ```
+//! Every intermediate can be observed through a [`Tap`] (names follow llama.cpp's graph
+//! callbacks), which is how GPU kernels are compared with this reference layer by layer.
+
+use crate::attention::{attention, AttentionShape};
+use crate::config::{Activation, ModelConfig};
+use crate::error::{ModelError, Result};
+use crate::kv_cache::KvCache;
+use crate::matmul::matmul;
+use crate::model::Model;
+use crate::ops::{add_bias_rows, add_in_place, gelu_tanh, rmsnorm_rows, rope, rope_angles, silu};
+use crate::weights::{BlockWeights, QMatrix};
+
+/// Which positions of a batch get logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// None (a prefill chunk whose predictions are not needed).
+    None,
+    /// The last position only: `[1, n_vocab]`.
+    Last,
+    /// Every position: `[n_tokens, n_vocab]`.
+    All,
+}
+
+/// An intermediate activation handed to an observer during a forward pass.
+#[derive(Debug, Clone, Copy)]
+pub struct Tap<'a> {
+    /// The layer, or `None` before the first and after the last.
+    pub layer: Option<usize>,
+    /// llama.cpp's name for this point of the graph: `inp_embd`, `attn_norm`, `Qcur`, `Kcur`,
+    /// `Vcur` (Q and K after norms and RoPE), `kqv_out`, `attn_out`, `attn_post_norm`,
+    /// `ffn_inp`, `ffn_norm`, `ffn_act`, `ffn_out`, `ffn_post_norm`, `l_out`, `result_norm`,
+    /// `result_output`.
+    pub name: &'static str,
+    /// Rows in `data` (tokens of the batch, or output positions for `result_*`).
+    pub n_rows: usize,
+    /// `[n_rows, data.len() / n_rows]`, f32 row-major.
+    pub data: &'a [f32],
+}
+
+/// One sequence being run through a model: the KV cache and the position reached.
+pub struct Session<'m> {
+    model: &'m Model,
+    cache: KvCache,
+}
+
+impl<'m> Session<'m> {
+    /// A session with an empty KV cache of at most `n_ctx` positions.
+    pub fn new(model: &'m Model, n_ctx: usize) -> Self {
+        let c = &model.config;
+        Self {
+            model,
+            cache: KvCache::new(c.n_layer, c.k_dim(), c.v_dim(), n_ctx),
+        }
+    }
+
+    /// Positions processed so far (the position of the next token).
+    pub fn n_past(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// The KV cache.
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    /// Runs `tokens` at positions `start_pos..`, forgetting whatever was cached from
+    /// `start_pos` on, and returns the requested logits (`[n, n_vocab]`, row-major).
+    ///
+    /// The whole batch goes through each matrix at once, so a long prompt reads the weights
+    /// once per layer, not once per token.
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        start_pos: usize,
+        logits: Logits,
+    ) -> Result<Vec<f32>> {
+        self.forward_observed(tokens, start_pos, logits, &mut |_| {})
+    }
+
+    /// [`Self::forward`], handing every intermediate activation to `observe`.
+    pub fn forward_observed(
+        &mut self,
+        tokens: &[u32],
+        start_pos: usize,
+        logits: Logits,
+        observe: &mut dyn FnMut(Tap<'_>),
+    ) -> Result<Vec<f32>> {
+        self.check_batch(tokens, start_pos)?;
+        self.cache.truncate(start_pos);
+        let (c, w) = (&self.model.config, &self.model.weights);
+        let n = tokens.len();
+
+        let mut x = self.embed(tokens)?;
+        observe(tap(None, "inp_embd", n, &x));
+        for il in 0..c.n_layer {
+            self.attention_block(il, &mut x, start_pos, observe)?;
+            ffn_block(c, &w.blk[il], il, &mut x, observe)?;
+            observe(tap(Some(il), "l_out", n, &x));
+        }
+        self.cache.set_len(start_pos + n);
+
+        // final norm and vocabulary projection of the requested positions
+        let mut h = match logits {
+            Logits::None => return Ok(Vec::new()),
+            Logits::Last => x[(n - 1) * c.n_embd..].to_vec(),
+            Logits::All => x,
+        };
+        let rows = h.len() / c.n_embd;
+        rmsnorm_rows(&mut h, &w.output_norm, c.rms_eps);
+        observe(tap(None, "result_norm", rows, &h));
+        let out = linear(&w.output, &h)?;
+        observe(tap(None, "result_output", rows, &out));
+        Ok(out)
+    }
+
+    /// Runs `tokens` after the cached positions, in chunks of at most `chunk` tokens, and
+    /// returns the logits of the last one (`[n_vocab]`).
+    pub fn prefill(&mut self, tokens: &[u32], chunk: usize) -> Result<Vec<f32>> {
+        let chunk = chunk.max(1);
+        let mut last = Vec::new();
+        for (i, part) in tokens.chunks(chunk).enumerate() {
+            let want = if (i + 1) * chunk >= tokens.len() {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            last = self.forward(part, self.n_past(), want)?;
+        }
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyBatch);
+        }
+        Ok(last)
+    }
+
+    /// Runs one token after the cached positions and returns its logits (`[n_vocab]`).
+    pub fn decode(&mut self, token: u32) -> Result<Vec<f32>> {
+        self.forward(&[token], self.n_past(), Logits::Last)
+    }
+
+    fn check_batch(&self, tokens: &[u32], start_pos: usize) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyBatch);
+        }
+        if start_pos > self.cache.len() {
+            return Err(ModelError::StartPastCache {
+                start_pos,
+                cached: self.cache.len(),
+            });
+        }
+        let needed = start_pos + tokens.len();
+        if needed > self.cache.n_ctx() {
+            return Err(ModelError::ContextOverflow {
+                needed,
+                n_ctx: self.cache.n_ctx(),
+            });
+        }
+        let n_vocab = self.model.config.n_vocab;
+        if let Some((index, &id)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= n_vocab)
+        {
+            return Err(ModelError::TokenOutOfRange { id, index, n_vocab });
+        }
+        Ok(())
+    }
+
+    /// Token embeddings, `[n_tokens, n_embd]`, times the architecture's embedding scale.
+    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let (c, w) = (&self.model.config, &self.model.weights);
+        let mut x = vec![0f32; tokens.len() * c.n_embd];
+        for (row, &id) in x.chunks_exact_mut(c.n_embd).zip(tokens) {
+            w.token_embd.dequantize_rows(id as usize, row)?;
+        }
+        if c.embedding_scale != 1.0 {
+            x.iter_mut().for_each(|v| *v *= c.embedding_scale);
+        }
+        Ok(x)
+    }
+
+    /// `x += attention(x)` for layer `il`, storing the batch's keys and values in the cache.
+    fn attention_block(
+        &mut self,
+        il: usize,
+        x: &mut [f32],
+        start_pos: usize,
+        observe: &mut dyn FnMut(Tap<'_>),
+    ) -> Result<()> {
+        let (c, w) = (&self.model.config, &self.model.weights);
+        let (lw, lc) = (&w.blk[il], &c.layers[il]);
+        let n = x.len() / c.n_embd;
+        let mut t = |name, data: &[f32]| observe(tap(Some(il), name, n, data));
+
+        let mut h = x.to_vec();
+        rmsnorm_rows(&mut h, &lw.attn_norm, c.rms_eps);
+        t("attn_norm", &h);
+
+        // qkv projections for every token of the batch
+        let mut q = linear_bias(&lw.attn_q, &h, lw.attn_q_bias.as_deref())?;
+        let mut k = linear_bias(&lw.attn_k, &h, lw.attn_k_bias.as_deref())?;
+        let v = linear_bias(&lw.attn_v, &h, lw.attn_v_bias.as_deref())?;
+        if let (Some(qn), Some(kn)) = (&lw.attn_q_norm, &lw.attn_k_norm) {
+            rmsnorm_rows(&mut q, qn, c.rms_eps);
+            rmsnorm_rows(&mut k, kn, c.rms_eps);
+        }
+
+        // rotary position embedding, one angle table per token shared by all heads
+        let freqs = w.rope_freqs.as_deref();
+        for (i, (qt, kt)) in q
+            .chunks_exact_mut(c.q_dim())
+            .zip(k.chunks_exact_mut(c.k_dim()))
+            .enumerate()
+        {
+            let angles = rope_angles(start_pos + i, c.n_rot, lc.rope_base, lc.rope_scale, freqs);
+            for head in qt
+                .chunks_exact_mut(c.head_dim)
+                .chain(kt.chunks_exact_mut(c.head_dim))
+            {
+                rope(head, &angles, c.rope_type);
+            }
+        }
+        t("Qcur", &q);
+        t("Kcur", &k);
+        t("Vcur", &v);
+
+        // attention over the cache, which now ends with this batch
+        self.cache.store(il, start_pos, &k, &v);
+        let end = start_pos + n;
+        let shape = AttentionShape {
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            head_dim: c.head_dim,
+            head_dim_v: c.head_dim_v,
+            window: lc.sliding_window,
+            scale: c.attention_scale,
+        };
+        let mut att = vec![0f32; n * c.n_head * c.head_dim_v];
+        let (keys, values) = (self.cache.keys(il, end), self.cache.values(il, end));
+        attention(&shape, &q, keys, values, start_pos, &mut att);
+        t("kqv_out", &att);
+
+        let mut o = linear(&lw.attn_output, &att)?;
+        t("attn_out", &o);
+        if let Some(pn) = &lw.post_attention_norm {
+            rmsnorm_rows(&mut o, pn, c.rms_eps);
+            t("attn_post_norm", &o);
+        }
+        add_in_place(x, &o);
+        t("ffn_inp", x);
+        Ok(())
+    }
+}
+
+/// `x += ffn(x)` for one layer: `down(act(gate(h)) * up(h))` with `h = rmsnorm(x)`.
+fn ffn_block(
+    c: &ModelConfig,
+    lw: &BlockWeights,
+    il: usize,
+    x: &mut [f32],
+    observe: &mut dyn FnMut(Tap<'_>),
+) -> Result<()> {
+    let n = x.len() / c.n_embd;
+    let mut t = |name, data: &[f32]| observe(tap(Some(il), name, n, data));
+    let mut h = x.to_vec();
+    rmsnorm_rows(&mut h, &lw.ffn_norm, c.rms_eps);
+    t("ffn_norm", &h);
+
+    let mut gate = linear(&lw.ffn_gate, &h)?;
+    let up = linear(&lw.ffn_up, &h)?;
+    let act = match c.activation {
+        Activation::Silu => silu,
+        Activation::GeluTanh => gelu_tanh,
+    };
+    for (g, u) in gate.iter_mut().zip(&up) {
+        *g = act(*g) * u;
+    }
+    t("ffn_act", &gate);
+
+    let mut f = linear(&lw.ffn_down, &gate)?;
+    t("ffn_out", &f);
+    if let Some(pn) = &lw.post_ffw_norm {
+        rmsnorm_rows(&mut f, pn, c.rms_eps);
+        t("ffn_post_norm", &f);
+    }
+    add_in_place(x, &f);
+    Ok(())
+}
+
+/// `x · wᵀ`: `[n, w.n_cols]` to `[n, w.n_rows]`.
+fn linear(w: &QMatrix, x: &[f32]) -> Result<Vec<f32>> {
+    let mut out = vec![0f32; x.len() / w.n_cols * w.n_rows];
+    matmul(w, x, &mut out)?;
+    Ok(out)
+}
+
+/// `x · wᵀ + bias`.
+fn linear_bias(w: &QMatrix, x: &[f32], bias: Option<&[f32]>) -> Result<Vec<f32>> {
+    let mut out = linear(w, x)?;
+    if let Some(b) = bias {
+        add_bias_rows(&mut out, b);
+    }
+    Ok(out)
+}
+
+fn tap<'a>(layer: Option<usize>, name: &'static str, n_rows: usize, data: &'a [f32]) -> Tap<'a> {
+    Tap {
+        layer,
+        name,
+        n_rows,
+        data,
+    }
+}
+
+#[cfg(test)]
+#[path = "forward_tests.rs"]
+mod tests;

@@ -1,0 +1,132 @@
+//! Test support: seeded random data and tiny synthetic models built in memory.
+//!
+//! Random tests draw a fresh seed each run and print it; rerun one with
+//! `OCTOFLOW_TEST_SEED=<seed>`.
+
+use std::sync::Arc;
+
+use octoflow_gguf::value::Value;
+use octoflow_gguf::{GgmlType, GgufFile, GgufWriter};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::Model;
+
+/// A random generator with a fresh (or `OCTOFLOW_TEST_SEED`) seed, printed for reruns.
+pub fn rng(test: &str) -> StdRng {
+    let seed = std::env::var("OCTOFLOW_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    println!("{test}: OCTOFLOW_TEST_SEED={seed}");
+    StdRng::seed_from_u64(seed)
+}
+
+/// `n` values uniform in `[-1, 1)`.
+pub fn random_vec(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect()
+}
+
+/// The shape of a tiny model.
+#[derive(Debug, Clone, Copy)]
+pub struct TinyShape {
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_vocab: usize,
+}
+
+pub const TINY: TinyShape = TinyShape {
+    n_layer: 2,
+    n_embd: 32,
+    n_ff: 64,
+    n_head: 4,
+    n_head_kv: 2,
+    head_dim: 16,
+    n_vocab: 50,
+};
+
+/// Metadata and random F32 tensors of a tiny model of `arch` (gemma3 with a sliding window of
+/// 4 and 6 layers' worth of pattern when `n_layer >= 6`).
+pub fn tiny_writer(arch: &str, s: TinyShape, rng: &mut StdRng) -> GgufWriter<'static> {
+    let mut w = GgufWriter::new();
+    let key = |k: &str| format!("{arch}.{k}");
+    w.set("general.architecture", Value::String(arch.into()));
+    w.set(key("block_count"), Value::U32(s.n_layer as u32));
+    w.set(key("context_length"), Value::U32(128));
+    w.set(key("embedding_length"), Value::U32(s.n_embd as u32));
+    w.set(key("feed_forward_length"), Value::U32(s.n_ff as u32));
+    w.set(key("attention.head_count"), Value::U32(s.n_head as u32));
+    w.set(
+        key("attention.head_count_kv"),
+        Value::U32(s.n_head_kv as u32),
+    );
+    w.set(key("attention.key_length"), Value::U32(s.head_dim as u32));
+    w.set(key("attention.value_length"), Value::U32(s.head_dim as u32));
+    w.set(key("attention.layer_norm_rms_epsilon"), Value::F32(1e-6));
+    w.set(key("rope.freq_base"), Value::F32(10_000.0));
+    w.set(key("vocab_size"), Value::U32(s.n_vocab as u32));
+    if arch == "gemma3" {
+        w.set(key("attention.sliding_window"), Value::U32(4));
+    }
+    let (q, kv) = (s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
+    let mut add = |name: String, dims: &[u64], around_one: bool| {
+        let n = dims.iter().product::<u64>() as usize;
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                let r: f32 = rng.gen_range(-0.5..0.5);
+                if around_one {
+                    1.0 + r * 0.2
+                } else {
+                    r
+                }
+            })
+            .collect();
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        w.add_tensor(name, GgmlType::F32, dims, bytes)
+            .expect("valid tiny tensor");
+    };
+    let (e, f) = (s.n_embd as u64, s.n_ff as u64);
+    add("token_embd.weight".into(), &[e, s.n_vocab as u64], false);
+    add("output_norm.weight".into(), &[e], true);
+    for il in 0..s.n_layer {
+        let b = |t: &str| format!("blk.{il}.{t}");
+        add(b("attn_norm.weight"), &[e], true);
+        add(b("attn_q.weight"), &[e, q as u64], false);
+        add(b("attn_k.weight"), &[e, kv as u64], false);
+        add(b("attn_v.weight"), &[e, kv as u64], false);
+        add(b("attn_output.weight"), &[q as u64, e], false);
+        add(b("ffn_norm.weight"), &[e], true);
+        add(b("ffn_gate.weight"), &[e, f], false);
+        add(b("ffn_up.weight"), &[e, f], false);
+        add(b("ffn_down.weight"), &[f, e], false);
+        if arch == "qwen2" {
+            add(b("attn_q.bias"), &[q as u64], false);
+            add(b("attn_k.bias"), &[kv as u64], false);
+            add(b("attn_v.bias"), &[kv as u64], false);
+        }
+        if arch == "gemma3" {
+            add(b("attn_q_norm.weight"), &[s.head_dim as u64], true);
+            add(b("attn_k_norm.weight"), &[s.head_dim as u64], true);
+            add(b("post_attention_norm.weight"), &[e], true);
+            add(b("post_ffw_norm.weight"), &[e], true);
+        }
+    }
+    w
+}
+
+/// Parses the file `w` describes.
+pub fn open(w: &GgufWriter) -> Result<GgufFile, octoflow_gguf::GgufError> {
+    let mut bytes = Vec::new();
+    w.write_to(&mut bytes)?;
+    GgufFile::from_bytes(bytes)
+}
+
+/// A tiny random model of `arch`.
+pub fn tiny_model(arch: &str, s: TinyShape, rng: &mut StdRng) -> Model {
+    let file = open(&tiny_writer(arch, s, rng)).expect("tiny model parses");
+    Model::from_gguf(Arc::new(file)).expect("tiny model binds")
+}

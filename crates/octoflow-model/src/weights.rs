@@ -1,0 +1,269 @@
+//! Model weights, named as the GGUF tensors they come from.
+//!
+//! Matrices stay in their file encoding (quantized, zero-copy views into the memory-mapped
+//! file) and are multiplied with fused dequantize-and-dot kernels; norms, biases and other
+//! vectors are dequantized to f32 once at load. Every shape is checked against the
+//! hyper-parameters at load, so the forward pass can index without further checks.
+
+use std::sync::Arc;
+
+use octoflow_gguf::quant::{self, QuantError};
+use octoflow_gguf::{GgmlType, GgufFile, TensorInfo};
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+
+/// A weight matrix in its file encoding: `n_rows` rows of `n_cols` elements each.
+///
+/// GGUF dims are `[n_cols, n_rows]` (ggml order, `dims[0]` contiguous); row `r` occupies bytes
+/// `[r * row_bytes, (r + 1) * row_bytes)` of [`QMatrix::data`]. A linear layer computes
+/// `y[r] = dot(row r, x)`, so `n_cols` is the input width and `n_rows` the output width.
+#[derive(Clone)]
+pub struct QMatrix {
+    /// GGUF tensor name, e.g. `blk.0.attn_q.weight`.
+    pub name: String,
+    pub ty: GgmlType,
+    pub n_rows: usize,
+    pub n_cols: usize,
+    row_bytes: usize,
+    file: Arc<GgufFile>,
+    /// Absolute byte offset of the data in the file.
+    start: usize,
+}
+
+impl std::fmt::Debug for QMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "QMatrix({} {} [{}x{}])",
+            self.name, self.ty, self.n_rows, self.n_cols
+        )
+    }
+}
+
+impl QMatrix {
+    /// All rows' bytes, as stored in the file.
+    pub fn data(&self) -> &[u8] {
+        &self.file.bytes()[self.start..self.start + self.row_bytes * self.n_rows]
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    /// The bytes of row `r` (`r < n_rows`).
+    pub fn row(&self, r: usize) -> &[u8] {
+        let at = self.start + r * self.row_bytes;
+        &self.file.bytes()[at..at + self.row_bytes]
+    }
+
+    /// Dequantizes rows `[first, first + out.len() / n_cols)` into `out` (row-major).
+    pub fn dequantize_rows(&self, first: usize, out: &mut [f32]) -> Result<()> {
+        let n = out.len() / self.n_cols;
+        let at = self.start + first * self.row_bytes;
+        let bytes = &self.file.bytes()[at..at + n * self.row_bytes];
+        quant::dequantize(self.ty, bytes, out).map_err(|e| self.quant_error(e))
+    }
+
+    pub(crate) fn quant_error(&self, source: QuantError) -> ModelError {
+        ModelError::Quant {
+            name: self.name.clone(),
+            source,
+        }
+    }
+}
+
+/// The weights of one transformer block (`blk.N.*`).
+#[derive(Debug, Clone)]
+pub struct BlockWeights {
+    /// `[n_embd]`
+    pub attn_norm: Vec<f32>,
+    /// `[q_dim rows, n_embd cols]`
+    pub attn_q: QMatrix,
+    /// `[k_dim rows, n_embd cols]`
+    pub attn_k: QMatrix,
+    /// `[v_dim rows, n_embd cols]`
+    pub attn_v: QMatrix,
+    /// `attn_q.bias`, `[q_dim]` (qwen2)
+    pub attn_q_bias: Option<Vec<f32>>,
+    /// `attn_k.bias`, `[k_dim]` (qwen2)
+    pub attn_k_bias: Option<Vec<f32>>,
+    /// `attn_v.bias`, `[v_dim]` (qwen2)
+    pub attn_v_bias: Option<Vec<f32>>,
+    /// Per-head norm of Q, `[head_dim]` (gemma3)
+    pub attn_q_norm: Option<Vec<f32>>,
+    /// Per-head norm of K, `[head_dim]` (gemma3)
+    pub attn_k_norm: Option<Vec<f32>>,
+    /// `[n_embd rows, n_head * head_dim_v cols]`
+    pub attn_output: QMatrix,
+    /// Norm of the attention output before the residual add, `[n_embd]` (gemma3)
+    pub post_attention_norm: Option<Vec<f32>>,
+    /// `[n_embd]`
+    pub ffn_norm: Vec<f32>,
+    /// `[n_ff rows, n_embd cols]`
+    pub ffn_gate: QMatrix,
+    /// `[n_ff rows, n_embd cols]`
+    pub ffn_up: QMatrix,
+    /// `[n_embd rows, n_ff cols]`
+    pub ffn_down: QMatrix,
+    /// Norm of the FFN output before the residual add, `[n_embd]` (gemma3)
+    pub post_ffw_norm: Option<Vec<f32>>,
+}
+
+/// All weights of a model.
+#[derive(Debug, Clone)]
+pub struct ModelWeights {
+    /// `[n_vocab rows, n_embd cols]`
+    pub token_embd: QMatrix,
+    /// `[n_embd]`
+    pub output_norm: Vec<f32>,
+    /// `[n_vocab rows, n_embd cols]`; a clone of `token_embd` when the file has no `output`.
+    pub output: QMatrix,
+    /// Whether `output` is `token_embd` (tied embeddings).
+    pub output_is_tied: bool,
+    /// Per-frequency divisors of the RoPE angles, `[n_rot / 2]` (`rope_freqs.weight`, llama 3).
+    pub rope_freqs: Option<Vec<f32>>,
+    /// `blk.0` .. `blk.{n_layer-1}`
+    pub blk: Vec<BlockWeights>,
+}
+
+impl ModelWeights {
+    /// Binds every tensor of `file` that `config` calls for, checking names, shapes and types.
+    pub fn from_gguf(file: &Arc<GgufFile>, config: &ModelConfig) -> Result<Self> {
+        let ld = Loader {
+            file,
+            arch: config.arch.name(),
+        };
+        let (n_embd, n_vocab) = (config.n_embd, config.n_vocab);
+        let token_embd = ld.matrix("token_embd.weight", n_vocab, n_embd)?;
+        let (output, output_is_tied) = match file.tensor("output.weight") {
+            Some(_) => (ld.matrix("output.weight", n_vocab, n_embd)?, false),
+            None => (token_embd.clone(), true),
+        };
+        let rope_freqs = match file.tensor("rope_freqs.weight") {
+            Some(_) => Some(ld.vector("rope_freqs.weight", config.n_rot / 2)?),
+            None => None,
+        };
+        let blk = (0..config.n_layer)
+            .map(|il| ld.block(il, config))
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            token_embd,
+            output_norm: ld.vector("output_norm.weight", n_embd)?,
+            output,
+            output_is_tied,
+            rope_freqs,
+            blk,
+        })
+    }
+}
+
+/// Finds tensors by name and checks them against the shapes the config implies.
+struct Loader<'a> {
+    file: &'a Arc<GgufFile>,
+    arch: &'static str,
+}
+
+impl Loader<'_> {
+    fn block(&self, il: usize, c: &ModelConfig) -> Result<BlockWeights> {
+        let name = |t: &str| format!("blk.{il}.{t}");
+        let m = |t: &str, rows, cols| self.matrix(&name(t), rows, cols);
+        let v = |t: &str, n| self.vector(&name(t), n);
+        // Biases are loaded wherever present (llama.cpp does the same for llama), but required
+        // only where the architecture has them.
+        let bias = |t: &str, n| -> Result<Option<Vec<f32>>> {
+            match self.file.tensor(&name(t)) {
+                Some(_) => v(t, n).map(Some),
+                None if c.qkv_bias => Err(self.missing(&name(t))),
+                None => Ok(None),
+            }
+        };
+        let when = |on: bool, t: &str, n| if on { v(t, n).map(Some) } else { Ok(None) };
+        let attn_out_cols = c.n_head * c.head_dim_v;
+        Ok(BlockWeights {
+            attn_norm: v("attn_norm.weight", c.n_embd)?,
+            attn_q: m("attn_q.weight", c.q_dim(), c.n_embd)?,
+            attn_k: m("attn_k.weight", c.k_dim(), c.n_embd)?,
+            attn_v: m("attn_v.weight", c.v_dim(), c.n_embd)?,
+            attn_q_bias: bias("attn_q.bias", c.q_dim())?,
+            attn_k_bias: bias("attn_k.bias", c.k_dim())?,
+            attn_v_bias: bias("attn_v.bias", c.v_dim())?,
+            attn_q_norm: when(c.qk_norm, "attn_q_norm.weight", c.head_dim)?,
+            attn_k_norm: when(c.qk_norm, "attn_k_norm.weight", c.head_dim)?,
+            attn_output: m("attn_output.weight", c.n_embd, attn_out_cols)?,
+            post_attention_norm: when(c.post_norms, "post_attention_norm.weight", c.n_embd)?,
+            ffn_norm: v("ffn_norm.weight", c.n_embd)?,
+            ffn_gate: m("ffn_gate.weight", c.n_ff, c.n_embd)?,
+            ffn_up: m("ffn_up.weight", c.n_ff, c.n_embd)?,
+            ffn_down: m("ffn_down.weight", c.n_embd, c.n_ff)?,
+            post_ffw_norm: when(c.post_norms, "post_ffw_norm.weight", c.n_embd)?,
+        })
+    }
+
+    fn find(&self, name: &str, expected: &[u64]) -> Result<&TensorInfo> {
+        let info = self.file.tensor(name).ok_or_else(|| self.missing(name))?;
+        if info.dims != expected {
+            return Err(ModelError::TensorShape {
+                name: name.to_string(),
+                expected: expected.to_vec(),
+                found: info.dims.clone(),
+            });
+        }
+        if !quant::can_dequantize(info.ty) {
+            return Err(ModelError::UnsupportedTensorType {
+                name: name.to_string(),
+                ty: info.ty,
+            });
+        }
+        Ok(info)
+    }
+
+    fn matrix(&self, name: &str, n_rows: usize, n_cols: usize) -> Result<QMatrix> {
+        let info = self.find(name, &[n_cols as u64, n_rows as u64])?;
+        let row_bytes =
+            quant::quantized_size(info.ty, n_cols).map_err(|source| ModelError::Quant {
+                name: name.to_string(),
+                source,
+            })?;
+        if info.size != (row_bytes * n_rows) as u64 {
+            return Err(ModelError::TensorShape {
+                name: format!(
+                    "{name} (data is {} bytes, expected {})",
+                    info.size,
+                    row_bytes * n_rows
+                ),
+                expected: vec![n_cols as u64, n_rows as u64],
+                found: info.dims.clone(),
+            });
+        }
+        Ok(QMatrix {
+            name: name.to_string(),
+            ty: info.ty,
+            n_rows,
+            n_cols,
+            row_bytes,
+            file: Arc::clone(self.file),
+            start: (self.file.header().data_offset + info.offset) as usize,
+        })
+    }
+
+    fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>> {
+        let info = self.find(name, &[n as u64])?;
+        let mut out = vec![0f32; n];
+        quant::dequantize(info.ty, self.file.tensor_data(info), &mut out).map_err(|source| {
+            ModelError::Quant {
+                name: name.to_string(),
+                source,
+            }
+        })?;
+        Ok(out)
+    }
+
+    fn missing(&self, name: &str) -> ModelError {
+        ModelError::MissingTensor {
+            name: name.to_string(),
+            arch: self.arch,
+        }
+    }
+}
