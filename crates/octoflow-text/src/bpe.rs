@@ -9,7 +9,9 @@
 //! as llama.cpp does (this happens only with incomplete vocabularies).
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
+use crate::hash::FxHashMap;
 
 use octoflow_gguf::GgufFile;
 
@@ -72,7 +74,7 @@ pub(crate) struct BpeModel {
     /// Symbol of each byte's one-character text.
     byte_symbol: [u32; 256],
     /// (left symbol, right symbol) -> merge.
-    merges: HashMap<(u32, u32), Merge>,
+    merges: FxHashMap<(u32, u32), Merge>,
     /// Texts of symbols that are not tokens; symbol `n_vocab + i` is `extra[i]`.
     extra: Vec<String>,
     byte_chars: [char; 256],
@@ -108,13 +110,13 @@ impl BpeModel {
         let mut interner = Interner {
             vocab,
             extra: Vec::new(),
-            extra_ids: HashMap::new(),
+            extra_ids: FxHashMap::default(),
         };
         let mut byte_symbol = [0u32; 256];
         for (b, slot) in byte_symbol.iter_mut().enumerate() {
             *slot = interner.intern(&byte_chars[b].to_string());
         }
-        let mut merges = HashMap::with_capacity(merge_lines.len());
+        let mut merges = FxHashMap::with_capacity_and_hasher(merge_lines.len(), Default::default());
         for (rank, line) in merge_lines.iter().enumerate() {
             let space = line.as_bytes().iter().skip(1).position(|&b| b == b' ');
             let Some(pos) = space.map(|p| p + 1) else {
@@ -138,6 +140,12 @@ impl BpeModel {
         }
     }
 
+    /// Whether byte `b` survives encoding: its alphabet character is a token, or is ASCII with a
+    /// token of its own.
+    pub(crate) fn encodes_byte(&self, b: u8) -> bool {
+        self.byte_symbol[b as usize] < self.n_vocab
+    }
+
     /// Appends the tokens of `text` (no special tokens in it) to `out`. `cache` holds the tokens
     /// of words seen before in the same call.
     pub(crate) fn encode<'t>(
@@ -145,7 +153,7 @@ impl BpeModel {
         vocab: &Vocab,
         text: &'t str,
         out: &mut Vec<u32>,
-        cache: &mut HashMap<&'t str, Vec<u32>>,
+        cache: &mut FxHashMap<&'t str, Vec<u32>>,
     ) {
         for range in self.pre.split(text) {
             let word = &text[range];
@@ -234,7 +242,7 @@ impl BpeModel {
 struct Interner<'v> {
     vocab: &'v Vocab,
     extra: Vec<String>,
-    extra_ids: HashMap<String, u32>,
+    extra_ids: FxHashMap<String, u32>,
 }
 
 impl Interner<'_> {
@@ -283,7 +291,7 @@ mod tests {
 
     fn encode(vocab: &Vocab, model: &BpeModel, text: &str) -> Vec<u32> {
         let mut out = Vec::new();
-        model.encode(vocab, text, &mut out, &mut HashMap::new());
+        model.encode(vocab, text, &mut out, &mut FxHashMap::default());
         out
     }
 

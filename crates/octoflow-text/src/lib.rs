@@ -16,6 +16,7 @@
 mod bpe;
 pub mod chat;
 pub mod error;
+mod hash;
 mod partition;
 mod pretokenize;
 mod pyfunc;
@@ -32,3 +33,6 @@ pub use special::SpecialTokens;
 pub use stream::StreamDecoder;
 pub use tokenizer::Tokenizer;
 pub use vocab::{TokenAttr, Vocab};
+
+pub mod sampling;
+pub mod stop;

@@ -144,11 +144,10 @@ impl PreTokenizer {
 
     /// Cuts `text` into words: consecutive, non-empty byte ranges covering all of `text`.
     pub(crate) fn split(&self, text: &str) -> Vec<Range<usize>> {
-        let mut pieces = if text.is_empty() {
-            Vec::new()
-        } else {
-            vec![0..text.len()]
-        };
+        let mut pieces: Vec<Range<usize>> = Vec::new();
+        if !text.is_empty() {
+            pieces.push(0..text.len());
+        }
         let mut chars = Vec::new();
         for step in &self.steps {
             let mut next = Vec::with_capacity(pieces.len() * 2);
@@ -291,7 +290,11 @@ fn llama3_match(cs: &[(usize, char)], i: usize, max_digits: usize) -> usize {
     }
     // `\p{N}{1,max_digits}`
     if class == CharClass::Number {
-        return run_end(cs, i, CharClass::Number).min(i + max_digits);
+        let mut end = i;
+        while end < i + max_digits && class_at(cs, end) == Some(CharClass::Number) {
+            end += 1;
+        }
+        return end;
     }
     // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
     let start = if c == ' ' && class_at(cs, i + 1) == Some(CharClass::Other) {

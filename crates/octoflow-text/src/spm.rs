@@ -70,6 +70,11 @@ impl SpmModel {
         Self { byte_tokens }
     }
 
+    /// Whether a character missing from the vocabulary can still be spelled with byte `b`.
+    pub(crate) fn encodes_byte(&self, b: u8) -> bool {
+        self.byte_tokens[b as usize].is_some()
+    }
+
     /// Appends the tokens of `text` (spaces already written as U+2581) to `out`.
     pub(crate) fn encode(&self, vocab: &Vocab, text: &str, out: &mut Vec<u32>) {
         if text.is_empty() {

@@ -1,7 +1,7 @@
 //! [`Tokenizer`]: text to token ids and back, built from a GGUF file's metadata alone, agreeing
 //! with llama.cpp's `llama_tokenize` / `llama_token_to_piece`.
 
-use std::collections::HashMap;
+use crate::hash::FxHashMap;
 
 use octoflow_gguf::GgufFile;
 
@@ -85,7 +85,7 @@ impl Tokenizer {
             }
             other => return Err(TextError::UnsupportedModel(other.to_string())),
         };
-        Ok(Self::assemble(vocab, special, model, model_name, pre_name)?)
+        Self::assemble(vocab, special, model, model_name, pre_name)
     }
 
     fn assemble(
@@ -123,7 +123,7 @@ impl Tokenizer {
         let fragments = self.matcher.partition(&self.vocab, text, parse_special);
         match &self.model {
             Model::Bpe(bpe) => {
-                let mut cache = HashMap::new();
+                let mut cache = FxHashMap::default();
                 for fragment in fragments {
                     match fragment {
                         Fragment::Token(id) => out.push(id),
@@ -162,6 +162,16 @@ impl Tokenizer {
             .filter(|_| add_special && self.special.add_eos);
         out.extend(eos);
         out
+    }
+
+    /// Whether byte `b` of UTF-8 text survives encoding. Byte-level vocabularies that lack a
+    /// byte's character drop that byte, as llama.cpp does (SmolLM2 lacks 21, among them 0xF1,
+    /// which starts the characters U+40000..U+7FFFF), so text using it does not round-trip.
+    pub fn encodes_byte(&self, b: u8) -> bool {
+        match &self.model {
+            Model::Bpe(bpe) => bpe.encodes_byte(b),
+            Model::Spm(spm) => spm.encodes_byte(b),
+        }
     }
 
     /// The bytes token `id` stands for. Control and unknown tokens render as nothing unless

@@ -3,7 +3,7 @@
 //! special-token ids and flags. Defaults and the name-based detection of end-of-generation
 //! tokens follow llama.cpp's vocabulary loader, so that our ids agree with its ids.
 
-use std::collections::HashMap;
+use crate::hash::FxHashMap;
 
 use octoflow_gguf::{GgufFile, Value};
 
@@ -65,7 +65,7 @@ pub struct Vocab {
     texts: Vec<String>,
     scores: Vec<f32>,
     attrs: Vec<TokenAttr>,
-    ids: HashMap<String, u32>,
+    ids: FxHashMap<String, u32>,
 }
 
 impl Vocab {
@@ -77,7 +77,7 @@ impl Vocab {
         attrs: Vec<TokenAttr>,
     ) -> Result<Self, TextError> {
         debug_assert!(scores.len() == texts.len() && attrs.len() == texts.len());
-        let mut ids = HashMap::with_capacity(texts.len());
+        let mut ids = FxHashMap::with_capacity_and_hasher(texts.len(), Default::default());
         for (i, text) in texts.iter_mut().enumerate() {
             if text.is_empty() {
                 *text = format!("[EMPTY_{i}]");
