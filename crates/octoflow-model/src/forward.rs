@@ -77,6 +77,11 @@ impl<'m> Session<'m> {
         self.cache.len()
     }
 
+    /// Forgets every position from `len` on (a no-op if fewer are cached).
+    pub fn truncate(&mut self, len: usize) {
+        self.cache.truncate(len);
+    }
+
     /// The KV cache.
     pub fn cache(&self) -> &KvCache {
         &self.cache

@@ -6,7 +6,11 @@ mod cmd;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "octoflow", version, about = "GPU-native LLM engine: run, serve and fine-tune GGUF models with Vulkan")]
+#[command(
+    name = "octoflow",
+    version,
+    about = "GPU-native LLM engine: run, serve and fine-tune GGUF models with Vulkan"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -20,6 +24,12 @@ enum Command {
     Inspect(cmd::inspect::Args),
     /// Download a model (a name from the built-in list, or an http(s) URL of a .gguf) into the cache.
     Pull(cmd::pull::Args),
+    /// Generate text from a prompt, or chat (--chat).
+    Run(cmd::run::Args),
+    /// Mean negative log-likelihood and perplexity of a text file.
+    Perplexity(cmd::perplexity::Args),
+    /// Print the token ids of a text (like llama-tokenize).
+    Tokenize(cmd::tokenize::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -35,6 +45,9 @@ fn main() -> std::process::ExitCode {
         Command::Devices(args) => cmd::devices::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Pull(args) => cmd::pull::run(args),
+        Command::Run(args) => cmd::run::run(args),
+        Command::Perplexity(args) => cmd::perplexity::run(args),
+        Command::Tokenize(args) => cmd::tokenize::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

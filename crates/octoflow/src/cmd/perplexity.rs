@@ -1,0 +1,64 @@
+//! `octoflow perplexity`: mean negative log-likelihood (nats/token) and perplexity of a text's
+//! first N tokens — BOS prepended where the model adds one, every position after the first scored
+//! (the quantity `nll.mean_nll` of the golden files).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use octoflow_model::Model;
+use octoflow_text::Tokenizer;
+use serde_json::json;
+
+/// Arguments of `octoflow perplexity`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model: a .gguf path, a known name or a URL (default: the default model).
+    #[arg(short = 'm', long)]
+    model: Option<String>,
+    /// The text file to score.
+    #[arg(short = 'f', long)]
+    file: PathBuf,
+    /// Score the first N tokens (BOS included).
+    #[arg(long, default_value_t = 512)]
+    tokens: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `octoflow perplexity`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let path = super::common::model_path(args.model.as_deref())?;
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("reading {}", args.file.display()))?;
+    let gguf = Arc::new(octoflow_gguf::GgufFile::open(&path)?);
+    let tokenizer = Tokenizer::from_gguf(&gguf)?;
+    let model = Model::from_gguf(gguf).context("loading the model")?;
+    let mut ids = tokenizer.encode(&text, true, false);
+    if args.tokens < 2 {
+        bail!("--tokens must be at least 2 (one context token and one scored token)");
+    }
+    if ids.len() < 2 {
+        bail!("{} has fewer than 2 tokens", args.file.display());
+    }
+    ids.truncate(args.tokens);
+    let started = std::time::Instant::now();
+    let nll = octoflow_model::mean_nll(&model, &ids)?;
+    let secs = started.elapsed().as_secs_f64();
+    let ppl = nll.exp();
+    if args.json {
+        let doc = json!({
+            "model": path.display().to_string(), "file": args.file.display().to_string(),
+            "n_tokens": ids.len(), "n_scored": ids.len() - 1, "mean_nll": nll, "perplexity": ppl,
+            "seconds": secs,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        println!("tokens: {} (scored {})", ids.len(), ids.len() - 1);
+        println!("mean NLL: {nll:.6} nats/token");
+        println!("perplexity: {ppl:.4}");
+        eprintln!("{:.2} s ({:.1} tok/s)", secs, ids.len() as f64 / secs);
+    }
+    Ok(())
+}

@@ -1,0 +1,250 @@
+//! `octoflow run`: generate text from a prompt, or chat interactively. Flags follow llama.cpp's.
+//! Generated text goes to stdout; logs and timings to stderr.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use octoflow_model::Model;
+use octoflow_text::sampling::{Sampler, SamplingParams};
+use octoflow_text::{ChatTemplate, Message, Tokenizer};
+
+use super::generate::{generate, report, Limits};
+
+/// Where the forward pass runs.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Device {
+    /// The CPU reference path (f32 math over the quantized weights).
+    Cpu,
+}
+
+/// Arguments of `octoflow run`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model: a .gguf path, a known name or a URL (default: the default model).
+    #[arg(short = 'm', long)]
+    model: Option<String>,
+    /// Prompt text.
+    #[arg(short = 'p', long)]
+    prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(short = 'f', long, conflicts_with = "prompt")]
+    file: Option<PathBuf>,
+    /// Number of tokens to generate (-1: until end of generation or a full context).
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_hyphen_values = true)]
+    n_predict: i64,
+    /// Context size in tokens (0: the model's training context, capped at 4096).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
+    ctx_size: usize,
+    /// Temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temp: f32,
+    /// Top-k (0 disables).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Top-p (1.0 disables).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Min-p (0 disables).
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+    /// Repetition penalty (1.0 disables).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Tokens the penalties look back over.
+    #[arg(long, default_value_t = 64)]
+    repeat_last_n: usize,
+    /// Presence penalty.
+    #[arg(long, default_value_t = 0.0)]
+    presence_penalty: f32,
+    /// Frequency penalty.
+    #[arg(long, default_value_t = 0.0)]
+    frequency_penalty: f32,
+    /// Seed of the sampler (default: random, printed to stderr).
+    #[arg(short = 's', long)]
+    seed: Option<u64>,
+    /// Stop when this string is generated (repeatable); it is not printed.
+    #[arg(long = "stop")]
+    stops: Vec<String>,
+    /// Keep generating after end-of-generation tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Interactive chat: read user turns from stdin, render them with the chat template.
+    #[arg(long, visible_alias = "cnv")]
+    chat: bool,
+    /// System message for chat mode.
+    #[arg(long)]
+    system: Option<String>,
+    /// Render -p as one user turn with the chat template (one-shot chat).
+    #[arg(long)]
+    chat_prompt: bool,
+    /// A Jinja chat template file overriding the model's.
+    #[arg(long)]
+    chat_template: Option<PathBuf>,
+    /// Where to run.
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    device: Device,
+}
+
+/// Runs `octoflow run`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let params = sampling_params(&args)?;
+    let path = super::common::model_path(args.model.as_deref())?;
+    let gguf = Arc::new(octoflow_gguf::GgufFile::open(&path)?);
+    let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
+    let model = Model::from_gguf(gguf.clone()).context("loading the model")?;
+    let Device::Cpu = args.device;
+    let n_ctx = if args.ctx_size > 0 {
+        args.ctx_size
+    } else {
+        model.config.n_ctx_train.min(4096)
+    };
+    tracing::info!(model = %path.display(), n_ctx, seed = params.seed, "loaded");
+    eprintln!(
+        "octoflow: {} | ctx {n_ctx} | seed {}",
+        path.display(),
+        params.seed
+    );
+    let template = match &args.chat_template {
+        Some(file) => {
+            let piece = |id: Option<u32>| {
+                id.map(|id| {
+                    String::from_utf8_lossy(tokenizer.token_to_piece(id, true)).into_owned()
+                })
+                .unwrap_or_default()
+            };
+            let sp = tokenizer.special();
+            Some(ChatTemplate::from_file(
+                file,
+                &piece(sp.bos),
+                &piece(sp.eos),
+            )?)
+        }
+        None if args.chat || args.chat_prompt => Some(ChatTemplate::from_gguf(&gguf)?),
+        None => None,
+    };
+    let limits = Limits {
+        max_tokens: usize::try_from(args.n_predict).ok(),
+        stops: &args.stops,
+        ignore_eos: args.ignore_eos,
+    };
+    let mut session = model.session(n_ctx);
+    let mut sampler = Sampler::new(params);
+    let stdout = std::io::stdout();
+    if args.chat {
+        let template = template.context("chat mode needs a chat template")?;
+        return chat(
+            &mut session,
+            &tokenizer,
+            &mut sampler,
+            &template,
+            &args,
+            &limits,
+        );
+    }
+    let text = match (&args.prompt, &args.file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading the prompt file {}", f.display()))?,
+        (None, None) => bail!("give a prompt with -p TEXT or -f FILE, or use --chat"),
+    };
+    let text = match &template {
+        Some(t) if args.chat_prompt => t.render(&messages(&args.system, &[], &text), true)?,
+        _ => text,
+    };
+    let prompt = tokenizer.encode(&text, true, true);
+    let (_, stats) = generate(
+        &mut session,
+        &tokenizer,
+        &mut sampler,
+        &prompt,
+        &limits,
+        &mut stdout.lock(),
+    )?;
+    println!();
+    eprintln!("{}", report(&stats));
+    Ok(())
+}
+
+fn sampling_params(args: &Args) -> anyhow::Result<SamplingParams> {
+    let seed = args.seed.unwrap_or_else(|| {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.finish()
+    });
+    let p = SamplingParams {
+        temperature: args.temp,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        repeat_last_n: args.repeat_last_n,
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
+        seed,
+    };
+    p.validate().map_err(anyhow::Error::msg)?;
+    Ok(p)
+}
+
+fn messages(system: &Option<String>, history: &[Message], user: &str) -> Vec<Message> {
+    let mut m: Vec<Message> = system.iter().map(Message::system).collect();
+    m.extend_from_slice(history);
+    m.push(Message::user(user));
+    m
+}
+
+/// Interactive chat: each turn renders the whole conversation and feeds only the new suffix.
+fn chat(
+    session: &mut octoflow_model::Session<'_>,
+    tokenizer: &Tokenizer,
+    sampler: &mut Sampler,
+    template: &ChatTemplate,
+    args: &Args,
+    limits: &Limits<'_>,
+) -> anyhow::Result<()> {
+    let mut history: Vec<Message> = Vec::new();
+    let mut fed: Vec<u32> = Vec::new();
+    let stdin = std::io::stdin();
+    let stdout = std::io::stdout();
+    loop {
+        eprint!("\n> ");
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        let user = line.trim_end_matches(['\n', '\r']);
+        if user.is_empty() {
+            continue;
+        }
+        let text = template.render(&messages(&args.system, &history, user), true)?;
+        let all = tokenizer.encode(&text, true, true);
+        // The rendered conversation normally extends what was fed; if the template rewrote
+        // earlier turns, start over from the first difference.
+        let common = fed.iter().zip(&all).take_while(|(a, b)| a == b).count();
+        let common = common.min(all.len().saturating_sub(1));
+        session.truncate(common);
+        let (reply_ids, stats) = generate(
+            session,
+            tokenizer,
+            sampler,
+            &all[common..],
+            limits,
+            &mut stdout.lock(),
+        )?;
+        stdout.lock().write_all(b"\n")?;
+        eprintln!("{}", report(&stats));
+        let reply = tokenizer.decode(&reply_ids);
+        fed = all;
+        // The reply's tokens up to (not including) the last one are in the cache.
+        fed.extend_from_slice(&reply_ids[..reply_ids.len().saturating_sub(1)]);
+        history.push(Message::user(user));
+        history.push(Message::assistant(reply.trim_end()));
+    }
+}
