@@ -75,7 +75,10 @@ impl SamplingParams {
             return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
         }
         if self.repeat_penalty <= 0.0 {
-            return Err(format!("repeat_penalty must be > 0, got {}", self.repeat_penalty));
+            return Err(format!(
+                "repeat_penalty must be > 0, got {}",
+                self.repeat_penalty
+            ));
         }
         Ok(())
     }
@@ -84,7 +87,10 @@ impl SamplingParams {
 /// A uniform number in [0, 1) for draw number `step` of a sequence seeded with `seed`
 /// (SplitMix64 finalizer over the pair; 24 random mantissa bits).
 pub fn uniform(seed: u64, step: u64) -> f32 {
-    let mut z = seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(0xD1B5_4A32_D192_ED03);
+    let mut z = seed
+        ^ step
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(0xD1B5_4A32_D192_ED03);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^= z >> 31;
@@ -145,7 +151,8 @@ impl Sampler {
         let step = self.step;
         self.step += 1;
         let p = &self.params;
-        let penalised = p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        let penalised =
+            p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
         if p.temperature <= 0.0 && !penalised {
             return argmax(logits);
         }

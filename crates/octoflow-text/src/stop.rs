@@ -64,7 +64,11 @@ impl StopMatcher {
         let mut best = 0;
         for (start, _) in self.held.char_indices() {
             let suffix = &self.held[start..];
-            if self.stops.iter().any(|s| s.len() > suffix.len() && s.starts_with(suffix)) {
+            if self
+                .stops
+                .iter()
+                .any(|s| s.len() > suffix.len() && s.starts_with(suffix))
+            {
                 best = best.max(suffix.len());
                 break;
             }
@@ -93,7 +97,10 @@ mod tests {
 
     #[test]
     fn stop_string_split_across_pieces_is_caught_and_not_emitted() {
-        assert_eq!(stream(&["\n\n"], &["Paris.", "\n", "\nThe"]), ("Paris.".into(), true));
+        assert_eq!(
+            stream(&["\n\n"], &["Paris.", "\n", "\nThe"]),
+            ("Paris.".into(), true)
+        );
         assert_eq!(stream(&["END"], &["a E", "N", "D b"]), ("a ".into(), true));
     }
 

@@ -58,7 +58,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     let mut total = 0u64;
     for (i, t) in h.tensors.iter().enumerate() {
-        let shape = t.dims.iter().map(u64::to_string).collect::<Vec<_>>().join(" x ");
+        let shape = t
+            .dims
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(" x ");
         println!(
             "{:>6}  {:<8} {:>24} {:>12} {:>12}  {}",
             i + 1,
