@@ -33,6 +33,7 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    restore_sigpipe();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -55,5 +56,15 @@ fn main() -> std::process::ExitCode {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// Rust ignores SIGPIPE, which turns `octoflow inspect ... | head` into a panic on the next print;
+/// a command-line tool should instead end quietly like any other Unix filter.
+fn restore_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to the default before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }

@@ -1,0 +1,160 @@
+//! The binary as a user runs it: real models, real flags, exit codes and messages.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn octoflow(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_octoflow"))
+        .args(args)
+        .output()
+        .expect("the octoflow binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+const SMOLLM: &str = "smollm2-135m-instruct-q4_1";
+
+#[test]
+fn inspect_prints_metadata_and_tensors_and_json() {
+    let o = octoflow(&["inspect", SMOLLM]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("general.architecture = \"llama\""), "{out}");
+    assert!(out.contains("token_embd.weight"), "{out}");
+    assert!(out.contains("Q4_1"), "{out}");
+
+    let o = octoflow(&["inspect", SMOLLM, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["metadata"]["llama.block_count"]["value"], 30);
+    assert_eq!(doc["tensors"].as_array().unwrap().len(), 272);
+    assert_eq!(doc["metadata"]["tokenizer.ggml.tokens"]["len"], 49152);
+}
+
+#[test]
+fn inspect_of_a_damaged_file_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.gguf");
+    std::fs::write(&bad, b"GGUF\x03\0\0\0\x01").unwrap();
+    let o = octoflow(&["inspect", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("truncated"), "{}", stderr(&o));
+    let missing: PathBuf = dir.path().join("nope.gguf");
+    let o = octoflow(&["inspect", missing.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(!stderr(&o).contains("panicked"));
+}
+
+#[test]
+fn greedy_run_continues_like_llama_cpp() {
+    // ../tests/golden: llama.cpp's greedy continuation starts " Paris.\n\n".
+    let o = octoflow(&[
+        "run",
+        "-m",
+        SMOLLM,
+        "-p",
+        "The capital of France is",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).starts_with(" Paris.\n\n"), "{:?}", stdout(&o));
+    assert!(stderr(&o).contains("generated: 4 tokens"), "{}", stderr(&o));
+}
+
+#[test]
+fn same_seed_same_text() {
+    let args = [
+        "run",
+        "-m",
+        SMOLLM,
+        "-p",
+        "Once upon a time",
+        "-n",
+        "12",
+        "--temp",
+        "1.0",
+        "--seed",
+        "42",
+    ];
+    let a = octoflow(&args);
+    let b = octoflow(&args);
+    assert!(a.status.success(), "{}", stderr(&a));
+    assert_eq!(stdout(&a), stdout(&b));
+}
+
+#[test]
+fn stop_string_ends_generation_without_printing_it() {
+    let o = octoflow(&[
+        "run",
+        "-m",
+        SMOLLM,
+        "-p",
+        "The capital of France is",
+        "-n",
+        "16",
+        "--temp",
+        "0",
+        "--stop",
+        "\n",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        " Paris.\n",
+        "the stop string is not printed; run adds one newline"
+    );
+    assert!(stderr(&o).contains("Stop"));
+}
+
+#[test]
+fn prompt_longer_than_the_context_is_a_clear_error() {
+    let long = "word ".repeat(200);
+    let o = octoflow(&["run", "-m", SMOLLM, "-p", &long, "-c", "64", "-n", "4"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains("context holds 64"), "{err}");
+}
+
+#[test]
+fn bad_sampling_parameters_are_named() {
+    let o = octoflow(&["run", "-m", SMOLLM, "-p", "x", "--top-p", "2"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("top_p"), "{}", stderr(&o));
+}
+
+#[test]
+fn perplexity_reports_mean_nll_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("t.txt");
+    std::fs::write(
+        &text,
+        "The quick brown fox jumps over the lazy dog. ".repeat(8),
+    )
+    .unwrap();
+    let o = octoflow(&[
+        "perplexity",
+        "-m",
+        SMOLLM,
+        "-f",
+        text.to_str().unwrap(),
+        "--tokens",
+        "64",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["n_tokens"], 64);
+    let nll = doc["mean_nll"].as_f64().unwrap();
+    // A repeated sentence is easy: well under the uniform ln(49152) ≈ 10.8.
+    assert!(nll.is_finite() && nll > 0.0 && nll < 3.0, "{nll}");
+    assert!((doc["perplexity"].as_f64().unwrap() - nll.exp()).abs() < 1e-6);
+}
