@@ -147,6 +147,30 @@ fn chat_prompts_match(model: &str) {
     report(model, failures);
 }
 
+/// llama.cpp's generated text is the detokenization of its generated ids.
+fn generated_text_decodes_like_llama_cpp(model: &str) {
+    let tok = tokenizer(model);
+    let g = golden(model);
+    let mut failures = Vec::new();
+    for case in g["greedy"].as_array().expect("greedy cases") {
+        let got = tok.decode(&ids(&case["greedy_ids"]));
+        let want = str_of(case, "greedy_text");
+        if got != want {
+            failures.push(format!(
+                "decode differs:\n   got  {got:?}\n   want {want:?}"
+            ));
+        }
+    }
+    report(model, failures);
+}
+
+#[test]
+fn generated_ids_decode_to_llama_cpps_text_on_every_model() {
+    for model in common::MODELS {
+        generated_text_decodes_like_llama_cpp(model);
+    }
+}
+
 #[test]
 fn smollm2_tokenize_cases_match_llama_cpp() {
     tokenize_cases_match("smollm2-135m-instruct-q4_1");
