@@ -11,7 +11,6 @@
 use rayon::prelude::*;
 
 use octoflow_gguf::quant;
-use octoflow_gguf::GgmlType;
 
 use crate::error::Result;
 use crate::weights::QMatrix;
@@ -111,35 +110,6 @@ fn gemm_abt(a: &[f32], b: &[f32], k: usize, c: &mut [f32]) {
             1,
         );
     }
-}
-
-/// The type llama.cpp's CPU backend converts activations to before multiplying them with a
-/// weight of type `ty` (ggml-cpu's `vec_dot_type`); `None` where they stay f32.
-pub fn vec_dot_type(ty: GgmlType) -> Option<GgmlType> {
-    use GgmlType as T;
-    match ty {
-        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::IQ4_NL | T::MXFP4 => Some(T::Q8_0),
-        T::Q4_1 | T::Q5_1 => Some(T::Q8_1),
-        T::Q2_K | T::Q3_K | T::Q4_K | T::Q5_K | T::Q6_K => Some(T::Q8_K),
-        T::F16 => Some(T::F16),
-        T::BF16 => Some(T::BF16),
-        _ => None,
-    }
-}
-
-/// Rounds every row of `x` (`[rows, w.n_cols]`) through `vec_dot_type(w.ty)` and back, so that
-/// an f32 product afterwards sees the activations llama.cpp's integer dot kernels see.
-pub fn round_activations(w: &QMatrix, x: &mut [f32]) -> Result<()> {
-    let Some(ty) = vec_dot_type(w.ty) else {
-        return Ok(());
-    };
-    let bytes = quant::quantized_size(ty, w.n_cols).map_err(|e| w.quant_error(e))?;
-    let mut buf = vec![0u8; bytes];
-    for row in x.chunks_exact_mut(w.n_cols) {
-        quant::quantize(ty, row, &mut buf).map_err(|e| w.quant_error(e))?;
-        quant::dequantize(ty, &buf, row).map_err(|e| w.quant_error(e))?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
