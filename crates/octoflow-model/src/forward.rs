@@ -140,18 +140,19 @@ impl<'m> Session<'m> {
     /// Runs `tokens` after the cached positions, in chunks of at most `chunk` tokens, and
     /// returns the logits of the last one (`[n_vocab]`).
     pub fn prefill(&mut self, tokens: &[u32], chunk: usize) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyBatch);
+        }
         let chunk = chunk.max(1);
+        let n_chunks = tokens.len().div_ceil(chunk);
         let mut last = Vec::new();
         for (i, part) in tokens.chunks(chunk).enumerate() {
-            let want = if (i + 1) * chunk >= tokens.len() {
+            let want = if i + 1 == n_chunks {
                 Logits::Last
             } else {
                 Logits::None
             };
             last = self.forward(part, self.n_past(), want)?;
-        }
-        if tokens.is_empty() {
-            return Err(ModelError::EmptyBatch);
         }
         Ok(last)
     }
