@@ -24,8 +24,10 @@
 //!    `OCTOFLOW_SKIP_GPU_TESTS=1`.
 
 pub mod add;
+pub mod advance;
 mod check;
 mod error;
+pub mod gate;
 
 pub use check::check_close;
 pub use error::{KernelError, Result};

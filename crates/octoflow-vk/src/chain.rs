@@ -41,6 +41,7 @@ pub struct Chain {
     pub(crate) bound: Option<vk::Pipeline>,
     pub(crate) dispatches: usize,
     pub(crate) scope: Option<String>,
+    pub(crate) gate: Option<crate::gate::Gate>,
     /// Last field: dropped after the pools and kept resources above, so the device outlives them.
     pub(crate) ctx: Context,
 }
@@ -85,6 +86,7 @@ impl Chain {
             bound: None,
             dispatches: 0,
             scope: None,
+            gate: None,
             ctx: ctx.clone(),
         };
         let alloc = vk::CommandBufferAllocateInfo::default()
@@ -117,6 +119,12 @@ impl Chain {
     pub fn finish(&mut self) -> Result<()> {
         if self.state != State::Recording {
             return Ok(());
+        }
+        if self.gate.is_some() {
+            return Err(VkError::BadDispatch {
+                pipeline: "chain".into(),
+                detail: "finished with a gated span still open (call gate_end)".into(),
+            });
         }
         let d = &self.ctx.inner.device;
         let to_host = vk::MemoryBarrier::default()

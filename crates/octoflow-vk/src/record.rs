@@ -29,7 +29,8 @@ const ACCESSES: vk::AccessFlags = vk::AccessFlags::from_raw(
 
 impl Chain {
     /// Records `pipeline` over `groups` workgroups with `bindings[i]` at binding `i` and the
-    /// push-constant block `push` (exactly the pipeline's push size).
+    /// push-constant block `push` (exactly the pipeline's push size). Inside a gated span
+    /// ([`Chain::gate_begin`]) it becomes an indirect dispatch through the span's next slot.
     pub fn dispatch(
         &mut self,
         pipeline: &Pipeline,
@@ -43,6 +44,10 @@ impl Chain {
                 pipeline,
                 format!("groups {groups:?} exceed the device's {max:?}"),
             ));
+        }
+        if let Some((args, offset)) = self.next_gate_slot(groups)? {
+            let slot = args.slice(offset, 12)?;
+            return self.dispatch_indirect(pipeline, bindings, push, &slot);
         }
         self.bind(pipeline, bindings, push)?;
         // SAFETY: recording; pipeline, set and push constants are bound just above.

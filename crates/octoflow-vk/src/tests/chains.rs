@@ -207,3 +207,79 @@ fn dropping_a_pending_chain_waits_and_keeps_its_buffers_alive_until_then() {
     );
     assert_no_validation_errors(&ctx);
 }
+
+#[test]
+fn a_gated_span_dispatches_through_its_args_slots_and_zeros_make_it_a_no_op() {
+    let Some(ctx) = gpu_or_skip("gated_span") else {
+        return;
+    };
+    let n = 300;
+    let (xb, yb, zb) = (
+        f32_buffer(&ctx, "x", n),
+        f32_buffer(&ctx, "y", n),
+        f32_buffer(&ctx, "z", n),
+    );
+    ctx.fill(&xb, 0, xb.size(), 1.0f32.to_bits()).unwrap();
+    let ctrl = Buffer::new(&ctx, "ctrl", 8, MemoryKind::Upload).unwrap();
+    ctrl.write(0, &[2.0f32, 3.0]).unwrap();
+    let args = Buffer::new(&ctx, "args", 24, MemoryKind::Upload).unwrap();
+    let p = control_add(&ctx);
+    let groups = ctx.groups_1d(n as u64, 64).unwrap();
+
+    let mut chain = Chain::new(&ctx).unwrap();
+    chain.gate_begin(&args).unwrap();
+    assert!(chain.gate_begin(&args).is_err(), "spans do not nest");
+    chain
+        .dispatch(
+            &p,
+            &[xb.whole(), yb.whole(), ctrl.whole()],
+            &Push::new().u32(n as u32).u32(0),
+            groups,
+        )
+        .unwrap();
+    chain.barrier().unwrap();
+    chain
+        .dispatch(
+            &p,
+            &[yb.whole(), zb.whole(), ctrl.whole()],
+            &Push::new().u32(n as u32).u32(1),
+            [groups[0] + 1, groups[1], 1],
+        )
+        .unwrap();
+    let template = chain.gate_end().unwrap();
+    assert_eq!(template, vec![groups, [groups[0] + 1, groups[1], 1]]);
+    assert!(chain.gate_end().is_err());
+
+    for (open, want) in [(true, 6.0f32), (false, -1.0), (true, 6.0)] {
+        let words = if open {
+            crate::gate_words(&template)
+        } else {
+            vec![0; 6]
+        };
+        args.write(0, &words).unwrap();
+        ctx.fill(&zb, 0, zb.size(), (-1.0f32).to_bits()).unwrap();
+        chain.run().unwrap();
+        let mut z = vec![0f32; n];
+        ctx.download(&zb, 0, &mut z).unwrap();
+        assert!(z.iter().all(|&v| v == want), "open {open}: {:?}", &z[..4]);
+    }
+    assert_no_validation_errors(&ctx);
+}
+
+#[test]
+fn a_gated_span_larger_than_its_args_buffer_is_a_clear_error() {
+    let Some(ctx) = gpu_or_skip("gated_span_too_small") else {
+        return;
+    };
+    let x = f32_buffer(&ctx, "x", 64);
+    let args = Buffer::new(&ctx, "tiny-args", 12, MemoryKind::Upload).unwrap();
+    let p = control_add(&ctx);
+    let mut chain = Chain::new(&ctx).unwrap();
+    chain.gate_begin(&args).unwrap();
+    let push = Push::new().u32(64).u32(0);
+    let b = [x.whole(), x.whole(), x.whole()];
+    chain.dispatch(&p, &b, &push, [1, 1, 1]).unwrap();
+    let err = chain.dispatch(&p, &b, &push, [1, 1, 1]).unwrap_err();
+    assert!(err.to_string().contains("tiny-args"), "{err}");
+    assert!(chain.finish().is_err(), "an open span cannot be finished");
+}
