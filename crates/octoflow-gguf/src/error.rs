@@ -56,7 +56,9 @@ pub enum GgufError {
         end: u64,
         file_len: u64,
     },
-    #[error("tensor {tensor:?}: data offset {offset} is not a multiple of the alignment {alignment}")]
+    #[error(
+        "tensor {tensor:?}: data offset {offset} is not a multiple of the alignment {alignment}"
+    )]
     MisalignedTensor {
         tensor: String,
         offset: u64,

@@ -222,7 +222,9 @@ impl GgufFile {
 
     /// A tensor's info by name.
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
-        self.tensor_index.get(name).map(|&i| &self.header.tensors[i])
+        self.tensor_index
+            .get(name)
+            .map(|&i| &self.header.tensors[i])
     }
 
     /// A required tensor's info.
@@ -346,12 +348,11 @@ impl<'a> Cursor<'a> {
                     });
                 }
                 let type_id = self.u32(&|| format!("array type of {key:?}"))?;
-                let elem = ValueType::from_u32(type_id).ok_or_else(|| {
-                    GgufError::UnknownValueType {
+                let elem =
+                    ValueType::from_u32(type_id).ok_or_else(|| GgufError::UnknownValueType {
                         key: key.to_string(),
                         type_id,
-                    }
-                })?;
+                    })?;
                 let count = self.u64(&|| format!("array length of {key:?}"))?;
                 let count_what = || format!("array {key:?}");
                 self.check_count(count, elem.min_size(), &count_what)?;
@@ -462,7 +463,9 @@ fn read_tensor_info(c: &mut Cursor<'_>, index: u64) -> Result<TensorInfo> {
     };
     let n_dims = c.u32(&|| format!("n_dims of tensor {name:?}"))?;
     if n_dims as usize > MAX_DIMS {
-        return Err(bad(format!("{n_dims} dimensions, at most {MAX_DIMS} allowed")));
+        return Err(bad(format!(
+            "{n_dims} dimensions, at most {MAX_DIMS} allowed"
+        )));
     }
     let mut dims = Vec::with_capacity(n_dims as usize);
     for d in 0..n_dims {
@@ -496,7 +499,11 @@ fn read_tensor_info(c: &mut Cursor<'_>, index: u64) -> Result<TensorInfo> {
             ty.block_size()
         ))
     })?;
-    let n_rows = if row_len == 0 { 0 } else { n_elements / row_len };
+    let n_rows = if row_len == 0 {
+        0
+    } else {
+        n_elements / row_len
+    };
     let size = row_bytes
         .checked_mul(n_rows)
         .ok_or_else(|| bad(format!("data size of shape {dims:?} overflows")))?;

@@ -90,7 +90,9 @@ impl GgmlType {
 
     /// Parses the name llama.cpp uses (`"q4_k"`, `"Q8_0"`, `"f16"`, case-insensitive).
     pub fn from_name(name: &str) -> Option<Self> {
-        ALL.iter().copied().find(|t| t.name().eq_ignore_ascii_case(name))
+        ALL.iter()
+            .copied()
+            .find(|t| t.name().eq_ignore_ascii_case(name))
     }
 
     /// The raw id written to files.

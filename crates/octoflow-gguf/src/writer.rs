@@ -118,13 +118,18 @@ impl<'a> GgufWriter<'a> {
             problem,
         };
         if dims.len() > MAX_DIMS {
-            return Err(bad(format!("{} dimensions, at most {MAX_DIMS}", dims.len())));
+            return Err(bad(format!(
+                "{} dimensions, at most {MAX_DIMS}",
+                dims.len()
+            )));
         }
         if self.tensors.iter().any(|t| t.name == name) {
             return Err(GgufError::DuplicateTensor { name });
         }
         let expected = expected_size(ty, dims).ok_or_else(|| {
-            bad(format!("shape {dims:?} is not whole {ty} blocks or overflows"))
+            bad(format!(
+                "shape {dims:?} is not whole {ty} blocks or overflows"
+            ))
         })?;
         if expected != data.len() as u64 {
             return Err(bad(format!(

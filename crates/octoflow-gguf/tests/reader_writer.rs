@@ -35,8 +35,10 @@ fn sample() -> Vec<u8> {
             ],
         ),
     );
-    w.add_tensor("a", GgmlType::F32, &[3, 2], vec![1u8; 24]).unwrap();
-    w.add_tensor("b", GgmlType::Q8_0, &[64], vec![2u8; 68]).unwrap();
+    w.add_tensor("a", GgmlType::F32, &[3, 2], vec![1u8; 24])
+        .unwrap();
+    w.add_tensor("b", GgmlType::Q8_0, &[64], vec![2u8; 68])
+        .unwrap();
     let mut out = Vec::new();
     w.write_to(&mut out).unwrap();
     out
@@ -54,7 +56,10 @@ fn every_value_type_and_nested_arrays_round_trip() {
     assert!(f.get_bool("bool").unwrap());
     assert_eq!(f.get_array("nested").unwrap().len(), 2);
     let a = f.require_tensor("a").unwrap();
-    assert_eq!((a.dims.as_slice(), a.ty, a.size), (&[3u64, 2][..], GgmlType::F32, 24));
+    assert_eq!(
+        (a.dims.as_slice(), a.ty, a.size),
+        (&[3u64, 2][..], GgmlType::F32, 24)
+    );
     assert_eq!(f.tensor_data(a), &[1u8; 24][..]);
     let b = f.require_tensor("b").unwrap();
     assert_eq!(b.offset % 32, 0);
@@ -62,17 +67,26 @@ fn every_value_type_and_nested_arrays_round_trip() {
 
     let mut again = Vec::new();
     GgufWriter::from_file(&f).write_to(&mut again).unwrap();
-    assert_eq!(again, bytes, "read + write must reproduce the file byte for byte");
+    assert_eq!(
+        again, bytes,
+        "read + write must reproduce the file byte for byte"
+    );
 }
 
 #[test]
 fn typed_getters_say_what_was_expected() {
     let f = GgufFile::from_bytes(sample()).unwrap();
     let err = f.get_str("u32").unwrap_err().to_string();
-    assert!(err.contains("\"u32\"") && err.contains("expected string"), "{err}");
+    assert!(
+        err.contains("\"u32\"") && err.contains("expected string"),
+        "{err}"
+    );
     assert!(matches!(f.get_u32("i32"), Err(GgufError::WrongType { .. })));
     assert!(matches!(f.get_u32("nope"), Err(GgufError::MissingKey(k)) if k == "nope"));
-    assert!(matches!(f.require_tensor("c"), Err(GgufError::MissingTensor(_))));
+    assert!(matches!(
+        f.require_tensor("c"),
+        Err(GgufError::MissingTensor(_))
+    ));
 }
 
 #[test]
@@ -93,7 +107,10 @@ fn every_truncation_is_a_clear_error() {
 fn bad_magic_and_versions_are_rejected() {
     let mut b = sample();
     b[0] = b'X';
-    assert!(matches!(GgufFile::from_bytes(b), Err(GgufError::BadMagic { .. })));
+    assert!(matches!(
+        GgufFile::from_bytes(b),
+        Err(GgufError::BadMagic { .. })
+    ));
     for (v, big) in [(1u32, false), (4, false), (3u32.swap_bytes(), true)] {
         let mut b = sample();
         b[4..8].copy_from_slice(&v.to_le_bytes());
@@ -101,7 +118,10 @@ fn bad_magic_and_versions_are_rejected() {
         if big {
             assert!(matches!(r, Err(GgufError::BigEndian)), "{r:?}");
         } else {
-            assert!(matches!(r, Err(GgufError::UnsupportedVersion(x)) if x == v), "{r:?}");
+            assert!(
+                matches!(r, Err(GgufError::UnsupportedVersion(x)) if x == v),
+                "{r:?}"
+            );
         }
     }
 }
@@ -129,13 +149,19 @@ fn absurd_counts_and_lengths_fail_without_allocating() {
     // The length prefix of the first key.
     let mut b = sample();
     patch_u64(&mut b, 24, 1 << 60);
-    assert!(matches!(GgufFile::from_bytes(b), Err(GgufError::Truncated { .. })));
+    assert!(matches!(
+        GgufFile::from_bytes(b),
+        Err(GgufError::Truncated { .. })
+    ));
     // The element count of the string array.
     let mut b = sample();
     let at = find(&b, b"strings") + 7 + 4;
     patch_u64(&mut b, at, 1 << 62);
     let r = GgufFile::from_bytes(b);
-    assert!(matches!(r, Err(GgufError::ImplausibleCount { ref what, .. }) if what.contains("strings")), "{r:?}");
+    assert!(
+        matches!(r, Err(GgufError::ImplausibleCount { ref what, .. }) if what.contains("strings")),
+        "{r:?}"
+    );
 }
 
 #[test]
@@ -144,14 +170,20 @@ fn unknown_value_and_tensor_types_are_named() {
     let at = find(&b, b"u8") + 2;
     b[at..at + 4].copy_from_slice(&99u32.to_le_bytes());
     let r = GgufFile::from_bytes(b);
-    assert!(matches!(r, Err(GgufError::UnknownValueType { ref key, type_id: 99 }) if key == "u8"), "{r:?}");
+    assert!(
+        matches!(r, Err(GgufError::UnknownValueType { ref key, type_id: 99 }) if key == "u8"),
+        "{r:?}"
+    );
 
     let mut b = sample();
     // Tensor "b": name, n_dims=1, dim 64, then the type id.
     let at = find(&b, b"\x01\0\0\0\0\0\0\0b\x01\0\0\0") + 13 + 8;
     b[at..at + 4].copy_from_slice(&5u32.to_le_bytes());
     let r = GgufFile::from_bytes(b);
-    assert!(matches!(r, Err(GgufError::UnknownTensorType { ref tensor, type_id: 5 }) if tensor == "b"), "{r:?}");
+    assert!(
+        matches!(r, Err(GgufError::UnknownTensorType { ref tensor, type_id: 5 }) if tensor == "b"),
+        "{r:?}"
+    );
 }
 
 #[test]
@@ -160,13 +192,22 @@ fn tensor_offsets_outside_the_file_or_misaligned_are_rejected() {
     let at = find(&base, b"\x01\0\0\0\0\0\0\0b\x01\0\0\0") + 13 + 8 + 4;
     let mut b = base.clone();
     patch_u64(&mut b, at, 1 << 20);
-    assert!(matches!(GgufFile::from_bytes(b), Err(GgufError::TensorOutOfBounds { .. })));
+    assert!(matches!(
+        GgufFile::from_bytes(b),
+        Err(GgufError::TensorOutOfBounds { .. })
+    ));
     let mut b = base.clone();
     patch_u64(&mut b, at, u64::MAX - 3);
-    assert!(matches!(GgufFile::from_bytes(b), Err(GgufError::MisalignedTensor { .. })));
+    assert!(matches!(
+        GgufFile::from_bytes(b),
+        Err(GgufError::MisalignedTensor { .. })
+    ));
     let mut b = base;
     patch_u64(&mut b, at, u64::MAX - 31);
-    assert!(matches!(GgufFile::from_bytes(b), Err(GgufError::TensorOutOfBounds { .. })));
+    assert!(matches!(
+        GgufFile::from_bytes(b),
+        Err(GgufError::TensorOutOfBounds { .. })
+    ));
 }
 
 #[test]
@@ -182,8 +223,10 @@ fn shapes_must_be_whole_blocks() {
 fn custom_alignment_is_honoured_and_checked() {
     let mut w = GgufWriter::new();
     w.set("general.alignment", Value::U32(64));
-    w.add_tensor("a", GgmlType::F32, &[3], vec![0u8; 12]).unwrap();
-    w.add_tensor("b", GgmlType::F32, &[3], vec![0u8; 12]).unwrap();
+    w.add_tensor("a", GgmlType::F32, &[3], vec![0u8; 12])
+        .unwrap();
+    w.add_tensor("b", GgmlType::F32, &[3], vec![0u8; 12])
+        .unwrap();
     let mut out = Vec::new();
     w.write_to(&mut out).unwrap();
     let f = GgufFile::from_bytes(out).unwrap();
@@ -193,7 +236,10 @@ fn custom_alignment_is_honoured_and_checked() {
 
     let mut w = GgufWriter::new();
     w.set("general.alignment", Value::U32(48));
-    assert!(matches!(w.write_to(&mut Vec::new()), Err(GgufError::BadAlignment { .. })));
+    assert!(matches!(
+        w.write_to(&mut Vec::new()),
+        Err(GgufError::BadAlignment { .. })
+    ));
 }
 
 #[test]
@@ -218,7 +264,10 @@ fn duplicate_keys_are_rejected() {
     // Rename key "i8" to "u8" so it duplicates the previous key.
     let at = find(&b, b"i8\x01\0\0\0");
     b[at] = b'u';
-    assert!(matches!(GgufFile::from_bytes(b), Err(GgufError::DuplicateKey { .. })));
+    assert!(matches!(
+        GgufFile::from_bytes(b),
+        Err(GgufError::DuplicateKey { .. })
+    ));
 }
 
 #[test]

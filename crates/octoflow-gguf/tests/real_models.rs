@@ -12,7 +12,11 @@ fn model(name: &str) -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/octoflow")))
         .expect("HOME or OCTOFLOW_HOME must be set");
     let path = home.join("models").join(format!("{name}.gguf"));
-    assert!(path.exists(), "{} is missing: run `octoflow pull {name}`", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: run `octoflow pull {name}`",
+        path.display()
+    );
     path
 }
 
@@ -26,7 +30,10 @@ fn check(name: &str, arch: &str, n_layers: u64) {
     GgufWriter::from_file(&f).write_to(&mut out).unwrap();
     assert_eq!(out.len(), f.bytes().len(), "{name}: written size differs");
     let first_diff = out.iter().zip(f.bytes()).position(|(a, b)| a != b);
-    assert_eq!(first_diff, None, "{name}: written file differs from the original");
+    assert_eq!(
+        first_diff, None,
+        "{name}: written file differs from the original"
+    );
 }
 
 #[test]

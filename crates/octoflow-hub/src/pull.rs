@@ -24,7 +24,10 @@ pub fn pull_model(model: &KnownModel, opts: &PullOptions) -> Result<PathBuf, Hub
     if let Some(sha) = &opts.sha256 {
         if *sha != model.sha256 {
             return Err(HubError::ShaMismatch {
-                what: format!("model '{}': the catalogue's sha256 versus --sha256", model.name),
+                what: format!(
+                    "model '{}': the catalogue's sha256 versus --sha256",
+                    model.name
+                ),
                 expected: model.sha256.clone(),
                 found: sha.clone(),
                 deleted: false,
