@@ -9,7 +9,7 @@ use octoflow_gguf::GgmlType;
 use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
 
 use crate::error::{KernelError, Result};
-use crate::qweight::{check_floats, row_bytes, type_index, variant, word_slice, QOp, TYPES};
+use crate::qweight::{check_words, row_bytes, type_index, variant, word_slice, QOp, TYPES};
 
 const OP: &str = "get_rows";
 
@@ -69,13 +69,20 @@ impl GetRows {
         }
         let rows = u64::from(a.row_end - a.row_begin);
         let table = word_slice(OP, "table", a.table, rows * u64::from(rb))?;
-        check_floats(
+        check_words(
             OP,
             "ids",
             a.ids,
             u64::from(a.ids_offset) + u64::from(a.n_ids),
+            "u32s",
         )?;
-        check_floats(OP, "out", a.out, u64::from(a.n_ids) * u64::from(a.n_cols))?;
+        check_words(
+            OP,
+            "out",
+            a.out,
+            u64::from(a.n_ids) * u64::from(a.n_cols),
+            "floats",
+        )?;
         let push = Push::new()
             .u32(a.n_cols)
             .u32(rb)
@@ -258,7 +265,7 @@ mod tests {
             "{e}"
         );
         let e = run(GgmlType::Q8_0, &bw, 2, &sw);
-        assert!(e.contains("ids (small)") && e.contains("10 floats"), "{e}");
+        assert!(e.contains("ids (small)") && e.contains("10 u32s"), "{e}");
         let e = run(GgmlType::Q4_K, &bw, 2, &bw);
         assert!(e.contains("not a multiple of the block size 256"), "{e}");
         let e = run(GgmlType::F32, &bw, 0, &bw);

@@ -11,7 +11,7 @@ use octoflow_gguf::GgmlType;
 use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push, VkError};
 
 use crate::error::{KernelError, Result};
-use crate::qweight::{check_floats, row_bytes, type_index, variant, word_slice, QOp, TYPES};
+use crate::qweight::{check_words, row_bytes, type_index, variant, word_slice, QOp, TYPES};
 
 const OP: &str = "linear";
 
@@ -119,7 +119,13 @@ impl Linear {
             )));
         }
         let data = word_slice(OP, "weights", w.data, u64::from(w.n_rows) * u64::from(rb))?;
-        check_floats(OP, "x", a.x, u64::from(a.n_tokens) * u64::from(w.n_cols))?;
+        check_words(
+            OP,
+            "x",
+            a.x,
+            u64::from(a.n_tokens) * u64::from(w.n_cols),
+            "floats",
+        )?;
         let row_end = u64::from(a.y_col) + u64::from(w.n_rows);
         if u64::from(a.y_stride) < row_end {
             return Err(shape(format!(
@@ -128,9 +134,9 @@ impl Linear {
             )));
         }
         let y_floats = u64::from(a.n_tokens - 1) * u64::from(a.y_stride) + row_end;
-        check_floats(OP, "y", a.y, y_floats)?;
+        check_words(OP, "y", a.y, y_floats, "floats")?;
         if let Some(b) = a.bias {
-            check_floats(OP, "bias", b, u64::from(w.n_rows))?;
+            check_words(OP, "bias", b, u64::from(w.n_rows), "floats")?;
         }
         let flags = u32::from(a.bias.is_some()) | (u32::from(a.accumulate) << 1);
         let push = Push::new()

@@ -144,21 +144,23 @@ pub(crate) fn word_slice(
     })
 }
 
-/// Checks that the f32 operand `name` holds at least `floats` elements.
-pub(crate) fn check_floats(
+/// Checks that the operand `name` of 4-byte `unit`s (`floats`, `u32s`) holds at least `count`
+/// of them, within the shaders' 32-bit offsets.
+pub(crate) fn check_words(
     op: &'static str,
     name: &str,
     s: &BufferSlice,
-    floats: u64,
+    count: u64,
+    unit: &str,
 ) -> Result<()> {
-    if s.size < 4 * floats || 4 * floats > u64::from(u32::MAX) {
+    if s.size < 4 * count || 4 * count > u64::from(u32::MAX) {
         return Err(KernelError::Shape {
             op,
             detail: format!(
-                "{name} ({}) holds {} bytes, {floats} floats need {}",
+                "{name} ({}) holds {} bytes, {count} {unit} need {}",
                 s.buffer.name(),
                 s.size,
-                4 * floats
+                4 * count
             ),
         });
     }
