@@ -1,0 +1,99 @@
+#version 450
+// Quantized matrix-vector product for a few tokens (the decode hot path):
+//   y[t * y_stride + y_col + r] (= | +=) dot(W row r, x[t]) (+ bias[r]),  t < n_tokens <= MAXT.
+// W: n_rows rows in their GGUF encoding (quant.glsl, type from the QTYPE_* define), row r at byte
+// r * row_bytes. x: [n_tokens, n_cols] f32. ROWS rows per workgroup, TPR invocations per row;
+// each invocation strides over the row's 32-element chunks (consecutive invocations read
+// consecutive blocks), dequantizes a chunk once and uses it for every token. Reduction: subgroup
+// sums, then the per-subgroup partials of a row through shared memory (the host guarantees the
+// subgroup size divides TPR). Workgroups form a 2-D grid flattened as in common.glsl.
+#extension GL_GOOGLE_include_directive : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+
+#define WG 128u
+#define TPR 32u
+#define ROWS (WG / TPR)
+#define MAXT 4u
+
+layout(local_size_x = 128) in;
+
+#include "common.glsl"
+
+layout(std430, binding = 0) readonly buffer W { uint w[]; };
+layout(std430, binding = 1) readonly buffer X { float x[]; };
+layout(std430, binding = 2) buffer Y { float y[]; };
+layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
+
+layout(push_constant) uniform Push {
+    uint n_rows;
+    uint n_cols;
+    uint n_tokens;
+    uint y_stride;
+    uint y_col;
+    uint row_bytes;
+    uint flags; // bit 0: add bias, bit 1: accumulate into y
+} pc;
+
+#include "quant.glsl"
+
+// Per-subgroup partial sums, [MAXT][WG] (at most WG subgroups).
+shared float partial[MAXT * WG];
+
+void main() {
+    uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    uint tid = gl_LocalInvocationID.x;
+    uint lr = tid / TPR;
+    uint lane = tid % TPR;
+    uint r = group * ROWS + lr;
+    uint nt = min(pc.n_tokens, MAXT);
+
+    float acc[MAXT];
+    for (uint t = 0u; t < MAXT; t++) {
+        acc[t] = 0.0;
+    }
+    if (r < pc.n_rows) {
+        uint rb = r * pc.row_bytes;
+        uint nc = chunk_count(pc.n_cols);
+        for (uint c = lane; c < nc; c += TPR) {
+            float v[32];
+            dequant_chunk(rb, c, pc.n_cols, v);
+            uint len = chunk_len(c, pc.n_cols);
+            for (uint t = 0u; t < nt; t++) {
+                uint xb = t * pc.n_cols + 32u * c;
+                float s = 0.0;
+                for (uint i = 0u; i < len; i++) {
+                    s += v[i] * x[xb + i];
+                }
+                acc[t] += s;
+            }
+        }
+    }
+
+    // Subgroup sums, then the TPR / gl_SubgroupSize partials of each row.
+    for (uint t = 0u; t < nt; t++) {
+        float s = subgroupAdd(acc[t]);
+        if (subgroupElect()) {
+            partial[t * WG + gl_SubgroupID] = s;
+        }
+    }
+    barrier();
+    if (lane == 0u && r < pc.n_rows) {
+        uint per_row = TPR / gl_SubgroupSize;
+        uint first = lr * per_row;
+        for (uint t = 0u; t < nt; t++) {
+            float s = 0.0;
+            for (uint k = 0u; k < per_row; k++) {
+                s += partial[t * WG + first + k];
+            }
+            if ((pc.flags & 1u) != 0u) {
+                s += bias[r];
+            }
+            uint o = t * pc.y_stride + pc.y_col + r;
+            if ((pc.flags & 2u) != 0u) {
+                s += y[o];
+            }
+            y[o] = s;
+        }
+    }
+}

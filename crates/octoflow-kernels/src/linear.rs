@@ -1,0 +1,426 @@
+//! Linear layers on GGUF-encoded weights: `y[t, y_col + r] (=|+=) dot(W row r, x[t]) (+ bias[r])`
+//! (shaders `matvec.comp` for a few tokens, `matmul.comp` for batches; weight decoding in
+//! `quant.glsl`).
+//!
+//! Weights stay on the device in their exact GGUF bytes: `n_rows` rows of `n_cols` elements,
+//! row `r` at byte `r * row_bytes` with `row_bytes = quantized_size(ty, n_cols)`. Types: F32,
+//! F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+
+use octoflow_gguf::quant::QuantError;
+use octoflow_gguf::GgmlType;
+use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push, VkError};
+
+use crate::error::{KernelError, Result};
+use crate::qweight::{check_words, row_bytes, type_index, variant, word_slice, QOp, TYPES};
+
+const OP: &str = "linear";
+
+/// Batches of at most this many tokens use the matrix-vector kernel (`MAXT` in `matvec.comp`);
+/// larger ones the tiled matrix-matrix kernel.
+pub const MATVEC_MAX_TOKENS: u32 = 4;
+/// Rows per matvec workgroup (`ROWS` in `matvec.comp`).
+const MATVEC_ROWS: u32 = 4;
+/// Invocations per row in matvec (`TPR`): the subgroup size must divide it.
+const MATVEC_TPR: u32 = 32;
+/// Rows and tokens per matmul workgroup tile (`TM`, `TN` in `matmul.comp`).
+const MATMUL_TM: u32 = 64;
+const MATMUL_TN: u32 = 64;
+/// Push-constant bytes of both shaders (7 u32).
+const PUSH_BYTES: u32 = 28;
+
+/// A weight matrix on the device in its GGUF encoding: `n_rows` rows of `n_cols` elements.
+pub struct QWeightRef<'a> {
+    /// Element type of the encoding.
+    pub ty: GgmlType,
+    /// The rows, `n_rows * quantized_size(ty, n_cols)` bytes.
+    pub data: &'a BufferSlice,
+    /// Output features.
+    pub n_rows: u32,
+    /// Input features (a multiple of the type's block size).
+    pub n_cols: u32,
+}
+
+/// y[t, y_col + r] (=|+=) dot(W row r, x[t]) (+ bias[r]), for t < n_tokens, r < n_rows.
+pub struct LinearArgs<'a> {
+    /// The weights.
+    pub w: QWeightRef<'a>,
+    /// `[n_tokens, n_cols]` f32, contiguous rows.
+    pub x: &'a BufferSlice,
+    /// `[n_tokens, y_stride]` f32.
+    pub y: &'a BufferSlice,
+    /// Tokens in the batch.
+    pub n_tokens: u32,
+    /// Floats between consecutive tokens' outputs; `>= y_col + n_rows`.
+    pub y_stride: u32,
+    /// First output column written (lets a caller split a huge matrix by rows).
+    pub y_col: u32,
+    /// `[n_rows]` f32, added to every token's output.
+    pub bias: Option<&'a BufferSlice>,
+    /// Add into y instead of overwriting (fused residual add).
+    pub accumulate: bool,
+}
+
+/// The linear-layer kernels, a matvec and a matmul pipeline per weight type, built once.
+pub struct Linear {
+    matvec: Vec<Pipeline>,
+    matmul: Vec<Pipeline>,
+}
+
+impl Linear {
+    /// Builds every type's pipelines. The matvec reduction needs a subgroup size dividing 32:
+    /// devices whose subgroups may be wider get 32 required, or an error without size control.
+    pub fn new(ctx: &Context) -> Result<Self> {
+        let sg = &ctx.caps().subgroup;
+        let required = if sg.max_size > MATVEC_TPR || !MATVEC_TPR.is_multiple_of(sg.size) {
+            if !(sg.size_control && sg.min_size <= MATVEC_TPR) {
+                return Err(KernelError::Vk(VkError::Unsupported {
+                    device: ctx.caps().name.clone(),
+                    reason: format!(
+                        "linear: matvec needs a subgroup size dividing {MATVEC_TPR} (device: {}..={})",
+                        sg.min_size, sg.max_size
+                    ),
+                }));
+            }
+            Some(MATVEC_TPR)
+        } else {
+            None
+        };
+        let mut matvec = Vec::with_capacity(TYPES.len());
+        let mut matmul = Vec::with_capacity(TYPES.len());
+        for i in 0..TYPES.len() {
+            let mut desc = PipelineDesc::new(variant(QOp::Matvec, i), 4, PUSH_BYTES);
+            if let Some(size) = required {
+                desc = desc.subgroup_size(size);
+            }
+            matvec.push(Pipeline::new(ctx, &desc)?);
+            let desc = PipelineDesc::new(variant(QOp::Matmul, i), 4, PUSH_BYTES);
+            matmul.push(Pipeline::new(ctx, &desc)?);
+        }
+        Ok(Linear { matvec, matmul })
+    }
+
+    /// Whether the kernels read weights of type `ty`.
+    pub fn supports(ty: GgmlType) -> bool {
+        TYPES.contains(&ty)
+    }
+
+    /// Records `y (=|+=) x · Wᵀ (+ bias)`: the matvec kernel for `n_tokens <=`
+    /// [`MATVEC_MAX_TOKENS`], the tiled matmul above. Checks the type, the shapes and every
+    /// operand's size. `y` must not alias `x`, `bias` or the weights.
+    pub fn record(&self, chain: &mut Chain, a: &LinearArgs) -> Result<()> {
+        let shape = |detail: String| KernelError::Shape { op: OP, detail };
+        let w = &a.w;
+        let ti = type_index(OP, w.ty)?;
+        let rb = row_bytes(OP, w.ty, w.n_cols)?;
+        if w.n_rows == 0 || a.n_tokens == 0 {
+            return Err(shape(format!(
+                "empty product: n_rows = {}, n_tokens = {}",
+                w.n_rows, a.n_tokens
+            )));
+        }
+        let data = word_slice(OP, "weights", w.data, u64::from(w.n_rows) * u64::from(rb))?;
+        check_words(
+            OP,
+            "x",
+            a.x,
+            u64::from(a.n_tokens) * u64::from(w.n_cols),
+            "floats",
+        )?;
+        let row_end = u64::from(a.y_col) + u64::from(w.n_rows);
+        if u64::from(a.y_stride) < row_end {
+            return Err(shape(format!(
+                "y_stride {} < y_col {} + n_rows {}",
+                a.y_stride, a.y_col, w.n_rows
+            )));
+        }
+        let y_floats = u64::from(a.n_tokens - 1) * u64::from(a.y_stride) + row_end;
+        check_words(OP, "y", a.y, y_floats, "floats")?;
+        if let Some(b) = a.bias {
+            check_words(OP, "bias", b, u64::from(w.n_rows), "floats")?;
+        }
+        let flags = u32::from(a.bias.is_some()) | (u32::from(a.accumulate) << 1);
+        let push = Push::new()
+            .u32(w.n_rows)
+            .u32(w.n_cols)
+            .u32(a.n_tokens)
+            .u32(a.y_stride)
+            .u32(a.y_col)
+            .u32(rb)
+            .u32(flags);
+        // Without a bias, x stands in for the fixed binding (never read).
+        let bias = a.bias.unwrap_or(a.x).clone();
+        let bindings = [data, a.x.clone(), a.y.clone(), bias];
+        if a.n_tokens <= MATVEC_MAX_TOKENS {
+            let groups = chain
+                .context()
+                .groups_1d(u64::from(w.n_rows), MATVEC_ROWS)?;
+            chain.dispatch(&self.matvec[ti], &bindings, &push, groups)?;
+        } else {
+            let groups = [
+                w.n_rows.div_ceil(MATMUL_TM),
+                a.n_tokens.div_ceil(MATMUL_TN),
+                1,
+            ];
+            chain.dispatch(&self.matmul[ti], &bindings, &push, groups)?;
+        }
+        Ok(())
+    }
+}
+
+/// CPU reference: each weight row dequantized with `octoflow_gguf` and dotted with `x[t]` in
+/// f64; `y[t * y_stride + y_col + r] = dot (+ bias[r])`, or `+=` with `accumulate`.
+/// `w`: `n_rows` rows of `quantized_size(ty, n_cols)` bytes; `x`: `[n_tokens, n_cols]`;
+/// `y`: at least `(n_tokens - 1) * y_stride + y_col + n_rows` floats.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_ref(
+    ty: GgmlType,
+    w: &[u8],
+    n_rows: usize,
+    n_cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+    y_stride: usize,
+    y_col: usize,
+    bias: Option<&[f32]>,
+    accumulate: bool,
+) -> Result<(), QuantError> {
+    let rb = octoflow_gguf::quant::quantized_size(ty, n_cols)?;
+    let mut row = vec![0f32; n_cols];
+    for r in 0..n_rows {
+        octoflow_gguf::quant::dequantize(ty, &w[r * rb..(r + 1) * rb], &mut row)?;
+        for t in 0..n_tokens {
+            let xt = &x[t * n_cols..(t + 1) * n_cols];
+            let mut s: f64 = row
+                .iter()
+                .zip(xt)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum();
+            if let Some(b) = bias {
+                s += f64::from(b[r]);
+            }
+            let o = &mut y[t * y_stride + y_col + r];
+            if accumulate {
+                s += f64::from(*o);
+            }
+            *o = s as f32;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
+    use octoflow_vk::{Buffer, MemoryKind};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+    use crate::check_close;
+
+    /// The shader decodes weights exactly as the CPU codec (up to a fused multiply-add in
+    /// `d*q + m`) and sums up to ~1000 f32 products in another order than the f64 reference:
+    /// typical errors are ~sqrt(n)·2⁻²⁴ ≈ 1e-6 of the output scale. 1e-4 leaves margin, while a
+    /// single misdecoded weight or a wrong scale moves an output by >= 1e-2 of that scale.
+    const REL: f32 = 1e-4;
+
+    pub(crate) fn buffer_with(ctx: &Context, name: &str, bytes: &[u8]) -> Buffer {
+        let size = (bytes.len() as u64).next_multiple_of(4);
+        let b = Buffer::new(ctx, name, size, MemoryKind::DeviceLocal).unwrap();
+        let mut padded = bytes.to_vec();
+        padded.resize(size as usize, 0);
+        ctx.upload(&b, 0, &padded).unwrap();
+        b
+    }
+
+    /// Random `n_rows x n_cols` weights in `ty`'s encoding.
+    pub(crate) fn random_weights(
+        rng: &mut StdRng,
+        ty: GgmlType,
+        n_rows: usize,
+        n_cols: usize,
+    ) -> Vec<u8> {
+        let f: Vec<f32> = (0..n_rows * n_cols)
+            .map(|_| rng.gen_range(-1.0..1.0))
+            .collect();
+        let mut q = vec![0u8; octoflow_gguf::quant::quantized_size(ty, n_rows * n_cols).unwrap()];
+        octoflow_gguf::quant::quantize(ty, &f, &mut q).unwrap();
+        q
+    }
+
+    /// A column count for `ty`: K-quants 256..1024, legacy 96..1024 in blocks, floats any (odd too).
+    pub(crate) fn random_cols(rng: &mut StdRng, ty: GgmlType) -> usize {
+        match ty.block_size() {
+            1 => rng.gen_range(1..700),
+            bs => bs * rng.gen_range((96 / bs).max(1)..=1024 / bs),
+        }
+    }
+
+    fn check_type(ty: GgmlType) {
+        let Some(ctx) = gpu_or_skip(&format!("linear_{ty}")) else {
+            return;
+        };
+        let seed: u64 = rand::random();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let lin = Linear::new(&ctx).unwrap();
+        let n_rows = rng.gen_range(96..300usize);
+        let n_cols = random_cols(&mut rng, ty);
+        let wq = random_weights(&mut rng, ty, n_rows, n_cols);
+        let wb = buffer_with(&ctx, "w", &wq);
+        let bias: Vec<f32> = (0..n_rows).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let bb = buffer_with(&ctx, "bias", octoflow_vk::as_bytes(&bias));
+        for (case, n_tokens) in [1usize, 2, 4, 7, 33, 70].into_iter().enumerate() {
+            let with_bias = case % 2 == 0;
+            let accumulate = case % 3 == 1;
+            let y_col = if case % 2 == 1 {
+                rng.gen_range(1..9)
+            } else {
+                0
+            };
+            let y_stride = y_col + n_rows + rng.gen_range(0..5);
+            let x: Vec<f32> = (0..n_tokens * n_cols)
+                .map(|_| rng.gen_range(-1.0..1.0))
+                .collect();
+            let xb = buffer_with(&ctx, "x", octoflow_vk::as_bytes(&x));
+            let y_len = n_tokens * y_stride;
+            let y0: Vec<f32> = if accumulate {
+                (0..y_len).map(|_| rng.gen_range(-1.0..1.0)).collect()
+            } else {
+                vec![f32::NAN; y_len]
+            };
+            let yb = buffer_with(&ctx, "y", octoflow_vk::as_bytes(&y0));
+            let bias_slice = with_bias.then(|| bb.whole());
+            let args = LinearArgs {
+                w: QWeightRef {
+                    ty,
+                    data: &wb.whole(),
+                    n_rows: n_rows as u32,
+                    n_cols: n_cols as u32,
+                },
+                x: &xb.whole(),
+                y: &yb.whole(),
+                n_tokens: n_tokens as u32,
+                y_stride: y_stride as u32,
+                y_col: y_col as u32,
+                bias: bias_slice.as_ref(),
+                accumulate,
+            };
+            let mut chain = Chain::new(&ctx).unwrap();
+            lin.record(&mut chain, &args).unwrap();
+            chain.run().unwrap();
+            let mut got = vec![0f32; y_len];
+            ctx.download(&yb, 0, &mut got).unwrap();
+            let mut want = y0.clone();
+            linear_ref(
+                ty,
+                &wq,
+                n_rows,
+                n_cols,
+                &x,
+                n_tokens,
+                &mut want,
+                y_stride,
+                y_col,
+                with_bias.then_some(&bias[..]),
+                accumulate,
+            )
+            .unwrap();
+            let what = format!(
+                "{ty} {n_rows}x{n_cols}, {n_tokens} tokens, bias {with_bias}, \
+                accumulate {accumulate}, y_col {y_col}, y_stride {y_stride}, seed {seed}"
+            );
+            for t in 0..n_tokens {
+                let row = t * y_stride;
+                let (g, wv) = (&got[row..row + y_stride], &want[row..row + y_stride]);
+                let inside = y_col..y_col + n_rows;
+                if let Err(e) = check_close(&g[inside.clone()], &wv[inside.clone()], REL) {
+                    panic!("{what}: token {t}: {e}");
+                }
+                for c in (0..y_stride).filter(|c| !inside.contains(c)) {
+                    assert_eq!(
+                        g[c].to_bits(),
+                        y0[row + c].to_bits(),
+                        "{what}: column {c} of token {t} was written"
+                    );
+                }
+            }
+        }
+        assert_no_validation_errors(&ctx);
+    }
+
+    macro_rules! type_tests {
+        ($($name:ident => $ty:ident),*) => {$(
+            #[test]
+            fn $name() {
+                check_type(GgmlType::$ty);
+            }
+        )*};
+    }
+
+    type_tests!(
+        gpu_linear_f32 => F32, gpu_linear_f16 => F16, gpu_linear_q4_0 => Q4_0,
+        gpu_linear_q4_1 => Q4_1, gpu_linear_q5_0 => Q5_0, gpu_linear_q5_1 => Q5_1,
+        gpu_linear_q8_0 => Q8_0, gpu_linear_q4_k => Q4_K, gpu_linear_q5_k => Q5_K,
+        gpu_linear_q6_k => Q6_K
+    );
+
+    #[test]
+    fn bad_shapes_and_types_are_clear_errors() {
+        let Some(ctx) = gpu_or_skip("linear_bad_shapes") else {
+            return;
+        };
+        let lin = Linear::new(&ctx).unwrap();
+        let big = Buffer::new(&ctx, "big", 1 << 20, MemoryKind::DeviceLocal).unwrap();
+        let small = Buffer::new(&ctx, "small", 64, MemoryKind::DeviceLocal).unwrap();
+        let (bw, sw) = (big.whole(), small.whole());
+        let args = |ty, n_cols, x: &'static str| {
+            let xs = if x == "small" { &sw } else { &bw };
+            let a = LinearArgs {
+                w: QWeightRef {
+                    ty,
+                    data: &bw,
+                    n_rows: 8,
+                    n_cols,
+                },
+                x: xs,
+                y: &bw,
+                n_tokens: 3,
+                y_stride: 8,
+                y_col: 0,
+                bias: None,
+                accumulate: false,
+            };
+            let mut chain = Chain::new(&ctx).unwrap();
+            lin.record(&mut chain, &a)
+                .map(|_| ())
+                .unwrap_err()
+                .to_string()
+        };
+        let e = args(GgmlType::Q4_K, 300, "big");
+        assert!(e.contains("300") && e.contains("256"), "{e}");
+        let e = args(GgmlType::Q2_K, 256, "big");
+        assert!(e.contains("Q2_K") && e.contains("not supported"), "{e}");
+        let e = args(GgmlType::Q8_0, 64, "small");
+        assert!(e.contains("x (small)") && e.contains("192 floats"), "{e}");
+        assert!(!Linear::supports(GgmlType::Q2_K) && Linear::supports(GgmlType::Q6_K));
+        let a = LinearArgs {
+            w: QWeightRef {
+                ty: GgmlType::F32,
+                data: &bw,
+                n_rows: 8,
+                n_cols: 4,
+            },
+            x: &bw,
+            y: &bw,
+            n_tokens: 2,
+            y_stride: 9,
+            y_col: 2,
+            bias: Some(&sw),
+            accumulate: false,
+        };
+        let mut chain = Chain::new(&ctx).unwrap();
+        let e = lin.record(&mut chain, &a).unwrap_err().to_string();
+        assert!(e.contains("y_stride 9 < y_col 2 + n_rows 8"), "{e}");
+    }
+}
