@@ -69,7 +69,7 @@ impl Attention {
                 ),
             ));
         }
-        if a.n_head % a.n_head_kv != 0 {
+        if !a.n_head.is_multiple_of(a.n_head_kv) {
             return Err(bad(
                 OP,
                 format!(
