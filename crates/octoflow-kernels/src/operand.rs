@@ -1,0 +1,57 @@
+//! Operand checks shared by the kernels' `record` methods (and buffer helpers for their tests).
+
+use octoflow_vk::BufferSlice;
+
+use crate::error::{KernelError, Result};
+
+/// Checks that `s` holds at least `elems` 4-byte values (f32 or u32).
+pub(crate) fn need(op: &'static str, name: &str, s: &BufferSlice, elems: u128) -> Result<()> {
+    if u128::from(s.size) < 4 * elems {
+        let detail = format!(
+            "{name} ({}) holds {} bytes, {elems} values need {}",
+            s.buffer.name(),
+            s.size,
+            4 * elems
+        );
+        return Err(KernelError::Shape { op, detail });
+    }
+    Ok(())
+}
+
+/// A shape error of `op`.
+pub(crate) fn bad(op: &'static str, detail: String) -> KernelError {
+    KernelError::Shape { op, detail }
+}
+
+#[cfg(test)]
+pub(crate) mod test_bufs {
+    use octoflow_vk::{Buffer, Context, MemoryKind};
+
+    /// A device buffer holding `data`.
+    pub fn with<T: octoflow_vk::Plain>(ctx: &Context, name: &str, data: &[T]) -> Buffer {
+        let b = Buffer::new(
+            ctx,
+            name,
+            (std::mem::size_of_val(data) as u64).max(4),
+            MemoryKind::DeviceLocal,
+        )
+        .unwrap();
+        ctx.upload(&b, 0, data).unwrap();
+        b
+    }
+
+    /// A device buffer of `n` floats, all NaN.
+    pub fn poisoned(ctx: &Context, name: &str, n: usize) -> Buffer {
+        let bytes = 4 * n as u64;
+        let b = Buffer::new(ctx, name, bytes, MemoryKind::DeviceLocal).unwrap();
+        ctx.fill(&b, 0, bytes, f32::NAN.to_bits()).unwrap();
+        b
+    }
+
+    /// The first `n` floats of `b`.
+    pub fn read(ctx: &Context, b: &Buffer, n: usize) -> Vec<f32> {
+        let mut v = vec![0f32; n];
+        ctx.download(b, 0, &mut v).unwrap();
+        v
+    }
+}
