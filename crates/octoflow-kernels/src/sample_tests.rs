@@ -325,3 +325,63 @@ fn bad_shapes_are_clear_errors() {
         .to_string();
     assert!(err.contains("n_vocab is 0"), "{err}");
 }
+
+#[test]
+fn gpu_sample_edge_rows() {
+    let Some(ctx) = gpu_or_skip("gpu_sample_edge_rows") else {
+        return;
+    };
+    let seed: u64 = rand::random();
+    let sample = Sample::new(&ctx).unwrap();
+    let nan = f32::NAN;
+    let ninf = f32::NEG_INFINITY;
+    let flat = vec![0.25f32; 151936];
+    let cases: Vec<(Vec<f32>, SamplerState)> = vec![
+        // All NaN: token 0.
+        (
+            vec![nan; 500],
+            SamplerState::new(seed, 3, 1.0, 40, 0.9, 0.05),
+        ),
+        // +0.0 comes before -0.0 in the candidates' total order.
+        (
+            vec![-0.0, 0.0, -0.0],
+            SamplerState::new(seed, 0, 1.0, 1, 1.0, 0.0),
+        ),
+        // One finite candidate among -inf and NaN.
+        (
+            vec![ninf, nan, -3.0, ninf],
+            SamplerState::new(seed, 9, 0.7, 40, 0.5, 0.1),
+        ),
+        // 151936 exact ties: the MAX_TOP_K lowest ids, drawn uniformly by u.
+        (
+            flat.clone(),
+            SamplerState::new(seed, 1, 1.0, MAX_TOP_K, 1.0, 0.0),
+        ),
+        (flat, SamplerState::new(seed ^ 1, 2, 0.5, 2, 1.0, 0.0)),
+    ];
+    for (logits, s) in cases {
+        let want = sample_ref(&logits, &s);
+        assert_eq!(want, cpu_sampler(&s, s.step()).sample(&logits));
+        let b = Buffer::new(
+            &ctx,
+            "logits",
+            4 * logits.len() as u64,
+            MemoryKind::DeviceLocal,
+        )
+        .unwrap();
+        ctx.upload(&b, 0, &logits).unwrap();
+        let st = Buffer::new(&ctx, "state", STATE_BYTES, MemoryKind::DeviceLocal).unwrap();
+        ctx.upload(&st, 0, &s.to_words()).unwrap();
+        let out = Buffer::new(&ctx, "out", 4, MemoryKind::DeviceLocal).unwrap();
+        ctx.fill(&out, 0, 4, 0xFFFF_FFFF).unwrap();
+        let mut chain = Chain::new(&ctx).unwrap();
+        let n = logits.len() as u32;
+        sample
+            .record(&mut chain, &b.whole(), n, &st.whole(), &out.whole(), 0)
+            .unwrap();
+        chain.run().unwrap();
+        let mut got = [0u32];
+        ctx.download(&out, 0, &mut got).unwrap();
+        assert_eq!(got[0], want, "n = {n}, {s:?}, seed {seed}");
+    }
+}
