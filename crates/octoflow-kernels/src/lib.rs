@@ -25,12 +25,14 @@
 
 pub mod add;
 pub mod advance;
+pub mod argmax;
 mod check;
 mod error;
 pub mod gate;
 pub mod get_rows;
 pub mod linear;
 mod qweight;
+pub mod sample;
 
 // Per-token transformer ops (norm, rope, KV write, attention, activations, softmax).
 pub mod attention;
@@ -41,14 +43,16 @@ pub mod rope;
 pub mod set_rows;
 pub mod soft_max;
 
+pub use argmax::{argmax_ref, Argmax};
 pub use attention::{attention_ref, Attention, AttentionArgs, AttentionShape};
 pub use check::check_close;
 pub use error::{KernelError, Result};
 pub use get_rows::{GetRows, GetRowsArgs};
-pub use linear::{Linear, LinearArgs, QWeightRef};
 pub use glu::{glu_ref, Glu, GluOp};
+pub use linear::{Linear, LinearArgs, QWeightRef};
 pub use rms_norm::{rms_norm_ref, RmsNorm};
 pub use rope::{rope_ref, Rope, RopeArgs, RopeMode};
+pub use sample::{sample_ref, uniform_ref, Sample, SamplerState, MAX_TOP_K};
 pub use set_rows::{set_rows_ref, SetRows};
 pub use soft_max::{soft_max_ref, SoftMax};
 

@@ -1,0 +1,261 @@
+//! Argmax of one row of logits (shader `argmax.comp`): greedy decoding on the device.
+
+use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
+
+use crate::error::{KernelError, Result};
+use crate::shaders;
+
+/// The argmax kernel, built once per device. One workgroup scans the whole row.
+pub struct Argmax {
+    pipeline: Pipeline,
+}
+
+impl Argmax {
+    /// Builds the pipeline.
+    pub fn new(ctx: &Context) -> Result<Self> {
+        Ok(Argmax {
+            pipeline: Pipeline::new(ctx, &PipelineDesc::new(shaders::ARGMAX, 2, 8))?,
+        })
+    }
+
+    /// Records `out[out_offset] = argmax_ref(logits[..n_vocab])`: the index of the largest logit
+    /// (first on ties, NaN never chosen, 0 when nothing beats -inf), as a u32.
+    /// `logits`: `[n_vocab]` f32 (`n_vocab >= 1`); `out`: u32, at least `out_offset + 1` of them.
+    pub fn record(
+        &self,
+        chain: &mut Chain,
+        logits: &BufferSlice,
+        n_vocab: u32,
+        out: &BufferSlice,
+        out_offset: u32,
+    ) -> Result<()> {
+        check_row("argmax", logits, n_vocab)?;
+        check_out("argmax", out, out_offset)?;
+        chain.dispatch(
+            &self.pipeline,
+            &[logits.clone(), out.clone()],
+            &Push::new().u32(n_vocab).u32(out_offset),
+            [1, 1, 1],
+        )?;
+        Ok(())
+    }
+}
+
+/// Checks that `logits` holds a non-empty row of `n_vocab` floats.
+pub(crate) fn check_row(op: &'static str, logits: &BufferSlice, n_vocab: u32) -> Result<()> {
+    if n_vocab == 0 {
+        let detail = "n_vocab is 0: there is no token to choose".to_string();
+        return Err(KernelError::Shape { op, detail });
+    }
+    if logits.size < 4 * u64::from(n_vocab) {
+        let detail = format!(
+            "logits ({}) holds {} bytes, {n_vocab} floats need {}",
+            logits.buffer.name(),
+            logits.size,
+            4 * u64::from(n_vocab)
+        );
+        return Err(KernelError::Shape { op, detail });
+    }
+    Ok(())
+}
+
+/// Checks that `out` holds u32 number `out_offset`.
+pub(crate) fn check_out(op: &'static str, out: &BufferSlice, out_offset: u32) -> Result<()> {
+    let need = 4 * (u64::from(out_offset) + 1);
+    if out.size < need {
+        let detail = format!(
+            "out ({}) holds {} bytes, out_offset {out_offset} needs {need}",
+            out.buffer.name(),
+            out.size
+        );
+        return Err(KernelError::Shape { op, detail });
+    }
+    Ok(())
+}
+
+/// CPU reference: the index of the first largest value, compared with `>` from -inf at index 0
+/// (so NaN is never chosen, -0.0 ties with +0.0, and an all-NaN or all-(-inf) row gives 0).
+pub fn argmax_ref(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > best_v {
+            best = i;
+            best_v = v;
+        }
+    }
+    best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
+    use octoflow_vk::{Buffer, MemoryKind};
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    /// Random logits with many exact ties (values drawn from a small set) and some NaNs,
+    /// -inf and signed zeros.
+    fn tricky_logits(rng: &mut impl Rng, n: usize) -> Vec<f32> {
+        let levels = rng.gen_range(1..=20);
+        let nan_frac = [0.0, 0.01, 0.3, 1.0][rng.gen_range(0..4)];
+        (0..n)
+            .map(|_| {
+                let r: f64 = rng.gen();
+                if r < nan_frac {
+                    f32::NAN
+                } else if r < nan_frac + 0.01 {
+                    [f32::NEG_INFINITY, 0.0, -0.0][rng.gen_range(0..3)]
+                } else if rng.gen_bool(0.5) {
+                    rng.gen_range(0..levels) as f32 * 0.5 - 4.0
+                } else {
+                    rng.gen_range(-8.0f32..8.0)
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn gpu_argmax_matches_the_cpu_on_random_rows_with_ties_and_nans() {
+        let Some(ctx) = gpu_or_skip("gpu_argmax_matches_the_cpu") else {
+            return;
+        };
+        let seed: u64 = rand::random();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let argmax = Argmax::new(&ctx).unwrap();
+        let sizes = [1usize, 2, 7, 255, 256, 1000, 1025, 49152, 151936, 262144];
+        let rows: Vec<Vec<f32>> = sizes
+            .iter()
+            .flat_map(|&n| [n, n])
+            .map(|n| tricky_logits(&mut rng, n))
+            .collect();
+        let logit_bufs: Vec<Buffer> = rows
+            .iter()
+            .map(|r| {
+                let b = Buffer::new(&ctx, "logits", 4 * r.len() as u64, MemoryKind::DeviceLocal)
+                    .unwrap();
+                ctx.upload(&b, 0, r).unwrap();
+                b
+            })
+            .collect();
+        // All answers in one buffer at increasing offsets, poisoned first.
+        let out = Buffer::new(&ctx, "out", 4 * rows.len() as u64, MemoryKind::DeviceLocal).unwrap();
+        ctx.fill(&out, 0, out.size(), 0xFFFF_FFFF).unwrap();
+        let mut chain = Chain::new(&ctx).unwrap();
+        for (i, (r, b)) in rows.iter().zip(&logit_bufs).enumerate() {
+            argmax
+                .record(
+                    &mut chain,
+                    &b.whole(),
+                    r.len() as u32,
+                    &out.whole(),
+                    i as u32,
+                )
+                .unwrap();
+        }
+        chain.run().unwrap();
+        let mut got = vec![0u32; rows.len()];
+        ctx.download(&out, 0, &mut got).unwrap();
+        for (i, r) in rows.iter().enumerate() {
+            let want = argmax_ref(r);
+            assert_eq!(
+                want,
+                octoflow_text::sampling::argmax(r),
+                "argmax_ref disagrees with octoflow-text"
+            );
+            assert_eq!(
+                got[i],
+                want,
+                "row {i} (n = {}), seed {seed}: GPU {} ({:?}) vs CPU {want} ({:?})",
+                r.len(),
+                got[i],
+                r.get(got[i] as usize),
+                r[want as usize]
+            );
+        }
+        assert_no_validation_errors(&ctx);
+    }
+
+    #[test]
+    fn argmax_edge_rows() {
+        let Some(ctx) = gpu_or_skip("argmax_edge_rows") else {
+            return;
+        };
+        let argmax = Argmax::new(&ctx).unwrap();
+        let nan = f32::NAN;
+        let ninf = f32::NEG_INFINITY;
+        let cases: Vec<(Vec<f32>, u32)> = vec![
+            (vec![nan; 300], 0),
+            (vec![ninf; 300], 0),
+            (vec![nan, ninf, nan, -1e30], 3),
+            (vec![-0.0, 0.0, -0.0], 0),
+            (vec![1.0, f32::INFINITY, 2.0, f32::INFINITY], 1),
+            (
+                (0..5000)
+                    .map(|i| if i == 4999 { 1.0 } else { 0.5 })
+                    .collect(),
+                4999,
+            ),
+        ];
+        for (row, want) in cases {
+            assert_eq!(argmax_ref(&row), want);
+            let b = Buffer::new(
+                &ctx,
+                "logits",
+                4 * row.len() as u64,
+                MemoryKind::DeviceLocal,
+            )
+            .unwrap();
+            ctx.upload(&b, 0, &row).unwrap();
+            let out = Buffer::new(&ctx, "out", 4, MemoryKind::DeviceLocal).unwrap();
+            ctx.fill(&out, 0, 4, 0xFFFF_FFFF).unwrap();
+            let mut chain = Chain::new(&ctx).unwrap();
+            argmax
+                .record(&mut chain, &b.whole(), row.len() as u32, &out.whole(), 0)
+                .unwrap();
+            chain.run().unwrap();
+            let mut got = [0u32];
+            ctx.download(&out, 0, &mut got).unwrap();
+            assert_eq!(
+                got[0],
+                want,
+                "row of {} starting {:?}",
+                row.len(),
+                &row[..3]
+            );
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_clear_errors() {
+        let Some(ctx) = gpu_or_skip("argmax_bad_shapes") else {
+            return;
+        };
+        let small = Buffer::new(&ctx, "small", 16, MemoryKind::DeviceLocal).unwrap();
+        let argmax = Argmax::new(&ctx).unwrap();
+        let mut chain = Chain::new(&ctx).unwrap();
+        let w = small.whole();
+        let err = argmax
+            .record(&mut chain, &w, 5, &w, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("logits (small)") && err.contains("5 floats"),
+            "{err}"
+        );
+        let err = argmax
+            .record(&mut chain, &w, 4, &w, 4)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("out (small)") && err.contains("out_offset 4"),
+            "{err}"
+        );
+        let err = argmax
+            .record(&mut chain, &w, 0, &w, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("n_vocab is 0"), "{err}");
+    }
+}
