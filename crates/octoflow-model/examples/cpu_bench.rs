@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use octoflow_gguf::quant;
 use octoflow_model::ops::argmax;
-use octoflow_model::{Model, QMatrix};
+use octoflow_model::{Forward, Model, QMatrix};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);

@@ -70,6 +70,15 @@ pub enum ModelError {
     /// A forward pass was asked to process no tokens.
     #[error("the token batch is empty")]
     EmptyBatch,
+    /// The GPU path cannot run this model or request (the message says why).
+    #[error("GPU: {0}")]
+    Gpu(String),
+    /// A GPU kernel could not be built or recorded.
+    #[error(transparent)]
+    Kernel(#[from] octoflow_kernels::KernelError),
+    /// The Vulkan runtime failed (device, memory, submit).
+    #[error(transparent)]
+    Vulkan(#[from] octoflow_vk::VkError),
 }
 
 /// Shorthand for results of this crate.

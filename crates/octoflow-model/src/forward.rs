@@ -21,8 +21,9 @@
 //! callbacks), which is how GPU kernels are compared with this reference layer by layer.
 
 use crate::attention::{attention, AttentionShape};
+use crate::backend::{check_batch, Forward};
 use crate::config::{Activation, ModelConfig};
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 use crate::kv_cache::KvCache;
 use crate::matmul::matmul;
 use crate::model::Model;
@@ -137,57 +138,9 @@ impl<'m> Session<'m> {
         Ok(out)
     }
 
-    /// Runs `tokens` after the cached positions, in chunks of at most `chunk` tokens, and
-    /// returns the logits of the last one (`[n_vocab]`).
-    pub fn prefill(&mut self, tokens: &[u32], chunk: usize) -> Result<Vec<f32>> {
-        if tokens.is_empty() {
-            return Err(ModelError::EmptyBatch);
-        }
-        let chunk = chunk.max(1);
-        let n_chunks = tokens.len().div_ceil(chunk);
-        let mut last = Vec::new();
-        for (i, part) in tokens.chunks(chunk).enumerate() {
-            let want = if i + 1 == n_chunks {
-                Logits::Last
-            } else {
-                Logits::None
-            };
-            last = self.forward(part, self.n_past(), want)?;
-        }
-        Ok(last)
-    }
-
-    /// Runs one token after the cached positions and returns its logits (`[n_vocab]`).
-    pub fn decode(&mut self, token: u32) -> Result<Vec<f32>> {
-        self.forward(&[token], self.n_past(), Logits::Last)
-    }
-
     fn check_batch(&self, tokens: &[u32], start_pos: usize) -> Result<()> {
-        if tokens.is_empty() {
-            return Err(ModelError::EmptyBatch);
-        }
-        if start_pos > self.cache.len() {
-            return Err(ModelError::StartPastCache {
-                start_pos,
-                cached: self.cache.len(),
-            });
-        }
-        let needed = start_pos + tokens.len();
-        if needed > self.cache.n_ctx() {
-            return Err(ModelError::ContextOverflow {
-                needed,
-                n_ctx: self.cache.n_ctx(),
-            });
-        }
-        let n_vocab = self.model.config.n_vocab;
-        if let Some((index, &id)) = tokens
-            .iter()
-            .enumerate()
-            .find(|(_, &id)| id as usize >= n_vocab)
-        {
-            return Err(ModelError::TokenOutOfRange { id, index, n_vocab });
-        }
-        Ok(())
+        let c = &self.model.config;
+        check_batch(c, tokens, start_pos, self.cache.len(), self.cache.n_ctx())
     }
 
     /// Token embeddings, `[n_tokens, n_embd]`, times the architecture's embedding scale.
@@ -273,6 +226,28 @@ impl<'m> Session<'m> {
         add_in_place(x, &o);
         t("ffn_inp", x);
         Ok(())
+    }
+}
+
+impl Forward for Session<'_> {
+    fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    fn n_past(&self) -> usize {
+        self.cache.len()
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.cache.n_ctx()
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.cache.truncate(len);
+    }
+
+    fn forward(&mut self, tokens: &[u32], start_pos: usize, logits: Logits) -> Result<Vec<f32>> {
+        Session::forward(self, tokens, start_pos, logits)
     }
 }
 

@@ -2,7 +2,7 @@
 //! rewinding must not change the logits; windows must hide what they hide.
 
 use crate::testing::{rng, tiny_model, TinyShape, TINY};
-use crate::{mean_nll, token_nlls, Logits, Model, ModelError};
+use crate::{mean_nll, token_nlls, Forward, Logits, Model, ModelError};
 
 const ARCHS: [&str; 3] = ["llama", "qwen2", "gemma3"];
 const TOKENS: [u32; 12] = [3, 17, 42, 0, 9, 49, 21, 7, 7, 30, 11, 5];

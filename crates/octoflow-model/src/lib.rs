@@ -4,7 +4,7 @@
 //! weights dequantized on the fly, threaded with rayon.
 //!
 //! ```no_run
-//! use octoflow_model::{Model, Logits};
+//! use octoflow_model::{Forward, Model, Logits};
 //! let model = Model::open("smollm2-135m-instruct-q4_1.gguf")?;
 //! let mut session = model.session(2048);
 //! let logits = session.prefill(&[504, 3575, 282, 4649, 314], 256)?;
@@ -16,9 +16,11 @@
 
 pub mod arch;
 pub mod attention;
+pub mod backend;
 pub mod config;
 pub mod error;
 pub mod forward;
+pub mod gpu;
 pub mod kv_cache;
 pub mod matmul;
 pub mod model;
@@ -30,10 +32,11 @@ pub mod weights;
 mod testing;
 
 pub use arch::Architecture;
+pub use backend::Forward;
 pub use config::{Activation, LayerConfig, ModelConfig, RopeType};
 pub use error::{ModelError, Result};
 pub use forward::{Logits, Session, Tap};
 pub use kv_cache::KvCache;
 pub use model::Model;
-pub use nll::{mean_nll, token_nlls};
+pub use nll::{mean_nll, mean_nll_with, token_nlls, token_nlls_with};
 pub use weights::{BlockWeights, ModelWeights, QMatrix};

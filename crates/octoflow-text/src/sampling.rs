@@ -134,6 +134,24 @@ impl Sampler {
         &self.params
     }
 
+    /// Index of the next draw (`uniform(seed, step)`).
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// Counts `n` draws made elsewhere with this sampler's parameters (on the GPU), so the
+    /// next CPU draw continues the same sequence.
+    pub fn skip(&mut self, n: u64) {
+        self.step += n;
+    }
+
+    /// Whether the repetition, presence or frequency penalty is on (they need the window of
+    /// recent tokens, which only the CPU sampler keeps).
+    pub fn penalized(&self) -> bool {
+        let p = &self.params;
+        p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0
+    }
+
     /// Records a token the model saw (prompt or generated) for the penalty window.
     pub fn accept(&mut self, token: u32) {
         if self.params.repeat_last_n == 0 {

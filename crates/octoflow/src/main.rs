@@ -18,6 +18,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Prompt-processing and generation throughput (like llama-bench).
+    Bench(cmd::bench::Args),
     /// List Vulkan devices and the capabilities kernels are chosen by.
     Devices(cmd::devices::Args),
     /// Print a GGUF file's metadata and tensor table (like gguf-dump).
@@ -43,6 +45,7 @@ fn main() -> std::process::ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Bench(args) => cmd::bench::run(args),
         Command::Devices(args) => cmd::devices::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Pull(args) => cmd::pull::run(args),

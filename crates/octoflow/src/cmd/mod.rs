@@ -1,10 +1,12 @@
 //! One module per subcommand.
 
+pub mod bench;
 pub mod common;
 pub mod devices;
 pub mod generate;
 pub mod inspect;
 pub mod perplexity;
+pub mod profile;
 pub mod pull;
 pub mod run;
 pub mod tokenize;

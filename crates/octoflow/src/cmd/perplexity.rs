@@ -25,6 +25,8 @@ pub struct Args {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    device: super::common::DeviceArgs,
 }
 
 /// Runs `octoflow perplexity`.
@@ -43,8 +45,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("{} has fewer than 2 tokens", args.file.display());
     }
     ids.truncate(args.tokens);
+    let loaded = super::common::Loaded::new(&model, &args.device)?;
+    let mut session = loaded.session(&model, ids.len(), 1)?;
     let started = std::time::Instant::now();
-    let nll = octoflow_model::mean_nll(&model, &ids)?;
+    let nll = octoflow_model::mean_nll_with(session.as_dyn(), &ids)?;
     let secs = started.elapsed().as_secs_f64();
     let ppl = nll.exp();
     if args.json {

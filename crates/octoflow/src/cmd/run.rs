@@ -10,14 +10,8 @@ use octoflow_model::Model;
 use octoflow_text::sampling::{Sampler, SamplingParams};
 use octoflow_text::{ChatTemplate, Message, Tokenizer};
 
+use super::common::{AnySession, DeviceArgs, Loaded};
 use super::generate::{generate, report, Limits};
-
-/// Where the forward pass runs.
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum Device {
-    /// The CPU reference path (f32 math over the quantized weights).
-    Cpu,
-}
 
 /// Arguments of `octoflow run`.
 #[derive(clap::Args)]
@@ -82,9 +76,14 @@ pub struct Args {
     /// A Jinja chat template file overriding the model's.
     #[arg(long)]
     chat_template: Option<PathBuf>,
-    /// Where to run.
-    #[arg(long, value_enum, default_value_t = Device::Cpu)]
-    device: Device,
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Decode steps per GPU submit (the sampled token of each step feeds the next on the GPU).
+    #[arg(long, default_value_t = 16)]
+    steps: usize,
+    /// Print per-kernel GPU time of the last decode submit (GPU timestamps) to stderr.
+    #[arg(long)]
+    profile: bool,
 }
 
 /// Runs `octoflow run`.
@@ -94,7 +93,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let gguf = Arc::new(octoflow_gguf::GgufFile::open(&path)?);
     let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
     let model = Model::from_gguf(gguf.clone()).context("loading the model")?;
-    let Device::Cpu = args.device;
+    let loaded = Loaded::new(&model, &args.device)?;
     let n_ctx = if args.ctx_size > 0 {
         args.ctx_size
     } else {
@@ -129,13 +128,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         stops: &args.stops,
         ignore_eos: args.ignore_eos,
     };
-    let mut session = model.session(n_ctx);
+    let mut session = loaded.session(&model, n_ctx, args.steps)?;
+    if let (true, AnySession::Gpu(s)) = (args.profile, &mut session) {
+        s.set_profiling(true)?;
+    }
     let mut sampler = Sampler::new(params);
     let stdout = std::io::stdout();
     if args.chat {
         let template = template.context("chat mode needs a chat template")?;
         return chat(
-            &mut session,
+            session.as_dyn(),
             &tokenizer,
             &mut sampler,
             &template,
@@ -155,7 +157,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let prompt = tokenizer.encode(&text, true, true);
     let (_, stats) = generate(
-        &mut session,
+        session.as_dyn(),
         &tokenizer,
         &mut sampler,
         &prompt,
@@ -164,6 +166,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     )?;
     println!();
     eprintln!("{}", report(&stats));
+    if let AnySession::Gpu(s) = &session {
+        if let Some(profile) = s.profile() {
+            eprintln!("{}", super::profile::table(profile, s.steps_per_submit()));
+        }
+    }
     Ok(())
 }
 
@@ -202,7 +209,7 @@ fn messages(system: &Option<String>, history: &[Message], user: &str) -> Vec<Mes
 
 /// Interactive chat: each turn renders the whole conversation and feeds only the new suffix.
 fn chat(
-    session: &mut octoflow_model::Session<'_>,
+    session: &mut dyn octoflow_model::Forward,
     tokenizer: &Tokenizer,
     sampler: &mut Sampler,
     template: &ChatTemplate,

@@ -1,0 +1,332 @@
+//! Recording the forward pass of `n` tokens into a chain: the GPU twin of `forward.rs`, step for
+//! step (see the diagram there). Activations are f32 row-major `[n, width]` in the session's
+//! scratch buffers; the KV cache is f32 `[n_ctx, n_head_kv * head_dim]` per layer; the position of
+//! the batch's first token is read on the GPU from the control block (`ctl::POS`), so the same
+//! recording serves every position.
+
+use octoflow_kernels::advance::ctl;
+use octoflow_kernels::{
+    AttentionArgs, GetRowsArgs, GluOp, LinearArgs, QWeightRef, RopeArgs, RopeMode,
+};
+use octoflow_vk::{Buffer, BufferSlice, Chain};
+
+use crate::config::{Activation, ModelConfig, RopeType};
+use crate::error::{ModelError, Result};
+use crate::forward::Logits;
+use crate::gpu::kernels::Kernels;
+use crate::gpu::scratch::Scratch;
+use crate::gpu::weights::{GpuMatrix, GpuWeights};
+
+/// Where the batch's token ids are read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenSource {
+    /// The scratch id list (`n` ids written by the CPU).
+    Ids,
+    /// `ctl::TOKEN` of the control block (one token, written by the previous step's sampler).
+    Control,
+}
+
+/// What a recording needs: the kernels, the model, its weights and the session's buffers.
+pub struct Graph<'a> {
+    pub k: &'a Kernels,
+    pub c: &'a ModelConfig,
+    pub w: &'a GpuWeights,
+    pub s: &'a Scratch,
+}
+
+/// The first `n_floats` f32 of `b`.
+fn f32s(b: &Buffer, n_floats: usize) -> Result<BufferSlice> {
+    Ok(b.slice(0, 4 * n_floats as u64)?)
+}
+
+impl Graph<'_> {
+    /// Records embeddings, every layer and (per `logits`) the final norm and the vocabulary
+    /// projection of `n` tokens, into `scratch.logits`.
+    pub fn forward(
+        &self,
+        chain: &mut Chain,
+        n: u32,
+        src: TokenSource,
+        logits: Logits,
+    ) -> Result<()> {
+        self.embed(chain, n, src)?;
+        for il in 0..self.c.n_layer {
+            self.attention_block(chain, il, n)?;
+            self.ffn_block(chain, il, n)?;
+        }
+        self.output(chain, n, logits)
+    }
+
+    /// `x = token_embd[ids] * embedding_scale`.
+    fn embed(&self, chain: &mut Chain, n: u32, src: TokenSource) -> Result<()> {
+        let (c, w, s) = (self.c, self.w, self.s);
+        let x = f32s(&s.x, n as usize * c.n_embd)?;
+        let (ids, ids_offset) = match src {
+            TokenSource::Ids => (s.ids.whole(), 0),
+            TokenSource::Control => (s.ctl.whole(), ctl::TOKEN),
+        };
+        for p in &w.token_embd.pieces {
+            self.k.get_rows.record(
+                chain,
+                &GetRowsArgs {
+                    ty: w.token_embd.ty,
+                    table: &p.slice,
+                    n_cols: w.token_embd.n_cols,
+                    row_begin: p.row_begin,
+                    row_end: p.row_begin + p.n_rows,
+                    ids: &ids,
+                    ids_offset,
+                    n_ids: n,
+                    out: &x,
+                    scale: c.embedding_scale,
+                },
+            )?;
+        }
+        chain.barrier()?;
+        Ok(())
+    }
+
+    /// `x += attention(rmsnorm(x))` for layer `il`, writing this batch's keys and values into the
+    /// layer's cache at the batch's positions.
+    fn attention_block(&self, chain: &mut Chain, il: usize, n: u32) -> Result<()> {
+        let (c, s, k) = (self.c, self.s, self.k);
+        let (lw, lc) = (&self.w.blk[il], &c.layers[il]);
+        let rows = n as usize;
+        let x = f32s(&s.x, rows * c.n_embd)?;
+        let h = f32s(&s.h, rows * c.n_embd)?;
+        let q = f32s(&s.q, rows * c.q_dim())?;
+        let kk = f32s(&s.k, rows * c.k_dim())?;
+        let v = f32s(&s.v, rows * c.v_dim())?;
+        let att = f32s(&s.att, rows * c.n_head * c.head_dim_v)?;
+        let eps = c.rms_eps;
+
+        k.rms_norm
+            .record(chain, &x, &lw.attn_norm, &h, n, c.n_embd as u32, eps)?;
+        chain.barrier()?;
+        self.linear(chain, &lw.attn_q, &h, &q, n, lw.attn_q_bias.as_ref(), false)?;
+        self.linear(
+            chain,
+            &lw.attn_k,
+            &h,
+            &kk,
+            n,
+            lw.attn_k_bias.as_ref(),
+            false,
+        )?;
+        self.linear(chain, &lw.attn_v, &h, &v, n, lw.attn_v_bias.as_ref(), false)?;
+        chain.barrier()?;
+        if let (Some(qn), Some(kn)) = (&lw.attn_q_norm, &lw.attn_k_norm) {
+            let hd = c.head_dim as u32;
+            k.rms_norm
+                .record(chain, &q, qn, &q, n * c.n_head as u32, hd, eps)?;
+            k.rms_norm
+                .record(chain, &kk, kn, &kk, n * c.n_head_kv as u32, hd, eps)?;
+            chain.barrier()?;
+        }
+
+        // rotary embedding at the batch's positions, then the keys and values into the cache
+        let ctl_block = s.ctl.whole();
+        let mode = match c.rope_type {
+            RopeType::Normal => RopeMode::Normal,
+            RopeType::Neox => RopeMode::Neox,
+        };
+        for (t, n_heads) in [(&q, c.n_head), (&kk, c.n_head_kv)] {
+            k.rope.record(
+                chain,
+                &RopeArgs {
+                    x: t,
+                    n_tokens: n,
+                    n_heads: n_heads as u32,
+                    head_dim: c.head_dim as u32,
+                    n_rot: c.n_rot as u32,
+                    mode,
+                    base: lc.rope_base,
+                    scale: lc.rope_scale,
+                    freq_factors: self.w.rope_freqs.as_ref(),
+                    pos: &ctl_block,
+                    pos_offset: ctl::POS,
+                },
+            )?;
+        }
+        chain.barrier()?;
+        let (kc, vc) = &s.kv[il];
+        let n_ctx = s.n_ctx;
+        k.set_rows.record(
+            chain,
+            &kk,
+            &kc.whole(),
+            n,
+            c.k_dim() as u32,
+            n_ctx,
+            &ctl_block,
+            ctl::POS,
+        )?;
+        k.set_rows.record(
+            chain,
+            &v,
+            &vc.whole(),
+            n,
+            c.v_dim() as u32,
+            n_ctx,
+            &ctl_block,
+            ctl::POS,
+        )?;
+        chain.barrier()?;
+        k.attention.record(
+            chain,
+            &AttentionArgs {
+                q: &q,
+                k: &kc.whole(),
+                v: &vc.whole(),
+                out: &att,
+                n_tokens: n,
+                n_head: c.n_head as u32,
+                n_head_kv: c.n_head_kv as u32,
+                head_dim: c.head_dim as u32,
+                head_dim_v: c.head_dim_v as u32,
+                n_kv_rows: n_ctx,
+                window: lc.sliding_window.map_or(0, |w| w as u32),
+                scale: c.attention_scale,
+                pos: &ctl_block,
+                pos_offset: ctl::POS,
+            },
+        )?;
+        chain.barrier()?;
+        self.project_residual(
+            chain,
+            &lw.attn_output,
+            &att,
+            lw.post_attention_norm.as_ref(),
+            n,
+        )
+    }
+
+    /// `x += down(act(gate(h)) * up(h))` with `h = rmsnorm(x)` for layer `il`.
+    fn ffn_block(&self, chain: &mut Chain, il: usize, n: u32) -> Result<()> {
+        let (c, s, k) = (self.c, self.s, self.k);
+        let lw = &self.w.blk[il];
+        let rows = n as usize;
+        let x = f32s(&s.x, rows * c.n_embd)?;
+        let h = f32s(&s.h, rows * c.n_embd)?;
+        let gate = f32s(&s.ffn_gate, rows * c.n_ff)?;
+        let up = f32s(&s.ffn_up, rows * c.n_ff)?;
+        k.rms_norm
+            .record(chain, &x, &lw.ffn_norm, &h, n, c.n_embd as u32, c.rms_eps)?;
+        chain.barrier()?;
+        self.linear(chain, &lw.ffn_gate, &h, &gate, n, None, false)?;
+        self.linear(chain, &lw.ffn_up, &h, &up, n, None, false)?;
+        chain.barrier()?;
+        let op = match c.activation {
+            Activation::Silu => GluOp::Silu,
+            Activation::GeluTanh => GluOp::GeluTanh,
+        };
+        k.glu
+            .record(chain, &gate, &up, &gate, (rows * c.n_ff) as u32, op)?;
+        chain.barrier()?;
+        self.project_residual(chain, &lw.ffn_down, &gate, lw.post_ffw_norm.as_ref(), n)
+    }
+
+    /// `x += post_norm(m · a)`; without a post-norm the projection adds straight into `x`.
+    fn project_residual(
+        &self,
+        chain: &mut Chain,
+        m: &GpuMatrix,
+        a: &BufferSlice,
+        post_norm: Option<&BufferSlice>,
+        n: u32,
+    ) -> Result<()> {
+        let (c, s, k) = (self.c, self.s, self.k);
+        let width = n as usize * c.n_embd;
+        let x = f32s(&s.x, width)?;
+        match post_norm {
+            None => self.linear(chain, m, a, &x, n, None, true)?,
+            Some(norm) => {
+                let o = f32s(&s.o, width)?;
+                self.linear(chain, m, a, &o, n, None, false)?;
+                chain.barrier()?;
+                k.rms_norm
+                    .record(chain, &o, norm, &o, n, c.n_embd as u32, c.rms_eps)?;
+                chain.barrier()?;
+                k.add.record(chain, &x, &o, &x, width as u32)?;
+            }
+        }
+        chain.barrier()?;
+        Ok(())
+    }
+
+    /// Final norm and vocabulary projection of the last token (`Last`) or of all (`All`).
+    fn output(&self, chain: &mut Chain, n: u32, logits: Logits) -> Result<()> {
+        let (c, s, k, w) = (self.c, self.s, self.k, self.w);
+        let row_bytes = 4 * c.n_embd as u64;
+        let (first, rows) = match logits {
+            Logits::None => return Ok(()),
+            Logits::Last => (n - 1, 1),
+            Logits::All => (0, n),
+        };
+        if rows > s.t_logits {
+            return Err(ModelError::Gpu(format!(
+                "{rows} rows of logits requested, the session's buffer holds {}",
+                s.t_logits
+            )));
+        }
+        let x =
+            s.x.slice(u64::from(first) * row_bytes, u64::from(rows) * row_bytes)?;
+        let h = f32s(&s.h, rows as usize * c.n_embd)?;
+        k.rms_norm.record(
+            chain,
+            &x,
+            &w.output_norm,
+            &h,
+            rows,
+            c.n_embd as u32,
+            c.rms_eps,
+        )?;
+        chain.barrier()?;
+        let out = f32s(&s.logits, rows as usize * c.n_vocab)?;
+        self.linear(chain, &w.output, &h, &out, rows, None, false)?;
+        chain.barrier()?;
+        Ok(())
+    }
+
+    /// `y (+)= x · mᵀ (+ bias)` over `n` tokens, one dispatch per piece of `m`.
+    #[allow(clippy::too_many_arguments)]
+    fn linear(
+        &self,
+        chain: &mut Chain,
+        m: &GpuMatrix,
+        x: &BufferSlice,
+        y: &BufferSlice,
+        n: u32,
+        bias: Option<&BufferSlice>,
+        accumulate: bool,
+    ) -> Result<()> {
+        if bias.is_some() && m.pieces.len() > 1 {
+            return Err(ModelError::Gpu(format!(
+                "{}: a bias on a matrix split into {} pieces is not supported",
+                m.name,
+                m.pieces.len()
+            )));
+        }
+        for p in &m.pieces {
+            self.k.linear.record(
+                chain,
+                &LinearArgs {
+                    w: QWeightRef {
+                        ty: m.ty,
+                        data: &p.slice,
+                        n_rows: p.n_rows,
+                        n_cols: m.n_cols,
+                    },
+                    x,
+                    y,
+                    n_tokens: n,
+                    y_stride: m.n_rows,
+                    y_col: p.row_begin,
+                    bias,
+                    accumulate,
+                },
+            )?;
+        }
+        Ok(())
+    }
+}

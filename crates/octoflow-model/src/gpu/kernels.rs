@@ -1,0 +1,45 @@
+//! Every kernel the model's chains use, built once per loaded model.
+
+use octoflow_kernels::add::Add;
+use octoflow_kernels::advance::Advance;
+use octoflow_kernels::gate::Gate;
+use octoflow_kernels::{Argmax, Attention, GetRows, Glu, Linear, RmsNorm, Rope, Sample, SetRows};
+use octoflow_vk::Context;
+
+use crate::error::Result;
+
+/// The pipelines of one device.
+pub struct Kernels {
+    pub linear: Linear,
+    pub get_rows: GetRows,
+    pub rms_norm: RmsNorm,
+    pub rope: Rope,
+    pub set_rows: SetRows,
+    pub attention: Attention,
+    pub glu: Glu,
+    pub add: Add,
+    pub argmax: Argmax,
+    pub sample: Sample,
+    pub gate: Gate,
+    pub advance: Advance,
+}
+
+impl Kernels {
+    /// Builds every pipeline for `ctx`'s device.
+    pub fn new(ctx: &Context) -> Result<Self> {
+        Ok(Self {
+            linear: Linear::new(ctx)?,
+            get_rows: GetRows::new(ctx)?,
+            rms_norm: RmsNorm::new(ctx)?,
+            rope: Rope::new(ctx)?,
+            set_rows: SetRows::new(ctx)?,
+            attention: Attention::new(ctx)?,
+            glu: Glu::new(ctx)?,
+            add: Add::new(ctx)?,
+            argmax: Argmax::new(ctx)?,
+            sample: Sample::new(ctx)?,
+            gate: Gate::new(ctx)?,
+            advance: Advance::new(ctx)?,
+        })
+    }
+}

@@ -1,0 +1,17 @@
+//! The forward pass on a Vulkan device: weights uploaded once in their GGUF encoding, every
+//! token step recorded as one dispatch chain and replayed.
+//!
+//! - [`weights`]: tensors on the device (split by rows where one binding is too small).
+//! - [`kernels`]: the pipelines (`octoflow-kernels`), built once per model.
+//! - [`scratch`]: a session's buffers: control block, activations, logits, KV cache.
+//! - [`graph`]: recording one forward pass of `n` tokens (the GPU twin of `forward.rs`).
+//! - [`session`]: [`GpuModel`] and [`GpuSession`]: batch chains for prompts and scoring, and
+//!   multi-step decode chains whose sampled tokens never leave the GPU between steps.
+
+pub mod graph;
+pub mod kernels;
+pub mod scratch;
+pub mod session;
+pub mod weights;
+
+pub use session::{GpuDraw, GpuModel, GpuSession, GpuStop, Steps, BATCH_TOKENS};

@@ -1,0 +1,159 @@
+//! A session's device buffers: the control block, token ids, activations for up to `t_max`
+//! tokens, logits, the KV cache and the decode chain's bookkeeping.
+
+use octoflow_kernels::advance::ctl;
+use octoflow_vk::{Buffer, Context, MemoryKind};
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+
+/// Slots of indirect-dispatch arguments a gated decode step may use (a step of a 30-layer model
+/// records about 600 dispatches).
+pub const MAX_GATED_DISPATCHES: u64 = 8192;
+
+/// Words of the sampler state (`octoflow_kernels::SamplerState`).
+pub const SAMPLER_WORDS: u64 = 8;
+
+/// Buffers of one session. Activations are f32 row-major, one row per token.
+pub struct Scratch {
+    /// Most tokens per batch.
+    pub t_max: u32,
+    /// Most tokens per batch whose logits are all kept (`[t_logits, n_vocab]` fits one binding).
+    pub t_logits: u32,
+    /// Positions the KV cache holds.
+    pub n_ctx: u32,
+    /// Capacity of `out_tokens`: decode steps per submit.
+    pub out_len: u32,
+    /// `[t_max]` u32 token ids, host-written.
+    pub ids: Buffer,
+    /// The control block (`octoflow_kernels::advance::ctl`), host-written and host-read.
+    pub ctl: Buffer,
+    /// `[t_max, n_embd]`: the residual stream.
+    pub x: Buffer,
+    /// `[t_max, n_embd]`: normed activations.
+    pub h: Buffer,
+    /// `[t_max, n_head * head_dim]`
+    pub q: Buffer,
+    /// `[t_max, n_head_kv * head_dim]`
+    pub k: Buffer,
+    /// `[t_max, n_head_kv * head_dim_v]`
+    pub v: Buffer,
+    /// `[t_max, n_head * head_dim_v]`: attention output.
+    pub att: Buffer,
+    /// `[t_max, n_embd]`: a block's output before its post-norm.
+    pub o: Buffer,
+    /// `[t_max, n_ff]`
+    pub ffn_gate: Buffer,
+    /// `[t_max, n_ff]`
+    pub ffn_up: Buffer,
+    /// `[t_logits, n_vocab]`
+    pub logits: Buffer,
+    /// Per layer: keys `[n_ctx, n_head_kv * head_dim]` and values `[n_ctx, n_head_kv * head_dim_v]`.
+    pub kv: Vec<(Buffer, Buffer)>,
+    /// The sampler's state, host-written.
+    pub sampler: Buffer,
+    /// `[out_len]` u32: tokens sampled by the decode steps of one submit.
+    pub out_tokens: Buffer,
+    /// Indirect-dispatch arguments of a gated decode step.
+    pub args: Buffer,
+}
+
+impl Scratch {
+    /// Allocates a session's buffers: batches of up to `t_max` tokens, `n_ctx` cached positions,
+    /// `out_len` decode steps per submit.
+    pub fn new(
+        ctx: &Context,
+        c: &ModelConfig,
+        n_ctx: u32,
+        t_max: u32,
+        out_len: u32,
+    ) -> Result<Self> {
+        let limit = ctx.caps().max_buffer_bytes();
+        let t_logits = (limit / (4 * c.n_vocab as u64)).min(u64::from(t_max)) as u32;
+        if t_logits == 0 {
+            return Err(ModelError::Gpu(format!(
+                "one row of {} logits does not fit in one binding ({limit} bytes) of {}",
+                c.n_vocab,
+                ctx.caps().name
+            )));
+        }
+        let dev = |name: &str, floats: usize| -> Result<Buffer> {
+            let bytes = 4 * floats as u64;
+            if bytes > limit {
+                return Err(ModelError::Gpu(format!(
+                    "{name} needs {bytes} bytes, more than one binding of {} allows ({limit}); lower the context size",
+                    ctx.caps().name
+                )));
+            }
+            Ok(Buffer::new(
+                ctx,
+                name,
+                bytes.max(4),
+                MemoryKind::DeviceLocal,
+            )?)
+        };
+        let host = |name: &str, words: u64| Buffer::new(ctx, name, 4 * words, MemoryKind::Upload);
+        let t = t_max as usize;
+        let kv = (0..c.n_layer)
+            .map(|il| {
+                Ok((
+                    dev(&format!("k_cache.{il}"), n_ctx as usize * c.k_dim())?,
+                    dev(&format!("v_cache.{il}"), n_ctx as usize * c.v_dim())?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            t_max,
+            t_logits,
+            n_ctx,
+            out_len,
+            ids: host("ids", u64::from(t_max))?,
+            ctl: host("ctl", u64::from(ctl::WORDS))?,
+            x: dev("x", t * c.n_embd)?,
+            h: dev("h", t * c.n_embd)?,
+            q: dev("q", t * c.q_dim())?,
+            k: dev("k", t * c.k_dim())?,
+            v: dev("v", t * c.v_dim())?,
+            att: dev("att", t * c.n_head * c.head_dim_v)?,
+            o: dev("o", t * c.n_embd)?,
+            ffn_gate: dev("ffn_gate", t * c.n_ff)?,
+            ffn_up: dev("ffn_up", t * c.n_ff)?,
+            logits: dev("logits", t_logits as usize * c.n_vocab)?,
+            kv,
+            sampler: host("sampler", SAMPLER_WORDS)?,
+            out_tokens: host("out_tokens", u64::from(out_len.max(1)))?,
+            args: Buffer::new(
+                ctx,
+                "gate_args",
+                12 * MAX_GATED_DISPATCHES,
+                MemoryKind::DeviceLocal,
+            )?,
+        })
+    }
+
+    /// Device bytes these buffers occupy.
+    pub fn bytes(&self) -> u64 {
+        let mut all = vec![
+            &self.ids,
+            &self.ctl,
+            &self.x,
+            &self.h,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.att,
+            &self.o,
+            &self.ffn_gate,
+            &self.ffn_up,
+            &self.logits,
+            &self.sampler,
+            &self.out_tokens,
+            &self.args,
+        ];
+        for (k, v) in &self.kv {
+            all.push(k);
+            all.push(v);
+        }
+        all.iter().map(|b| b.size()).sum()
+    }
+}

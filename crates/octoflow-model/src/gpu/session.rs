@@ -1,0 +1,434 @@
+//! The GPU forward path: [`GpuModel`] (weights and pipelines on one device) and [`GpuSession`]
+//! (one sequence: its KV cache, scratch buffers and recorded chains).
+//!
+//! Chains are recorded once per shape and replayed: a batch chain per (tokens, logits kind),
+//! and a multi-step decode chain per (steps, greedy) in which each step's sampled token feeds
+//! the next step's embedding on the GPU and a stop flag gates the remaining steps to no-ops.
+
+use std::collections::HashMap;
+
+use octoflow_kernels::advance::ctl;
+use octoflow_kernels::SamplerState;
+use octoflow_vk::{gate_words, summarize, Chain, Context, LabelTime};
+
+use crate::backend::{check_batch, Forward};
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::forward::Logits;
+use crate::gpu::graph::{Graph, TokenSource};
+use crate::gpu::kernels::Kernels;
+use crate::gpu::scratch::Scratch;
+use crate::gpu::weights::GpuWeights;
+use crate::model::Model;
+
+/// Tokens per batch chain (prompt chunks); longer batches run as several submits.
+pub const BATCH_TOKENS: u32 = 256;
+
+/// A model loaded on a Vulkan device.
+pub struct GpuModel {
+    pub config: ModelConfig,
+    ctx: Context,
+    weights: GpuWeights,
+    kernels: Kernels,
+}
+
+impl GpuModel {
+    /// Uploads `model`'s weights to `ctx`'s device and builds the pipelines.
+    pub fn load(ctx: &Context, model: &Model) -> Result<Self> {
+        let c = &model.config;
+        if c.n_embd % 4 != 0 {
+            return Err(ModelError::Gpu(format!(
+                "n_embd = {} is not a multiple of 4, which the GPU path needs to bind single rows",
+                c.n_embd
+            )));
+        }
+        Ok(Self {
+            config: c.clone(),
+            kernels: Kernels::new(ctx)?,
+            weights: GpuWeights::upload(ctx, model)?,
+            ctx: ctx.clone(),
+        })
+    }
+
+    /// The device.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// Device bytes held by the weights.
+    pub fn weight_bytes(&self) -> u64 {
+        self.weights.bytes
+    }
+
+    /// A new sequence of at most `n_ctx` positions that decodes up to `steps_per_submit` tokens
+    /// per submit.
+    pub fn session(&self, n_ctx: usize, steps_per_submit: usize) -> Result<GpuSession<'_>> {
+        let n_ctx = u32::try_from(n_ctx)
+            .map_err(|_| ModelError::Gpu(format!("context size {n_ctx} is too large")))?;
+        let t_max = BATCH_TOKENS.min(n_ctx.max(1));
+        let steps = steps_per_submit.clamp(1, 1024) as u32;
+        Ok(GpuSession {
+            model: self,
+            s: Scratch::new(&self.ctx, &self.config, n_ctx, t_max, steps)?,
+            n_past: 0,
+            batch_chains: HashMap::new(),
+            step_chains: HashMap::new(),
+            profile: false,
+            last_profile: None,
+        })
+    }
+}
+
+/// How the decode steps choose tokens on the GPU (mirrors the CPU sampler's parameters).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuDraw {
+    /// `<= 0`: greedy (argmax).
+    pub temperature: f32,
+    pub top_k: u32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub seed: u64,
+    /// Index of the next draw (the CPU sampler's counter).
+    pub step: u64,
+}
+
+impl GpuDraw {
+    /// Whether the GPU sampler handles these parameters (else sample on the CPU).
+    pub fn supported(&self) -> bool {
+        octoflow_kernels::Sample::supports(self.temperature, self.top_k)
+    }
+
+    fn greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+
+    fn words(&self) -> [u32; 8] {
+        SamplerState::new(
+            self.seed,
+            self.step,
+            self.temperature,
+            self.top_k,
+            self.top_p,
+            self.min_p,
+        )
+        .to_words()
+    }
+}
+
+/// Why the GPU stopped a run of decode steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuStop {
+    /// An end-of-generation token (included in the tokens).
+    Eog,
+    /// The token limit.
+    Length,
+    /// The context is full.
+    Context,
+}
+
+/// What one submit of decode steps produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Steps {
+    /// Sampled tokens in order; all but the last were fed to the model.
+    pub tokens: Vec<u32>,
+    /// Set when the GPU stopped before running every step.
+    pub stop: Option<GpuStop>,
+}
+
+/// One sequence on the GPU.
+pub struct GpuSession<'m> {
+    model: &'m GpuModel,
+    s: Scratch,
+    n_past: usize,
+    batch_chains: HashMap<(u32, u8), Chain>,
+    step_chains: HashMap<(u32, bool), Chain>,
+    profile: bool,
+    last_profile: Option<Vec<LabelTime>>,
+}
+
+fn logits_key(l: Logits) -> u8 {
+    match l {
+        Logits::None => 0,
+        Logits::Last => 1,
+        Logits::All => 2,
+    }
+}
+
+impl GpuSession<'_> {
+    /// Records chains with GPU timestamps from now on; [`Self::profile`] then reports the last
+    /// decode submit's time per kernel.
+    pub fn set_profiling(&mut self, on: bool) -> Result<()> {
+        if on && !self.model.ctx.caps().timestamps {
+            return Err(ModelError::Gpu(format!(
+                "{} has no compute timestamps; --profile is unavailable",
+                self.model.ctx.caps().name
+            )));
+        }
+        if on != self.profile {
+            self.batch_chains.clear();
+            self.step_chains.clear();
+        }
+        self.profile = on;
+        Ok(())
+    }
+
+    /// GPU time per kernel of the last profiled submit of decode steps.
+    pub fn profile(&self) -> Option<&[LabelTime]> {
+        self.last_profile.as_deref()
+    }
+
+    /// Device bytes of this session's buffers (KV cache, activations, logits).
+    pub fn bytes(&self) -> u64 {
+        self.s.bytes()
+    }
+
+    fn graph(&self) -> Graph<'_> {
+        Graph {
+            k: &self.model.kernels,
+            c: &self.model.config,
+            w: &self.model.weights,
+            s: &self.s,
+        }
+    }
+
+    fn new_chain(&self) -> Result<Chain> {
+        let ctx = &self.model.ctx;
+        Ok(if self.profile {
+            Chain::with_profiling(ctx)?
+        } else {
+            Chain::new(ctx)?
+        })
+    }
+
+    /// Runs the batch chain for `n` tokens (ids already in the scratch list, `ctl::POS` set).
+    fn run_batch(&mut self, n: u32, logits: Logits) -> Result<()> {
+        let key = (n, logits_key(logits));
+        if !self.batch_chains.contains_key(&key) {
+            // Shapes change with every prompt length: keep a few recent recordings only.
+            if self.batch_chains.len() >= 8 {
+                self.batch_chains.clear();
+            }
+            let mut chain = self.new_chain()?;
+            self.graph()
+                .forward(&mut chain, n, TokenSource::Ids, logits)?;
+            chain.finish()?;
+            self.batch_chains.insert(key, chain);
+        }
+        let chain = self
+            .batch_chains
+            .get_mut(&key)
+            .ok_or_else(|| ModelError::Gpu("batch chain vanished".into()))?;
+        chain.run()?;
+        Ok(())
+    }
+
+    /// Records one decode step (gate, forward of the control token, sampling, advance).
+    fn record_step(
+        &self,
+        chain: &mut Chain,
+        greedy: bool,
+        template: Option<(&octoflow_vk::Buffer, u32)>,
+    ) -> Result<Vec<[u32; 3]>> {
+        let (k, s, c) = (&self.model.kernels, &self.s, &self.model.config);
+        let ctl_block = s.ctl.whole();
+        if let Some((t, n_words)) = template {
+            k.gate.record(
+                chain,
+                &ctl_block,
+                ctl::STOP,
+                &t.whole(),
+                &s.args.whole(),
+                n_words,
+            )?;
+            chain.barrier()?;
+        }
+        chain.gate_begin(&s.args)?;
+        self.graph()
+            .forward(chain, 1, TokenSource::Control, Logits::Last)?;
+        let logits = s.logits.slice(0, 4 * c.n_vocab as u64)?;
+        if greedy {
+            k.argmax
+                .record(chain, &logits, c.n_vocab as u32, &ctl_block, ctl::TOKEN)?;
+        } else {
+            k.sample.record(
+                chain,
+                &logits,
+                c.n_vocab as u32,
+                &s.sampler.whole(),
+                &ctl_block,
+                ctl::TOKEN,
+            )?;
+        }
+        chain.barrier()?;
+        k.advance
+            .record(chain, &ctl_block, &s.out_tokens.whole(), s.out_len, 1)?;
+        let groups = chain.gate_end()?;
+        chain.barrier()?;
+        Ok(groups)
+    }
+
+    /// Records the chain of `steps` decode steps.
+    fn record_steps(&self, steps: u32, greedy: bool) -> Result<Chain> {
+        // A throwaway recording of one step yields the gate template: the workgroup counts of
+        // every gated dispatch (identical for every step).
+        let mut probe = Chain::new(&self.model.ctx)?;
+        let template = self.record_step(&mut probe, greedy, None)?;
+        drop(probe);
+        let words = gate_words(&template);
+        let t = octoflow_vk::Buffer::new(
+            &self.model.ctx,
+            "gate_template",
+            4 * words.len().max(1) as u64,
+            octoflow_vk::MemoryKind::DeviceLocal,
+        )?;
+        self.model.ctx.upload(&t, 0, &words)?;
+        let mut chain = self.new_chain()?;
+        for _ in 0..steps {
+            let g = self.record_step(&mut chain, greedy, Some((&t, words.len() as u32)))?;
+            if g != template {
+                return Err(ModelError::Gpu(
+                    "decode steps recorded different dispatches".into(),
+                ));
+            }
+        }
+        chain.finish()?;
+        Ok(chain)
+    }
+
+    /// Feeds `token` at the next position and runs up to `steps_per_submit` decode steps on the
+    /// GPU in one submit, each sampling the next token with `draw` and feeding it to the next
+    /// step. Stops early at a token of `eog` (the first 8 are checked on the GPU), after
+    /// `max_new` tokens, or when the context is full. `draw.step` must be the draw counter of the
+    /// first step; it advances by one per returned token.
+    pub fn decode_steps(
+        &mut self,
+        token: u32,
+        draw: &GpuDraw,
+        max_new: usize,
+        eog: &[u32],
+    ) -> Result<Steps> {
+        check_batch(
+            &self.model.config,
+            &[token],
+            self.n_past,
+            self.n_past,
+            self.s.n_ctx as usize,
+        )?;
+        if !draw.supported() {
+            return Err(ModelError::Gpu(format!(
+                "the GPU sampler does not handle temperature {} with top_k {}",
+                draw.temperature, draw.top_k
+            )));
+        }
+        let steps = self.s.out_len;
+        let key = (steps, draw.greedy());
+        if !self.step_chains.contains_key(&key) {
+            let chain = self.record_steps(steps, draw.greedy())?;
+            self.step_chains.insert(key, chain);
+        }
+        let mut block = [0u32; ctl::WORDS as usize];
+        let n_eog = eog.len().min(ctl::MAX_EOG as usize);
+        block[ctl::POS as usize] = self.n_past as u32;
+        block[ctl::TOKEN as usize] = token;
+        block[ctl::MAX_GEN as usize] = max_new.clamp(1, u32::MAX as usize) as u32;
+        block[ctl::N_CTX as usize] = self.s.n_ctx;
+        block[ctl::N_EOG as usize] = n_eog as u32;
+        block[ctl::EOG as usize..ctl::EOG as usize + n_eog].copy_from_slice(&eog[..n_eog]);
+        self.s.ctl.write(0, &block)?;
+        self.s.sampler.write(0, &draw.words())?;
+        let chain = self
+            .step_chains
+            .get_mut(&key)
+            .ok_or_else(|| ModelError::Gpu("decode chain vanished".into()))?;
+        chain.run()?;
+        if self.profile {
+            self.last_profile = chain.timings()?.map(|t| summarize(&t));
+        }
+        self.s.ctl.read(0, &mut block)?;
+        let n_out = (block[ctl::N_OUT as usize]).min(self.s.out_len) as usize;
+        let mut tokens = vec![0u32; n_out];
+        self.s.out_tokens.read(0, &mut tokens)?;
+        // Every step that ran fed one token: the input token, then all outputs but the last.
+        self.n_past += n_out;
+        let stop = match block[ctl::STOP as usize] {
+            ctl::STOP_EOG => Some(GpuStop::Eog),
+            ctl::STOP_LENGTH => Some(GpuStop::Length),
+            ctl::STOP_CONTEXT => Some(GpuStop::Context),
+            _ => None,
+        };
+        Ok(Steps { tokens, stop })
+    }
+
+    /// Decode steps per submit.
+    pub fn steps_per_submit(&self) -> usize {
+        self.s.out_len as usize
+    }
+}
+
+impl Forward for GpuSession<'_> {
+    fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.s.n_ctx as usize
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.n_past = self.n_past.min(len);
+    }
+
+    fn decode_steps(
+        &mut self,
+        token: u32,
+        draw: &GpuDraw,
+        max_new: usize,
+        eog: &[u32],
+    ) -> Option<Result<Steps>> {
+        draw.supported()
+            .then(|| GpuSession::decode_steps(self, token, draw, max_new, eog))
+    }
+
+    fn forward(&mut self, tokens: &[u32], start_pos: usize, logits: Logits) -> Result<Vec<f32>> {
+        check_batch(
+            &self.model.config,
+            tokens,
+            start_pos,
+            self.n_past,
+            self.s.n_ctx as usize,
+        )?;
+        let n_vocab = self.model.config.n_vocab;
+        let cap = match logits {
+            Logits::All => self.s.t_logits,
+            _ => self.s.t_max,
+        } as usize;
+        let n_chunks = tokens.len().div_ceil(cap);
+        let mut out = Vec::new();
+        for (i, part) in tokens.chunks(cap).enumerate() {
+            let want = match logits {
+                Logits::Last if i + 1 < n_chunks => Logits::None,
+                l => l,
+            };
+            let pos = (start_pos + i * cap) as u32;
+            self.s.ids.write(0, part)?;
+            self.s.ctl.write(4 * u64::from(ctl::POS), &[pos])?;
+            self.run_batch(part.len() as u32, want)?;
+            let rows = match want {
+                Logits::None => 0,
+                Logits::Last => 1,
+                Logits::All => part.len(),
+            };
+            if rows > 0 {
+                let at = out.len();
+                out.resize(at + rows * n_vocab, 0f32);
+                self.model.ctx.download(&self.s.logits, 0, &mut out[at..])?;
+            }
+            self.n_past = start_pos + (i * cap) + part.len();
+        }
+        Ok(out)
+    }
+}

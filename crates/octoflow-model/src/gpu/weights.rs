@@ -1,0 +1,257 @@
+//! The model's weights on the device: every tensor uploaded once, in its file encoding, into as
+//! few buffers as the device allows (`octoflow_vk::pack_plan`).
+//!
+//! A matrix larger than one binding (gemma3's 262144-row embedding table is 178 MB; lavapipe
+//! binds at most 128 MiB) is split by rows into pieces, each bound on its own; the kernels take
+//! the piece's first row (`y_col` of `Linear`, `row_begin` of `GetRows`) so the split is
+//! invisible to the math.
+
+use octoflow_gguf::GgmlType;
+use octoflow_vk::{pack_plan, Buffer, BufferSlice, Context, MemoryKind};
+
+use crate::error::{ModelError, Result};
+use crate::model::Model;
+use crate::weights::QMatrix;
+
+/// Every tensor starts on a 16-byte boundary and its binding covers whole 16-byte words, so
+/// shaders may read 32-bit words past a tensor's last (2-byte aligned) block without leaving it.
+const PAD: u64 = 16;
+
+/// Rows `row_begin .. row_begin + n_rows` of a matrix, bound as one slice.
+#[derive(Clone)]
+pub struct Piece {
+    pub slice: BufferSlice,
+    pub row_begin: u32,
+    pub n_rows: u32,
+}
+
+/// A weight matrix on the device: `n_rows` rows of `n_cols` elements in GGUF encoding `ty`.
+#[derive(Clone)]
+pub struct GpuMatrix {
+    pub name: String,
+    pub ty: GgmlType,
+    pub n_rows: u32,
+    pub n_cols: u32,
+    pub pieces: Vec<Piece>,
+}
+
+/// One transformer block's tensors on the device (see [`crate::BlockWeights`]).
+pub struct GpuBlock {
+    pub attn_norm: BufferSlice,
+    pub attn_q: GpuMatrix,
+    pub attn_k: GpuMatrix,
+    pub attn_v: GpuMatrix,
+    pub attn_q_bias: Option<BufferSlice>,
+    pub attn_k_bias: Option<BufferSlice>,
+    pub attn_v_bias: Option<BufferSlice>,
+    pub attn_q_norm: Option<BufferSlice>,
+    pub attn_k_norm: Option<BufferSlice>,
+    pub attn_output: GpuMatrix,
+    pub post_attention_norm: Option<BufferSlice>,
+    pub ffn_norm: BufferSlice,
+    pub ffn_gate: GpuMatrix,
+    pub ffn_up: GpuMatrix,
+    pub ffn_down: GpuMatrix,
+    pub post_ffw_norm: Option<BufferSlice>,
+}
+
+/// All weights on the device, and the buffers that hold them.
+pub struct GpuWeights {
+    pub token_embd: GpuMatrix,
+    pub output_norm: BufferSlice,
+    pub output: GpuMatrix,
+    pub rope_freqs: Option<BufferSlice>,
+    pub blk: Vec<GpuBlock>,
+    /// Bytes of device memory the weights occupy.
+    pub bytes: u64,
+}
+
+/// Collects every tensor's bytes, then places and uploads them in one go.
+struct Uploader<'a> {
+    arrays: Vec<&'a [u8]>,
+    limit: u64,
+}
+
+/// Where an array went: index into the uploader's list.
+#[derive(Clone, Copy)]
+struct Slot(usize);
+
+/// A matrix as planned: its pieces' slots.
+struct PlannedMatrix<'a> {
+    m: &'a QMatrix,
+    pieces: Vec<(Slot, u32, u32)>,
+}
+
+impl<'a> Uploader<'a> {
+    fn add(&mut self, bytes: &'a [u8]) -> Slot {
+        self.arrays.push(bytes);
+        Slot(self.arrays.len() - 1)
+    }
+
+    fn vector(&mut self, v: &'a [f32]) -> Slot {
+        self.add(octoflow_vk::as_bytes(v))
+    }
+
+    fn matrix(&mut self, m: &'a QMatrix) -> Result<PlannedMatrix<'a>> {
+        let row_bytes = m.row_bytes() as u64;
+        let rows_per_piece = ((self.limit - PAD) / row_bytes.max(1)).min(u64::from(u32::MAX));
+        if rows_per_piece == 0 {
+            return Err(ModelError::Gpu(format!(
+                "tensor {}: one row of {row_bytes} bytes exceeds the device's binding limit of {} bytes",
+                m.name, self.limit
+            )));
+        }
+        let mut pieces = Vec::new();
+        let mut row = 0usize;
+        while row < m.n_rows {
+            let n = (m.n_rows - row).min(rows_per_piece as usize);
+            let bytes = &m.data()[row * m.row_bytes()..(row + n) * m.row_bytes()];
+            pieces.push((self.add(bytes), row as u32, n as u32));
+            row += n;
+        }
+        Ok(PlannedMatrix { m, pieces })
+    }
+
+    /// Allocates the buffers, uploads every array and returns each array's binding.
+    fn upload(self, ctx: &Context) -> Result<(Vec<BufferSlice>, u64)> {
+        let sizes: Vec<u64> = self
+            .arrays
+            .iter()
+            .map(|a| (a.len() as u64).div_ceil(PAD).max(1) * PAD)
+            .collect();
+        let align = ctx.caps().storage_offset_alignment.max(PAD);
+        let (places, chunk_sizes) = pack_plan(&sizes, align, self.limit)?;
+        let buffers = chunk_sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &size)| {
+                Buffer::new(ctx, &format!("weights#{i}"), size, MemoryKind::DeviceLocal)
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let mut slices = Vec::with_capacity(self.arrays.len());
+        for ((bytes, place), &size) in self.arrays.iter().zip(&places).zip(&sizes) {
+            let buffer = &buffers[place.chunk];
+            if !bytes.is_empty() {
+                ctx.upload(buffer, place.offset, bytes)?;
+            }
+            slices.push(buffer.slice(place.offset, size)?);
+        }
+        Ok((slices, chunk_sizes.iter().sum()))
+    }
+}
+
+impl PlannedMatrix<'_> {
+    fn bind(&self, slices: &[BufferSlice]) -> GpuMatrix {
+        GpuMatrix {
+            name: self.m.name.clone(),
+            ty: self.m.ty,
+            n_rows: self.m.n_rows as u32,
+            n_cols: self.m.n_cols as u32,
+            pieces: self
+                .pieces
+                .iter()
+                .map(|&(slot, row_begin, n_rows)| Piece {
+                    slice: slices[slot.0].clone(),
+                    row_begin,
+                    n_rows,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl GpuWeights {
+    /// Uploads `model`'s weights to `ctx`'s device.
+    pub fn upload(ctx: &Context, model: &Model) -> Result<Self> {
+        let w = &model.weights;
+        let mut up = Uploader {
+            arrays: Vec::new(),
+            limit: ctx.caps().max_buffer_bytes(),
+        };
+        let token_embd = up.matrix(&w.token_embd)?;
+        let output = if w.output_is_tied {
+            None
+        } else {
+            Some(up.matrix(&w.output)?)
+        };
+        let output_norm = up.vector(&w.output_norm);
+        let rope_freqs = w.rope_freqs.as_deref().map(|f| up.vector(f));
+        struct PlannedBlock<'a> {
+            mats: Vec<PlannedMatrix<'a>>,
+            attn_norm: Slot,
+            ffn_norm: Slot,
+            opt: Vec<Option<Slot>>,
+        }
+        let mut blocks = Vec::with_capacity(w.blk.len());
+        for b in &w.blk {
+            let mats = [
+                &b.attn_q,
+                &b.attn_k,
+                &b.attn_v,
+                &b.attn_output,
+                &b.ffn_gate,
+                &b.ffn_up,
+                &b.ffn_down,
+            ]
+            .into_iter()
+            .map(|m| up.matrix(m))
+            .collect::<Result<Vec<_>>>()?;
+            let attn_norm = up.vector(&b.attn_norm);
+            let ffn_norm = up.vector(&b.ffn_norm);
+            let opt = [
+                b.attn_q_bias.as_ref(),
+                b.attn_k_bias.as_ref(),
+                b.attn_v_bias.as_ref(),
+                b.attn_q_norm.as_ref(),
+                b.attn_k_norm.as_ref(),
+                b.post_attention_norm.as_ref(),
+                b.post_ffw_norm.as_ref(),
+            ]
+            .into_iter()
+            .map(|v| v.map(|v| up.vector(v)))
+            .collect();
+            blocks.push(PlannedBlock {
+                mats,
+                attn_norm,
+                ffn_norm,
+                opt,
+            });
+        }
+        let (slices, bytes) = up.upload(ctx)?;
+        let s = |slot: Slot| slices[slot.0].clone();
+        let token_embd_gpu = token_embd.bind(&slices);
+        let blk = blocks
+            .iter()
+            .map(|b| {
+                let m = |i: usize| b.mats[i].bind(&slices);
+                let v = |i: usize| b.opt[i].map(s);
+                GpuBlock {
+                    attn_norm: s(b.attn_norm),
+                    attn_q: m(0),
+                    attn_k: m(1),
+                    attn_v: m(2),
+                    attn_q_bias: v(0),
+                    attn_k_bias: v(1),
+                    attn_v_bias: v(2),
+                    attn_q_norm: v(3),
+                    attn_k_norm: v(4),
+                    attn_output: m(3),
+                    post_attention_norm: v(5),
+                    ffn_norm: s(b.ffn_norm),
+                    ffn_gate: m(4),
+                    ffn_up: m(5),
+                    ffn_down: m(6),
+                    post_ffw_norm: v(6),
+                }
+            })
+            .collect();
+        Ok(Self {
+            output: output.map_or_else(|| token_embd_gpu.clone(), |o| o.bind(&slices)),
+            token_embd: token_embd_gpu,
+            output_norm: s(output_norm),
+            rope_freqs: rope_freqs.map(s),
+            blk,
+            bytes,
+        })
+    }
+}

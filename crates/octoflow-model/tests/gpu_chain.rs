@@ -1,0 +1,172 @@
+//! The GPU decode chain on a real model (SmolLM2): several steps per submit with the sampled
+//! token fed back on the GPU must give exactly what one-token-at-a-time decoding gives, stop
+//! where it should, and sample as the CPU sampler does; GPU logits track the CPU reference.
+
+mod common;
+
+use common::*;
+use octoflow_model::gpu::{GpuDraw, GpuModel, GpuStop};
+use octoflow_model::{Forward, Logits};
+use octoflow_text::sampling::{Sampler, SamplingParams};
+use octoflow_vk::testing::gpu_or_skip;
+
+fn greedy() -> GpuDraw {
+    GpuDraw {
+        temperature: 0.0,
+        top_k: 40,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: 0,
+        step: 0,
+    }
+}
+
+#[test]
+fn gpu_logits_track_the_cpu_reference() {
+    let Some(ctx) = gpu_or_skip("gpu_logits_track_the_cpu_reference") else {
+        return;
+    };
+    let (model, golden) = load(SMOLLM2);
+    let gpu = GpuModel::load(&ctx, &model).unwrap();
+    let prompt = &golden.greedy[1].prompt_ids;
+    let want = model.session(64).forward(prompt, 0, Logits::All).unwrap();
+    let got = gpu
+        .session(64, 4)
+        .unwrap()
+        .forward(prompt, 0, Logits::All)
+        .unwrap();
+    assert_eq!(got.len(), want.len());
+    // Both compute in f32 over the same dequantized weights; only summation order differs.
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| {
+            if a.is_finite() {
+                (a - b).abs()
+            } else {
+                f32::INFINITY
+            }
+        })
+        .fold(0f32, f32::max);
+    assert!(
+        worst <= 1e-3 * scale,
+        "max |gpu - cpu| = {worst} (logit scale {scale})"
+    );
+}
+
+/// Greedy tokens from the GPU chain (`steps` per submit) after `prompt`, `n` of them.
+fn chain_tokens(gpu: &GpuModel, prompt: &[u32], n: usize, steps: usize) -> Vec<u32> {
+    let mut s = gpu.session(256, steps).unwrap();
+    let logits = s.prefill(prompt, 256).unwrap();
+    let mut out = vec![top1(&logits)];
+    while out.len() < n {
+        let last = *out.last().unwrap();
+        let r = s.decode_steps(last, &greedy(), n - out.len(), &[]).unwrap();
+        assert!(!r.tokens.is_empty());
+        out.extend(&r.tokens);
+        assert_eq!(
+            s.n_past(),
+            prompt.len() + out.len() - 1,
+            "every token but the last was fed"
+        );
+    }
+    out
+}
+
+#[test]
+fn multi_step_chain_equals_token_by_token_decoding_and_stops_on_its_flags() {
+    let Some(ctx) = gpu_or_skip("multi_step_chain_equals_token_by_token") else {
+        return;
+    };
+    let (model, golden) = load(SMOLLM2);
+    let gpu = GpuModel::load(&ctx, &model).unwrap();
+    let prompt = &golden.greedy[0].prompt_ids;
+    let n = 20;
+
+    let mut s = gpu.session(256, 1).unwrap();
+    let mut want = vec![top1(&s.prefill(prompt, 256).unwrap())];
+    while want.len() < n {
+        let logits = s.decode(*want.last().unwrap()).unwrap();
+        want.push(top1(&logits));
+    }
+    for steps in [1, 3, 8] {
+        assert_eq!(
+            chain_tokens(&gpu, prompt, n, steps),
+            want,
+            "{steps} steps per submit"
+        );
+    }
+
+    // An end-of-generation id stops the chain right after it is sampled.
+    let mut s = gpu.session(256, 16).unwrap();
+    s.prefill(prompt, 256).unwrap();
+    let eog = want[6];
+    let first = (1..=6).find(|&j| want[j] == eog).unwrap_or(6);
+    let r = s.decode_steps(want[0], &greedy(), 100, &[eog]).unwrap();
+    assert_eq!(r.stop, Some(GpuStop::Eog));
+    assert_eq!(r.tokens, want[1..=first].to_vec());
+    // The token limit and the context size stop it too.
+    let mut s = gpu.session(256, 16).unwrap();
+    s.prefill(prompt, 256).unwrap();
+    let r = s.decode_steps(want[0], &greedy(), 3, &[]).unwrap();
+    assert_eq!((r.stop, r.tokens.len()), (Some(GpuStop::Length), 3));
+    let n_ctx = prompt.len() + 5;
+    let mut s = gpu.session(n_ctx, 16).unwrap();
+    s.prefill(prompt, 256).unwrap();
+    let r = s.decode_steps(want[0], &greedy(), 100, &[]).unwrap();
+    assert_eq!(r.stop, Some(GpuStop::Context));
+    assert_eq!(
+        s.n_past() + 1,
+        n_ctx,
+        "stops when no position is left for the last token"
+    );
+}
+
+#[test]
+fn seeded_gpu_sampling_draws_what_the_cpu_sampler_draws() {
+    let Some(ctx) = gpu_or_skip("seeded_gpu_sampling_draws_what_the_cpu_sampler_draws") else {
+        return;
+    };
+    let (model, golden) = load(SMOLLM2);
+    let gpu = GpuModel::load(&ctx, &model).unwrap();
+    let prompt = &golden.greedy[2].prompt_ids;
+    let seed: u64 = rand::random();
+    let params = SamplingParams {
+        temperature: 0.9,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.05,
+        seed,
+        ..SamplingParams::default()
+    };
+    let n = 24;
+    // CPU sampler over the GPU's logits, one token at a time.
+    let mut s = gpu.session(256, 1).unwrap();
+    let mut sampler = Sampler::new(params.clone());
+    let mut want = vec![sampler.sample(&s.prefill(prompt, 256).unwrap())];
+    while want.len() < n {
+        let logits = s.decode(*want.last().unwrap()).unwrap();
+        want.push(sampler.sample(&logits));
+    }
+    // The GPU sampler inside the chain, continuing from draw 1.
+    let mut s = gpu.session(256, 8).unwrap();
+    let mut sampler = Sampler::new(params.clone());
+    let mut got = vec![sampler.sample(&s.prefill(prompt, 256).unwrap())];
+    while got.len() < n {
+        let draw = GpuDraw {
+            temperature: params.temperature,
+            top_k: params.top_k as u32,
+            top_p: params.top_p,
+            min_p: params.min_p,
+            seed,
+            step: sampler.step(),
+        };
+        let r = s
+            .decode_steps(*got.last().unwrap(), &draw, n - got.len(), &[])
+            .unwrap();
+        sampler.skip(r.tokens.len() as u64);
+        got.extend(r.tokens);
+    }
+    assert_eq!(got, want, "seed {seed}");
+}

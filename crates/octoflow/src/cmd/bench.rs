@@ -1,0 +1,216 @@
+//! `octoflow bench`: prompt processing (ppN) and generation (tgN) throughput in llama-bench's
+//! shape: mean ± standard deviation over `-r` repetitions after one warm-up, timed with the host
+//! clock around synchronized submits (each test waits for its last fence).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use octoflow_model::gpu::GpuDraw;
+use octoflow_model::{Forward, Logits, Model};
+use serde_json::json;
+
+use super::common::{AnySession, DeviceArgs, Loaded};
+
+/// Arguments of `octoflow bench`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model: a .gguf path, a known name or a URL (default: the default model).
+    #[arg(short = 'm', long)]
+    model: Option<String>,
+    /// Prompt tokens of the prompt-processing test (0 skips it).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    n_prompt: usize,
+    /// Tokens of the generation test (0 skips it).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    n_gen: usize,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long, default_value_t = 5)]
+    repetitions: usize,
+    /// Decode steps per GPU submit in the generation test.
+    #[arg(long, default_value_t = 16)]
+    steps: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    device: DeviceArgs,
+}
+
+/// One test's result.
+struct Row {
+    test: String,
+    tokens: usize,
+    rates: Vec<f64>,
+}
+
+impl Row {
+    fn mean(&self) -> f64 {
+        self.rates.iter().sum::<f64>() / self.rates.len().max(1) as f64
+    }
+
+    fn std(&self) -> f64 {
+        let n = self.rates.len();
+        if n < 2 {
+            return 0.0;
+        }
+        let m = self.mean();
+        (self.rates.iter().map(|r| (r - m).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
+    }
+}
+
+/// Runs `octoflow bench`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.repetitions == 0 {
+        bail!("-r must be at least 1");
+    }
+    let path = super::common::model_path(args.model.as_deref())?;
+    let gguf = Arc::new(octoflow_gguf::GgufFile::open(&path)?);
+    let model = Model::from_gguf(gguf.clone()).context("loading the model")?;
+    let loaded = Loaded::new(&model, &args.device)?;
+    let n_vocab = model.config.n_vocab as u64;
+    // Arbitrary but valid and repeatable token ids.
+    let tokens = |n: usize| -> Vec<u32> {
+        (0..n as u64)
+            .map(|i| ((i * 7919 + 13) % n_vocab) as u32)
+            .collect()
+    };
+    let n_ctx = (args.n_prompt.max(1) + args.n_gen + 1).max(16);
+    let mut session = loaded.session(&model, n_ctx, args.steps)?;
+    let mut rows = Vec::new();
+    if args.n_prompt > 0 {
+        let prompt = tokens(args.n_prompt);
+        let pp = |s: &mut dyn Forward| -> anyhow::Result<f64> {
+            s.truncate(0);
+            let t = Instant::now();
+            s.forward(&prompt, 0, Logits::Last)?;
+            Ok(args.n_prompt as f64 / t.elapsed().as_secs_f64())
+        };
+        pp(session.as_dyn())?;
+        let rates = (0..args.repetitions)
+            .map(|_| pp(session.as_dyn()))
+            .collect::<anyhow::Result<_>>()?;
+        rows.push(Row {
+            test: format!("pp{}", args.n_prompt),
+            tokens: args.n_prompt,
+            rates,
+        });
+    }
+    if args.n_gen > 0 {
+        let first = tokens(1)[0];
+        tg(&mut session, first, args.n_gen.min(4))?;
+        let rates = (0..args.repetitions)
+            .map(|_| {
+                let t = Instant::now();
+                tg(&mut session, first, args.n_gen)?;
+                Ok(args.n_gen as f64 / t.elapsed().as_secs_f64())
+            })
+            .collect::<anyhow::Result<_>>()?;
+        rows.push(Row {
+            test: format!("tg{}", args.n_gen),
+            tokens: args.n_gen,
+            rates,
+        });
+    }
+    print(&args, &path, &gguf, &loaded, &rows)
+}
+
+/// Generates `n` tokens greedily after one fed token, ignoring end-of-generation: on the GPU as
+/// multi-step decode chains, on the CPU one token at a time.
+fn tg(session: &mut AnySession<'_>, first: u32, n: usize) -> anyhow::Result<()> {
+    let s = session.as_dyn();
+    s.truncate(0);
+    let draw = GpuDraw {
+        temperature: 0.0,
+        top_k: 1,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: 0,
+        step: 0,
+    };
+    let mut token = first;
+    let mut done = 0;
+    while done < n {
+        match s.decode_steps(token, &draw, n - done, &[]) {
+            Some(steps) => {
+                let steps = steps?;
+                done += steps.tokens.len();
+                token = *steps
+                    .tokens
+                    .last()
+                    .context("the device ran no decode step")?;
+            }
+            None => {
+                let logits = s.decode(token)?;
+                token = octoflow_text::sampling::argmax(&logits);
+                done += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print(
+    args: &Args,
+    path: &std::path::Path,
+    gguf: &octoflow_gguf::GgufFile,
+    loaded: &Loaded,
+    rows: &[Row],
+) -> anyhow::Result<()> {
+    let name = path
+        .file_stem()
+        .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    let params: u64 = gguf.tensors().iter().map(|t| t.n_elements()).sum();
+    let bytes: u64 = gguf.tensors().iter().map(|t| t.size).sum();
+    let (backend, device, driver) = match loaded {
+        Loaded::Cpu => (
+            "CPU".to_string(),
+            "CPU reference".to_string(),
+            String::new(),
+        ),
+        Loaded::Gpu(g) => {
+            let c = g.context().caps();
+            (
+                "Vulkan".to_string(),
+                c.name.clone(),
+                format!("{} {}", c.driver_name, c.driver_info),
+            )
+        }
+    };
+    if args.json {
+        let tests: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                json!({"test": r.test, "n_tokens": r.tokens, "repetitions": r.rates.len(),
+                       "avg_ts": r.mean(), "stddev_ts": r.std(), "samples_ts": r.rates})
+            })
+            .collect();
+        let doc = json!({
+            "model": name, "model_size": bytes, "model_n_params": params, "backend": backend,
+            "device": device, "driver": driver, "steps_per_submit": args.steps, "tests": tests,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    println!("device: {device} | driver: {driver}");
+    println!(
+        "| {:<36} | {:>10} | {:>10} | {:<7} | {:>7} | {:>20} |",
+        "model", "size", "params", "backend", "test", "t/s"
+    );
+    println!(
+        "| {:-<36} | {:->10} | {:->10} | {:-<7} | {:->7} | {:->20} |",
+        "", "", "", "", "", ""
+    );
+    for r in rows {
+        println!(
+            "| {:<36} | {:>6.2} MiB | {:>8.2} M | {:<7} | {:>7} | {:>20} |",
+            name,
+            bytes as f64 / (1 << 20) as f64,
+            params as f64 / 1e6,
+            backend,
+            r.test,
+            format!("{:.2} ± {:.2}", r.mean(), r.std())
+        );
+    }
+    Ok(())
+}
