@@ -172,7 +172,7 @@ impl GpuSession<'_> {
         Ok(())
     }
 
-    /// GPU time per kernel of the last profiled submit of decode steps.
+    /// GPU time per kernel of the last profiled submit (a batch or a run of decode steps).
     pub fn profile(&self) -> Option<&[LabelTime]> {
         self.last_profile.as_deref()
     }
@@ -219,6 +219,9 @@ impl GpuSession<'_> {
             .get_mut(&key)
             .ok_or_else(|| ModelError::Gpu("batch chain vanished".into()))?;
         chain.run()?;
+        if self.profile {
+            self.last_profile = chain.timings()?.map(|t| summarize(&t));
+        }
         Ok(())
     }
 

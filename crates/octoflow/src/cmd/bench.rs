@@ -33,6 +33,9 @@ pub struct Args {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// Print per-kernel GPU time (timestamps) of the last repetition of each test to stderr.
+    #[arg(long)]
+    profile: bool,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -77,6 +80,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let n_ctx = (args.n_prompt.max(1) + args.n_gen + 1).max(16);
     let mut session = loaded.session(&model, n_ctx, args.steps)?;
+    if let (true, AnySession::Gpu(s)) = (args.profile, &mut session) {
+        s.set_profiling(true)?;
+    }
     let mut rows = Vec::new();
     if args.n_prompt > 0 {
         let prompt = tokens(args.n_prompt);
@@ -90,6 +96,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let rates = (0..args.repetitions)
             .map(|_| pp(session.as_dyn()))
             .collect::<anyhow::Result<_>>()?;
+        print_profile(&session, &format!("pp{}", args.n_prompt), 1);
         rows.push(Row {
             test: format!("pp{}", args.n_prompt),
             tokens: args.n_prompt,
@@ -106,6 +113,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 Ok(args.n_gen as f64 / t.elapsed().as_secs_f64())
             })
             .collect::<anyhow::Result<_>>()?;
+        print_profile(&session, &format!("tg{}", args.n_gen), args.steps);
         rows.push(Row {
             test: format!("tg{}", args.n_gen),
             tokens: args.n_gen,
@@ -113,6 +121,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         });
     }
     print(&args, &path, &gguf, &loaded, &rows)
+}
+
+fn print_profile(session: &AnySession<'_>, test: &str, steps: usize) {
+    if let AnySession::Gpu(s) = session {
+        if let Some(p) = s.profile() {
+            eprintln!("{test}: {}", super::profile::table(p, steps));
+        }
+    }
 }
 
 /// Generates `n` tokens greedily after one fed token, ignoring end-of-generation: on the GPU as

@@ -8,7 +8,7 @@ pub fn table(times: &[LabelTime], steps: usize) -> String {
     let total: f64 = times.iter().map(|t| t.total_ns).sum();
     let steps = steps.max(1) as f64;
     let mut out = format!(
-        "GPU time of the last decode submit ({steps} steps, {:.1} us/step):\n{:<28} {:>9} {:>12} {:>12} {:>7}\n",
+        "GPU time of the last submit ({steps} steps, {:.1} us/step):\n{:<28} {:>9} {:>12} {:>12} {:>7}\n",
         total / 1e3 / steps,
         "kernel",
         "dispatches",
