@@ -116,6 +116,8 @@ mod tests {
                     op,
                 )
                 .unwrap();
+                // the in-place run overwrites the gate the first one reads
+                chain.barrier().unwrap();
                 k.record(
                     &mut chain,
                     &gb.whole(),

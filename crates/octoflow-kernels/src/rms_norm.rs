@@ -101,7 +101,8 @@ mod tests {
             let (r, c) = (n_rows as u32, n as u32);
             k.record(&mut chain, &xb.whole(), &wb.whole(), &ob.whole(), r, c, eps)
                 .unwrap();
-            // in place on x as well
+            // in place on x as well, after the first run has read x
+            chain.barrier().unwrap();
             k.record(&mut chain, &xb.whole(), &wb.whole(), &xb.whole(), r, c, eps)
                 .unwrap();
             chain.run().unwrap();

@@ -106,6 +106,9 @@ mod tests {
             let (r, c) = (n_rows as u32, n as u32);
             k.record(&mut chain, &xb.whole(), &ob.whole(), r, c, scale)
                 .unwrap();
+            // The in-place run overwrites what the first one reads: order them (the H100 runs
+            // unordered dispatches concurrently; lavapipe happened not to).
+            chain.barrier().unwrap();
             k.record(&mut chain, &xb.whole(), &xb.whole(), r, c, scale)
                 .unwrap();
             chain.run().unwrap();
