@@ -170,3 +170,25 @@ fn seeded_gpu_sampling_draws_what_the_cpu_sampler_draws() {
     }
     assert_eq!(got, want, "seed {seed}");
 }
+
+#[test]
+fn dropping_a_model_and_its_sessions_frees_every_buffer() {
+    let Some(ctx) = gpu_or_skip("dropping_a_model_and_its_sessions_frees_every_buffer") else {
+        return;
+    };
+    let (model, golden) = load(SMOLLM2);
+    let before = ctx.memory_usage().0;
+    for _ in 0..2 {
+        let gpu = GpuModel::load(&ctx, &model).unwrap();
+        let mut s = gpu.session(64, 4).unwrap();
+        let logits = s.prefill(&golden.greedy[0].prompt_ids, 256).unwrap();
+        s.decode_steps(top1(&logits), &greedy(), 4, &[]).unwrap();
+        let held = ctx.memory_usage().0;
+        // weights, KV cache and scratch are all on the device while the session lives
+        assert!(held >= before + gpu.weight_bytes() + s.bytes(), "{held} bytes held");
+        drop(s);
+        drop(gpu);
+        assert_eq!(ctx.memory_usage().0, before, "buffers left behind after unload");
+    }
+    octoflow_vk::testing::assert_no_validation_errors(&ctx);
+}

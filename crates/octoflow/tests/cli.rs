@@ -158,3 +158,77 @@ fn perplexity_reports_mean_nll_as_json() {
     assert!(nll.is_finite() && nll > 0.0 && nll < 3.0, "{nll}");
     assert!((doc["perplexity"].as_f64().unwrap() - nll.exp()).abs() < 1e-6);
 }
+
+#[test]
+fn greedy_run_on_the_cpu_reference_continues_like_llama_cpp_too() {
+    let o = octoflow(&[
+        "run",
+        "-m",
+        SMOLLM,
+        "-p",
+        "The capital of France is",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "--device",
+        "cpu",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).starts_with(" Paris.\n\n"), "{:?}", stdout(&o));
+    assert!(stderr(&o).contains("CPU reference"), "{}", stderr(&o));
+}
+
+#[test]
+fn profile_prints_gpu_time_per_kernel() {
+    let o = octoflow(&[
+        "run",
+        "-m",
+        SMOLLM,
+        "-p",
+        "Hello",
+        "-n",
+        "3",
+        "--temp",
+        "0",
+        "--steps",
+        "2",
+        "--profile",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    for kernel in ["matvec_q4_1", "attention", "argmax", "advance"] {
+        assert!(
+            err.contains(kernel),
+            "{kernel} missing from the profile:\n{err}"
+        );
+    }
+}
+
+#[test]
+fn bench_reports_pp_and_tg_as_json() {
+    let o = octoflow(&[
+        "bench", "-m", SMOLLM, "-p", "8", "-n", "4", "-r", "2", "--steps", "2", "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let tests = doc["tests"].as_array().unwrap();
+    assert_eq!(tests.len(), 2);
+    assert_eq!(
+        (tests[0]["test"].as_str(), tests[1]["test"].as_str()),
+        (Some("pp8"), Some("tg4"))
+    );
+    for t in tests {
+        assert_eq!(t["samples_ts"].as_array().unwrap().len(), 2);
+        assert!(t["avg_ts"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(doc["backend"], "Vulkan");
+}
+
+#[test]
+fn a_missing_gpu_index_is_a_clear_error() {
+    let o = octoflow(&["run", "-m", SMOLLM, "-p", "x", "-n", "1", "--gpu", "99"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains("99") && !err.contains("panicked"), "{err}");
+}
