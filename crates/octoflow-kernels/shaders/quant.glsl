@@ -72,6 +72,27 @@ uint byte_of(uint u, uint k) {
     return (u >> (8u * k)) & 0xFFu;
 }
 
+#ifdef QCPU
+// Windows of words (QCPU): a 2-byte aligned region is read once as whole words raw[0..] from
+// word (b >> 2), h = bit 1 of b; then the u32 / u16 at even region offset o (a constant):
+#define QFUNNEL(a, b) (((a) >> 16) | ((b) << 16))
+#define WIN_U32(raw, o, h) ((((o) & 2u) != 0u) \
+    ? ((h) ? raw[((o) >> 2) + 1u] : QFUNNEL(raw[(o) >> 2], raw[((o) >> 2) + 1u])) \
+    : ((h) ? QFUNNEL(raw[(o) >> 2], raw[((o) >> 2) + 1u]) : raw[(o) >> 2]))
+#define WIN_U16(raw, o, h) ((((o) & 2u) != 0u) \
+    ? ((h) ? (raw[((o) >> 2) + 1u] & 0xFFFFu) : (raw[(o) >> 2] >> 16)) \
+    : ((h) ? (raw[(o) >> 2] >> 16) : (raw[(o) >> 2] & 0xFFFFu)))
+
+// raw[0..n) = the n words from word b >> 2; raw[n..NWMAX) = 0 (never read for real).
+#define NWMAX 10u
+void win_load(uint b, uint n, out uint raw[NWMAX]) {
+    uint i0 = b >> 2;
+    QUNROLL for (uint k = 0u; k < NWMAX; k++) {
+        raw[k] = k < n ? w[i0 + k] : 0u;
+    }
+}
+#endif
+
 // ---- per-type layout constants --------------------------------------------------------------
 // QK: elements per block; QBYTES: bytes per block; QDENSE: a float type (block of one element).
 
@@ -175,9 +196,25 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
     }
 #elif defined(QTYPE_Q4_0)
     uint bb = row_byte + c * QBYTES;
+#ifdef QCPU
+    // [d:2][qs:16] spans 5 words whatever its alignment.
+    uint raw[NWMAX];
+    win_load(bb, 5u, raw);
+    bool h = (bb & 2u) != 0u;
+    float d = unpackHalf2x16(WIN_U16(raw, 0u, h)).x;
+    uint q[32];
+    QUNROLL for (uint k = 0u; k < 4u; k++) {
+        uint u = WIN_U32(raw, 2u + 4u * k, h);
+        QUNROLL for (uint i = 0u; i < 4u; i++) {
+            q[4u * k + i] = byte_of(u, i) & 0xFu;
+            q[4u * k + i + 16u] = byte_of(u, i) >> 4;
+        }
+    }
+#else
     float d = qw_f16(bb);
     uint q[32];
     nibbles32(bb + 2u, q);
+#endif
     QUNROLL for (uint i = 0u; i < 32u; i++) {
         v[i] = d * float(int(q[i]) - 8);
     }
@@ -192,10 +229,27 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
     }
 #elif defined(QTYPE_Q5_0)
     uint bb = row_byte + c * QBYTES;
+#ifdef QCPU
+    // [d:2][qh:4][qs:16] spans 6 words whatever its alignment.
+    uint raw[NWMAX];
+    win_load(bb, 6u, raw);
+    bool h = (bb & 2u) != 0u;
+    float d = unpackHalf2x16(WIN_U16(raw, 0u, h)).x;
+    uint qh = WIN_U32(raw, 2u, h);
+    uint q[32];
+    QUNROLL for (uint k = 0u; k < 4u; k++) {
+        uint u = WIN_U32(raw, 6u + 4u * k, h);
+        QUNROLL for (uint i = 0u; i < 4u; i++) {
+            q[4u * k + i] = byte_of(u, i) & 0xFu;
+            q[4u * k + i + 16u] = byte_of(u, i) >> 4;
+        }
+    }
+#else
     float d = qw_f16(bb);
     uint qh = qw_u32(bb + 2u);
     uint q[32];
     nibbles32(bb + 6u, q);
+#endif
     QUNROLL for (uint i = 0u; i < 32u; i++) {
         v[i] = d * float(int(q[i] | (((qh >> i) & 1u) << 4)) - 16);
     }
@@ -211,9 +265,21 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
     }
 #elif defined(QTYPE_Q8_0)
     uint bb = row_byte + c * QBYTES;
+#ifdef QCPU
+    // [d:2][qs:32] spans 9 words whatever its alignment.
+    uint raw[NWMAX];
+    win_load(bb, 9u, raw);
+    bool h = (bb & 2u) != 0u;
+    float d = unpackHalf2x16(WIN_U16(raw, 0u, h)).x;
+#else
     float d = qw_f16(bb);
+#endif
     QUNROLL for (uint k = 0u; k < 8u; k++) {
+#ifdef QCPU
+        int u = int(WIN_U32(raw, 2u + 4u * k, h));
+#else
         int u = int(qw_u32(bb + 2u + 4u * k));
+#endif
         QUNROLL for (uint i = 0u; i < 4u; i++) {
             v[4u * k + i] = d * float(bitfieldExtract(u, int(8u * i), 8));
         }
@@ -263,9 +329,23 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
     uint hi = bb + 128u + 32u * hn;
     uint lo_shift = 4u * (k4 / 2u);
     uint hi_shift = 2u * k4;
+#ifdef QCPU
+    // The 32 bytes at lo and at hi (even offsets inside the block) as 9-word windows.
+    uint rl[NWMAX];
+    uint rh[NWMAX];
+    win_load(lo, 9u, rl);
+    win_load(hi, 9u, rh);
+    bool hl = (lo & 2u) != 0u;
+    bool hh = (hi & 2u) != 0u;
+#endif
     QUNROLL for (uint k = 0u; k < 8u; k++) {
+#ifdef QCPU
+        uint ul = WIN_U32(rl, 4u * k, hl);
+        uint uh = WIN_U32(rh, 4u * k, hh);
+#else
         uint ul = qw_u32(lo + 4u * k);
         uint uh = qw_u32(hi + 4u * k);
+#endif
         float dl = k < 4u ? dl0 : dl1;
         QUNROLL for (uint i = 0u; i < 4u; i++) {
             uint q = ((byte_of(ul, i) >> lo_shift) & 0xFu) | (((byte_of(uh, i) >> hi_shift) & 3u) << 4);
