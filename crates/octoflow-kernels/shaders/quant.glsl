@@ -27,6 +27,29 @@ uint qw_u16(uint b) {
     return (w[b >> 2] >> ((b & 2u) * 8u)) & 0xFFFFu;
 }
 
+// QCPU (defined by the CPU-driver shader): constant-trip loops are unrolled, and u32 reads
+// avoid divergent branches (a per-lane branch runs both sides there).
+#ifdef QCPU
+#define QUNROLL [[unroll]]
+#else
+#define QUNROLL
+#endif
+
+#ifdef QCPU
+// The little-endian u32 at offset b: one word read for QALIGN4 types (blocks and rows are
+// 4-byte multiples), else the word(s) holding it, without branches.
+uint qw_u32(uint b) {
+    uint i = b >> 2;
+#ifdef QALIGN4
+    return w[i];
+#else
+    uint s = (b & 3u) * 8u;
+    uint lo = w[i];
+    uint hi = w[i + (s != 0u ? 1u : 0u)];
+    return s == 0u ? lo : (lo >> s) | (hi << (32u - s));
+#endif
+}
+#else
 // The little-endian u32 at offset b (any alignment). Reads the next word only when the value
 // straddles it.
 uint qw_u32(uint b) {
@@ -37,6 +60,7 @@ uint qw_u32(uint b) {
     }
     return (w[i] >> s) | (w[i + 1u] << (32u - s));
 }
+#endif
 
 // The IEEE f16 at the even offset b, as f32.
 float qw_f16(uint b) {
@@ -48,10 +72,32 @@ uint byte_of(uint u, uint k) {
     return (u >> (8u * k)) & 0xFFu;
 }
 
+#ifdef QCPU
+// Windows of words (QCPU): a 2-byte aligned region is read once as whole words raw[0..] from
+// word (b >> 2), h = bit 1 of b; then the u32 / u16 at even region offset o (a constant):
+#define QFUNNEL(a, b) (((a) >> 16) | ((b) << 16))
+#define WIN_U32(raw, o, h) ((((o) & 2u) != 0u) \
+    ? ((h) ? raw[((o) >> 2) + 1u] : QFUNNEL(raw[(o) >> 2], raw[((o) >> 2) + 1u])) \
+    : ((h) ? QFUNNEL(raw[(o) >> 2], raw[((o) >> 2) + 1u]) : raw[(o) >> 2]))
+#define WIN_U16(raw, o, h) ((((o) & 2u) != 0u) \
+    ? ((h) ? (raw[((o) >> 2) + 1u] & 0xFFFFu) : (raw[(o) >> 2] >> 16)) \
+    : ((h) ? (raw[(o) >> 2] >> 16) : (raw[(o) >> 2] & 0xFFFFu)))
+
+// raw[0..n) = the n words from word b >> 2; raw[n..NWMAX) = 0 (never read for real).
+#define NWMAX 10u
+void win_load(uint b, uint n, out uint raw[NWMAX]) {
+    uint i0 = b >> 2;
+    QUNROLL for (uint k = 0u; k < NWMAX; k++) {
+        raw[k] = k < n ? w[i0 + k] : 0u;
+    }
+}
+#endif
+
 // ---- per-type layout constants --------------------------------------------------------------
 // QK: elements per block; QBYTES: bytes per block; QDENSE: a float type (block of one element).
 
 #if defined(QTYPE_F32)
+#define QALIGN4 1
 #define QK 1u
 #define QBYTES 4u
 #define QDENSE 1
@@ -63,21 +109,25 @@ uint byte_of(uint u, uint k) {
 #define QK 32u
 #define QBYTES 18u
 #elif defined(QTYPE_Q4_1)
+#define QALIGN4 1
 #define QK 32u
 #define QBYTES 20u
 #elif defined(QTYPE_Q5_0)
 #define QK 32u
 #define QBYTES 22u
 #elif defined(QTYPE_Q5_1)
+#define QALIGN4 1
 #define QK 32u
 #define QBYTES 24u
 #elif defined(QTYPE_Q8_0)
 #define QK 32u
 #define QBYTES 34u
 #elif defined(QTYPE_Q4_K)
+#define QALIGN4 1
 #define QK 256u
 #define QBYTES 144u
 #elif defined(QTYPE_Q5_K)
+#define QALIGN4 1
 #define QK 256u
 #define QBYTES 176u
 #elif defined(QTYPE_Q6_K)
@@ -105,9 +155,9 @@ uint chunk_len(uint c, uint n) {
 
 // Legacy 4-bit codes: 16 bytes at qs; element j < 16 is the low nibble of byte j, j + 16 the high.
 void nibbles32(uint qs, out uint q[32]) {
-    for (uint k = 0u; k < 4u; k++) {
+    QUNROLL for (uint k = 0u; k < 4u; k++) {
         uint u = qw_u32(qs + 4u * k);
-        for (uint i = 0u; i < 4u; i++) {
+        QUNROLL for (uint i = 0u; i < 4u; i++) {
             uint b = byte_of(u, i);
             q[4u * k + i] = b & 0xFu;
             q[4u * k + i + 16u] = b >> 4;
@@ -135,21 +185,37 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
 #if defined(QTYPE_F32)
     uint base = (row_byte >> 2) + 32u * c;
     uint len = chunk_len(c, n);
-    for (uint i = 0u; i < 32u; i++) {
+    QUNROLL for (uint i = 0u; i < 32u; i++) {
         v[i] = i < len ? uintBitsToFloat(w[base + i]) : 0.0;
     }
 #elif defined(QTYPE_F16)
     uint base = row_byte + 64u * c;
     uint len = chunk_len(c, n);
-    for (uint i = 0u; i < 32u; i++) {
+    QUNROLL for (uint i = 0u; i < 32u; i++) {
         v[i] = i < len ? qw_f16(base + 2u * i) : 0.0;
     }
 #elif defined(QTYPE_Q4_0)
     uint bb = row_byte + c * QBYTES;
+#ifdef QCPU
+    // [d:2][qs:16] spans 5 words whatever its alignment.
+    uint raw[NWMAX];
+    win_load(bb, 5u, raw);
+    bool h = (bb & 2u) != 0u;
+    float d = unpackHalf2x16(WIN_U16(raw, 0u, h)).x;
+    uint q[32];
+    QUNROLL for (uint k = 0u; k < 4u; k++) {
+        uint u = WIN_U32(raw, 2u + 4u * k, h);
+        QUNROLL for (uint i = 0u; i < 4u; i++) {
+            q[4u * k + i] = byte_of(u, i) & 0xFu;
+            q[4u * k + i + 16u] = byte_of(u, i) >> 4;
+        }
+    }
+#else
     float d = qw_f16(bb);
     uint q[32];
     nibbles32(bb + 2u, q);
-    for (uint i = 0u; i < 32u; i++) {
+#endif
+    QUNROLL for (uint i = 0u; i < 32u; i++) {
         v[i] = d * float(int(q[i]) - 8);
     }
 #elif defined(QTYPE_Q4_1)
@@ -158,16 +224,33 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
     float m = qw_f16(bb + 2u);
     uint q[32];
     nibbles32(bb + 4u, q);
-    for (uint i = 0u; i < 32u; i++) {
+    QUNROLL for (uint i = 0u; i < 32u; i++) {
         v[i] = d * float(q[i]) + m;
     }
 #elif defined(QTYPE_Q5_0)
     uint bb = row_byte + c * QBYTES;
+#ifdef QCPU
+    // [d:2][qh:4][qs:16] spans 6 words whatever its alignment.
+    uint raw[NWMAX];
+    win_load(bb, 6u, raw);
+    bool h = (bb & 2u) != 0u;
+    float d = unpackHalf2x16(WIN_U16(raw, 0u, h)).x;
+    uint qh = WIN_U32(raw, 2u, h);
+    uint q[32];
+    QUNROLL for (uint k = 0u; k < 4u; k++) {
+        uint u = WIN_U32(raw, 6u + 4u * k, h);
+        QUNROLL for (uint i = 0u; i < 4u; i++) {
+            q[4u * k + i] = byte_of(u, i) & 0xFu;
+            q[4u * k + i + 16u] = byte_of(u, i) >> 4;
+        }
+    }
+#else
     float d = qw_f16(bb);
     uint qh = qw_u32(bb + 2u);
     uint q[32];
     nibbles32(bb + 6u, q);
-    for (uint i = 0u; i < 32u; i++) {
+#endif
+    QUNROLL for (uint i = 0u; i < 32u; i++) {
         v[i] = d * float(int(q[i] | (((qh >> i) & 1u) << 4)) - 16);
     }
 #elif defined(QTYPE_Q5_1)
@@ -177,15 +260,27 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
     uint qh = qw_u32(bb + 4u);
     uint q[32];
     nibbles32(bb + 8u, q);
-    for (uint i = 0u; i < 32u; i++) {
+    QUNROLL for (uint i = 0u; i < 32u; i++) {
         v[i] = d * float(q[i] | (((qh >> i) & 1u) << 4)) + m;
     }
 #elif defined(QTYPE_Q8_0)
     uint bb = row_byte + c * QBYTES;
+#ifdef QCPU
+    // [d:2][qs:32] spans 9 words whatever its alignment.
+    uint raw[NWMAX];
+    win_load(bb, 9u, raw);
+    bool h = (bb & 2u) != 0u;
+    float d = unpackHalf2x16(WIN_U16(raw, 0u, h)).x;
+#else
     float d = qw_f16(bb);
-    for (uint k = 0u; k < 8u; k++) {
+#endif
+    QUNROLL for (uint k = 0u; k < 8u; k++) {
+#ifdef QCPU
+        int u = int(WIN_U32(raw, 2u + 4u * k, h));
+#else
         int u = int(qw_u32(bb + 2u + 4u * k));
-        for (uint i = 0u; i < 4u; i++) {
+#endif
+        QUNROLL for (uint i = 0u; i < 4u; i++) {
             v[4u * k + i] = d * float(bitfieldExtract(u, int(8u * i), 8));
         }
     }
@@ -206,12 +301,12 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
     uint qs = bb + 16u + 32u * (j / 2u);
 #endif
     uint shift = 4u * (j % 2u);
-    for (uint k = 0u; k < 8u; k++) {
+    QUNROLL for (uint k = 0u; k < 8u; k++) {
         uint u = qw_u32(qs + 4u * k);
 #ifdef QTYPE_Q5_K
         uint h = qw_u32(qh + 4u * k);
 #endif
-        for (uint i = 0u; i < 4u; i++) {
+        QUNROLL for (uint i = 0u; i < 4u; i++) {
             uint q = (byte_of(u, i) >> shift) & 0xFu;
 #ifdef QTYPE_Q5_K
             q |= ((byte_of(h, i) >> j) & 1u) << 4;
@@ -234,11 +329,25 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
     uint hi = bb + 128u + 32u * hn;
     uint lo_shift = 4u * (k4 / 2u);
     uint hi_shift = 2u * k4;
-    for (uint k = 0u; k < 8u; k++) {
+#ifdef QCPU
+    // The 32 bytes at lo and at hi (even offsets inside the block) as 9-word windows.
+    uint rl[NWMAX];
+    uint rh[NWMAX];
+    win_load(lo, 9u, rl);
+    win_load(hi, 9u, rh);
+    bool hl = (lo & 2u) != 0u;
+    bool hh = (hi & 2u) != 0u;
+#endif
+    QUNROLL for (uint k = 0u; k < 8u; k++) {
+#ifdef QCPU
+        uint ul = WIN_U32(rl, 4u * k, hl);
+        uint uh = WIN_U32(rh, 4u * k, hh);
+#else
         uint ul = qw_u32(lo + 4u * k);
         uint uh = qw_u32(hi + 4u * k);
+#endif
         float dl = k < 4u ? dl0 : dl1;
-        for (uint i = 0u; i < 4u; i++) {
+        QUNROLL for (uint i = 0u; i < 4u; i++) {
             uint q = ((byte_of(ul, i) >> lo_shift) & 0xFu) | (((byte_of(uh, i) >> hi_shift) & 3u) << 4);
             v[4u * k + i] = dl * float(int(q) - 32);
         }

@@ -5,10 +5,13 @@
 //! Weights stay on the device in their exact GGUF bytes: `n_rows` rows of `n_cols` elements,
 //! row `r` at byte `r * row_bytes` with `row_bytes = quantized_size(ty, n_cols)`. Types: F32,
 //! F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+//!
+//! On CPU drivers (lavapipe) both products use `linear_cpu.comp` instead, a layout without
+//! shared memory whose x reads are subgroup-uniform (see the shader's header).
 
 use octoflow_gguf::quant::QuantError;
 use octoflow_gguf::GgmlType;
-use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push, VkError};
+use octoflow_vk::{BufferSlice, Chain, Context, DeviceKind, Pipeline, PipelineDesc, Push, VkError};
 
 use crate::error::{KernelError, Result};
 use crate::qweight::{check_words, row_bytes, type_index, variant, word_slice, QOp, TYPES};
@@ -25,6 +28,13 @@ const MATVEC_TPR: u32 = 32;
 /// Rows and tokens per matmul workgroup tile (`TM`, `TN` in `matmul.comp`).
 const MATMUL_TM: u32 = 64;
 const MATMUL_TN: u32 = 64;
+/// Rows per workgroup of the CPU-driver kernels (`WG * R` in `linear_cpu.comp`).
+const CPU_ROWS: u32 = 128;
+/// The subgroup size `linear_cpu.comp` is written for (`SG`).
+const CPU_SUBGROUP: u32 = 8;
+/// Tokens per workgroup of the CPU-driver matvec and matmul variants (`TN` in `variants.txt`).
+const CPU_MATVEC_TN: u32 = 4;
+const CPU_MATMUL_TN: u32 = 8;
 /// Push-constant bytes of both shaders (7 u32).
 const PUSH_BYTES: u32 = 28;
 
@@ -64,12 +74,46 @@ pub struct LinearArgs<'a> {
 pub struct Linear {
     matvec: Vec<Pipeline>,
     matmul: Vec<Pipeline>,
+    /// The pipelines are the `linear_cpu.comp` variants.
+    cpu: bool,
 }
 
 impl Linear {
     /// Builds every type's pipelines. The matvec reduction needs a subgroup size dividing 32:
     /// devices whose subgroups may be wider get 32 required, or an error without size control.
+    /// CPU drivers whose subgroups are (or can be made) 8 wide get the `linear_cpu.comp`
+    /// variants.
     pub fn new(ctx: &Context) -> Result<Self> {
+        let caps = ctx.caps();
+        let sg = &caps.subgroup;
+        let cpu = caps.kind == DeviceKind::Cpu
+            && (sg.size == CPU_SUBGROUP
+                || (sg.size_control && (sg.min_size..=sg.max_size).contains(&CPU_SUBGROUP)));
+        Self::with_layout(ctx, cpu)
+    }
+
+    /// Builds the CPU-driver variants when `cpu`, else the GPU ones (tests run both anywhere).
+    pub(crate) fn with_layout(ctx: &Context, cpu: bool) -> Result<Self> {
+        let mut matvec = Vec::with_capacity(TYPES.len());
+        let mut matmul = Vec::with_capacity(TYPES.len());
+        if cpu {
+            let sg = &ctx.caps().subgroup;
+            let required = (sg.size != CPU_SUBGROUP).then_some(CPU_SUBGROUP);
+            for i in 0..TYPES.len() {
+                for (op, list) in [(QOp::MatvecCpu, &mut matvec), (QOp::MatmulCpu, &mut matmul)] {
+                    let mut desc = PipelineDesc::new(variant(op, i), 4, PUSH_BYTES);
+                    if let Some(size) = required {
+                        desc = desc.subgroup_size(size);
+                    }
+                    list.push(Pipeline::new(ctx, &desc)?);
+                }
+            }
+            return Ok(Linear {
+                matvec,
+                matmul,
+                cpu,
+            });
+        }
         let sg = &ctx.caps().subgroup;
         let required = if sg.max_size > MATVEC_TPR || !MATVEC_TPR.is_multiple_of(sg.size) {
             if !(sg.size_control && sg.min_size <= MATVEC_TPR) {
@@ -85,8 +129,6 @@ impl Linear {
         } else {
             None
         };
-        let mut matvec = Vec::with_capacity(TYPES.len());
-        let mut matmul = Vec::with_capacity(TYPES.len());
         for i in 0..TYPES.len() {
             let mut desc = PipelineDesc::new(variant(QOp::Matvec, i), 4, PUSH_BYTES);
             if let Some(size) = required {
@@ -96,7 +138,11 @@ impl Linear {
             let desc = PipelineDesc::new(variant(QOp::Matmul, i), 4, PUSH_BYTES);
             matmul.push(Pipeline::new(ctx, &desc)?);
         }
-        Ok(Linear { matvec, matmul })
+        Ok(Linear {
+            matvec,
+            matmul,
+            cpu,
+        })
     }
 
     /// Whether the kernels read weights of type `ty`.
@@ -150,18 +196,35 @@ impl Linear {
         // Without a bias, x stands in for the fixed binding (never read).
         let bias = a.bias.unwrap_or(a.x).clone();
         let bindings = [data, a.x.clone(), a.y.clone(), bias];
-        if a.n_tokens <= MATVEC_MAX_TOKENS {
+        let small = a.n_tokens <= MATVEC_MAX_TOKENS;
+        let pipeline = if small {
+            &self.matvec[ti]
+        } else {
+            &self.matmul[ti]
+        };
+        if self.cpu {
+            let tn = if small { CPU_MATVEC_TN } else { CPU_MATMUL_TN };
+            let groups = [w.n_rows.div_ceil(CPU_ROWS), a.n_tokens.div_ceil(tn), 1];
+            let max = chain.context().caps().max_workgroup_count;
+            if groups[0] > max[0] || groups[1] > max[1] {
+                return Err(shape(format!(
+                    "{} rows x {} tokens need {}x{} workgroups, over {}x{}",
+                    w.n_rows, a.n_tokens, groups[0], groups[1], max[0], max[1]
+                )));
+            }
+            chain.dispatch(pipeline, &bindings, &push, groups)?;
+        } else if small {
             let groups = chain
                 .context()
                 .groups_1d(u64::from(w.n_rows), MATVEC_ROWS)?;
-            chain.dispatch(&self.matvec[ti], &bindings, &push, groups)?;
+            chain.dispatch(pipeline, &bindings, &push, groups)?;
         } else {
             let groups = [
                 w.n_rows.div_ceil(MATMUL_TM),
                 a.n_tokens.div_ceil(MATMUL_TN),
                 1,
             ];
-            chain.dispatch(&self.matmul[ti], &bindings, &push, groups)?;
+            chain.dispatch(pipeline, &bindings, &push, groups)?;
         }
         Ok(())
     }
@@ -258,12 +321,19 @@ pub(crate) mod tests {
     }
 
     fn check_type(ty: GgmlType) {
+        for cpu in [false, true] {
+            check_layout(ty, cpu);
+        }
+    }
+
+    /// Random shapes and options of `ty` through the GPU (`cpu` false) or CPU-driver kernels.
+    fn check_layout(ty: GgmlType, cpu: bool) {
         let Some(ctx) = gpu_or_skip(&format!("linear_{ty}")) else {
             return;
         };
         let seed: u64 = rand::random();
         let mut rng = StdRng::seed_from_u64(seed);
-        let lin = Linear::new(&ctx).unwrap();
+        let lin = Linear::with_layout(&ctx, cpu).unwrap();
         let n_rows = rng.gen_range(96..300usize);
         let n_cols = random_cols(&mut rng, ty);
         let wq = random_weights(&mut rng, ty, n_rows, n_cols);
@@ -327,7 +397,7 @@ pub(crate) mod tests {
             )
             .unwrap();
             let what = format!(
-                "{ty} {n_rows}x{n_cols}, {n_tokens} tokens, bias {with_bias}, \
+                "{ty} (cpu layout {cpu}) {n_rows}x{n_cols}, {n_tokens} tokens, bias {with_bias}, \
                 accumulate {accumulate}, y_col {y_col}, y_stride {y_stride}, seed {seed}"
             );
             for t in 0..n_tokens {
@@ -364,6 +434,92 @@ pub(crate) mod tests {
         gpu_linear_q8_0 => Q8_0, gpu_linear_q4_k => Q4_K, gpu_linear_q5_k => Q5_K,
         gpu_linear_q6_k => Q6_K
     );
+
+    /// utime + stime of this process (all threads), seconds.
+    fn cpu_seconds() -> f64 {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        let after = stat.rsplit(')').next().unwrap_or("");
+        let f: Vec<f64> = after
+            .split_whitespace()
+            .map(|v| v.parse().unwrap_or(0.0))
+            .collect();
+        (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) / 100.0
+    }
+
+    /// Wall time of single dispatches at model shapes, both layouts (`cargo test -p
+    /// octoflow-kernels --release linear_timing -- --ignored --nocapture`; filter with
+    /// `LINEAR_BENCH=q4_1`).
+    #[test]
+    #[ignore]
+    fn linear_timing() {
+        let Some(ctx) = gpu_or_skip("linear_timing") else {
+            return;
+        };
+        let filter = std::env::var("LINEAR_BENCH").unwrap_or_default();
+        let mut rng = StdRng::seed_from_u64(1);
+        let cases = [
+            (GgmlType::Q4_1, 576, 576, 64),
+            (GgmlType::Q4_1, 576, 576, 1),
+            (GgmlType::Q8_0, 8192, 576, 1),
+            (GgmlType::Q4_1, 64, 64, 1),
+            (GgmlType::Q4_K, 896, 4864, 64),
+            (GgmlType::Q4_K, 896, 4864, 1),
+            (GgmlType::Q6_K, 896, 4864, 1),
+            (GgmlType::Q5_0, 896, 896, 1),
+            (GgmlType::F16, 1000, 999, 1),
+        ];
+        for (ty, n_rows, n_cols, n_tokens) in cases {
+            let name = format!("{ty} {n_rows}x{n_cols} x{n_tokens}");
+            if !name.to_lowercase().contains(&filter) {
+                continue;
+            }
+            let wq = random_weights(&mut rng, ty, n_rows, n_cols);
+            let wb = buffer_with(&ctx, "w", &wq);
+            let x: Vec<f32> = (0..n_tokens * n_cols).map(|_| rng.gen()).collect();
+            let xb = buffer_with(&ctx, "x", octoflow_vk::as_bytes(&x));
+            let yb = buffer_with(&ctx, "y", &vec![0u8; n_tokens * n_rows * 4]);
+            for cpu in [false, true] {
+                let lin = Linear::with_layout(&ctx, cpu).unwrap();
+                let args = LinearArgs {
+                    w: QWeightRef {
+                        ty,
+                        data: &wb.whole(),
+                        n_rows: n_rows as u32,
+                        n_cols: n_cols as u32,
+                    },
+                    x: &xb.whole(),
+                    y: &yb.whole(),
+                    n_tokens: n_tokens as u32,
+                    y_stride: n_rows as u32,
+                    y_col: 0,
+                    bias: None,
+                    accumulate: false,
+                };
+                // One dispatch to size the batch, then a chain of `n` (~0.3 s); the process CPU
+                // time (all driver threads) is less noisy than wall time on a shared machine.
+                let run = |n: usize| {
+                    let mut chain = Chain::new(&ctx).unwrap();
+                    for _ in 0..n {
+                        lin.record(&mut chain, &args).unwrap();
+                    }
+                    let (t, c) = (std::time::Instant::now(), cpu_seconds());
+                    chain.run().unwrap();
+                    (
+                        t.elapsed().as_secs_f64() / n as f64,
+                        (cpu_seconds() - c) / n as f64,
+                    )
+                };
+                let n = (0.3 / run(1).0).clamp(1.0, 500.0) as usize;
+                let (best, cpu_s) = run(n);
+                let gmac = (n_rows * n_cols * n_tokens) as f64 / best / 1e9;
+                println!(
+                    "{name:<24} cpu {cpu:<5} {:9.3} ms wall {:9.3} ms cpu {gmac:7.3} GMAC/s",
+                    best * 1e3,
+                    cpu_s * 1e3
+                );
+            }
+        }
+    }
 
     #[test]
     fn bad_shapes_and_types_are_clear_errors() {

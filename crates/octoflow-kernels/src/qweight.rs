@@ -26,6 +26,10 @@ pub(crate) const TYPES: [GgmlType; 10] = [
 pub(crate) enum QOp {
     Matvec,
     Matmul,
+    /// `matvec` for CPU drivers (`linear_cpu.comp`, 4 tokens per workgroup).
+    MatvecCpu,
+    /// `matmul` for CPU drivers (`linear_cpu.comp`, 16 tokens per workgroup).
+    MatmulCpu,
     GetRows,
 }
 
@@ -56,6 +60,30 @@ pub(crate) fn variant(op: QOp, i: usize) -> Shader {
             s::MATMUL_Q4_K,
             s::MATMUL_Q5_K,
             s::MATMUL_Q6_K,
+        ],
+        QOp::MatvecCpu => [
+            s::MATVEC_CPU_F32,
+            s::MATVEC_CPU_F16,
+            s::MATVEC_CPU_Q4_0,
+            s::MATVEC_CPU_Q4_1,
+            s::MATVEC_CPU_Q5_0,
+            s::MATVEC_CPU_Q5_1,
+            s::MATVEC_CPU_Q8_0,
+            s::MATVEC_CPU_Q4_K,
+            s::MATVEC_CPU_Q5_K,
+            s::MATVEC_CPU_Q6_K,
+        ],
+        QOp::MatmulCpu => [
+            s::MATMUL_CPU_F32,
+            s::MATMUL_CPU_F16,
+            s::MATMUL_CPU_Q4_0,
+            s::MATMUL_CPU_Q4_1,
+            s::MATMUL_CPU_Q5_0,
+            s::MATMUL_CPU_Q5_1,
+            s::MATMUL_CPU_Q8_0,
+            s::MATMUL_CPU_Q4_K,
+            s::MATMUL_CPU_Q5_K,
+            s::MATMUL_CPU_Q6_K,
         ],
         QOp::GetRows => [
             s::GET_ROWS_F32,
