@@ -104,7 +104,7 @@ impl Attention {
         const OP: &str = "attention";
         validate(a)?;
         let ctx = chain.context().clone();
-        let aligned = a.head_dim % 4 == 0 && a.head_dim_v % 4 == 0;
+        let aligned = a.head_dim.is_multiple_of(4) && a.head_dim_v.is_multiple_of(4);
         let spec = [
             p.wg,
             p.cl,
