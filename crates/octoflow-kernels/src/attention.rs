@@ -61,12 +61,14 @@ pub(crate) struct Plan {
     pub hpl: u32,
     /// Tokens per cluster.
     pub tpl: u32,
+    /// Keys per loop step.
+    pub kb: u32,
     /// Key-range pieces (1: no merge pass).
     pub split: u32,
 }
 
 /// Pipelines keyed by their specialization constants.
-type PipelineCache = HashMap<[u32; 7], Pipeline>;
+type PipelineCache = HashMap<[u32; 8], Pipeline>;
 
 /// The attention kernel, built once per device. Pipelines for each head shape are specialized
 /// on first use; split-K scratch memory is allocated on first use and grows as needed (it is
@@ -113,6 +115,7 @@ impl Attention {
             p.hpl,
             p.tpl,
             u32::from(aligned),
+            p.kb,
         ];
         let pipeline = {
             let mut cache = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
@@ -220,16 +223,19 @@ pub(crate) fn plan(caps: &DeviceCaps, a: &AttentionArgs) -> Plan {
     let wg = if cpu { 32.max(cl) } else { 64.max(cl) };
     let clusters = a.n_tokens.div_ceil(tpl) * group.div_ceil(hpl) * a.n_head_kv;
     // split the keys while there are too few clusters to fill the device
-    let target = if cpu { 16 * (wg / cl) } else { 65536 / cl };
+    // (prefill batches are usually short of keys too: at most a few pieces there)
+    let target = if cpu { 16 * (wg / cl) } else { 1024 };
+    let most = if a.n_tokens > 1 { 8 } else { 64 };
     let split = target
         .div_ceil(clusters.max(1))
         .min(a.n_kv_rows.div_ceil(64))
-        .clamp(1, 64);
+        .clamp(1, most);
     Plan {
         wg,
         cl,
         hpl,
         tpl,
+        kb: if cpu { 1 } else { 4 },
         split,
     }
 }
@@ -295,8 +301,9 @@ pub struct AttentionShape {
 
 /// CPU reference: `q` `[n_tokens, n_head, head_dim]`, caches `k`, `v` `[n_kv_rows, n_head_kv, _]`,
 /// `out` `[n_tokens, n_head, head_dim_v]`; query `t` at position `start + t` sees keys
-/// `first..=min(p, n_kv_rows - 1)`; f32 scores, max-subtracted f32 softmax, weighted value sum
-/// (as `octoflow-model`'s attention). A query that sees no key gets zeros.
+/// `first..=min(p, n_kv_rows - 1)`; scores, max-subtracted softmax and weighted value sum as
+/// `octoflow-model`'s attention, but accumulated in f64 so that the oracle's own rounding does
+/// not count against a kernel that sums in another order. A query that sees no key gets zeros.
 pub fn attention_ref(
     s: &AttentionShape,
     q: &[f32],
@@ -318,24 +325,32 @@ pub fn attention_ref(
         let end = (p + 1).min(s.n_kv_rows);
         let kvh = h / group;
         let qh = &q[i * hd..][..hd];
-        let mut att: Vec<f32> = (first..end)
+        let mut att: Vec<f64> = (first..end)
             .map(|j| {
                 let kh = &k[(j * s.n_head_kv + kvh) * hd..][..hd];
-                s.scale * qh.iter().zip(kh).map(|(a, b)| a * b).sum::<f32>()
+                let dot: f64 = qh
+                    .iter()
+                    .zip(kh)
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum();
+                f64::from(s.scale) * dot
             })
             .collect();
-        let max = att.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
+        let max = att.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let mut sum = 0f64;
         for a in att.iter_mut() {
             *a = (*a - max).exp();
             sum += *a;
         }
-        o.fill(0.0);
+        let mut acc = vec![0f64; hv];
         for (j, a) in (first..end).zip(&att) {
             let vh = &v[(j * s.n_head_kv + kvh) * hv..][..hv];
-            for (x, y) in o.iter_mut().zip(vh) {
-                *x += a / sum * y;
+            for (x, &y) in acc.iter_mut().zip(vh) {
+                *x += a / sum * f64::from(y);
             }
+        }
+        for (x, a) in o.iter_mut().zip(&acc) {
+            *x = *a as f32;
         }
     }
 }
