@@ -9,7 +9,7 @@
 // consecutive tokens: every K and V row it loads serves all HPL * TPL queries. Lane c of the
 // cluster holds dims (r * CL + c) * 4 .. + 4 of each query and of each output accumulator in
 // registers (constant-trip, unrolled loops); partial dot products are summed across the cluster
-// with xor shuffles. Keys stream KB at a time with an online softmax (running max m, running sum
+// with xor shuffles. Keys stream one by one with an online softmax (running max m, running sum
 // l, accumulators rescaled when the max grows); memory does not depend on the context length.
 //
 // Split-K (flash decoding): the cluster's key range is cut into n_split pieces, one cluster
@@ -17,6 +17,7 @@
 // piece goes to the scratch buffer `part` and attention_merge.comp combines the pieces.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint CL = 8;       // lanes per cluster, power of two <= subgroup
@@ -25,7 +26,6 @@ layout(constant_id = 3) const uint NV4 = 2;      // vec4s of a v row per lane
 layout(constant_id = 4) const uint HPL = 3;      // query heads per cluster
 layout(constant_id = 5) const uint TPL = 1;      // tokens per cluster
 layout(constant_id = 6) const bool ALIGNED = true; // head_dim and head_dim_v multiples of 4
-layout(constant_id = 7) const uint KB = 4;      // keys per step
 
 const uint NQ = HPL * TPL;
 const float NEG_BIG = -1.0e30; // "nothing seen yet": finite, so exp(NEG_BIG - NEG_BIG) = 1
@@ -103,9 +103,9 @@ void main() {
     rest /= n_hc;
     uint kvh = rest % pc.n_head_kv;
     uint split = rest / pc.n_head_kv;
-    if (split >= pc.n_split) {
-        return; // a whole cluster past the grid
-    }
+    // clusters past the grid idle along (no keys, no writes): the shuffles below run in
+    // subgroup-uniform control flow, which some drivers need even for cluster-local exchanges
+    bool idle = split >= pc.n_split;
     uint t0 = tb * TPL;
     uint h0 = kvh * group + hc * HPL;
     uint n_t = min(TPL, pc.n_tokens - t0);
@@ -118,7 +118,9 @@ void main() {
     uint len = end_all > first0 ? end_all - first0 : 0u;
     uint chunk = max((len + pc.n_split - 1u) / pc.n_split, 16u);
     uint js = min(first0 + split * chunk, max(end_all, first0));
-    uint je = min(js + chunk, max(end_all, first0));
+    uint je = idle ? js : min(js + chunk, max(end_all, first0));
+    uint n_keys = je - js;
+    uint n_steps = subgroupMax(n_keys); // the same trip count across the subgroup
 
     vec4 qv[NQ][NK4];
     for (uint i = 0; i < TPL; i++) {
@@ -142,68 +144,48 @@ void main() {
 
     uint k_stride = pc.n_head_kv * pc.head_dim;
     uint v_stride = pc.n_head_kv * pc.head_dim_v;
-    for (uint j0 = js; j0 < je; j0 += KB) {
-        // KB keys at a time: their loads are independent (latency hidden on GPUs) and the
-        // running max and accumulators are rescaled once per block
-        vec4 kr[KB][NK4];
-        vec4 vr[KB][NV4];
-        for (uint b = 0; b < KB; b++) {
-            uint j = j0 + b;
-            uint kb = j * k_stride + kvh * pc.head_dim;
-            uint vb = j * v_stride + kvh * pc.head_dim_v;
-            for (uint r = 0; r < NK4; r++) {
-                kr[b][r] = vec4(0.0);
-                if (j < je) kr[b][r] = ld_k(kb, (r * CL + lane) * 4u);
-            }
-            for (uint r = 0; r < NV4; r++) {
-                vr[b][r] = vec4(0.0);
-                if (j < je) vr[b][r] = ld_v(vb, (r * CL + lane) * 4u);
-            }
+    for (uint n = 0; n < n_steps; n++) {
+        uint j = js + n;
+        bool live = n < n_keys;
+        uint kb = j * k_stride + kvh * pc.head_dim;
+        vec4 kr[NK4];
+        for (uint r = 0; r < NK4; r++) {
+            kr[r] = vec4(0.0);
+            if (live) kr[r] = ld_k(kb, (r * CL + lane) * 4u);
         }
-        float s[KB][NQ];
-        for (uint b = 0; b < KB; b++) {
-            for (uint x = 0; x < NQ; x++) {
-                float d = 0.0;
-                for (uint r = 0; r < NK4; r++) {
-                    d += dot(qv[x][r], kr[b][r]);
-                }
-                s[b][x] = d;
+        float s[NQ];
+        for (uint x = 0; x < NQ; x++) {
+            float d = 0.0;
+            for (uint r = 0; r < NK4; r++) {
+                d += dot(qv[x][r], kr[r]);
             }
+            s[x] = d;
         }
         for (uint off = CL / 2u; off > 0u; off >>= 1) {
-            for (uint b = 0; b < KB; b++) {
-                for (uint x = 0; x < NQ; x++) {
-                    s[b][x] += subgroupShuffleXor(s[b][x], off);
-                }
+            for (uint x = 0; x < NQ; x++) {
+                s[x] += subgroupShuffleXor(s[x], off);
             }
+        }
+        uint vb = j * v_stride + kvh * pc.head_dim_v;
+        vec4 vr[NV4];
+        for (uint r = 0; r < NV4; r++) {
+            vr[r] = vec4(0.0);
+            if (live) vr[r] = ld_v(vb, (r * CL + lane) * 4u);
         }
         for (uint i = 0; i < TPL; i++) {
             // token t0 + i sees keys [first0 + i (windowed), p0 + i]
-            bool seen[KB];
-            for (uint b = 0; b < KB; b++) {
-                uint j = j0 + b;
-                seen[b] = j < je && j <= p0 + i && (pc.window == 0u || j + pc.window > p0 + i);
-            }
+            bool seen = live && j <= p0 + i && (pc.window == 0u || j + pc.window > p0 + i);
             for (uint u = 0; u < HPL; u++) {
                 uint x = i * HPL + u;
-                float mn = m[x];
-                for (uint b = 0; b < KB; b++) {
-                    mn = seen[b] ? max(mn, s[b][x]) : mn;
-                }
+                float sx = seen ? s[x] : NEG_BIG;
+                float mn = max(m[x], sx);
                 float alpha = exp(m[x] - mn);
-                float lx = l[x] * alpha;
-                for (uint r = 0; r < NV4; r++) {
-                    acc[x][r] *= alpha;
-                }
-                for (uint b = 0; b < KB; b++) {
-                    float pj = seen[b] ? exp(s[b][x] - mn) : 0.0;
-                    lx += pj;
-                    for (uint r = 0; r < NV4; r++) {
-                        acc[x][r] += pj * vr[b][r];
-                    }
-                }
-                l[x] = lx;
+                float pj = seen ? exp(sx - mn) : 0.0;
+                l[x] = l[x] * alpha + pj;
                 m[x] = mn;
+                for (uint r = 0; r < NV4; r++) {
+                    acc[x][r] = acc[x][r] * alpha + pj * vr[r];
+                }
             }
         }
     }
@@ -211,7 +193,7 @@ void main() {
     for (uint i = 0; i < TPL; i++) {
         for (uint u = 0; u < HPL; u++) {
             uint x = i * HPL + u;
-            if (i >= n_t || u >= n_h) {
+            if (idle || i >= n_t || u >= n_h) {
                 continue;
             }
             uint row = (t0 + i) * pc.n_head + h0 + u; // query index

@@ -61,14 +61,12 @@ pub(crate) struct Plan {
     pub hpl: u32,
     /// Tokens per cluster.
     pub tpl: u32,
-    /// Keys per loop step.
-    pub kb: u32,
     /// Key-range pieces (1: no merge pass).
     pub split: u32,
 }
 
 /// Pipelines keyed by their specialization constants.
-type PipelineCache = HashMap<[u32; 8], Pipeline>;
+type PipelineCache = HashMap<[u32; 7], Pipeline>;
 
 /// The attention kernel, built once per device. Pipelines for each head shape are specialized
 /// on first use; split-K scratch memory is allocated on first use and grows as needed (it is
@@ -115,7 +113,6 @@ impl Attention {
             p.hpl,
             p.tpl,
             u32::from(aligned),
-            p.kb,
         ];
         let pipeline = {
             let mut cache = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
@@ -223,19 +220,16 @@ pub(crate) fn plan(caps: &DeviceCaps, a: &AttentionArgs) -> Plan {
     let wg = if cpu { 32.max(cl) } else { 64.max(cl) };
     let clusters = a.n_tokens.div_ceil(tpl) * group.div_ceil(hpl) * a.n_head_kv;
     // split the keys while there are too few clusters to fill the device
-    // (prefill batches are usually short of keys too: at most a few pieces there)
-    let target = if cpu { 16 * (wg / cl) } else { 1024 };
-    let most = if a.n_tokens > 1 { 8 } else { 64 };
+    let target = if cpu { 16 * (wg / cl) } else { 65536 / cl };
     let split = target
         .div_ceil(clusters.max(1))
         .min(a.n_kv_rows.div_ceil(64))
-        .clamp(1, most);
+        .clamp(1, 64);
     Plan {
         wg,
         cl,
         hpl,
         tpl,
-        kb: if cpu { 1 } else { 4 },
         split,
     }
 }

@@ -119,17 +119,17 @@ fn every_work_layout_matches_the_reference() {
         (3, 6, 2, 38, 22, 60, 0, 30),
         (1, 8, 2, 128, 96, 700, 0, 699),
     ];
-    // (lanes per cluster, heads per cluster, tokens per cluster, keys per step, split): odd splits, partial
+    // (lanes per cluster, heads per cluster, tokens per cluster, split): odd splits, partial
     // head chunks and token blocks, one-lane clusters; wide clusters where subgroups allow
     let plans = [
-        (8, 3, 2, 4, 5),
-        (4, 2, 3, 1, 1),
-        (2, 1, 1, 3, 64),
-        (16, 4, 1, 2, 3),
-        (32, 1, 2, 4, 2),
+        (8, 3, 2, 5),
+        (4, 2, 3, 1),
+        (2, 1, 1, 64),
+        (16, 4, 1, 3),
+        (32, 1, 2, 2),
     ];
     for c in cases {
-        for (cl, hpl, tpl, kb, split) in plans {
+        for (cl, hpl, tpl, split) in plans {
             if cl > sg {
                 continue;
             }
@@ -138,7 +138,6 @@ fn every_work_layout_matches_the_reference() {
                 cl,
                 hpl,
                 tpl,
-                kb,
                 split,
             };
             if let Err(e) = run_case(&ctx, &k, &mut rng, c, Some(p)) {
