@@ -5,27 +5,42 @@
 // Query t sits at p = pos[pos_offset] + t and sees keys j in [first, min(p, n_kv_rows - 1)],
 // first = p + 1 - window when windowed (else 0). Query head h reads KV head h / (n_head / n_head_kv).
 //
-// One workgroup per (head, token). Keys stream in chunks of CHUNK (one key per invocation for
-// the score), with an online softmax: running max m, running sum l, and the output accumulator
-// rescaled by exp(m_old - m_new) when the max grows. Memory does not depend on the context.
-// Invocation d (and d + CHUNK) owns output dims d of the accumulator, reading V rows coalesced.
-#extension GL_GOOGLE_include_directive : require
+// A cluster of CL adjacent invocations owns HPL query heads of one KV head (GQA group) for TPL
+// consecutive tokens: every K and V row it loads serves all HPL * TPL queries. Lane c of the
+// cluster holds dims (r * CL + c) * 4 .. + 4 of each query and of each output accumulator in
+// registers (constant-trip, unrolled loops); partial dot products are summed across the cluster
+// with xor shuffles. Keys stream one by one with an online softmax (running max m, running sum
+// l, accumulators rescaled when the max grows); memory does not depend on the context length.
+//
+// Split-K (flash decoding): the cluster's key range is cut into n_split pieces, one cluster
+// each. With n_split == 1 the result goes to o; otherwise the unnormalized (m, l, acc) of each
+// piece goes to the scratch buffer `part` and attention_merge.comp combines the pieces.
 #extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 
-#define CHUNK 128
-#define MAX_D 256
-#define D_PER (MAX_D / CHUNK)
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const uint CL = 8;       // lanes per cluster, power of two <= subgroup
+layout(constant_id = 2) const uint NK4 = 2;      // vec4s of a q/k row per lane
+layout(constant_id = 3) const uint NV4 = 2;      // vec4s of a v row per lane
+layout(constant_id = 4) const uint HPL = 3;      // query heads per cluster
+layout(constant_id = 5) const uint TPL = 1;      // tokens per cluster
+layout(constant_id = 6) const bool ALIGNED = true; // head_dim and head_dim_v multiples of 4
 
-layout(local_size_x = CHUNK) in;
-
-#include "reduce.glsl"
+const uint NQ = HPL * TPL;
+const float NEG_BIG = -1.0e30; // "nothing seen yet": finite, so exp(NEG_BIG - NEG_BIG) = 1
 
 layout(std430, binding = 0) readonly buffer Q { float q[]; };
 layout(std430, binding = 1) readonly buffer K { float k[]; };
 layout(std430, binding = 2) readonly buffer V { float v[]; };
 layout(std430, binding = 3) writeonly buffer O { float o[]; };
 layout(std430, binding = 4) readonly buffer P { uint pos[]; };
+layout(std430, binding = 5) writeonly buffer Part { float part[]; };
+layout(std430, binding = 0) readonly buffer Q4 { vec4 q4[]; };
+layout(std430, binding = 1) readonly buffer K4 { vec4 k4[]; };
+layout(std430, binding = 2) readonly buffer V4 { vec4 v4[]; };
+layout(std430, binding = 3) writeonly buffer O4 { vec4 o4[]; };
+layout(std430, binding = 5) writeonly buffer Part4 { vec4 part4[]; };
 
 layout(push_constant) uniform Push {
     uint n_tokens;
@@ -37,76 +52,189 @@ layout(push_constant) uniform Push {
     uint window;
     uint pos_offset;
     float scale;
+    uint n_split;
 } pc;
 
-shared float qs[MAX_D];
-shared float ps[CHUNK];
+// 4 floats from element e of a row of width `width` (zeros past it).
+vec4 ld_q(uint base, uint e) {
+    if (ALIGNED) {
+        return e < pc.head_dim ? q4[(base + e) >> 2] : vec4(0.0);
+    }
+    vec4 r = vec4(0.0);
+    for (uint i = 0; i < 4u; i++) {
+        if (e + i < pc.head_dim) r[i] = q[base + e + i];
+    }
+    return r;
+}
+
+vec4 ld_k(uint base, uint e) {
+    if (ALIGNED) {
+        return e < pc.head_dim ? k4[(base + e) >> 2] : vec4(0.0);
+    }
+    vec4 r = vec4(0.0);
+    for (uint i = 0; i < 4u; i++) {
+        if (e + i < pc.head_dim) r[i] = k[base + e + i];
+    }
+    return r;
+}
+
+vec4 ld_v(uint base, uint e) {
+    if (ALIGNED) {
+        return e < pc.head_dim_v ? v4[(base + e) >> 2] : vec4(0.0);
+    }
+    vec4 r = vec4(0.0);
+    for (uint i = 0; i < 4u; i++) {
+        if (e + i < pc.head_dim_v) r[i] = v[base + e + i];
+    }
+    return r;
+}
 
 void main() {
-    uint h = gl_WorkGroupID.x;
-    uint t = gl_WorkGroupID.y;
-    uint tid = gl_LocalInvocationID.x;
-    uint kvh = h / (pc.n_head / pc.n_head_kv);
-    uint p = pos[pc.pos_offset] + t;
-    uint first = (pc.window != 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u;
-    uint end = min(p + 1u, pc.n_kv_rows); // exclusive
+    uint clusters = gl_WorkGroupSize.x / CL;
+    uint ci = (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * clusters
+        + gl_LocalInvocationID.x / CL;
+    uint lane = gl_LocalInvocationID.x % CL;
+    uint group = pc.n_head / pc.n_head_kv;
+    uint n_hc = (group + HPL - 1u) / HPL;
+    uint n_tb = (pc.n_tokens + TPL - 1u) / TPL;
+    uint tb = ci % n_tb;
+    uint rest = ci / n_tb;
+    uint hc = rest % n_hc;
+    rest /= n_hc;
+    uint kvh = rest % pc.n_head_kv;
+    uint split = rest / pc.n_head_kv;
+    // clusters past the grid idle along (no keys, no writes): the shuffles below run in
+    // subgroup-uniform control flow, which some drivers need even for cluster-local exchanges
+    bool idle = split >= pc.n_split;
+    uint t0 = tb * TPL;
+    uint h0 = kvh * group + hc * HPL;
+    uint n_t = min(TPL, pc.n_tokens - t0);
+    uint n_h = min(HPL, group - hc * HPL);
 
-    uint qb = (t * pc.n_head + h) * pc.head_dim;
-    for (uint d = tid; d < pc.head_dim; d += CHUNK) {
-        qs[d] = q[qb + d];
+    // key range of the cluster: the union over its tokens, then this split's piece of it
+    uint p0 = pos[pc.pos_offset] + t0;
+    uint first0 = (pc.window != 0u && p0 + 1u > pc.window) ? p0 + 1u - pc.window : 0u;
+    uint end_all = min(p0 + n_t, pc.n_kv_rows); // exclusive
+    uint len = end_all > first0 ? end_all - first0 : 0u;
+    uint chunk = max((len + pc.n_split - 1u) / pc.n_split, 16u);
+    uint js = min(first0 + split * chunk, max(end_all, first0));
+    uint je = idle ? js : min(js + chunk, max(end_all, first0));
+    uint n_keys = je - js;
+    uint n_steps = subgroupMax(n_keys); // the same trip count across the subgroup
+
+    vec4 qv[NQ][NK4];
+    for (uint i = 0; i < TPL; i++) {
+        for (uint u = 0; u < HPL; u++) {
+            uint qb = ((t0 + min(i, n_t - 1u)) * pc.n_head + h0 + min(u, n_h - 1u)) * pc.head_dim;
+            for (uint r = 0; r < NK4; r++) {
+                qv[i * HPL + u][r] = pc.scale * ld_q(qb, (r * CL + lane) * 4u);
+            }
+        }
     }
-    barrier();
+    float m[NQ];
+    float l[NQ];
+    vec4 acc[NQ][NV4];
+    for (uint x = 0; x < NQ; x++) {
+        m[x] = NEG_BIG;
+        l[x] = 0.0;
+        for (uint r = 0; r < NV4; r++) {
+            acc[x][r] = vec4(0.0);
+        }
+    }
 
     uint k_stride = pc.n_head_kv * pc.head_dim;
     uint v_stride = pc.n_head_kv * pc.head_dim_v;
-    uint k_head = kvh * pc.head_dim;
-    uint v_head = kvh * pc.head_dim_v;
-    float m = uintBitsToFloat(0xff800000u); // -inf: nothing seen yet
-    float l = 0.0;
-    float acc[D_PER];
-    for (uint r = 0; r < D_PER; r++) {
-        acc[r] = 0.0;
-    }
-
-    for (uint j0 = first; j0 < end; j0 += CHUNK) {
-        uint j = j0 + tid;
-        float s = uintBitsToFloat(0xff800000u);
-        if (j < end) {
-            uint kb = j * k_stride + k_head;
-            float dot_qk = 0.0;
-            for (uint d = 0; d < pc.head_dim; d++) {
-                dot_qk += qs[d] * k[kb + d];
-            }
-            s = pc.scale * dot_qk;
+    for (uint n = 0; n < n_steps; n++) {
+        uint j = js + n;
+        bool live = n < n_keys;
+        uint kb = j * k_stride + kvh * pc.head_dim;
+        vec4 kr[NK4];
+        for (uint r = 0; r < NK4; r++) {
+            kr[r] = vec4(0.0);
+            if (live) kr[r] = ld_k(kb, (r * CL + lane) * 4u);
         }
-        // key j0 is visible, so the chunk max is finite
-        float m_new = max(m, wg_max(s));
-        float pj = j < end ? exp(s - m_new) : 0.0;
-        float alpha = l > 0.0 ? exp(m - m_new) : 0.0;
-        ps[tid] = pj;
-        l = l * alpha + wg_sum(pj); // its barrier also publishes ps
-        m = m_new;
-        uint count = min(uint(CHUNK), end - j0);
-        for (uint r = 0; r < D_PER; r++) {
-            uint d = tid + r * CHUNK;
-            if (d < pc.head_dim_v) {
-                float a = acc[r] * alpha;
-                uint vb = j0 * v_stride + v_head + d;
-                for (uint c = 0; c < count; c++) {
-                    a += ps[c] * v[vb + c * v_stride];
+        float s[NQ];
+        for (uint x = 0; x < NQ; x++) {
+            float d = 0.0;
+            for (uint r = 0; r < NK4; r++) {
+                d += dot(qv[x][r], kr[r]);
+            }
+            s[x] = d;
+        }
+        for (uint off = CL / 2u; off > 0u; off >>= 1) {
+            for (uint x = 0; x < NQ; x++) {
+                s[x] += subgroupShuffleXor(s[x], off);
+            }
+        }
+        uint vb = j * v_stride + kvh * pc.head_dim_v;
+        vec4 vr[NV4];
+        for (uint r = 0; r < NV4; r++) {
+            vr[r] = vec4(0.0);
+            if (live) vr[r] = ld_v(vb, (r * CL + lane) * 4u);
+        }
+        for (uint i = 0; i < TPL; i++) {
+            // token t0 + i sees keys [first0 + i (windowed), p0 + i]
+            bool seen = live && j <= p0 + i && (pc.window == 0u || j + pc.window > p0 + i);
+            for (uint u = 0; u < HPL; u++) {
+                uint x = i * HPL + u;
+                float sx = seen ? s[x] : NEG_BIG;
+                float mn = max(m[x], sx);
+                float alpha = exp(m[x] - mn);
+                float pj = seen ? exp(sx - mn) : 0.0;
+                l[x] = l[x] * alpha + pj;
+                m[x] = mn;
+                for (uint r = 0; r < NV4; r++) {
+                    acc[x][r] = acc[x][r] * alpha + pj * vr[r];
                 }
-                acc[r] = a;
             }
         }
-        barrier(); // ps is rewritten by the next chunk
     }
 
-    float inv = l > 0.0 ? 1.0 / l : 0.0;
-    uint ob = (t * pc.n_head + h) * pc.head_dim_v;
-    for (uint r = 0; r < D_PER; r++) {
-        uint d = tid + r * CHUNK;
-        if (d < pc.head_dim_v) {
-            o[ob + d] = acc[r] * inv;
+    for (uint i = 0; i < TPL; i++) {
+        for (uint u = 0; u < HPL; u++) {
+            uint x = i * HPL + u;
+            if (idle || i >= n_t || u >= n_h) {
+                continue;
+            }
+            uint row = (t0 + i) * pc.n_head + h0 + u; // query index
+            uint ob;
+            float f = 1.0;
+            if (pc.n_split == 1u) {
+                ob = row * pc.head_dim_v;
+                f = l[x] > 0.0 ? 1.0 / l[x] : 0.0;
+            } else {
+                // part: [rows * n_split, head_dim_v] acc, then [rows * n_split] (m, l) pairs
+                uint slot = row * pc.n_split + split;
+                ob = slot * pc.head_dim_v;
+                if (lane == 0u) {
+                    uint mb = pc.n_tokens * pc.n_head * pc.n_split * pc.head_dim_v + 2u * slot;
+                    part[mb] = m[x];
+                    part[mb + 1u] = l[x];
+                }
+            }
+            for (uint r = 0; r < NV4; r++) {
+                uint e = (r * CL + lane) * 4u;
+                vec4 val = acc[x][r] * f;
+                if (ALIGNED) {
+                    if (e < pc.head_dim_v) {
+                        if (pc.n_split == 1u) {
+                            o4[(ob + e) >> 2] = val;
+                        } else {
+                            part4[(ob + e) >> 2] = val;
+                        }
+                    }
+                } else {
+                    for (uint c = 0; c < 4u; c++) {
+                        if (e + c < pc.head_dim_v) {
+                            if (pc.n_split == 1u) {
+                                o[ob + e + c] = val[c];
+                            } else {
+                                part[ob + e + c] = val[c];
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 }

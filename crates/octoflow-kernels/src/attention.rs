@@ -1,7 +1,13 @@
 //! Causal attention over a KV cache (shader `attention.comp`): grouped KV heads, optional sliding
 //! window, positions read from a GPU buffer, streaming (online) softmax over the keys.
 
-use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use octoflow_vk::{
+    Buffer, BufferSlice, Chain, Context, DeviceCaps, DeviceKind, MemoryKind, Pipeline,
+    PipelineDesc, Push,
+};
 
 use crate::error::Result;
 use crate::operand::{bad, need};
@@ -43,57 +49,104 @@ pub struct AttentionArgs<'a> {
     pub pos_offset: u32,
 }
 
-/// The attention kernel, built once per device.
+/// Work layout of one attention dispatch: the specialization of `attention.comp` plus the
+/// split-K factor (see the shader's header comment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Plan {
+    /// Invocations per workgroup (a multiple of `cl`).
+    pub wg: u32,
+    /// Lanes per cluster (a power of two, at most the subgroup size).
+    pub cl: u32,
+    /// Query heads per cluster.
+    pub hpl: u32,
+    /// Tokens per cluster.
+    pub tpl: u32,
+    /// Key-range pieces (1: no merge pass).
+    pub split: u32,
+}
+
+/// Pipelines keyed by their specialization constants.
+type PipelineCache = HashMap<[u32; 7], Pipeline>;
+
+/// The attention kernel, built once per device. Pipelines for each head shape are specialized
+/// on first use; split-K scratch memory is allocated on first use and grows as needed (it is
+/// shared by all dispatches of this `Attention`: chains using it run on one queue, in order).
 pub struct Attention {
-    pipeline: Pipeline,
+    pipelines: Mutex<PipelineCache>,
+    merge: Pipeline,
+    scratch: Mutex<Option<Buffer>>,
 }
 
 impl Attention {
-    /// Builds the pipeline.
+    /// Builds the merge pipeline (the main one is specialized per head shape on first use).
     pub fn new(ctx: &Context) -> Result<Self> {
         Ok(Attention {
-            pipeline: Pipeline::new(ctx, &PipelineDesc::new(shaders::ATTENTION, 5, 36))?,
+            pipelines: Mutex::new(HashMap::new()),
+            merge: Pipeline::new(
+                ctx,
+                &PipelineDesc::new(shaders::ATTENTION_MERGE, 2, 12).label("attention_merge"),
+            )?,
+            scratch: Mutex::new(None),
         })
     }
 
-    /// Records attention of every query token and head: one workgroup per (head, token), keys
-    /// streamed in chunks with an online softmax, so any context length works.
+    /// Records attention of every query token and head, keys streamed with an online softmax,
+    /// so any context length works. When there are few queries (decode), the key range is
+    /// split across workgroups and a second dispatch, after an internal barrier, merges the
+    /// pieces (flash decoding).
     pub fn record(&self, chain: &mut Chain, a: &AttentionArgs) -> Result<()> {
+        let plan = plan(chain.context().caps(), a);
+        self.record_plan(chain, a, plan)
+    }
+
+    /// [`Attention::record`] with an explicit work layout (tests use it to cover every path).
+    pub(crate) fn record_plan(&self, chain: &mut Chain, a: &AttentionArgs, p: Plan) -> Result<()> {
         const OP: &str = "attention";
-        if a.n_tokens == 0 || a.n_head == 0 || a.n_head_kv == 0 || a.n_kv_rows == 0 {
-            return Err(bad(
-                OP,
-                format!(
-                    "empty shape: {} tokens, {} heads, {} kv heads, {} kv rows",
-                    a.n_tokens, a.n_head, a.n_head_kv, a.n_kv_rows
-                ),
-            ));
-        }
-        if !a.n_head.is_multiple_of(a.n_head_kv) {
-            return Err(bad(
-                OP,
-                format!(
-                    "n_head {} is not a multiple of n_head_kv {}",
-                    a.n_head, a.n_head_kv
-                ),
-            ));
-        }
-        for (name, d) in [("head_dim", a.head_dim), ("head_dim_v", a.head_dim_v)] {
-            if d == 0 || d > MAX_HEAD_DIM {
-                return Err(bad(OP, format!("{name} {d} not in 1..={MAX_HEAD_DIM}")));
+        validate(a)?;
+        let ctx = chain.context().clone();
+        let aligned = a.head_dim.is_multiple_of(4) && a.head_dim_v.is_multiple_of(4);
+        let spec = [
+            p.wg,
+            p.cl,
+            a.head_dim.div_ceil(4 * p.cl),
+            a.head_dim_v.div_ceil(4 * p.cl),
+            p.hpl,
+            p.tpl,
+            u32::from(aligned),
+        ];
+        let pipeline = {
+            let mut cache = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(pl) = cache.get(&spec) {
+                pl.clone()
+            } else {
+                let pl = Pipeline::new(
+                    &ctx,
+                    &PipelineDesc::new(shaders::ATTENTION, 6, 40)
+                        .spec(&spec)
+                        .label("attention"),
+                )?;
+                cache.insert(spec, pl.clone());
+                pl
             }
-        }
-        let (t, h, hk) = (
-            u128::from(a.n_tokens),
-            u128::from(a.n_head),
-            u128::from(a.n_head_kv),
-        );
-        let rows = u128::from(a.n_kv_rows);
-        need(OP, "q", a.q, t * h * u128::from(a.head_dim))?;
-        need(OP, "k", a.k, rows * hk * u128::from(a.head_dim))?;
-        need(OP, "v", a.v, rows * hk * u128::from(a.head_dim_v))?;
-        need(OP, "out", a.out, t * h * u128::from(a.head_dim_v))?;
-        need(OP, "pos", a.pos, u128::from(a.pos_offset) + 1)?;
+        };
+        let rows = u64::from(a.n_tokens) * u64::from(a.n_head);
+        let part = if p.split > 1 {
+            let floats = rows * u64::from(p.split) * (u64::from(a.head_dim_v) + 2);
+            let bytes = 4 * floats;
+            let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            let buf = match scratch.as_ref() {
+                Some(b) if b.size() >= bytes => b.clone(),
+                _ => {
+                    let size = bytes.next_power_of_two().max(1 << 16);
+                    let b = Buffer::new(&ctx, "attention_split", size, MemoryKind::DeviceLocal)?;
+                    *scratch = Some(b.clone());
+                    b
+                }
+            };
+            buf.slice(0, bytes.next_multiple_of(16))?
+        } else {
+            a.out.clone()
+        };
         let push = Push::new()
             .u32(a.n_tokens)
             .u32(a.n_head)
@@ -103,21 +156,122 @@ impl Attention {
             .u32(a.n_kv_rows)
             .u32(a.window)
             .u32(a.pos_offset)
-            .f32(a.scale);
+            .f32(a.scale)
+            .u32(p.split);
+        let group = a.n_head / a.n_head_kv;
+        let clusters = u64::from(a.n_tokens.div_ceil(p.tpl))
+            * u64::from(group.div_ceil(p.hpl))
+            * u64::from(a.n_head_kv)
+            * u64::from(p.split);
+        let groups = clusters.div_ceil(u64::from(p.wg / p.cl));
         chain.dispatch(
-            &self.pipeline,
+            &pipeline,
             &[
                 a.q.clone(),
                 a.k.clone(),
                 a.v.clone(),
                 a.out.clone(),
                 a.pos.clone(),
+                part.clone(),
             ],
             &push,
-            [a.n_head, a.n_tokens, 1],
+            grid(groups, OP)?,
         )?;
+        if p.split > 1 {
+            chain.barrier()?;
+            let push = Push::new().u32(rows as u32).u32(a.head_dim_v).u32(p.split);
+            chain.dispatch(&self.merge, &[part, a.out.clone()], &push, grid(rows, OP)?)?;
+        }
         Ok(())
     }
+}
+
+/// A 2-D grid of at least `groups` workgroups (x at most 65535).
+fn grid(groups: u64, op: &'static str) -> Result<[u32; 3]> {
+    let x = groups.clamp(1, 65535);
+    let y = groups.div_ceil(x);
+    if y > 65535 {
+        return Err(bad(op, format!("{groups} workgroups are too many")));
+    }
+    Ok([x as u32, y as u32, 1])
+}
+
+/// Picks the work layout for a device and shape.
+pub(crate) fn plan(caps: &DeviceCaps, a: &AttentionArgs) -> Plan {
+    let cpu = caps.kind == DeviceKind::Cpu;
+    let sg = caps.subgroup.size.clamp(1, 32);
+    let hd = a.head_dim.max(a.head_dim_v);
+    // lanes per cluster: enough that a lane holds at most 2 vec4s of a row (GPU registers);
+    // on a CPU (SIMD lanes, every load per lane) only the register count matters.
+    let cl = if cpu {
+        8.min(sg)
+    } else {
+        hd.div_ceil(8).next_power_of_two().min(sg)
+    };
+    let n4 = hd.div_ceil(4 * cl);
+    let group = a.n_head / a.n_head_kv;
+    // queries per cluster bounded by the registers they take (q and acc vec4s per query)
+    let budget = if cpu { 96 } else { 48 };
+    let per_q = 2 * n4;
+    let tpl = if cpu && a.n_tokens > 1 { 2 } else { 1 };
+    let hpl_max = group.min((budget / (per_q * tpl)).max(1));
+    let hpl = group.div_ceil(group.div_ceil(hpl_max)); // even chunks of the GQA group
+    let tpl = tpl.min((budget / (per_q * hpl)).max(1));
+    let wg = if cpu { 32.max(cl) } else { 64.max(cl) };
+    let clusters = a.n_tokens.div_ceil(tpl) * group.div_ceil(hpl) * a.n_head_kv;
+    // split the keys while there are too few clusters to fill the device
+    let target = if cpu { 16 * (wg / cl) } else { 65536 / cl };
+    let split = target
+        .div_ceil(clusters.max(1))
+        .min(a.n_kv_rows.div_ceil(64))
+        .clamp(1, 64);
+    Plan {
+        wg,
+        cl,
+        hpl,
+        tpl,
+        split,
+    }
+}
+
+/// Shape and slice checks.
+fn validate(a: &AttentionArgs) -> Result<()> {
+    const OP: &str = "attention";
+    if a.n_tokens == 0 || a.n_head == 0 || a.n_head_kv == 0 || a.n_kv_rows == 0 {
+        return Err(bad(
+            OP,
+            format!(
+                "empty shape: {} tokens, {} heads, {} kv heads, {} kv rows",
+                a.n_tokens, a.n_head, a.n_head_kv, a.n_kv_rows
+            ),
+        ));
+    }
+    if !a.n_head.is_multiple_of(a.n_head_kv) {
+        return Err(bad(
+            OP,
+            format!(
+                "n_head {} is not a multiple of n_head_kv {}",
+                a.n_head, a.n_head_kv
+            ),
+        ));
+    }
+    for (name, d) in [("head_dim", a.head_dim), ("head_dim_v", a.head_dim_v)] {
+        if d == 0 || d > MAX_HEAD_DIM {
+            return Err(bad(OP, format!("{name} {d} not in 1..={MAX_HEAD_DIM}")));
+        }
+    }
+    let (t, h, hk) = (
+        u128::from(a.n_tokens),
+        u128::from(a.n_head),
+        u128::from(a.n_head_kv),
+    );
+    let rows = u128::from(a.n_kv_rows);
+    need(OP, "q", a.q, t * h * u128::from(a.head_dim))?;
+    need(OP, "k", a.k, rows * hk * u128::from(a.head_dim))?;
+    need(OP, "v", a.v, rows * hk * u128::from(a.head_dim_v))?;
+    need(OP, "out", a.out, t * h * u128::from(a.head_dim_v))?;
+    need(OP, "pos", a.pos, u128::from(a.pos_offset) + 1)?;
+    Ok(())
 }
 
 /// Shape of a reference attention call (the same meaning as the [`AttentionArgs`] fields).
@@ -141,8 +295,9 @@ pub struct AttentionShape {
 
 /// CPU reference: `q` `[n_tokens, n_head, head_dim]`, caches `k`, `v` `[n_kv_rows, n_head_kv, _]`,
 /// `out` `[n_tokens, n_head, head_dim_v]`; query `t` at position `start + t` sees keys
-/// `first..=min(p, n_kv_rows - 1)`; f32 scores, max-subtracted f32 softmax, weighted value sum
-/// (as `octoflow-model`'s attention). A query that sees no key gets zeros.
+/// `first..=min(p, n_kv_rows - 1)`; scores, max-subtracted softmax and weighted value sum as
+/// `octoflow-model`'s attention, but accumulated in f64 so that the oracle's own rounding does
+/// not count against a kernel that sums in another order. A query that sees no key gets zeros.
 pub fn attention_ref(
     s: &AttentionShape,
     q: &[f32],
@@ -164,147 +319,36 @@ pub fn attention_ref(
         let end = (p + 1).min(s.n_kv_rows);
         let kvh = h / group;
         let qh = &q[i * hd..][..hd];
-        let mut att: Vec<f32> = (first..end)
+        let mut att: Vec<f64> = (first..end)
             .map(|j| {
                 let kh = &k[(j * s.n_head_kv + kvh) * hd..][..hd];
-                s.scale * qh.iter().zip(kh).map(|(a, b)| a * b).sum::<f32>()
+                let dot: f64 = qh
+                    .iter()
+                    .zip(kh)
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum();
+                f64::from(s.scale) * dot
             })
             .collect();
-        let max = att.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
+        let max = att.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let mut sum = 0f64;
         for a in att.iter_mut() {
             *a = (*a - max).exp();
             sum += *a;
         }
-        o.fill(0.0);
+        let mut acc = vec![0f64; hv];
         for (j, a) in (first..end).zip(&att) {
             let vh = &v[(j * s.n_head_kv + kvh) * hv..][..hv];
-            for (x, y) in o.iter_mut().zip(vh) {
-                *x += a / sum * y;
+            for (x, &y) in acc.iter_mut().zip(vh) {
+                *x += a / sum * f64::from(y);
             }
+        }
+        for (x, a) in o.iter_mut().zip(&acc) {
+            *x = *a as f32;
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use octoflow_vk::testing::gpu_or_skip;
-    use rand::{Rng, SeedableRng};
-
-    use super::*;
-    use crate::check_close;
-    use crate::operand::test_bufs::{poisoned, read, with};
-
-    /// f32 dot products over up to 256 dims and a softmax over up to ~600 keys, summed in a
-    /// different order (chunked online rescaling) than the reference: a few 1e-6 typical,
-    /// 1e-4 bound (outputs near zero are judged against 1% of the largest).
-    const REL: f32 = 1e-4;
-
-    #[test]
-    fn gpu_attention_matches_the_reference_on_random_inputs() {
-        let Some(ctx) = gpu_or_skip("gpu_attention_matches_the_reference") else {
-            return;
-        };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let k = Attention::new(&ctx).unwrap();
-        // (n_tokens, n_head, n_head_kv, head_dim, head_dim_v, n_kv_rows, window, start)
-        let cases = [
-            (1, 9, 3, 64, 64, 600, 0, 577),
-            (37, 9, 3, 64, 64, 600, 0, 211),
-            (1, 4, 1, 256, 256, 520, 0, 519),
-            (37, 4, 1, 256, 256, 300, 16, 100),
-            (1, 4, 1, 256, 256, 600, 5, 590),
-            (37, 9, 3, 64, 64, 200, 130, 150), // last queries past the cache end
-            (3, 2, 2, 40, 24, 10, 0, 0),
-            (1, 8, 2, 128, 96, 2000, 0, 1999),
-        ];
-        for (n_tok, n_head, n_kv, hd, hv, rows, window, start) in cases {
-            let s = AttentionShape {
-                n_head,
-                n_head_kv: n_kv,
-                head_dim: hd,
-                head_dim_v: hv,
-                n_kv_rows: rows,
-                window,
-                scale: 1.0 / (hd as f32).sqrt(),
-            };
-            let mut gen =
-                |n: usize| -> Vec<f32> { (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect() };
-            let q = gen(n_tok * n_head * hd);
-            let kc = gen(rows * n_kv * hd);
-            let vc = gen(rows * n_kv * hv);
-            let (qb, kb, vb) = (
-                with(&ctx, "q", &q),
-                with(&ctx, "k", &kc),
-                with(&ctx, "v", &vc),
-            );
-            let ob = poisoned(&ctx, "out", n_tok * n_head * hv);
-            let pb = with(&ctx, "pos", &[3u32, 1, start as u32]);
-            let args = AttentionArgs {
-                q: &qb.whole(),
-                k: &kb.whole(),
-                v: &vb.whole(),
-                out: &ob.whole(),
-                n_tokens: n_tok as u32,
-                n_head: n_head as u32,
-                n_head_kv: n_kv as u32,
-                head_dim: hd as u32,
-                head_dim_v: hv as u32,
-                n_kv_rows: rows as u32,
-                window: window as u32,
-                scale: s.scale,
-                pos: &pb.whole(),
-                pos_offset: 2,
-            };
-            let mut chain = Chain::new(&ctx).unwrap();
-            k.record(&mut chain, &args).unwrap();
-            chain.run().unwrap();
-            let mut want = vec![0f32; n_tok * n_head * hv];
-            attention_ref(&s, &q, &kc, &vc, start, &mut want);
-            if let Err(e) = check_close(&read(&ctx, &ob, want.len()), &want, REL) {
-                panic!("attention {n_tok} tokens {n_head}/{n_kv} heads {hd}/{hv} rows {rows} window {window} at {start}, seed {seed}: {e}");
-            }
-        }
-    }
-
-    #[test]
-    fn bad_head_counts_and_short_caches_are_shape_errors() {
-        let Some(ctx) = gpu_or_skip("attention_shape_errors") else {
-            return;
-        };
-        let b = poisoned(&ctx, "b", 4096);
-        let kc = poisoned(&ctx, "k_cache_l0", 64);
-        let pb = with(&ctx, "pos", &[0u32]);
-        let k = Attention::new(&ctx).unwrap();
-        let mut chain = Chain::new(&ctx).unwrap();
-        let mut args = AttentionArgs {
-            q: &b.whole(),
-            k: &b.whole(),
-            v: &b.whole(),
-            out: &b.whole(),
-            n_tokens: 1,
-            n_head: 9,
-            n_head_kv: 2,
-            head_dim: 64,
-            head_dim_v: 64,
-            n_kv_rows: 4,
-            window: 0,
-            scale: 0.125,
-            pos: &pb.whole(),
-            pos_offset: 0,
-        };
-        let err = k.record(&mut chain, &args).unwrap_err().to_string();
-        assert!(err.contains("n_head 9"), "{err}");
-        args.n_head_kv = 3;
-        let ks = kc.whole();
-        args.k = &ks;
-        let err = k.record(&mut chain, &args).unwrap_err().to_string();
-        assert!(err.contains("k_cache_l0"), "{err}");
-        let bs = b.whole();
-        args.k = &bs;
-        args.head_dim = 512;
-        let err = k.record(&mut chain, &args).unwrap_err().to_string();
-        assert!(err.contains("head_dim 512"), "{err}");
-    }
-}
+#[path = "attention_tests.rs"]
+mod tests;
