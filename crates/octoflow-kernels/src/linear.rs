@@ -84,11 +84,7 @@ impl Linear {
     /// CPU drivers whose subgroups are (or can be made) 8 wide get the `linear_cpu.comp`
     /// variants.
     pub fn new(ctx: &Context) -> Result<Self> {
-        let caps = ctx.caps();
-        let sg = &caps.subgroup;
-        let cpu = caps.kind == DeviceKind::Cpu
-            && (sg.size == CPU_SUBGROUP
-                || (sg.size_control && (sg.min_size..=sg.max_size).contains(&CPU_SUBGROUP)));
+        let cpu = ctx.caps().kind == DeviceKind::Cpu && cpu_layout_runs(ctx);
         Self::with_layout(ctx, cpu)
     }
 
@@ -230,6 +226,13 @@ impl Linear {
     }
 }
 
+/// Whether the CPU-driver variants can run here: subgroups are, or can be made, 8 wide.
+fn cpu_layout_runs(ctx: &Context) -> bool {
+    let sg = &ctx.caps().subgroup;
+    sg.size == CPU_SUBGROUP
+        || (sg.size_control && (sg.min_size..=sg.max_size).contains(&CPU_SUBGROUP))
+}
+
 /// CPU reference: each weight row dequantized with `octoflow_gguf` and dotted with `x[t]` in
 /// f64; `y[t * y_stride + y_col + r] = dot (+ bias[r])`, or `+=` with `accumulate`.
 /// `w`: `n_rows` rows of `quantized_size(ty, n_cols)` bytes; `x`: `[n_tokens, n_cols]`;
@@ -331,6 +334,11 @@ pub(crate) mod tests {
         let Some(ctx) = gpu_or_skip(&format!("linear_{ty}")) else {
             return;
         };
+        if cpu && !cpu_layout_runs(&ctx) {
+            // The H100's subgroups are 32 wide and cannot be made 8: that layout never runs there.
+            println!("linear_{ty}: CPU-driver layout skipped (no 8-wide subgroups)");
+            return;
+        }
         let seed: u64 = rand::random();
         let mut rng = StdRng::seed_from_u64(seed);
         let lin = Linear::with_layout(&ctx, cpu).unwrap();
