@@ -185,10 +185,17 @@ fn dropping_a_model_and_its_sessions_frees_every_buffer() {
         s.decode_steps(top1(&logits), &greedy(), 4, &[]).unwrap();
         let held = ctx.memory_usage().0;
         // weights, KV cache and scratch are all on the device while the session lives
-        assert!(held >= before + gpu.weight_bytes() + s.bytes(), "{held} bytes held");
+        assert!(
+            held >= before + gpu.weight_bytes() + s.bytes(),
+            "{held} bytes held"
+        );
         drop(s);
         drop(gpu);
-        assert_eq!(ctx.memory_usage().0, before, "buffers left behind after unload");
+        assert_eq!(
+            ctx.memory_usage().0,
+            before,
+            "buffers left behind after unload"
+        );
     }
     octoflow_vk::testing::assert_no_validation_errors(&ctx);
 }
