@@ -151,17 +151,10 @@ impl Sample {
     }
 }
 
-/// CPU reference of the draw's random number (octoflow-text `uniform`): the SplitMix64
-/// finalizer over `(seed, step)`, top 24 bits as a number in [0, 1).
+/// CPU reference of the draw's random number: the CPU sampler's own `uniform` (octoflow-text),
+/// the SplitMix64 finalizer over `(seed, step)`, top 24 bits as a number in [0, 1).
 pub fn uniform_ref(seed: u64, step: u64) -> f32 {
-    let mut z = seed
-        ^ step
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            .wrapping_add(0xD1B5_4A32_D192_ED03);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z >> 40) as f32 / (1u64 << 24) as f32
+    octoflow_text::sampling::uniform(seed, step)
 }
 
 /// Softmax terms `exp(v - v[0])` of values sorted descending, and their sequential sum.
