@@ -17,6 +17,7 @@
 pub mod arch;
 pub mod attention;
 pub mod backend;
+pub mod batch;
 pub mod config;
 pub mod error;
 pub mod forward;
@@ -33,6 +34,7 @@ mod testing;
 
 pub use arch::Architecture;
 pub use backend::Forward;
+pub use batch::{BatchForward, BatchRow, RowOutput, RowResult, TokenIn, MAX_IN_FLIGHT};
 pub use config::{Activation, LayerConfig, ModelConfig, RopeType};
 pub use error::{ModelError, Result};
 pub use forward::{Logits, Session, Tap};

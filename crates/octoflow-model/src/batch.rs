@@ -1,0 +1,98 @@
+//! Many sequences in one step: the interface a serving scheduler drives.
+//!
+//! A [`BatchForward`] holds `n_slots` independent sequences (each with its own KV cache of
+//! `n_ctx` positions) over one copy of the weights. Each step runs a list of [`BatchRow`]s —
+//! any mix of decode tokens of many slots and prompt chunks of some — through one forward
+//! pass: matrix kernels over all rows, attention per row against its own slot's cache.
+//!
+//! Steps are pipelined: [`BatchForward::submit`] queues a step and returns; a row may take its
+//! token from what the previous step sampled for the same slot ([`TokenIn::Sampled`]), so the
+//! next step can be submitted before the previous one's results are read
+//! ([`BatchForward::collect`]). At most [`BatchForward::MAX_IN_FLIGHT`] steps are in flight.
+
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::gpu::GpuDraw;
+
+/// Steps that may be submitted and not yet collected.
+pub const MAX_IN_FLIGHT: usize = 2;
+
+/// Where a row's input token comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenIn {
+    /// This id.
+    Id(u32),
+    /// The token sampled for the same slot by the most recent submitted step (whose row of that
+    /// slot asked for [`RowOutput::Sample`]).
+    Sampled,
+}
+
+/// What a row wants back after its token has run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RowOutput {
+    /// Nothing (a prompt token before the last).
+    None,
+    /// The next token, drawn on the device with these parameters
+    /// ([`GpuDraw::supported`] must hold; `draw.step` is this draw's counter).
+    Sample(GpuDraw),
+    /// The row's logits `[n_vocab]` (for CPU sampling: penalties, logprobs).
+    Logits,
+}
+
+/// One token of one sequence in a step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchRow {
+    /// The sequence (`0..n_slots`).
+    pub slot: u32,
+    /// Its position in the sequence. The first row of a slot in a step at position `p` forgets
+    /// whatever the slot cached from `p` on; the slot's rows in one step are at consecutive
+    /// positions, in order.
+    pub pos: u32,
+    /// The input token.
+    pub token: TokenIn,
+    /// What comes back.
+    pub output: RowOutput,
+}
+
+/// A row's result, in the order of the step's rows.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RowResult {
+    /// The row asked for nothing.
+    None,
+    /// The sampled token.
+    Token(u32),
+    /// `[n_vocab]` logits.
+    Logits(Vec<f32>),
+}
+
+/// Many sequences over one copy of the weights, run in batched, pipelined steps.
+pub trait BatchForward {
+    /// The model's hyper-parameters.
+    fn config(&self) -> &ModelConfig;
+
+    /// Sequences held.
+    fn n_slots(&self) -> usize;
+
+    /// Positions each sequence can hold.
+    fn n_ctx(&self) -> usize;
+
+    /// Most rows per step.
+    fn max_rows(&self) -> usize;
+
+    /// Queues one step (validating it first: slots, positions within `n_ctx`, consecutive
+    /// positions per slot, token ids, row count, [`TokenIn::Sampled`] only after a sampled row
+    /// of that slot). Errors if [`MAX_IN_FLIGHT`] steps are already pending.
+    fn submit(&mut self, rows: &[BatchRow]) -> Result<()>;
+
+    /// Waits for the oldest pending step and returns one result per row, in row order.
+    fn collect(&mut self) -> Result<Vec<RowResult>>;
+
+    /// Steps submitted and not yet collected.
+    fn pending(&self) -> usize;
+
+    /// Submits one step and waits for it (after collecting nothing else: `pending()` must be 0).
+    fn step(&mut self, rows: &[BatchRow]) -> Result<Vec<RowResult>> {
+        self.submit(rows)?;
+        self.collect()
+    }
+}
