@@ -1,5 +1,5 @@
 #version 450
-// Argmax of one row of logits: out[out_offset] = index of the largest value (first on ties, NaN
+// Argmax of each row of logits (one workgroup per row r): out[out_offset + r] = index of the largest value (first on ties, NaN
 // never chosen, 0 when nothing beats -inf), exactly the CPU `argmax`. One workgroup scans the row.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -15,8 +15,10 @@ layout(push_constant) uniform Push { uint n_vocab; uint out_offset; } pc;
 #include "argmax.glsl"
 
 void main() {
+    uint row = gl_WorkGroupID.x;
+    row_base = row * pc.n_vocab;
     uint best = workgroup_argmax(pc.n_vocab);
     if (gl_LocalInvocationID.x == 0u) {
-        outv[pc.out_offset] = best;
+        outv[pc.out_offset + row] = best;
     }
 }

@@ -1,9 +1,12 @@
-// Workgroup-wide argmax over `logits[0..n)`, shared by argmax.comp and sample.comp. Include after
-// the `local_size` layout, the subgroup extensions and a `float logits[]` buffer declaration.
+// Workgroup-wide argmax over `logits[row_base .. row_base + n)`, shared by argmax.comp and
+// sample.comp (one workgroup per row; main sets `row_base`). Include after the `local_size`
+// layout, the subgroup extensions and a `float logits[]` buffer declaration.
 //
 // The result is the CPU `argmax`: the first index of the largest value, comparing with `>` (so
 // NaN is never chosen and -0.0 ties with +0.0), and 0 when no value beats -inf (empty, all NaN
 // or all -inf). Every invocation must call it (it has barriers); every invocation gets the result.
+
+uint row_base = 0u; // first logit of this workgroup's row
 
 shared float am_val[gl_WorkGroupSize.x];
 shared uint am_idx[gl_WorkGroupSize.x];
@@ -25,7 +28,7 @@ uint workgroup_argmax(uint n) {
         float v[4];
         for (uint j = 0u; j < 4u; ++j) {
             uint i = base + j * L + tid;
-            v[j] = i < n ? logits[i] : uintBitsToFloat(0xFF800000u);
+            v[j] = i < n ? logits[row_base + i] : uintBitsToFloat(0xFF800000u);
         }
         for (uint j = 0u; j < 4u; ++j) {
             if (v[j] > bv) {

@@ -3,7 +3,9 @@
 //   q [n_tokens, n_head, head_dim], k [n_kv_rows, n_head_kv, head_dim],
 //   v [n_kv_rows, n_head_kv, head_dim_v], o [n_tokens, n_head, head_dim_v].
 // Query t sits at p = pos[pos_offset] + t and sees keys j in [first, min(p, n_kv_rows - 1)],
-// first = p + 1 - window when windowed (else 0). Query head h reads KV head h / (n_head / n_head_kv).
+// first = p + 1 - window when windowed (else 0). Table mode (several sequences in one cache):
+// query t sits at p = pos[pos_offset + 2t] and key j of its sequence is cache row
+// pos[pos_offset + 2t + 1] + j (rows past kv_total are never read); one token per cluster. Query head h reads KV head h / (n_head / n_head_kv).
 //
 // A cluster of CL adjacent invocations owns HPL query heads of one KV head (GQA group) for TPL
 // consecutive tokens: every K and V row it loads serves all HPL * TPL queries. Lane c of the
@@ -53,6 +55,8 @@ layout(push_constant) uniform Push {
     uint pos_offset;
     float scale;
     uint n_split;
+    uint table;    // 1: per-token (position, first cache row) pairs in pos
+    uint kv_total; // rows in the k and v buffers
 } pc;
 
 // 4 floats from element e of a row of width `width` (zeros past it).
@@ -113,8 +117,14 @@ void main() {
 
     // key range of the cluster: the union over its tokens, then this split's piece of it
     uint p0 = pos[pc.pos_offset] + t0;
+    uint kbase = 0u; // cache row of key 0
+    if (pc.table != 0u) {
+        p0 = pos[pc.pos_offset + 2u * t0];
+        kbase = pos[pc.pos_offset + 2u * t0 + 1u];
+    }
     uint first0 = (pc.window != 0u && p0 + 1u > pc.window) ? p0 + 1u - pc.window : 0u;
     uint end_all = min(p0 + n_t, pc.n_kv_rows); // exclusive
+    end_all = min(end_all, kbase < pc.kv_total ? pc.kv_total - kbase : 0u);
     uint len = end_all > first0 ? end_all - first0 : 0u;
     uint chunk = max((len + pc.n_split - 1u) / pc.n_split, 16u);
     uint js = min(first0 + split * chunk, max(end_all, first0));
@@ -147,7 +157,7 @@ void main() {
     for (uint n = 0; n < n_steps; n++) {
         uint j = js + n;
         bool live = n < n_keys;
-        uint kb = j * k_stride + kvh * pc.head_dim;
+        uint kb = (kbase + j) * k_stride + kvh * pc.head_dim;
         vec4 kr[NK4];
         for (uint r = 0; r < NK4; r++) {
             kr[r] = vec4(0.0);
@@ -166,7 +176,7 @@ void main() {
                 s[x] += subgroupShuffleXor(s[x], off);
             }
         }
-        uint vb = j * v_stride + kvh * pc.head_dim_v;
+        uint vb = (kbase + j) * v_stride + kvh * pc.head_dim_v;
         vec4 vr[NV4];
         for (uint r = 0; r < NV4; r++) {
             vr[r] = vec4(0.0);

@@ -1,7 +1,8 @@
 #version 450
 // Rotary position embedding, f32, in place on x [n_tokens, n_heads, head_dim]. One invocation
 // per rotated pair: pair i < n_rot/2 of head (t, h) is (2i, 2i+1) (normal) or (i, i + n_rot/2)
-// (neox), rotated by theta_i = p * scale * r^i / ff[i] with p = pos[pos_offset] + t and
+// (neox), rotated by theta_i = p * scale * r^i / ff[i] with p = pos[pos_offset] + t (table mode:
+// pos[pos_offset + 2t]) and
 // r = base^(-2/n_rot) (given by the host in double-float). Dims >= n_rot are not touched.
 //
 // Accuracy: theta reaches ~3e4 rad, where an f32 angle is off by ~1e-3. The angle is computed
@@ -28,6 +29,7 @@ layout(push_constant) uniform Push {
     float scale;
     float r_hi;
     float r_lo;
+    uint table; // 1: token t at pos[pos_offset + 2t] (per-token (position, row) pairs)
 } pc;
 
 // Double-float helpers: vec2(hi, lo) with |lo| <= ulp(hi)/2. `precise` forbids contraction and
@@ -82,7 +84,7 @@ void main() {
     uint i = idx % half_rot;
     uint head = idx / half_rot; // t * n_heads + h
     uint t = head / pc.n_heads;
-    uint p = pos[pc.pos_offset] + t;
+    uint p = pc.table != 0u ? pos[pc.pos_offset + 2u * t] : pos[pc.pos_offset] + t;
 
     // c = r^i by binary powering
     vec2 c = vec2(1.0, 0.0);

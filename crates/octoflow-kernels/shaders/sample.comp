@@ -6,6 +6,7 @@
 //   u = SplitMix64 hash of (seed, step), candidates ordered by logit descending (f32 total order),
 //   ties by token id ascending, NaN logits never candidates (all NaN: token 0).
 // Then out[out_offset] = token and the state's step advances by one (always, as the CPU's).
+// Rows: workgroup r draws from logits row r with state r (8 words each) into out[out_offset + r].
 //
 // One workgroup. Top-k without sorting the vocabulary: a 4-pass radix select (8 bits a pass) on
 // the logits' order-preserving keys finds the key T of the k-th largest candidate; if more logits
@@ -90,7 +91,7 @@ void radix_histogram(uint n, uint shift, bool by_id, uint t) {
         float v[4];
         for (uint j = 0u; j < 4u; ++j) {
             uint i = base + j * L + tid;
-            v[j] = i < n ? logits[i] : uintBitsToFloat(0x7FC00000u);
+            v[j] = i < n ? logits[row_base + i] : uintBitsToFloat(0x7FC00000u);
         }
         for (uint j = 0u; j < 4u; ++j) {
             if (isnan(v[j])) {
@@ -192,7 +193,7 @@ uint sample_top_k(uint n, float temperature) {
     }
     barrier();
     for (uint i = tid; i < n; i += L) {
-        float v = logits[i];
+        float v = logits[row_base + i];
         if (isnan(v)) {
             continue;
         }
@@ -281,8 +282,11 @@ uint sample_top_k(uint n, float temperature) {
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
+    uint row = gl_WorkGroupID.x; // one workgroup per row: its logits, state and output
+    row_base = row * pc.n_vocab;
+    uint sb = 8u * row;
     if (tid < 8u) {
-        s_word[tid] = state[tid];
+        s_word[tid] = state[sb + tid];
     }
     barrier();
     float temperature = uintBitsToFloat(s_word[4]);
@@ -293,9 +297,9 @@ void main() {
         token = sample_top_k(pc.n_vocab, temperature);
     }
     if (tid == 0u) {
-        outv[pc.out_offset] = token;
+        outv[pc.out_offset + row] = token;
         uint carry;
-        state[2] = uaddCarry(s_word[2], 1u, carry);
-        state[3] = s_word[3] + carry;
+        state[sb + 2u] = uaddCarry(s_word[2], 1u, carry);
+        state[sb + 3u] = s_word[3] + carry;
     }
 }

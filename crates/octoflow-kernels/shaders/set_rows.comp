@@ -1,6 +1,8 @@
 #version 450
 // Row scatter, f32 (KV-cache write): dst[pos[pos_offset] + t][c] = src[t][c] for t < n_rows,
-// c < width; rows landing at or past dst_rows are skipped. One invocation per element.
+// c < width; rows landing at or past dst_rows are skipped. Table mode: the row of t is
+// pos[pos_offset + 2t + 1] + pos[pos_offset + 2t] (first row of its sequence + its position).
+// One invocation per element.
 #extension GL_GOOGLE_include_directive : require
 
 layout(local_size_x = 256) in;
@@ -11,7 +13,13 @@ layout(std430, binding = 0) readonly buffer S { float src[]; };
 layout(std430, binding = 1) writeonly buffer D { float dst[]; };
 layout(std430, binding = 2) readonly buffer P { uint pos[]; };
 
-layout(push_constant) uniform Push { uint n_rows; uint width; uint dst_rows; uint pos_offset; } pc;
+layout(push_constant) uniform Push {
+    uint n_rows;
+    uint width;
+    uint dst_rows;
+    uint pos_offset;
+    uint table;
+} pc;
 
 void main() {
     uint i = global_index();
@@ -21,8 +29,13 @@ void main() {
     uint t = i / pc.width;
     uint c = i - t * pc.width;
     uint p = pos[pc.pos_offset];
-    // p + t < dst_rows, written so that it cannot wrap around
-    if (p < pc.dst_rows && t < pc.dst_rows - p) {
-        dst[(p + t) * pc.width + c] = src[i];
+    uint dt = t;
+    if (pc.table != 0u) {
+        p = pos[pc.pos_offset + 2u * t + 1u];
+        dt = pos[pc.pos_offset + 2u * t];
+    }
+    // p + dt < dst_rows, written so that it cannot wrap around
+    if (p < pc.dst_rows && dt < pc.dst_rows - p) {
+        dst[(p + dt) * pc.width + c] = src[i];
     }
 }

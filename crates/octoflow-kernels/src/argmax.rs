@@ -29,42 +29,67 @@ impl Argmax {
         out: &BufferSlice,
         out_offset: u32,
     ) -> Result<()> {
-        check_row("argmax", logits, n_vocab)?;
-        check_out("argmax", out, out_offset)?;
+        self.record_rows(chain, logits, n_vocab, 1, out, out_offset)
+    }
+
+    /// [`Argmax::record`] of each row of `logits` (`[n_rows, n_vocab]`) into
+    /// `out[out_offset + r]`; one workgroup per row.
+    pub fn record_rows(
+        &self,
+        chain: &mut Chain,
+        logits: &BufferSlice,
+        n_vocab: u32,
+        n_rows: u32,
+        out: &BufferSlice,
+        out_offset: u32,
+    ) -> Result<()> {
+        check_rows("argmax", logits, n_vocab, n_rows)?;
+        check_out("argmax", out, out_offset, n_rows)?;
         chain.dispatch(
             &self.pipeline,
             &[logits.clone(), out.clone()],
             &Push::new().u32(n_vocab).u32(out_offset),
-            [1, 1, 1],
+            [n_rows, 1, 1],
         )?;
         Ok(())
     }
 }
 
-/// Checks that `logits` holds a non-empty row of `n_vocab` floats.
-pub(crate) fn check_row(op: &'static str, logits: &BufferSlice, n_vocab: u32) -> Result<()> {
-    if n_vocab == 0 {
-        let detail = "n_vocab is 0: there is no token to choose".to_string();
+/// Checks that `logits` holds `n_rows` non-empty rows of `n_vocab` floats.
+pub(crate) fn check_rows(
+    op: &'static str,
+    logits: &BufferSlice,
+    n_vocab: u32,
+    n_rows: u32,
+) -> Result<()> {
+    if n_vocab == 0 || n_rows == 0 {
+        let detail =
+            format!("n_vocab is {n_vocab} and n_rows {n_rows}: there is no token to choose");
         return Err(KernelError::Shape { op, detail });
     }
-    if logits.size < 4 * u64::from(n_vocab) {
+    let need = 4 * u64::from(n_vocab) * u64::from(n_rows);
+    if logits.size < need {
         let detail = format!(
-            "logits ({}) holds {} bytes, {n_vocab} floats need {}",
+            "logits ({}) holds {} bytes, {n_rows} rows of {n_vocab} floats need {need}",
             logits.buffer.name(),
             logits.size,
-            4 * u64::from(n_vocab)
         );
         return Err(KernelError::Shape { op, detail });
     }
     Ok(())
 }
 
-/// Checks that `out` holds u32 number `out_offset`.
-pub(crate) fn check_out(op: &'static str, out: &BufferSlice, out_offset: u32) -> Result<()> {
-    let need = 4 * (u64::from(out_offset) + 1);
+/// Checks that `out` holds u32 numbers `out_offset .. out_offset + n`.
+pub(crate) fn check_out(
+    op: &'static str,
+    out: &BufferSlice,
+    out_offset: u32,
+    n: u32,
+) -> Result<()> {
+    let need = 4 * (u64::from(out_offset) + u64::from(n));
     if out.size < need {
         let detail = format!(
-            "out ({}) holds {} bytes, out_offset {out_offset} needs {need}",
+            "out ({}) holds {} bytes, out_offset {out_offset} and {n} values need {need}",
             out.buffer.name(),
             out.size
         );
@@ -163,6 +188,63 @@ mod tests {
             );
         }
         assert_no_validation_errors(&ctx);
+    }
+
+    #[test]
+    fn gpu_argmax_of_many_rows_in_one_dispatch() {
+        let Some(ctx) = gpu_or_skip("gpu_argmax_rows") else {
+            return;
+        };
+        let seed: u64 = rand::random();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let argmax = Argmax::new(&ctx).unwrap();
+        for (n_rows, n) in [(1usize, 1000usize), (37, 4099), (128, 49152)] {
+            let rows: Vec<f32> = (0..n_rows)
+                .flat_map(|_| tricky_logits(&mut rng, n))
+                .collect();
+            let b = Buffer::new(
+                &ctx,
+                "logits",
+                4 * rows.len() as u64,
+                MemoryKind::DeviceLocal,
+            )
+            .unwrap();
+            ctx.upload(&b, 0, &rows).unwrap();
+            let out = Buffer::new(
+                &ctx,
+                "out",
+                4 * (n_rows as u64 + 3),
+                MemoryKind::DeviceLocal,
+            )
+            .unwrap();
+            ctx.fill(&out, 0, out.size(), 0xFFFF_FFFF).unwrap();
+            let mut chain = Chain::new(&ctx).unwrap();
+            argmax
+                .record_rows(
+                    &mut chain,
+                    &b.whole(),
+                    n as u32,
+                    n_rows as u32,
+                    &out.whole(),
+                    3,
+                )
+                .unwrap();
+            chain.run().unwrap();
+            let mut got = vec![0u32; n_rows + 3];
+            ctx.download(&out, 0, &mut got).unwrap();
+            assert_eq!(
+                &got[..3],
+                &[u32::MAX; 3],
+                "words before out_offset untouched"
+            );
+            for (r, row) in rows.chunks_exact(n).enumerate() {
+                assert_eq!(
+                    got[3 + r],
+                    argmax_ref(row),
+                    "row {r} of {n_rows}x{n}, seed {seed}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@ use octoflow_vk::{
 };
 
 use crate::error::Result;
-use crate::operand::{bad, need};
+use crate::operand::{bad, need, Positions};
 use crate::shaders;
 
 /// Largest `head_dim` / `head_dim_v` (`MAX_D` in `attention.comp`).
@@ -47,6 +47,10 @@ pub struct AttentionArgs<'a> {
     pub pos: &'a BufferSlice,
     /// Index of the start position in `pos`.
     pub pos_offset: u32,
+    /// How `pos` is read. With [`Positions::Table`], key `j` of query `t`'s sequence is row
+    /// `pos[pos_offset + 2t + 1] + j` of `k` and `v` (which then hold several sequences), and
+    /// `n_kv_rows` is the capacity of one sequence.
+    pub positions: Positions,
 }
 
 /// Work layout of one attention dispatch: the specialization of `attention.comp` plus the
@@ -121,7 +125,7 @@ impl Attention {
             } else {
                 let pl = Pipeline::new(
                     &ctx,
-                    &PipelineDesc::new(shaders::ATTENTION, 6, 40)
+                    &PipelineDesc::new(shaders::ATTENTION, 6, 48)
                         .spec(&spec)
                         .label("attention"),
                 )?;
@@ -129,6 +133,16 @@ impl Attention {
                 pl
             }
         };
+        if a.positions == Positions::Table && p.tpl != 1 {
+            return Err(bad(
+                OP,
+                "a position table needs one token per cluster".to_string(),
+            ));
+        }
+        // rows the caches hold (the bound on table-mode reads)
+        let kv_total = (a.k.size / (4 * u64::from(a.n_head_kv) * u64::from(a.head_dim)))
+            .min(a.v.size / (4 * u64::from(a.n_head_kv) * u64::from(a.head_dim_v)))
+            .min(u64::from(u32::MAX)) as u32;
         let rows = u64::from(a.n_tokens) * u64::from(a.n_head);
         let part = if p.split > 1 {
             let floats = rows * u64::from(p.split) * (u64::from(a.head_dim_v) + 2);
@@ -157,7 +171,9 @@ impl Attention {
             .u32(a.window)
             .u32(a.pos_offset)
             .f32(a.scale)
-            .u32(p.split);
+            .u32(p.split)
+            .u32(a.positions.flag())
+            .u32(kv_total);
         let group = a.n_head / a.n_head_kv;
         let clusters = u64::from(a.n_tokens.div_ceil(p.tpl))
             * u64::from(group.div_ceil(p.hpl))
@@ -213,7 +229,11 @@ pub(crate) fn plan(caps: &DeviceCaps, a: &AttentionArgs) -> Plan {
     // queries per cluster bounded by the registers they take (q and acc vec4s per query)
     let budget = if cpu { 96 } else { 48 };
     let per_q = 2 * n4;
-    let tpl = if cpu && a.n_tokens > 1 { 2 } else { 1 };
+    let tpl = if cpu && a.n_tokens > 1 && a.positions == Positions::Run {
+        2
+    } else {
+        1
+    };
     let hpl_max = group.min((budget / (per_q * tpl)).max(1));
     let hpl = group.div_ceil(group.div_ceil(hpl_max)); // even chunks of the GQA group
     let tpl = tpl.min((budget / (per_q * hpl)).max(1));
@@ -270,7 +290,12 @@ fn validate(a: &AttentionArgs) -> Result<()> {
     need(OP, "k", a.k, rows * hk * u128::from(a.head_dim))?;
     need(OP, "v", a.v, rows * hk * u128::from(a.head_dim_v))?;
     need(OP, "out", a.out, t * h * u128::from(a.head_dim_v))?;
-    need(OP, "pos", a.pos, u128::from(a.pos_offset) + 1)?;
+    need(
+        OP,
+        "pos",
+        a.pos,
+        u128::from(a.pos_offset) + a.positions.words(a.n_tokens),
+    )?;
     Ok(())
 }
 

@@ -57,6 +57,7 @@ fn run_case(
         scale: s.scale,
         pos: &pb.whole(),
         pos_offset: 2,
+        positions: Positions::Run,
     };
     let mut chain = Chain::new(ctx).unwrap();
     match plan {
@@ -190,6 +191,7 @@ fn attention_timing() {
             scale: 0.125,
             pos: &pb.whole(),
             pos_offset: 0,
+            positions: Positions::Run,
         };
         let reps = 5;
         let mut chain = Chain::new(&ctx).unwrap();
@@ -245,6 +247,7 @@ fn bad_head_counts_and_short_caches_are_shape_errors() {
         scale: 0.125,
         pos: &pb.whole(),
         pos_offset: 0,
+        positions: Positions::Run,
     };
     let err = k.record(&mut chain, &args).unwrap_err().to_string();
     assert!(err.contains("n_head 9"), "{err}");
@@ -258,4 +261,93 @@ fn bad_head_counts_and_short_caches_are_shape_errors() {
     args.head_dim = 512;
     let err = k.record(&mut chain, &args).unwrap_err().to_string();
     assert!(err.contains("head_dim 512"), "{err}");
+}
+
+#[test]
+fn position_table_attends_each_query_to_its_own_sequence() {
+    let Some(ctx) = gpu_or_skip("attention_position_table") else {
+        return;
+    };
+    let seed: u64 = rand::random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let k = Attention::new(&ctx).unwrap();
+    // (n_head, n_head_kv, head_dim, head_dim_v, rows per sequence, window, sequences, queries)
+    for (n_head, n_kv, hd, hv, rows, window, n_seq, n_tok) in [
+        (9, 3, 64, 64, 300, 0, 5, 11),
+        (4, 1, 256, 256, 200, 16, 3, 7),
+        (6, 2, 38, 22, 40, 0, 4, 9),
+        (14, 2, 64, 64, 2000, 0, 3, 3), // long sequences: split-K
+    ] {
+        let s = AttentionShape {
+            n_head,
+            n_head_kv: n_kv,
+            head_dim: hd,
+            head_dim_v: hv,
+            n_kv_rows: rows,
+            window,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        let mut gen = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect() };
+        let q = gen(n_tok * n_head * hd);
+        let kc = gen(n_seq * rows * n_kv * hd);
+        let vc = gen(n_seq * rows * n_kv * hv);
+        // query t: a random sequence and position; a few at the ends of the range
+        let table: Vec<(usize, usize)> = (0..n_tok)
+            .map(|t| {
+                let seq = rng.gen_range(0..n_seq);
+                let p = match t % 4 {
+                    0 => 0,
+                    1 => rows - 1,
+                    _ => rng.gen_range(0..rows),
+                };
+                (p, seq * rows)
+            })
+            .collect();
+        let mut words = vec![5u32]; // pos_offset 1
+        for &(p, base) in &table {
+            words.extend([p as u32, base as u32]);
+        }
+        let (qb, kb, vb) = (
+            with(&ctx, "q", &q),
+            with(&ctx, "k", &kc),
+            with(&ctx, "v", &vc),
+        );
+        let ob = poisoned(&ctx, "out", n_tok * n_head * hv);
+        let pb = with(&ctx, "pos", &words);
+        let args = AttentionArgs {
+            q: &qb.whole(),
+            k: &kb.whole(),
+            v: &vb.whole(),
+            out: &ob.whole(),
+            n_tokens: n_tok as u32,
+            n_head: n_head as u32,
+            n_head_kv: n_kv as u32,
+            head_dim: hd as u32,
+            head_dim_v: hv as u32,
+            n_kv_rows: rows as u32,
+            window: window as u32,
+            scale: s.scale,
+            pos: &pb.whole(),
+            pos_offset: 1,
+            positions: Positions::Table,
+        };
+        let mut chain = Chain::new(&ctx).unwrap();
+        k.record(&mut chain, &args).unwrap();
+        chain.run().unwrap();
+        let mut want = vec![0f32; n_tok * n_head * hv];
+        let (kw, vw) = (n_kv * hd, n_kv * hv);
+        for (t, &(p, base)) in table.iter().enumerate() {
+            let qt = &q[t * n_head * hd..(t + 1) * n_head * hd];
+            let ks = &kc[base * kw..(base + rows) * kw];
+            let vs = &vc[base * vw..(base + rows) * vw];
+            let out = &mut want[t * n_head * hv..(t + 1) * n_head * hv];
+            attention_ref(&s, qt, ks, vs, p, out);
+        }
+        if let Err(e) = check_close(&read(&ctx, &ob, want.len()), &want, REL) {
+            panic!(
+                "attention table {n_head}/{n_kv} heads {hd}/{hv}, {n_seq} sequences of {rows}, \
+                 window {window}, {n_tok} queries, seed {seed}: {e}"
+            );
+        }
+    }
 }

@@ -31,6 +31,7 @@ mod error;
 pub mod gate;
 pub mod get_rows;
 pub mod linear;
+pub mod pick_ids;
 mod qweight;
 pub mod sample;
 
@@ -50,6 +51,8 @@ pub use error::{KernelError, Result};
 pub use get_rows::{GetRows, GetRowsArgs};
 pub use glu::{glu_ref, Glu, GluOp};
 pub use linear::{Linear, LinearArgs, QWeightRef};
+pub use operand::Positions;
+pub use pick_ids::{pick_ids_ref, PickIds, FROM_PREV};
 pub use rms_norm::{rms_norm_ref, RmsNorm};
 pub use rope::{rope_ref, Rope, RopeArgs, RopeMode};
 pub use sample::{sample_ref, uniform_ref, Sample, SamplerState, MAX_TOP_K};

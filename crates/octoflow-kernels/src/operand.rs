@@ -4,6 +4,33 @@ use octoflow_vk::BufferSlice;
 
 use crate::error::{KernelError, Result};
 
+/// How a kernel finds the position of token `t` in its u32 `pos` buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Positions {
+    /// One sequence: token `t` is at position `pos[pos_offset] + t`, and position `p`'s keys and
+    /// values are cache row `p`.
+    #[default]
+    Run,
+    /// Several sequences in one cache: token `t` is at position `pos[pos_offset + 2t]` of the
+    /// sequence whose position 0 is cache row `pos[pos_offset + 2t + 1]`.
+    Table,
+}
+
+impl Positions {
+    /// u32 words of `pos` read from `pos_offset` on, for `n_tokens` tokens.
+    pub(crate) fn words(self, n_tokens: u32) -> u128 {
+        match self {
+            Positions::Run => 1,
+            Positions::Table => 2 * u128::from(n_tokens),
+        }
+    }
+
+    /// The shaders' `table` push constant.
+    pub(crate) fn flag(self) -> u32 {
+        u32::from(self == Positions::Table)
+    }
+}
+
 /// Checks that `s` holds at least `elems` 4-byte values (f32 or u32).
 pub(crate) fn need(op: &'static str, name: &str, s: &BufferSlice, elems: u128) -> Result<()> {
     if u128::from(s.size) < 4 * elems {

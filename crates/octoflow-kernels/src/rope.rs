@@ -3,7 +3,7 @@
 use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
 
 use crate::error::Result;
-use crate::operand::{bad, need};
+use crate::operand::{bad, need, Positions};
 use crate::shaders;
 
 /// Invocations per workgroup (`local_size_x` in `rope.comp`).
@@ -42,6 +42,8 @@ pub struct RopeArgs<'a> {
     pub pos: &'a BufferSlice,
     /// Index of the start position in `pos`.
     pub pos_offset: u32,
+    /// How `pos` is read (one run of positions, or a per-token table).
+    pub positions: Positions,
 }
 
 /// The RoPE kernel, built once per device.
@@ -53,7 +55,7 @@ impl Rope {
     /// Builds the pipeline.
     pub fn new(ctx: &Context) -> Result<Self> {
         Ok(Rope {
-            pipeline: Pipeline::new(ctx, &PipelineDesc::new(shaders::ROPE, 3, 40))?,
+            pipeline: Pipeline::new(ctx, &PipelineDesc::new(shaders::ROPE, 3, 44))?,
         })
     }
 
@@ -78,7 +80,12 @@ impl Rope {
             return Err(bad(OP, format!("bad shape: {total} elements")));
         }
         need(OP, "x", a.x, total)?;
-        need(OP, "pos", a.pos, u128::from(a.pos_offset) + 1)?;
+        need(
+            OP,
+            "pos",
+            a.pos,
+            u128::from(a.pos_offset) + a.positions.words(a.n_tokens),
+        )?;
         if let Some(f) = a.freq_factors {
             need(OP, "freq_factors", f, u128::from(a.n_rot / 2))?;
         }
@@ -99,7 +106,8 @@ impl Rope {
             .u32(a.pos_offset)
             .f32(a.scale)
             .f32(r_hi)
-            .f32(r_lo);
+            .f32(r_lo)
+            .u32(a.positions.flag());
         chain.dispatch(
             &self.pipeline,
             &[a.x.clone(), a.pos.clone(), ff.clone()],
@@ -221,6 +229,7 @@ mod tests {
                 freq_factors: use_ff.then_some(&fs),
                 pos: &pb.whole(),
                 pos_offset: 1,
+                positions: Positions::Run,
             };
             let mut chain = Chain::new(&ctx).unwrap();
             k.record(&mut chain, &args).unwrap();
@@ -238,6 +247,64 @@ mod tests {
                     assert_eq!(g.to_bits(), w.to_bits(), "dim {} changed", i % hd);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn position_table_rotates_each_token_at_its_own_position() {
+        let Some(ctx) = gpu_or_skip("rope_position_table") else {
+            return;
+        };
+        let seed: u64 = rand::random();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let k = Rope::new(&ctx).unwrap();
+        let (n_tok, n_heads, hd, n_rot) = (9usize, 3usize, 64usize, 64usize);
+        let x: Vec<f32> = (0..n_tok * n_heads * hd)
+            .map(|_| rng.gen_range(-2.0..2.0))
+            .collect();
+        let pos: Vec<usize> = (0..n_tok).map(|_| rng.gen_range(0..30_000)).collect();
+        let mut words = vec![1u32];
+        for &p in &pos {
+            // the second word (the sequence's first cache row) is not rope's business
+            words.extend([p as u32, rng.gen()]);
+        }
+        let xb = with(&ctx, "x", &x);
+        let pb = with(&ctx, "pos", &words);
+        let args = RopeArgs {
+            x: &xb.whole(),
+            n_tokens: n_tok as u32,
+            n_heads: n_heads as u32,
+            head_dim: hd as u32,
+            n_rot: n_rot as u32,
+            mode: RopeMode::Neox,
+            base: 1_000_000.0,
+            scale: 1.0,
+            freq_factors: None,
+            pos: &pb.whole(),
+            pos_offset: 1,
+            positions: Positions::Table,
+        };
+        let mut chain = Chain::new(&ctx).unwrap();
+        k.record(&mut chain, &args).unwrap();
+        chain.run().unwrap();
+        let mut want = x.clone();
+        let w = n_heads * hd;
+        for (t, &p) in pos.iter().enumerate() {
+            let row = &mut want[t * w..(t + 1) * w];
+            rope_ref(
+                row,
+                n_heads,
+                hd,
+                n_rot,
+                RopeMode::Neox,
+                1_000_000.0,
+                1.0,
+                None,
+                p,
+            );
+        }
+        if let Err(e) = check_close(&read(&ctx, &xb, x.len()), &want, REL) {
+            panic!("rope position table, seed {seed}: {e}");
         }
     }
 
@@ -263,6 +330,7 @@ mod tests {
             freq_factors: None,
             pos: &pb.whole(),
             pos_offset: 0,
+            positions: Positions::Run,
         };
         let err = k.record(&mut chain, &args).unwrap_err().to_string();
         assert!(err.contains("n_rot 31"), "{err}");

@@ -8,7 +8,7 @@
 
 use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
 
-use crate::argmax::{argmax_ref, check_out, check_row};
+use crate::argmax::{argmax_ref, check_out, check_rows};
 use crate::error::{KernelError, Result};
 use crate::shaders;
 
@@ -128,13 +128,31 @@ impl Sample {
         out: &BufferSlice,
         out_offset: u32,
     ) -> Result<()> {
-        check_row("sample", logits, n_vocab)?;
-        check_out("sample", out, out_offset)?;
-        if state.size < STATE_BYTES {
+        self.record_rows(chain, logits, n_vocab, 1, state, out, out_offset)
+    }
+
+    /// [`Sample::record`] for `n_rows` rows at once: row `r` of `logits` (`[n_rows, n_vocab]`)
+    /// is drawn with state `r` (`state` holds `n_rows` [`SamplerState`]s, each advanced) into
+    /// `out[out_offset + r]`. One workgroup per row.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_rows(
+        &self,
+        chain: &mut Chain,
+        logits: &BufferSlice,
+        n_vocab: u32,
+        n_rows: u32,
+        state: &BufferSlice,
+        out: &BufferSlice,
+        out_offset: u32,
+    ) -> Result<()> {
+        check_rows("sample", logits, n_vocab, n_rows)?;
+        check_out("sample", out, out_offset, n_rows)?;
+        if state.size < STATE_BYTES * u64::from(n_rows) {
             let detail = format!(
-                "state ({}) holds {} bytes, a SamplerState needs {STATE_BYTES}",
+                "state ({}) holds {} bytes, {n_rows} SamplerStates need {}",
                 state.buffer.name(),
-                state.size
+                state.size,
+                STATE_BYTES * u64::from(n_rows)
             );
             return Err(KernelError::Shape {
                 op: "sample",
@@ -145,7 +163,7 @@ impl Sample {
             &self.pipeline,
             &[logits.clone(), state.clone(), out.clone()],
             &Push::new().u32(n_vocab).u32(out_offset),
-            [1, 1, 1],
+            [n_rows, 1, 1],
         )?;
         Ok(())
     }

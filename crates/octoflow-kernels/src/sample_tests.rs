@@ -220,6 +220,80 @@ fn gpu_sample_matches_the_cpu_sampler_on_random_rows() {
 }
 
 #[test]
+fn gpu_sample_of_many_rows_in_one_dispatch() {
+    let Some(ctx) = gpu_or_skip("gpu_sample_rows") else {
+        return;
+    };
+    let seed: u64 = rand::random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let sample = Sample::new(&ctx).unwrap();
+    let (n_rows, n) = (41usize, 5000usize);
+    let logits: Vec<Vec<f32>> = (0..n_rows).map(|_| sampling_logits(&mut rng, n)).collect();
+    let states: Vec<SamplerState> = (0..n_rows).map(|_| random_state(&mut rng)).collect();
+    let flat: Vec<f32> = logits.concat();
+    let words: Vec<u32> = states.iter().flat_map(|s| s.to_words()).collect();
+    let lb = Buffer::new(
+        &ctx,
+        "logits",
+        4 * flat.len() as u64,
+        MemoryKind::DeviceLocal,
+    )
+    .unwrap();
+    ctx.upload(&lb, 0, &flat).unwrap();
+    let sb = Buffer::new(
+        &ctx,
+        "states",
+        4 * words.len() as u64,
+        MemoryKind::DeviceLocal,
+    )
+    .unwrap();
+    ctx.upload(&sb, 0, &words).unwrap();
+    let out = Buffer::new(
+        &ctx,
+        "out",
+        4 * (n_rows as u64 + 1),
+        MemoryKind::DeviceLocal,
+    )
+    .unwrap();
+    ctx.fill(&out, 0, out.size(), 0xFFFF_FFFF).unwrap();
+    let mut chain = Chain::new(&ctx).unwrap();
+    sample
+        .record_rows(
+            &mut chain,
+            &lb.whole(),
+            n as u32,
+            n_rows as u32,
+            &sb.whole(),
+            &out.whole(),
+            1,
+        )
+        .unwrap();
+    chain.run().unwrap();
+    let mut got = vec![0u32; n_rows + 1];
+    ctx.download(&out, 0, &mut got).unwrap();
+    let mut after = vec![0u32; words.len()];
+    ctx.download(&sb, 0, &mut after).unwrap();
+    assert_eq!(got[0], u32::MAX, "the word before out_offset is untouched");
+    for (r, (row, s)) in logits.iter().zip(&states).enumerate() {
+        let want = sample_ref(row, s);
+        if got[1 + r] != want {
+            let d = boundary_distance(row, s);
+            assert!(
+                d < BOUNDARY,
+                "row {r}, {s:?}, seed {seed}: GPU {} vs CPU {want}",
+                got[1 + r]
+            );
+        }
+        let a = SamplerState::from_words(after[8 * r..8 * r + 8].try_into().unwrap());
+        assert_eq!(
+            a.step(),
+            s.step().wrapping_add(1),
+            "row {r}'s own state advanced"
+        );
+    }
+}
+
+#[test]
 fn gpu_steps_advance_through_a_chain_like_the_cpu_sampler() {
     let Some(ctx) = gpu_or_skip("gpu_steps_advance_through_a_chain") else {
         return;

@@ -1,12 +1,14 @@
 //! Recording the forward pass of `n` tokens into a chain: the GPU twin of `forward.rs`, step for
 //! step (see the diagram there). Activations are f32 row-major `[n, width]` in the session's
-//! scratch buffers; the KV cache is f32 `[n_ctx, n_head_kv * head_dim]` per layer; the position of
-//! the batch's first token is read on the GPU from the control block (`ctl::POS`), so the same
-//! recording serves every position.
+//! scratch buffers; the KV cache is f32 `[n_ctx, n_head_kv * head_dim]` per layer. Positions are
+//! read on the GPU ([`PosSource`]): for one sequence, the batch's first position from the control
+//! block (`ctl::POS`); for a batch of many sequences, a per-token (position, first cache row)
+//! table. Either way the same recording serves every position.
 
+use octoflow_gguf::GgmlType;
 use octoflow_kernels::advance::ctl;
 use octoflow_kernels::{
-    AttentionArgs, GetRowsArgs, GluOp, LinearArgs, QWeightRef, RopeArgs, RopeMode,
+    AttentionArgs, GetRowsArgs, GluOp, LinearArgs, Positions, QWeightRef, RopeArgs, RopeMode,
 };
 use octoflow_vk::{Buffer, BufferSlice, Chain};
 
@@ -18,20 +20,36 @@ use crate::gpu::scratch::Scratch;
 use crate::gpu::weights::{GpuMatrix, GpuWeights};
 
 /// Where the batch's token ids are read from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone)]
 pub enum TokenSource {
     /// The scratch id list (`n` ids written by the CPU).
     Ids,
     /// `ctl::TOKEN` of the control block (one token, written by the previous step's sampler).
     Control,
+    /// `n` u32 ids in this slice (written on the device).
+    Slice(BufferSlice),
 }
 
-/// What a recording needs: the kernels, the model, its weights and the session's buffers.
+/// Where the tokens' positions are read from (see [`Positions`]).
+#[derive(Clone)]
+pub struct PosSource {
+    /// The u32 words.
+    pub buf: BufferSlice,
+    /// Index of the first word read.
+    pub offset: u32,
+    /// One run from `buf[offset]`, or a per-token (position, first cache row) table.
+    pub mode: Positions,
+    /// Positions one sequence holds (the attention bound).
+    pub seq_rows: u32,
+}
+
+/// What a recording needs: the kernels, the model, its weights, the buffers and the positions.
 pub struct Graph<'a> {
     pub k: &'a Kernels,
     pub c: &'a ModelConfig,
     pub w: &'a GpuWeights,
     pub s: &'a Scratch,
+    pub pos: PosSource,
 }
 
 /// The first `n_floats` f32 of `b`.
@@ -46,24 +64,31 @@ impl Graph<'_> {
         &self,
         chain: &mut Chain,
         n: u32,
-        src: TokenSource,
+        src: &TokenSource,
         logits: Logits,
     ) -> Result<()> {
+        self.layers(chain, n, src)?;
+        self.output(chain, n, logits)
+    }
+
+    /// Records embeddings and every layer of `n` tokens (the residual stream ends in `s.x`).
+    pub fn layers(&self, chain: &mut Chain, n: u32, src: &TokenSource) -> Result<()> {
         self.embed(chain, n, src)?;
         for il in 0..self.c.n_layer {
             self.attention_block(chain, il, n)?;
             self.ffn_block(chain, il, n)?;
         }
-        self.output(chain, n, logits)
+        Ok(())
     }
 
     /// `x = token_embd[ids] * embedding_scale`.
-    fn embed(&self, chain: &mut Chain, n: u32, src: TokenSource) -> Result<()> {
+    fn embed(&self, chain: &mut Chain, n: u32, src: &TokenSource) -> Result<()> {
         let (c, w, s) = (self.c, self.w, self.s);
         let x = f32s(&s.x, n as usize * c.n_embd)?;
         let (ids, ids_offset) = match src {
             TokenSource::Ids => (s.ids.whole(), 0),
             TokenSource::Control => (s.ctl.whole(), ctl::TOKEN),
+            TokenSource::Slice(b) => (b.clone(), 0),
         };
         for p in &w.token_embd.pieces {
             self.k.get_rows.record(
@@ -125,7 +150,7 @@ impl Graph<'_> {
         }
 
         // rotary embedding at the batch's positions, then the keys and values into the cache
-        let ctl_block = s.ctl.whole();
+        let ps = &self.pos;
         let mode = match c.rope_type {
             RopeType::Normal => RopeMode::Normal,
             RopeType::Neox => RopeMode::Neox,
@@ -143,8 +168,9 @@ impl Graph<'_> {
                     base: lc.rope_base,
                     scale: lc.rope_scale,
                     freq_factors: self.w.rope_freqs.as_ref(),
-                    pos: &ctl_block,
-                    pos_offset: ctl::POS,
+                    pos: &ps.buf,
+                    pos_offset: ps.offset,
+                    positions: ps.mode,
                 },
             )?;
         }
@@ -158,8 +184,9 @@ impl Graph<'_> {
             n,
             c.k_dim() as u32,
             n_ctx,
-            &ctl_block,
-            ctl::POS,
+            &ps.buf,
+            ps.offset,
+            ps.mode,
         )?;
         k.set_rows.record(
             chain,
@@ -168,8 +195,9 @@ impl Graph<'_> {
             n,
             c.v_dim() as u32,
             n_ctx,
-            &ctl_block,
-            ctl::POS,
+            &ps.buf,
+            ps.offset,
+            ps.mode,
         )?;
         chain.barrier()?;
         k.attention.record(
@@ -184,11 +212,12 @@ impl Graph<'_> {
                 n_head_kv: c.n_head_kv as u32,
                 head_dim: c.head_dim as u32,
                 head_dim_v: c.head_dim_v as u32,
-                n_kv_rows: n_ctx,
+                n_kv_rows: ps.seq_rows,
                 window: lc.sliding_window.map_or(0, |w| w as u32),
                 scale: c.attention_scale,
-                pos: &ctl_block,
-                pos_offset: ctl::POS,
+                pos: &ps.buf,
+                pos_offset: ps.offset,
+                positions: ps.mode,
             },
         )?;
         chain.barrier()?;
@@ -284,6 +313,54 @@ impl Graph<'_> {
         chain.barrier()?;
         let out = f32s(&s.logits, rows as usize * c.n_vocab)?;
         self.linear(chain, &w.output, &h, &out, rows, None, false)?;
+        chain.barrier()?;
+        Ok(())
+    }
+
+    /// Final norm and vocabulary projection of the `n_out` rows of the residual stream whose
+    /// indices are in `rows` (`[n_out]` u32), into `scratch.logits` `[n_out, n_vocab]`.
+    pub fn output_rows(&self, chain: &mut Chain, n_out: u32, rows: &BufferSlice) -> Result<()> {
+        let (c, s, k, w) = (self.c, self.s, self.k, self.w);
+        if n_out > s.t_logits {
+            return Err(ModelError::Gpu(format!(
+                "{n_out} rows of logits requested, the buffer holds {}",
+                s.t_logits
+            )));
+        }
+        let width = n_out as usize * c.n_embd;
+        let (x, o, h) = (
+            f32s(&s.x, s.t_max as usize * c.n_embd)?,
+            f32s(&s.o, width)?,
+            f32s(&s.h, width)?,
+        );
+        k.get_rows.record(
+            chain,
+            &GetRowsArgs {
+                ty: GgmlType::F32,
+                table: &x,
+                n_cols: c.n_embd as u32,
+                row_begin: 0,
+                row_end: s.t_max,
+                ids: rows,
+                ids_offset: 0,
+                n_ids: n_out,
+                out: &o,
+                scale: 1.0,
+            },
+        )?;
+        chain.barrier()?;
+        k.rms_norm.record(
+            chain,
+            &o,
+            &w.output_norm,
+            &h,
+            n_out,
+            c.n_embd as u32,
+            c.rms_eps,
+        )?;
+        chain.barrier()?;
+        let out = f32s(&s.logits, n_out as usize * c.n_vocab)?;
+        self.linear(chain, &w.output, &h, &out, n_out, None, false)?;
         chain.barrier()?;
         Ok(())
     }

@@ -3,7 +3,9 @@
 use octoflow_kernels::add::Add;
 use octoflow_kernels::advance::Advance;
 use octoflow_kernels::gate::Gate;
-use octoflow_kernels::{Argmax, Attention, GetRows, Glu, Linear, RmsNorm, Rope, Sample, SetRows};
+use octoflow_kernels::{
+    Argmax, Attention, GetRows, Glu, Linear, PickIds, RmsNorm, Rope, Sample, SetRows,
+};
 use octoflow_vk::Context;
 
 use crate::error::Result;
@@ -22,6 +24,7 @@ pub struct Kernels {
     pub sample: Sample,
     pub gate: Gate,
     pub advance: Advance,
+    pub pick_ids: PickIds,
 }
 
 impl Kernels {
@@ -40,6 +43,7 @@ impl Kernels {
             sample: Sample::new(ctx)?,
             gate: Gate::new(ctx)?,
             advance: Advance::new(ctx)?,
+            pick_ids: PickIds::new(ctx)?,
         })
     }
 }

@@ -8,10 +8,12 @@
 //! - [`session`]: [`GpuModel`] and [`GpuSession`]: batch chains for prompts and scoring, and
 //!   multi-step decode chains whose sampled tokens never leave the GPU between steps.
 
+pub mod batch;
 pub mod graph;
 pub mod kernels;
 pub mod scratch;
 pub mod session;
 pub mod weights;
 
+pub use batch::GpuBatch;
 pub use session::{GpuDraw, GpuModel, GpuSession, GpuStop, Steps, BATCH_TOKENS};

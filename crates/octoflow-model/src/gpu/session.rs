@@ -8,14 +8,14 @@
 use std::collections::HashMap;
 
 use octoflow_kernels::advance::ctl;
-use octoflow_kernels::SamplerState;
+use octoflow_kernels::{Positions, SamplerState};
 use octoflow_vk::{gate_words, summarize, Chain, Context, LabelTime};
 
 use crate::backend::{check_batch, Forward};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::forward::Logits;
-use crate::gpu::graph::{Graph, TokenSource};
+use crate::gpu::graph::{Graph, PosSource, TokenSource};
 use crate::gpu::kernels::Kernels;
 use crate::gpu::scratch::Scratch;
 use crate::gpu::weights::GpuWeights;
@@ -27,9 +27,9 @@ pub const BATCH_TOKENS: u32 = 256;
 /// A model loaded on a Vulkan device.
 pub struct GpuModel {
     pub config: ModelConfig,
-    ctx: Context,
-    weights: GpuWeights,
-    kernels: Kernels,
+    pub(crate) ctx: Context,
+    pub(crate) weights: GpuWeights,
+    pub(crate) kernels: Kernels,
 }
 
 impl GpuModel {
@@ -102,7 +102,7 @@ impl GpuDraw {
         self.temperature <= 0.0
     }
 
-    fn words(&self) -> [u32; 8] {
+    pub(crate) fn words(&self) -> [u32; 8] {
         SamplerState::new(
             self.seed,
             self.step,
@@ -188,6 +188,12 @@ impl GpuSession<'_> {
             c: &self.model.config,
             w: &self.model.weights,
             s: &self.s,
+            pos: PosSource {
+                buf: self.s.ctl.whole(),
+                offset: ctl::POS,
+                mode: Positions::Run,
+                seq_rows: self.s.n_ctx,
+            },
         }
     }
 
@@ -210,7 +216,7 @@ impl GpuSession<'_> {
             }
             let mut chain = self.new_chain()?;
             self.graph()
-                .forward(&mut chain, n, TokenSource::Ids, logits)?;
+                .forward(&mut chain, n, &TokenSource::Ids, logits)?;
             chain.finish()?;
             self.batch_chains.insert(key, chain);
         }
@@ -247,7 +253,7 @@ impl GpuSession<'_> {
         }
         chain.gate_begin(&s.args)?;
         self.graph()
-            .forward(chain, 1, TokenSource::Control, Logits::Last)?;
+            .forward(chain, 1, &TokenSource::Control, Logits::Last)?;
         let logits = s.logits.slice(0, 4 * c.n_vocab as u64)?;
         if greedy {
             k.argmax

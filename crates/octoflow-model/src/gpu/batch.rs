@@ -1,0 +1,481 @@
+//! [`GpuBatch`]: many sequences over one copy of the weights, each step one chain.
+//!
+//! Every layer's KV cache is one buffer of `(n_slots + 1) * n_ctx` rows: slot `s` owns rows
+//! `s * n_ctx ..` (a fixed ring per instance, no paging: a slot's capacity is `n_ctx`), and the
+//! extra last slot takes the writes of padding rows. A step's rows are described to the GPU by a
+//! per-row (position, first cache row) table ([`Positions::Table`]), so one recording serves any
+//! mix of slots and positions with the same row count: the matrix kernels run over all rows,
+//! attention reads each row's own slot.
+//!
+//! Row counts are rounded up to a few buckets (padding rows are harmless), so a handful of
+//! chains are recorded per model. Host-written inputs and host-read outputs come in two sets
+//! used alternately, so step `N + 1` is written and submitted while step `N` runs; a row may
+//! take its token from the previous step's sample without the CPU reading it
+//! ([`TokenIn::Sampled`], resolved on the GPU by `pick_ids`).
+//!
+//! Per step: pick ids → embeddings → layers → gather the rows that want output → final norm →
+//! logits → one sampling workgroup per output row (per-row [`SamplerState`]) → (if any row
+//! wants logits) a copy of the logits to host memory.
+
+use std::collections::{HashMap, VecDeque};
+
+use octoflow_kernels::{Positions, SamplerState, FROM_PREV};
+use octoflow_vk::{Buffer, Chain, MemoryKind};
+
+use crate::batch::{BatchForward, BatchRow, RowOutput, RowResult, TokenIn, MAX_IN_FLIGHT};
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::gpu::graph::{Graph, PosSource, TokenSource};
+use crate::gpu::scratch::{Scratch, SAMPLER_WORDS};
+use crate::gpu::GpuModel;
+
+/// The row count a step with `n` rows is recorded for (at most `max`).
+fn bucket(n: u32, max: u32) -> u32 {
+    let b = if n <= 16 {
+        n.next_power_of_two()
+    } else {
+        n.next_multiple_of(16)
+    };
+    b.min(max).max(n)
+}
+
+/// Host-written inputs and host-read outputs of one step in flight.
+struct IoSet {
+    /// `[max_rows, 2]` u32: (position, first cache row) per row.
+    table: Buffer,
+    /// `[max_rows]` u32: ids, or `FROM_PREV | index` into the other set's `tokens`.
+    src_ids: Buffer,
+    /// `[max_out]` u32: the rows whose logits are computed.
+    out_rows: Buffer,
+    /// `[max_out]` sampler states.
+    states: Buffer,
+    /// `[max_out]` u32: tokens sampled per output row.
+    tokens: Buffer,
+    /// `[max_out, n_vocab]` f32 logits for the host, allocated on first need.
+    logits: Option<Buffer>,
+}
+
+/// Chain cache key: (row bucket, output-row bucket, logits copied to the host, io set).
+type Key = (u32, u32, bool, usize);
+
+/// A step submitted and not yet collected.
+struct Pending {
+    key: Key,
+    /// Per row: `Some(i)` when the row asked for output `i` (index into the output rows).
+    outputs: Vec<Option<(u32, bool)>>,
+    n_out: u32,
+}
+
+/// Many sequences on the GPU, run in batched, pipelined steps ([`BatchForward`]).
+pub struct GpuBatch<'m> {
+    model: &'m GpuModel,
+    s: Scratch,
+    n_slots: u32,
+    n_ctx: u32,
+    max_out: u32,
+    ids: Buffer,
+    sets: [IoSet; 2],
+    next_set: usize,
+    pending: VecDeque<Pending>,
+    chains: HashMap<Key, Chain>,
+    /// Positions cached per slot (after every submitted step).
+    cached: Vec<u32>,
+    /// Per slot: the output index of its sample in the last submitted step, if it sampled.
+    sampled: Vec<Option<u32>>,
+}
+
+impl GpuModel {
+    /// `n_slots` sequences of `n_ctx` positions each, stepped `max_rows` rows at a time.
+    pub fn batch(&self, n_slots: usize, n_ctx: usize, max_rows: usize) -> Result<GpuBatch<'_>> {
+        let too_big = |what: &str| ModelError::Gpu(format!("{what} is too large"));
+        let n_slots = u32::try_from(n_slots).map_err(|_| too_big("the slot count"))?;
+        let n_ctx = u32::try_from(n_ctx).map_err(|_| too_big("the context size"))?;
+        let max_rows = u32::try_from(max_rows).map_err(|_| too_big("the row count"))?;
+        if n_slots == 0 || n_ctx == 0 || max_rows == 0 {
+            return Err(ModelError::Gpu(format!(
+                "a batch needs slots, positions and rows (got {n_slots}, {n_ctx}, {max_rows})"
+            )));
+        }
+        let kv_rows = (n_slots + 1)
+            .checked_mul(n_ctx)
+            .ok_or_else(|| too_big("slots × context"))?;
+        let ctx = self.context();
+        let s = Scratch::new(ctx, &self.config, kv_rows, max_rows, 1)?;
+        let max_out = s.t_logits.min(max_rows);
+        let host = |name: &str, words: u32, kind: MemoryKind| {
+            Buffer::new(ctx, name, 4 * u64::from(words.max(1)), kind)
+        };
+        let set = |i: usize| -> Result<IoSet> {
+            Ok(IoSet {
+                table: host(
+                    &format!("batch_table.{i}"),
+                    2 * max_rows,
+                    MemoryKind::Upload,
+                )?,
+                src_ids: host(&format!("batch_ids.{i}"), max_rows, MemoryKind::Upload)?,
+                out_rows: host(&format!("batch_out_rows.{i}"), max_out, MemoryKind::Upload)?,
+                states: host(
+                    &format!("batch_states.{i}"),
+                    max_out * SAMPLER_WORDS as u32,
+                    MemoryKind::Upload,
+                )?,
+                tokens: host(&format!("batch_tokens.{i}"), max_out, MemoryKind::Readback)?,
+                logits: None,
+            })
+        };
+        Ok(GpuBatch {
+            model: self,
+            ids: host("batch_ids", max_rows, MemoryKind::DeviceLocal)?,
+            sets: [set(0)?, set(1)?],
+            s,
+            n_slots,
+            n_ctx,
+            max_out,
+            next_set: 0,
+            pending: VecDeque::new(),
+            chains: HashMap::new(),
+            cached: vec![0; n_slots as usize],
+            sampled: vec![None; n_slots as usize],
+        })
+    }
+}
+
+impl GpuBatch<'_> {
+    /// Device bytes of this batch's buffers (KV caches of every slot, activations, logits).
+    pub fn bytes(&self) -> u64 {
+        let sets: u64 = self
+            .sets
+            .iter()
+            .map(|s| {
+                [&s.table, &s.src_ids, &s.out_rows, &s.states, &s.tokens]
+                    .iter()
+                    .map(|b| b.size())
+                    .sum::<u64>()
+                    + s.logits.as_ref().map_or(0, |b| b.size())
+            })
+            .sum();
+        self.s.bytes() + self.ids.size() + sets
+    }
+
+    /// Most rows per step that may ask for output (logits fit one binding).
+    pub fn max_outputs(&self) -> usize {
+        self.max_out as usize
+    }
+
+    /// Records the chain of a step with `n` rows (`n_out` of them with output) on set `set`.
+    fn record(&self, n: u32, n_out: u32, logits: bool, set: usize) -> Result<Chain> {
+        let m = self.model;
+        let io = &self.sets[set];
+        let prev = &self.sets[1 - set];
+        let k = &m.kernels;
+        let mut chain = Chain::new(&m.ctx)?;
+        // orders this step after the previous submit (KV cache, scratch, the previous tokens)
+        chain.barrier()?;
+        let ids = self.ids.slice(0, 4 * u64::from(n))?;
+        k.pick_ids.record(
+            &mut chain,
+            &io.src_ids.whole(),
+            &prev.tokens.whole(),
+            self.max_out,
+            &ids,
+            n,
+        )?;
+        chain.barrier()?;
+        let graph = Graph {
+            k,
+            c: &m.config,
+            w: &m.weights,
+            s: &self.s,
+            pos: PosSource {
+                buf: io.table.whole(),
+                offset: 0,
+                mode: Positions::Table,
+                seq_rows: self.n_ctx,
+            },
+        };
+        graph.layers(&mut chain, n, &TokenSource::Slice(ids))?;
+        if n_out > 0 {
+            graph.output_rows(&mut chain, n_out, &io.out_rows.whole())?;
+            let n_vocab = m.config.n_vocab as u32;
+            let rows = self
+                .s
+                .logits
+                .slice(0, 4 * u64::from(n_out) * u64::from(n_vocab))?;
+            k.sample.record_rows(
+                &mut chain,
+                &rows,
+                n_vocab,
+                n_out,
+                &io.states.whole(),
+                &io.tokens.whole(),
+                0,
+            )?;
+            if logits {
+                let dst = io.logits.as_ref().ok_or_else(|| {
+                    ModelError::Gpu("the host logits buffer was not allocated".into())
+                })?;
+                chain.copy(&rows, dst, 0)?;
+            }
+        }
+        chain.finish()?;
+        Ok(chain)
+    }
+
+    /// Checks a step against the slots' state; returns the slots' cached lengths after it.
+    fn validate(&self, rows: &[BatchRow]) -> Result<Vec<u32>> {
+        let bad = |i: usize, what: String| ModelError::BadBatch(format!("row {i}: {what}"));
+        if rows.is_empty() {
+            return Err(ModelError::EmptyBatch);
+        }
+        if rows.len() > self.s.t_max as usize {
+            return Err(ModelError::BadBatch(format!(
+                "{} rows, at most {} per step",
+                rows.len(),
+                self.s.t_max
+            )));
+        }
+        let n_out = rows.iter().filter(|r| r.output != RowOutput::None).count();
+        if n_out > self.max_out as usize {
+            return Err(ModelError::BadBatch(format!(
+                "{n_out} rows want output, at most {} per step",
+                self.max_out
+            )));
+        }
+        let n_vocab = self.model.config.n_vocab;
+        let mut cached = self.cached.clone();
+        let mut last: HashMap<u32, u32> = HashMap::new();
+        for (i, r) in rows.iter().enumerate() {
+            if r.slot >= self.n_slots {
+                return Err(bad(i, format!("slot {} of {}", r.slot, self.n_slots)));
+            }
+            if r.pos >= self.n_ctx {
+                return Err(ModelError::ContextOverflow {
+                    needed: r.pos as usize + 1,
+                    n_ctx: self.n_ctx as usize,
+                });
+            }
+            let slot = r.slot as usize;
+            match last.get(&r.slot) {
+                Some(&p) if r.pos != p + 1 => {
+                    return Err(bad(
+                        i,
+                        format!("slot {} jumps from position {p} to {}", r.slot, r.pos),
+                    ))
+                }
+                None if r.pos > cached[slot] => {
+                    return Err(bad(
+                        i,
+                        format!(
+                            "slot {} starts at position {} but caches only {}",
+                            r.slot, r.pos, cached[slot]
+                        ),
+                    ))
+                }
+                _ => {}
+            }
+            last.insert(r.slot, r.pos);
+            cached[slot] = r.pos + 1;
+            match r.token {
+                TokenIn::Id(id) if id as usize >= n_vocab => {
+                    return Err(ModelError::TokenOutOfRange {
+                        id,
+                        index: i,
+                        n_vocab,
+                    })
+                }
+                TokenIn::Sampled if self.sampled[slot].is_none() => {
+                    return Err(bad(
+                        i,
+                        format!(
+                        "slot {} takes the sampled token, but the last step sampled none for it",
+                        r.slot
+                    ),
+                    ))
+                }
+                _ => {}
+            }
+            if let RowOutput::Sample(d) = r.output {
+                if !d.supported() {
+                    return Err(bad(
+                        i,
+                        format!(
+                            "the GPU sampler does not handle temperature {} with top_k {}",
+                            d.temperature, d.top_k
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(cached)
+    }
+}
+
+impl BatchForward for GpuBatch<'_> {
+    fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    fn n_slots(&self) -> usize {
+        self.n_slots as usize
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.n_ctx as usize
+    }
+
+    fn max_rows(&self) -> usize {
+        self.s.t_max as usize
+    }
+
+    fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    fn submit(&mut self, rows: &[BatchRow]) -> Result<()> {
+        if self.pending.len() >= MAX_IN_FLIGHT {
+            return Err(ModelError::BadBatch(format!(
+                "{MAX_IN_FLIGHT} steps are already in flight: collect one first"
+            )));
+        }
+        let cached = self.validate(rows)?;
+        let set = self.next_set;
+        let n = rows.len() as u32;
+        let nb = bucket(n, self.s.t_max);
+        let trash = self.n_slots * self.n_ctx;
+        let mut table = vec![0u32; 2 * nb as usize];
+        let mut src = vec![0u32; nb as usize];
+        let mut out_rows = Vec::new();
+        let mut states = Vec::new();
+        let mut outputs = Vec::with_capacity(rows.len());
+        let mut want_logits = false;
+        for (i, r) in rows.iter().enumerate() {
+            table[2 * i] = r.pos;
+            table[2 * i + 1] = r.slot * self.n_ctx;
+            src[i] = match r.token {
+                TokenIn::Id(id) => id,
+                // validated: the slot sampled in the last step
+                TokenIn::Sampled => FROM_PREV | self.sampled[r.slot as usize].unwrap_or(0),
+            };
+            let state = match r.output {
+                RowOutput::None => None,
+                RowOutput::Sample(d) => Some((d.words(), false)),
+                RowOutput::Logits => Some((SamplerState::default().to_words(), true)),
+            };
+            outputs.push(state.map(|(words, logits)| {
+                let o = out_rows.len() as u32;
+                out_rows.push(i as u32);
+                states.extend(words);
+                want_logits |= logits;
+                (o, logits)
+            }));
+        }
+        for i in rows.len()..nb as usize {
+            table[2 * i + 1] = trash; // padding rows write and read the spare slot only
+        }
+        let n_out = out_rows.len() as u32;
+        let ob = if n_out == 0 {
+            0
+        } else {
+            bucket(n_out, self.max_out)
+        };
+        out_rows.resize(ob as usize, 0);
+        states.resize(ob as usize * SAMPLER_WORDS as usize, 0);
+        let n_vocab = self.model.config.n_vocab as u64;
+        let io = &mut self.sets[set];
+        if want_logits && io.logits.is_none() {
+            io.logits = Some(Buffer::new(
+                &self.model.ctx,
+                &format!("batch_logits.{set}"),
+                4 * u64::from(self.max_out) * n_vocab,
+                MemoryKind::Readback,
+            )?);
+        }
+        io.table.write(0, &table)?;
+        io.src_ids.write(0, &src)?;
+        if ob > 0 {
+            io.out_rows.write(0, &out_rows)?;
+            io.states.write(0, &states)?;
+        }
+        let key = (nb, ob, want_logits, set);
+        if !self.chains.contains_key(&key) {
+            if self.chains.len() >= 64 && self.pending.is_empty() {
+                self.chains.clear();
+            }
+            let chain = self.record(nb, ob, want_logits, set)?;
+            self.chains.insert(key, chain);
+        }
+        let chain = self
+            .chains
+            .get_mut(&key)
+            .ok_or_else(|| ModelError::Gpu("batch chain vanished".into()))?;
+        chain.submit()?;
+        // bookkeeping only once the step is on its way
+        self.cached = cached;
+        let mut sampled = vec![None; self.n_slots as usize];
+        for (r, o) in rows.iter().zip(&outputs) {
+            if let (RowOutput::Sample(_), Some((i, _))) = (r.output, o) {
+                sampled[r.slot as usize] = Some(*i);
+            }
+        }
+        self.sampled = sampled;
+        self.next_set = 1 - set;
+        self.pending.push_back(Pending {
+            key,
+            outputs,
+            n_out,
+        });
+        Ok(())
+    }
+
+    fn collect(&mut self) -> Result<Vec<RowResult>> {
+        let p = self
+            .pending
+            .pop_front()
+            .ok_or_else(|| ModelError::BadBatch("no step in flight to collect".into()))?;
+        let chain = self
+            .chains
+            .get_mut(&p.key)
+            .ok_or_else(|| ModelError::Gpu("batch chain vanished".into()))?;
+        chain.wait()?;
+        let io = &self.sets[p.key.3];
+        let mut tokens = vec![0u32; p.n_out as usize];
+        if p.n_out > 0 {
+            io.tokens.read(0, &mut tokens)?;
+        }
+        let n_vocab = self.model.config.n_vocab;
+        let mut out = Vec::with_capacity(p.outputs.len());
+        for o in &p.outputs {
+            out.push(match *o {
+                None => RowResult::None,
+                Some((i, false)) => RowResult::Token(tokens[i as usize]),
+                Some((i, true)) => {
+                    let buf = io.logits.as_ref().ok_or_else(|| {
+                        ModelError::Gpu("the host logits buffer was not allocated".into())
+                    })?;
+                    let mut row = vec![0f32; n_vocab];
+                    buf.read(4 * u64::from(i) * n_vocab as u64, &mut row)?;
+                    RowResult::Logits(row)
+                }
+            });
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bucket;
+
+    #[test]
+    fn buckets_cover_the_count_and_stay_within_the_maximum() {
+        for max in [1u32, 7, 64, 256] {
+            for n in 1..=max {
+                let b = bucket(n, max);
+                assert!(b >= n && b <= max, "{n} of {max} → {b}");
+            }
+        }
+        assert_eq!(bucket(3, 256), 4);
+        assert_eq!(bucket(17, 256), 32);
+        assert_eq!(bucket(200, 200), 208.min(200));
+    }
+}

@@ -1,0 +1,245 @@
+//! The batched GPU engine (`GpuBatch`) on a real model (SmolLM2): rows of several sequences in
+//! one step — prompt chunks and decode tokens mixed, slots reused — give each sequence the
+//! logits the CPU reference gives it alone; pipelined steps feed sampled tokens on the GPU; bad
+//! steps are clear errors.
+
+mod common;
+
+use common::*;
+use octoflow_model::gpu::{GpuDraw, GpuModel};
+use octoflow_model::{BatchForward, BatchRow, Logits, Model, RowOutput, RowResult, TokenIn};
+use octoflow_vk::testing::gpu_or_skip;
+
+fn greedy() -> GpuDraw {
+    GpuDraw {
+        temperature: 0.0,
+        top_k: 40,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: 0,
+        step: 0,
+    }
+}
+
+/// Rows feeding `tokens` to `slot` from position `start`; the last one asks for `out`.
+fn rows(slot: u32, start: u32, tokens: &[u32], out: RowOutput) -> Vec<BatchRow> {
+    let n = tokens.len();
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| BatchRow {
+            slot,
+            pos: start + i as u32,
+            token: TokenIn::Id(t),
+            output: if i + 1 == n { out } else { RowOutput::None },
+        })
+        .collect()
+}
+
+/// The CPU reference's logits after `tokens`.
+fn cpu_last(model: &Model, tokens: &[u32]) -> Vec<f32> {
+    model
+        .session(64)
+        .forward(tokens, 0, Logits::Last)
+        .expect("cpu forward")
+}
+
+/// Both compute in f32 over the same dequantized weights; only summation order differs.
+fn assert_close(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| {
+            if a.is_finite() {
+                (a - b).abs()
+            } else {
+                f32::INFINITY
+            }
+        })
+        .fold(0f32, f32::max);
+    assert!(
+        worst <= 1e-3 * scale,
+        "{what}: max |gpu - cpu| = {worst} (logit scale {scale})"
+    );
+}
+
+fn logits_of(r: &RowResult) -> &[f32] {
+    match r {
+        RowResult::Logits(l) => l,
+        other => panic!("expected logits, got {other:?}"),
+    }
+}
+
+fn token_of(r: &RowResult) -> u32 {
+    match r {
+        RowResult::Token(t) => *t,
+        other => panic!("expected a token, got {other:?}"),
+    }
+}
+
+#[test]
+fn rows_of_several_sequences_match_each_sequence_alone() {
+    let Some(ctx) = gpu_or_skip("gpu_batch_rows_match") else {
+        return;
+    };
+    let (model, golden) = load(SMOLLM2);
+    let gpu = GpuModel::load(&ctx, &model).unwrap();
+    let mut b = gpu.batch(4, 64, 64).unwrap();
+    let p: Vec<Vec<u32>> = (0..3)
+        .map(|i| {
+            golden.greedy[i]
+                .prompt_ids
+                .iter()
+                .take(12)
+                .copied()
+                .collect()
+        })
+        .collect();
+    let half = p[1].len() / 2;
+
+    // step 1: all of prompt 0 in slot 2, the first half of prompt 1 in slot 0
+    let mut step = rows(2, 0, &p[0], RowOutput::Logits);
+    step.extend(rows(0, 0, &p[1][..half], RowOutput::Logits));
+    let r = b.step(&step).unwrap();
+    assert_eq!(r.len(), step.len());
+    let last0 = p[0].len() - 1;
+    assert!(r[..last0].iter().all(|x| *x == RowResult::None));
+    assert_close(
+        logits_of(&r[last0]),
+        &cpu_last(&model, &p[0]),
+        "step 1, slot 2",
+    );
+    assert_close(
+        logits_of(&r[step.len() - 1]),
+        &cpu_last(&model, &p[1][..half]),
+        "step 1, slot 0",
+    );
+    let next0 = top1(logits_of(&r[last0]));
+
+    // step 2: the rest of prompt 1, all of prompt 2 in slot 1, a decode token in slot 2
+    let mut step = rows(0, half as u32, &p[1][half..], RowOutput::Logits);
+    step.extend(rows(1, 0, &p[2], RowOutput::Logits));
+    step.extend(rows(2, p[0].len() as u32, &[next0], RowOutput::Logits));
+    let r = b.step(&step).unwrap();
+    let (e0, e1) = (p[1].len() - half, p[1].len() - half + p[2].len());
+    assert_close(
+        logits_of(&r[e0 - 1]),
+        &cpu_last(&model, &p[1]),
+        "step 2, slot 0",
+    );
+    assert_close(
+        logits_of(&r[e1 - 1]),
+        &cpu_last(&model, &p[2]),
+        "step 2, slot 1",
+    );
+    let mut seq2 = p[0].clone();
+    seq2.push(next0);
+    assert_close(
+        logits_of(&r[e1]),
+        &cpu_last(&model, &seq2),
+        "step 2, slot 2",
+    );
+
+    // steps 3 and 4 pipelined: greedy samples on the GPU, then fed back without the CPU
+    let tails = [
+        (0u32, p[1].clone(), top1(logits_of(&r[e0 - 1]))),
+        (1, p[2].clone(), top1(logits_of(&r[e1 - 1]))),
+        (2, seq2.clone(), top1(logits_of(&r[e1]))),
+    ];
+    let step3: Vec<BatchRow> = tails
+        .iter()
+        .map(|(slot, seq, next)| BatchRow {
+            slot: *slot,
+            pos: seq.len() as u32,
+            token: TokenIn::Id(*next),
+            output: RowOutput::Sample(greedy()),
+        })
+        .collect();
+    let step4: Vec<BatchRow> = tails
+        .iter()
+        .map(|(slot, seq, _)| BatchRow {
+            slot: *slot,
+            pos: seq.len() as u32 + 1,
+            token: TokenIn::Sampled,
+            output: RowOutput::Logits,
+        })
+        .collect();
+    b.submit(&step3).unwrap();
+    b.submit(&step4).unwrap();
+    assert_eq!(b.pending(), 2);
+    assert!(b.submit(&step4).is_err(), "a third step in flight");
+    let r3 = b.collect().unwrap();
+    let r4 = b.collect().unwrap();
+    for (i, (_, seq, next)) in tails.iter().enumerate() {
+        let mut s = seq.clone();
+        s.push(*next);
+        let want3 = cpu_last(&model, &s);
+        let t = token_of(&r3[i]);
+        // greedy on the GPU: the CPU's best, or a near-tie of it
+        let best = want3.iter().fold(f32::MIN, |m, &v| m.max(v));
+        assert!(
+            best - want3[t as usize] < 1e-2,
+            "slot {i}: sampled {t}, CPU logit {} vs best {best}",
+            want3[t as usize]
+        );
+        s.push(t);
+        assert_close(
+            logits_of(&r4[i]),
+            &cpu_last(&model, &s),
+            "step 4 (fed back)",
+        );
+    }
+
+    // a finished slot is reused from position 0: its old positions are forgotten
+    let r = b.step(&rows(2, 0, &p[1], RowOutput::Logits)).unwrap();
+    assert_close(
+        logits_of(r.last().unwrap()),
+        &cpu_last(&model, &p[1]),
+        "slot reuse",
+    );
+}
+
+#[test]
+fn bad_steps_are_clear_errors() {
+    let Some(ctx) = gpu_or_skip("gpu_batch_bad_steps") else {
+        return;
+    };
+    let (model, _) = load(SMOLLM2);
+    let gpu = GpuModel::load(&ctx, &model).unwrap();
+    let mut b = gpu.batch(2, 16, 8).unwrap();
+    let row = |slot, pos, token| BatchRow {
+        slot,
+        pos,
+        token,
+        output: RowOutput::None,
+    };
+    let err = |b: &mut octoflow_model::gpu::GpuBatch, rows: &[BatchRow]| {
+        b.submit(rows).unwrap_err().to_string()
+    };
+    assert!(err(&mut b, &[]).contains("empty"));
+    assert!(err(&mut b, &[row(2, 0, TokenIn::Id(1))]).contains("slot 2 of 2"));
+    assert!(err(&mut b, &[row(0, 3, TokenIn::Id(1))]).contains("caches only 0"));
+    assert!(err(&mut b, &[row(0, 16, TokenIn::Id(1))]).contains("16"));
+    assert!(err(&mut b, &[row(0, 0, TokenIn::Id(1 << 30))]).contains("vocab"));
+    assert!(err(&mut b, &[row(0, 0, TokenIn::Sampled)]).contains("sampled none"));
+    let jump = [row(0, 0, TokenIn::Id(1)), row(0, 2, TokenIn::Id(1))];
+    assert!(err(&mut b, &jump).contains("jumps"));
+    let many: Vec<BatchRow> = (0..9).map(|i| row(0, i, TokenIn::Id(1))).collect();
+    assert!(err(&mut b, &many).contains("at most 8"));
+    let hot = GpuDraw {
+        temperature: 0.7,
+        top_k: 0,
+        ..greedy()
+    };
+    let unsupported = [BatchRow {
+        output: RowOutput::Sample(hot),
+        ..row(0, 0, TokenIn::Id(1))
+    }];
+    assert!(err(&mut b, &unsupported).contains("top_k"));
+    assert!(b.collect().is_err(), "nothing in flight");
+    // nothing above was submitted: a good step still runs from position 0
+    let ok = b.step(&[row(0, 0, TokenIn::Id(1))]).unwrap();
+    assert_eq!(ok, vec![RowResult::None]);
+}
