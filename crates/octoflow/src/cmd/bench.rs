@@ -33,6 +33,16 @@ pub struct Args {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// Stream counts for llama-batched-bench's table instead of pp/tg (e.g. `1,8,32,64,128`):
+    /// that many sequences prefilled and decoded together (GPU only).
+    #[arg(long, value_delimiter = ',')]
+    streams: Vec<usize>,
+    /// Prompt tokens per stream with `--streams`.
+    #[arg(long, default_value_t = 128)]
+    stream_prompt: usize,
+    /// Generated tokens per stream with `--streams`.
+    #[arg(long, default_value_t = 128)]
+    stream_gen: usize,
     /// Print per-kernel GPU time (timestamps) of the last repetition of each test to stderr.
     #[arg(long)]
     profile: bool,
@@ -71,6 +81,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let gguf = Arc::new(octoflow_gguf::GgufFile::open(&path)?);
     let model = Model::from_gguf(gguf.clone()).context("loading the model")?;
     let loaded = Loaded::new(&model, &args.device)?;
+    if !args.streams.is_empty() {
+        let Loaded::Gpu(gpu) = &loaded else {
+            bail!("--streams runs on the GPU (not with --device cpu)");
+        };
+        let rows =
+            super::batched::measure(gpu, &args.streams, args.stream_prompt, args.stream_gen)?;
+        let c = gpu.context().caps();
+        let device = format!("{} ({} {})", c.name, c.driver_name, c.driver_info);
+        return super::batched::print(
+            &rows,
+            args.stream_prompt,
+            args.stream_gen,
+            &device,
+            args.json,
+        );
+    }
     let n_vocab = model.config.n_vocab as u64;
     // Arbitrary but valid and repeatable token ids.
     let tokens = |n: usize| -> Vec<u32> {
