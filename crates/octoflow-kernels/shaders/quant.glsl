@@ -93,6 +93,14 @@ void win_load(uint b, uint n, out uint raw[NWMAX]) {
 }
 #endif
 
+// a * b + c rounded twice, as the CPU codecs compute it: `precise` forbids the fused
+// multiply-add, so decoded weights agree bit for bit with `octoflow_gguf::quant::dequantize`
+// (kernels that round them further, to f16, then round the same values).
+float qmad(float a, float b, float c) {
+    precise float r = a * b + c;
+    return r;
+}
+
 // ---- per-type layout constants --------------------------------------------------------------
 // QK: elements per block; QBYTES: bytes per block; QDENSE: a float type (block of one element).
 
@@ -225,7 +233,7 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
     uint q[32];
     nibbles32(bb + 4u, q);
     QUNROLL for (uint i = 0u; i < 32u; i++) {
-        v[i] = d * float(q[i]) + m;
+        v[i] = qmad(d, float(q[i]), m);
     }
 #elif defined(QTYPE_Q5_0)
     uint bb = row_byte + c * QBYTES;
@@ -261,7 +269,7 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
     uint q[32];
     nibbles32(bb + 8u, q);
     QUNROLL for (uint i = 0u; i < 32u; i++) {
-        v[i] = d * float(q[i] | (((qh >> i) & 1u) << 4)) + m;
+        v[i] = qmad(d, float(q[i] | (((qh >> i) & 1u) << 4)), m);
     }
 #elif defined(QTYPE_Q8_0)
     uint bb = row_byte + c * QBYTES;
@@ -311,7 +319,7 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
 #ifdef QTYPE_Q5_K
             q |= ((byte_of(h, i) >> j) & 1u) << 4;
 #endif
-            v[4u * k + i] = d1 * float(q) - m1;
+            v[4u * k + i] = qmad(d1, float(q), -m1);
         }
     }
 #elif defined(QTYPE_Q6_K)
