@@ -218,6 +218,9 @@ fn coop_timing() {
             }
         }
     }
+    if let Some(mm) = &coop {
+        tile_experiments(&ctx, mm, &filter);
+    }
     let mut keys: Vec<_> = layer_ns.keys().copied().collect();
     keys.sort();
     for (t, path) in keys {
@@ -225,5 +228,72 @@ fn coop_timing() {
             "qwen Q8_0 layer (7 products) x{t} {path}: {:.1} us",
             layer_ns[&(t, path)] / 1e3
         );
+    }
+}
+
+/// GPU time of the Q8_0 tile experiments of `variants.txt` against the default tile.
+fn tile_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
+    use crate::shaders as s;
+    let tiles = [
+        ("m64n64k64", None, [64, 64]),
+        ("m128", Some(s::MATMUL_COOP_X_M128_Q8_0), [128, 64]),
+        ("n128", Some(s::MATMUL_COOP_X_N128_Q8_0), [64, 128]),
+        ("k128", Some(s::MATMUL_COOP_X_K128_Q8_0), [64, 64]),
+        ("k32", Some(s::MATMUL_COOP_X_K32_Q8_0), [64, 64]),
+        ("m128n128", Some(s::MATMUL_COOP_X_M128N128_Q8_0), [128, 128]),
+    ];
+    let built: Vec<(&str, Option<MatmulCoop>)> = tiles
+        .iter()
+        .map(|&(name, shader, tile)| {
+            (
+                name,
+                shader.map(|sh| MatmulCoop::with_shaders(ctx, &[sh], tile).unwrap()),
+            )
+        })
+        .collect();
+    let mut rng = StdRng::seed_from_u64(2);
+    for (n_rows, n_cols) in [(896u32, 896u32), (4864, 896), (896, 4864), (151936, 896)] {
+        let name = format!("Q8_0 {n_rows}x{n_cols} tiles");
+        if !name.to_lowercase().contains(filter) {
+            continue;
+        }
+        let wq = random_weights(&mut rng, GgmlType::Q8_0, n_rows as usize, n_cols as usize);
+        let wb = buffer_with(ctx, "w", &wq);
+        let x: Vec<f32> = (0..512 * n_cols as usize)
+            .map(|_| rng.gen_range(-1.0..1.0))
+            .collect();
+        let xb = buffer_with(ctx, "x", octoflow_vk::as_bytes(&x));
+        let yb = Buffer::new(
+            ctx,
+            "y",
+            4 * 512 * u64::from(n_rows),
+            MemoryKind::DeviceLocal,
+        )
+        .unwrap();
+        for n_tokens in [128u32, 512] {
+            let args = LinearArgs {
+                w: QWeightRef {
+                    ty: GgmlType::Q8_0,
+                    data: &wb.whole(),
+                    n_rows,
+                    n_cols,
+                },
+                x: &xb.whole(),
+                y: &yb.whole(),
+                n_tokens,
+                y_stride: n_rows,
+                y_col: 0,
+                bias: None,
+                accumulate: false,
+            };
+            let flop = 2.0 * f64::from(n_rows) * f64::from(n_cols) * f64::from(n_tokens);
+            let mut line = format!("{name:<26} x{n_tokens:<4}");
+            for (tile, mm) in &built {
+                let mm = mm.as_ref().unwrap_or(default);
+                let ns = gpu_ns(ctx, 11, &|c| mm.record(c, &args).unwrap());
+                line += &format!(" {tile} {:.1}us {:.0}GF", ns / 1e3, flop / ns);
+            }
+            println!("{line}");
+        }
     }
 }

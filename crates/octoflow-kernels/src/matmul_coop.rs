@@ -14,7 +14,9 @@
 
 use octoflow_gguf::quant::QuantError;
 use octoflow_gguf::GgmlType;
-use octoflow_vk::{BufferSlice, Chain, Context, DeviceCaps, Pipeline, PipelineDesc, Push, VkError};
+use octoflow_vk::{
+    BufferSlice, Chain, Context, DeviceCaps, Pipeline, PipelineDesc, Push, Shader, VkError,
+};
 
 use crate::error::{KernelError, Result};
 use crate::linear::{check_args, linear_ref, LinearArgs, PUSH_BYTES};
@@ -29,6 +31,8 @@ const SUBGROUPS: u32 = 4;
 /// The cooperative-matrix matmul pipelines, one per weight type, built once.
 pub struct MatmulCoop {
     pipelines: Vec<Pipeline>,
+    /// Rows and tokens per workgroup of these pipelines.
+    tile: [u32; 2],
 }
 
 impl MatmulCoop {
@@ -53,26 +57,34 @@ impl MatmulCoop {
                     .into(),
             }));
         }
-        let sg = &caps.subgroup;
+        let shaders: Vec<Shader> = (0..TYPES.len())
+            .map(|i| variant(QOp::MatmulCoop, i))
+            .collect();
+        Self::with_shaders(ctx, &shaders, [TILE_ROWS, TILE_TOKENS])
+    }
+
+    /// Pipelines of `shaders` (indexed like `TYPES`) whose workgroups cover `tile` rows x tokens.
+    pub(crate) fn with_shaders(ctx: &Context, shaders: &[Shader], tile: [u32; 2]) -> Result<Self> {
+        let sg = &ctx.caps().subgroup;
         let spec = [SUBGROUPS * sg.size];
-        let mut pipelines = Vec::with_capacity(TYPES.len());
-        for i in 0..TYPES.len() {
-            let mut desc =
-                PipelineDesc::new(variant(QOp::MatmulCoop, i), 4, PUSH_BYTES).spec(&spec);
+        let mut pipelines = Vec::with_capacity(shaders.len());
+        for &shader in shaders {
+            let mut desc = PipelineDesc::new(shader, 4, PUSH_BYTES).spec(&spec);
             if sg.size_control && sg.min_size != sg.max_size {
                 desc = desc.subgroup_size(sg.size);
             }
             desc.full_subgroups = true;
             pipelines.push(Pipeline::new(ctx, &desc)?);
         }
-        Ok(MatmulCoop { pipelines })
+        Ok(MatmulCoop { pipelines, tile })
     }
 
     /// Records `y (=|+=) f16(x) · f16(W)ᵀ (+ bias)` for any batch size, after the checks of
     /// [`crate::Linear::record`]. `y` must not alias `x`, `bias` or the weights.
     pub fn record(&self, chain: &mut Chain, a: &LinearArgs) -> Result<()> {
         let c = check_args(a)?;
-        self.dispatch(chain, c.ti, a, &c.bindings, &c.push)
+        let ti = if self.pipelines.len() == 1 { 0 } else { c.ti };
+        self.dispatch(chain, ti, a, &c.bindings, &c.push)
     }
 
     /// Records the dispatch of checked arguments (`ti`: the type's index in `TYPES`).
@@ -85,8 +97,8 @@ impl MatmulCoop {
         push: &Push,
     ) -> Result<()> {
         let groups = [
-            a.w.n_rows.div_ceil(TILE_ROWS),
-            a.n_tokens.div_ceil(TILE_TOKENS),
+            a.w.n_rows.div_ceil(self.tile[0]),
+            a.n_tokens.div_ceil(self.tile[1]),
             1,
         ];
         let max = chain.context().caps().max_workgroup_count;
