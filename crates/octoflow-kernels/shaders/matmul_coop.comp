@@ -6,19 +6,23 @@
 // r * row_bytes. x: [n_tokens, n_cols] f32. Both operands are rounded to f16 in shared memory:
 // the result is the product of the f16-rounded weights and inputs, summed in f32.
 //
-// Workgroup (x, y) = (row tile, token tile) computes C = W[BM rows] · x[BN tokens]ᵀ. NSG = 4
-// subgroups in a 2 x 2 grid each own a (BM/2) x (BN/2) block of C as 16 x 16 accumulators. Per
-// step of BK columns every invocation dequantizes 32-element chunks of the W tile into `ws`
-// ([row][k], f16) and converts a slice of the x tile into `xs` ([token][k], f16: the B operand
-// in column-major order), then each subgroup multiplies from shared memory. Rows, tokens and
-// columns past the ends are zero-filled. Results leave through a per-subgroup 16 x 16 staging
-// tile so the y writes run along rows. The workgroup size (spec constant 0) is NSG times the
-// subgroup size, with full subgroups.
+// Workgroup (x, y) = (row tile, token tile) computes C = W[BM rows] · x[BN tokens]ᵀ with 128
+// invocations: 4 subgroups of 32 in a 2 x 2 grid, each owning a (BM/2) x (BN/2) block of C as
+// 16 x 16 accumulators. Per step of BK columns every invocation decodes its 32-element chunk(s)
+// of the W tile and loads its share of the x tile into registers; after a barrier those go to
+// shared memory as f16 (`ws` [row][k]; `xs` [token][k], the B operand in column-major order), and
+// while the subgroups multiply from shared memory the next step's loads are already in flight
+// (register double buffering; the decoding uses quant.glsl's branch-free QWINDOW reads so that a
+// chunk's loads issue together). Rows, tokens and columns past the ends are zero-filled. Results
+// leave through a per-subgroup 16 x 16 staging tile so the y writes run along rows.
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+
+#define QWINDOW 1 // branch-free chunk reads (quant.glsl)
 
 #ifndef BM
 #define BM 64u
@@ -30,14 +34,17 @@
 #define BK 64u
 #endif
 #define NSG 4u
+#define WGS 128u            // invocations (NSG subgroups of 32)
 #define WM (BM / 2u)        // rows per subgroup
 #define WN (BN / 2u)        // tokens per subgroup
 #define FM (WM / 16u)       // accumulator tiles along rows
 #define FN (WN / 16u)       // accumulator tiles along tokens
 #define KCH (BK / 32u)      // W chunks per row per step
 #define LDA (BK + 8u)       // shared row stride in halves: 16-byte aligned rows, spread banks
+#define JOBS ((BM * KCH + WGS - 1u) / WGS) // W chunks per invocation per step
+#define XPER (BN * BK / WGS)                // x values per invocation per step
 
-layout(local_size_x_id = 0, local_size_x = 128) in;
+layout(local_size_x = 128) in;
 
 layout(std430, binding = 0) readonly buffer W { uint w[]; };
 layout(std430, binding = 1) readonly buffer X { float x[]; };
@@ -62,9 +69,51 @@ shared float cs[NSG * 256u];   // per-subgroup 16 x 16 output staging, [token][r
 
 #define ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 
+// Registers of one step: the W chunks this invocation decodes and its x values.
+float vreg[JOBS][32];
+float xreg[XPER];
+
+// Decodes / loads step k0's share of the tiles into vreg / xreg (zeros past the ends).
+void load_step(uint k0, uint tid, uint row0, uint tok0, uint nc) {
+    for (uint q = 0u; q < JOBS; q++) {
+        uint job = tid + WGS * q;
+        uint r = row0 + job / KCH;
+        uint c = k0 / 32u + job % KCH;
+        if (job < BM * KCH && r < pc.n_rows && c < nc) {
+            dequant_chunk(r * pc.row_bytes, c, pc.n_cols, vreg[q]);
+        } else {
+            for (uint i = 0u; i < 32u; i++) {
+                vreg[q][i] = 0.0;
+            }
+        }
+    }
+    for (uint q = 0u; q < XPER; q++) {
+        uint e = tid + WGS * q;
+        uint t = tok0 + e / BK;
+        uint col = k0 + e % BK;
+        xreg[q] = (t < pc.n_tokens && col < pc.n_cols) ? x[t * pc.n_cols + col] : 0.0;
+    }
+}
+
+// Writes the registers of a step to the shared tiles as f16.
+void store_step(uint tid) {
+    for (uint q = 0u; q < JOBS; q++) {
+        uint job = tid + WGS * q;
+        if (job < BM * KCH) {
+            uint o = (job / KCH) * LDA + 32u * (job % KCH);
+            for (uint i = 0u; i < 32u; i++) {
+                ws[o + i] = float16_t(vreg[q][i]);
+            }
+        }
+    }
+    for (uint q = 0u; q < XPER; q++) {
+        uint e = tid + WGS * q;
+        xs[(e / BK) * LDA + e % BK] = float16_t(xreg[q]);
+    }
+}
+
 void main() {
     uint tid = gl_LocalInvocationID.x;
-    uint wgs = gl_WorkGroupSize.x;
     uint row0 = gl_WorkGroupID.x * BM;
     uint tok0 = gl_WorkGroupID.y * BN;
     uint sg = gl_SubgroupID;
@@ -79,36 +128,13 @@ void main() {
     }
 
     uint nc = chunk_count(pc.n_cols);
+    load_step(0u, tid, row0, tok0, nc);
     for (uint k0 = 0u; k0 < pc.n_cols; k0 += BK) {
-        // W tile: BM rows x KCH chunks; neighbouring invocations take neighbouring chunks.
-        for (uint job = tid; job < BM * KCH; job += wgs) {
-            uint lr = job / KCH;
-            uint ch = job % KCH;
-            uint r = row0 + lr;
-            uint c = k0 / 32u + ch;
-            float v[32];
-            if (r < pc.n_rows && c < nc) {
-                dequant_chunk(r * pc.row_bytes, c, pc.n_cols, v);
-            } else {
-                for (uint i = 0u; i < 32u; i++) {
-                    v[i] = 0.0;
-                }
-            }
-            uint o = lr * LDA + 32u * ch;
-            for (uint i = 0u; i < 32u; i++) {
-                ws[o + i] = float16_t(v[i]);
-            }
-        }
-        // x tile: BN tokens x BK columns, coalesced along k.
-        for (uint e = tid; e < BN * BK; e += wgs) {
-            uint lt = e / BK;
-            uint k = e % BK;
-            uint t = tok0 + lt;
-            uint col = k0 + k;
-            float v = (t < pc.n_tokens && col < pc.n_cols) ? x[t * pc.n_cols + col] : 0.0;
-            xs[lt * LDA + k] = float16_t(v);
-        }
+        store_step(tid);
         barrier();
+        if (k0 + BK < pc.n_cols) {
+            load_step(k0 + BK, tid, row0, tok0, nc);
+        }
         for (uint kk = 0u; kk < BK; kk += 16u) {
             coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[FM];
             coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b[FN];

@@ -25,8 +25,8 @@ use crate::qweight::{variant, QOp, TYPES};
 /// Rows and tokens per workgroup tile (`BM`, `BN` in `matmul_coop.comp`).
 const TILE_ROWS: u32 = 64;
 const TILE_TOKENS: u32 = 64;
-/// Subgroups per workgroup (`NSG`).
-const SUBGROUPS: u32 = 4;
+/// The subgroup size the kernel's 128 invocations are laid out for (4 subgroups).
+const SUBGROUP: u32 = 32;
 
 /// The cooperative-matrix matmul pipelines, one per weight type, built once.
 pub struct MatmulCoop {
@@ -36,13 +36,15 @@ pub struct MatmulCoop {
 }
 
 impl MatmulCoop {
-    /// Whether the device runs `matmul_coop.comp`: 16 x 16 x 16 f16 → f32 cooperative matrices
-    /// and 16-bit floats, with full subgroups of at least 16 lanes (the 16 x 16 output staging).
+    /// Whether the device runs `matmul_coop.comp`: 16 x 16 x 16 f16 → f32 cooperative matrices,
+    /// 16-bit floats, full subgroups, and subgroups that are (or can be made) 32 wide.
     pub fn supported(caps: &DeviceCaps) -> bool {
+        let sg = &caps.subgroup;
         caps.coopmat_supports(16, 16, 16, "f16", "f32")
             && caps.shader_float16
-            && caps.subgroup.size >= 16
-            && caps.subgroup.full_subgroups
+            && sg.full_subgroups
+            && (sg.size == SUBGROUP
+                || (sg.size_control && (sg.min_size..=sg.max_size).contains(&SUBGROUP)))
     }
 
     /// Builds every type's pipeline: an `Unsupported` error where [`MatmulCoop::supported`]
@@ -53,7 +55,7 @@ impl MatmulCoop {
             return Err(KernelError::Vk(VkError::Unsupported {
                 device: caps.name.clone(),
                 reason: "matmul_coop: no 16x16x16 f16 -> f32 cooperative matrices with full \
-                         subgroups"
+                         32-wide subgroups"
                     .into(),
             }));
         }
@@ -66,12 +68,11 @@ impl MatmulCoop {
     /// Pipelines of `shaders` (indexed like `TYPES`) whose workgroups cover `tile` rows x tokens.
     pub(crate) fn with_shaders(ctx: &Context, shaders: &[Shader], tile: [u32; 2]) -> Result<Self> {
         let sg = &ctx.caps().subgroup;
-        let spec = [SUBGROUPS * sg.size];
         let mut pipelines = Vec::with_capacity(shaders.len());
         for &shader in shaders {
-            let mut desc = PipelineDesc::new(shader, 4, PUSH_BYTES).spec(&spec);
-            if sg.size_control && sg.min_size != sg.max_size {
-                desc = desc.subgroup_size(sg.size);
+            let mut desc = PipelineDesc::new(shader, 4, PUSH_BYTES);
+            if sg.size != SUBGROUP || sg.min_size != sg.max_size {
+                desc = desc.subgroup_size(SUBGROUP);
             }
             desc.full_subgroups = true;
             pipelines.push(Pipeline::new(ctx, &desc)?);
