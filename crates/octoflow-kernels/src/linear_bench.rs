@@ -163,6 +163,7 @@ fn coop_timing() {
         cases.push((ty, k, 4864, vec![128, 512]));
     }
     let mut layer_ns = std::collections::HashMap::<(u32, &str), f64>::new();
+    let mut layer_shapes = std::collections::HashMap::<u32, Vec<(u32, u32)>>::new();
     for (ty, n_rows, n_cols, tokens) in cases {
         let name = format!("{ty} {n_rows}x{n_cols}");
         if !name.to_lowercase().contains(&filter) {
@@ -217,14 +218,20 @@ fn coop_timing() {
                 let mult = layer.iter().filter(|&&s| s == (n_rows, n_cols)).count() as f64;
                 *layer_ns.entry((n_tokens, "plain")).or_default() += mult * base;
                 *layer_ns.entry((n_tokens, "coop")).or_default() += mult * best;
+                layer_shapes
+                    .entry(n_tokens)
+                    .or_default()
+                    .push((n_rows, n_cols));
             }
         }
     }
     if let Some(mm) = &coop {
         tile_experiments(&ctx, mm, &filter);
     }
+    // Only token counts measured at all four distinct layer shapes make a layer.
     let mut keys: Vec<_> = layer_ns.keys().copied().collect();
     keys.sort();
+    keys.retain(|&(t, _)| layer_shapes.get(&t).is_some_and(|s| s.len() == 4));
     for (t, path) in keys {
         println!(
             "qwen Q8_0 layer (7 products) x{t} {path}: {:.1} us",
