@@ -27,15 +27,20 @@ uint qw_u16(uint b) {
     return (w[b >> 2] >> ((b & 2u) * 8u)) & 0xFFFFu;
 }
 
-// QCPU (defined by the CPU-driver shader): constant-trip loops are unrolled, and u32 reads
-// avoid divergent branches (a per-lane branch runs both sides there).
+// QCPU (defined by the CPU-driver shader) implies QWINDOW; QWINDOW alone (the tensor-core matmul)
+// gives the same decoding: constant-trip loops are unrolled, and u32 reads avoid divergent
+// branches (a per-lane branch runs both sides on a CPU; on a GPU branch-free reads let all of a
+// chunk's loads be in flight at once instead of one dependent branch per word).
 #ifdef QCPU
+#define QWINDOW 1
+#endif
+#ifdef QWINDOW
 #define QUNROLL [[unroll]]
 #else
 #define QUNROLL
 #endif
 
-#ifdef QCPU
+#ifdef QWINDOW
 // The little-endian u32 at offset b: one word read for QALIGN4 types (blocks and rows are
 // 4-byte multiples), else the word(s) holding it, without branches.
 uint qw_u32(uint b) {
@@ -72,8 +77,8 @@ uint byte_of(uint u, uint k) {
     return (u >> (8u * k)) & 0xFFu;
 }
 
-#ifdef QCPU
-// Windows of words (QCPU): a 2-byte aligned region is read once as whole words raw[0..] from
+#ifdef QWINDOW
+// Windows of words (QWINDOW): a 2-byte aligned region is read once as whole words raw[0..] from
 // word (b >> 2), h = bit 1 of b; then the u32 / u16 at even region offset o (a constant):
 #define QFUNNEL(a, b) (((a) >> 16) | ((b) << 16))
 #define WIN_U32(raw, o, h) ((((o) & 2u) != 0u) \
@@ -92,6 +97,14 @@ void win_load(uint b, uint n, out uint raw[NWMAX]) {
     }
 }
 #endif
+
+// a * b + c rounded twice, as the CPU codecs compute it: `precise` forbids the fused
+// multiply-add, so decoded weights agree bit for bit with `octoflow_gguf::quant::dequantize`
+// (kernels that round them further, to f16, then round the same values).
+float qmad(float a, float b, float c) {
+    precise float r = a * b + c;
+    return r;
+}
 
 // ---- per-type layout constants --------------------------------------------------------------
 // QK: elements per block; QBYTES: bytes per block; QDENSE: a float type (block of one element).
@@ -196,7 +209,7 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
     }
 #elif defined(QTYPE_Q4_0)
     uint bb = row_byte + c * QBYTES;
-#ifdef QCPU
+#ifdef QWINDOW
     // [d:2][qs:16] spans 5 words whatever its alignment.
     uint raw[NWMAX];
     win_load(bb, 5u, raw);
@@ -225,11 +238,11 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
     uint q[32];
     nibbles32(bb + 4u, q);
     QUNROLL for (uint i = 0u; i < 32u; i++) {
-        v[i] = d * float(q[i]) + m;
+        v[i] = qmad(d, float(q[i]), m);
     }
 #elif defined(QTYPE_Q5_0)
     uint bb = row_byte + c * QBYTES;
-#ifdef QCPU
+#ifdef QWINDOW
     // [d:2][qh:4][qs:16] spans 6 words whatever its alignment.
     uint raw[NWMAX];
     win_load(bb, 6u, raw);
@@ -261,11 +274,11 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
     uint q[32];
     nibbles32(bb + 8u, q);
     QUNROLL for (uint i = 0u; i < 32u; i++) {
-        v[i] = d * float(q[i] | (((qh >> i) & 1u) << 4)) + m;
+        v[i] = qmad(d, float(q[i] | (((qh >> i) & 1u) << 4)), m);
     }
 #elif defined(QTYPE_Q8_0)
     uint bb = row_byte + c * QBYTES;
-#ifdef QCPU
+#ifdef QWINDOW
     // [d:2][qs:32] spans 9 words whatever its alignment.
     uint raw[NWMAX];
     win_load(bb, 9u, raw);
@@ -275,7 +288,7 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
     float d = qw_f16(bb);
 #endif
     QUNROLL for (uint k = 0u; k < 8u; k++) {
-#ifdef QCPU
+#ifdef QWINDOW
         int u = int(WIN_U32(raw, 2u + 4u * k, h));
 #else
         int u = int(qw_u32(bb + 2u + 4u * k));
@@ -311,7 +324,7 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
 #ifdef QTYPE_Q5_K
             q |= ((byte_of(h, i) >> j) & 1u) << 4;
 #endif
-            v[4u * k + i] = d1 * float(q) - m1;
+            v[4u * k + i] = qmad(d1, float(q), -m1);
         }
     }
 #elif defined(QTYPE_Q6_K)
@@ -329,7 +342,7 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
     uint hi = bb + 128u + 32u * hn;
     uint lo_shift = 4u * (k4 / 2u);
     uint hi_shift = 2u * k4;
-#ifdef QCPU
+#ifdef QWINDOW
     // The 32 bytes at lo and at hi (even offsets inside the block) as 9-word windows.
     uint rl[NWMAX];
     uint rh[NWMAX];
@@ -339,7 +352,7 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
     bool hh = (hi & 2u) != 0u;
 #endif
     QUNROLL for (uint k = 0u; k < 8u; k++) {
-#ifdef QCPU
+#ifdef QWINDOW
         uint ul = WIN_U32(rl, 4u * k, hl);
         uint uh = WIN_U32(rh, 4u * k, hh);
 #else

@@ -31,6 +31,9 @@ mod error;
 pub mod gate;
 pub mod get_rows;
 pub mod linear;
+#[cfg(test)]
+mod linear_bench;
+pub mod matmul_coop;
 pub mod pick_ids;
 mod qweight;
 pub mod sample;
@@ -51,6 +54,7 @@ pub use error::{KernelError, Result};
 pub use get_rows::{GetRows, GetRowsArgs};
 pub use glu::{glu_ref, Glu, GluOp};
 pub use linear::{Linear, LinearArgs, QWeightRef};
+pub use matmul_coop::{matmul_coop_ref, MatmulCoop};
 pub use operand::Positions;
 pub use pick_ids::{pick_ids_ref, PickIds, FROM_PREV};
 pub use rms_norm::{rms_norm_ref, RmsNorm};
@@ -83,7 +87,13 @@ mod tests {
         let Some(ctx) = gpu_or_skip("every_embedded_shader_builds_a_pipeline") else {
             return;
         };
+        let coop = crate::MatmulCoop::supported(ctx.caps());
         for s in super::shaders::ALL {
+            if s.name.starts_with("matmul_coop") && !coop {
+                // Cooperative-matrix SPIR-V needs the extension (absent on lavapipe).
+                println!("{}: skipped, no cooperative matrices", s.name);
+                continue;
+            }
             // Binding counts only matter for dispatch; the layout may declare more than used.
             Pipeline::new(&ctx, &PipelineDesc::new(*s, 8, 64))
                 .unwrap_or_else(|e| panic!("{}: {e}", s.name));

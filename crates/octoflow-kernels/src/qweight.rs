@@ -30,6 +30,8 @@ pub(crate) enum QOp {
     MatvecCpu,
     /// `matmul` for CPU drivers (`linear_cpu.comp`, 16 tokens per workgroup).
     MatmulCpu,
+    /// `matmul` on cooperative matrices (`matmul_coop.comp`).
+    MatmulCoop,
     GetRows,
 }
 
@@ -84,6 +86,18 @@ pub(crate) fn variant(op: QOp, i: usize) -> Shader {
             s::MATMUL_CPU_Q4_K,
             s::MATMUL_CPU_Q5_K,
             s::MATMUL_CPU_Q6_K,
+        ],
+        QOp::MatmulCoop => [
+            s::MATMUL_COOP_F32,
+            s::MATMUL_COOP_F16,
+            s::MATMUL_COOP_Q4_0,
+            s::MATMUL_COOP_Q4_1,
+            s::MATMUL_COOP_Q5_0,
+            s::MATMUL_COOP_Q5_1,
+            s::MATMUL_COOP_Q8_0,
+            s::MATMUL_COOP_Q4_K,
+            s::MATMUL_COOP_Q5_K,
+            s::MATMUL_COOP_Q6_K,
         ],
         QOp::GetRows => [
             s::GET_ROWS_F32,

@@ -1,0 +1,308 @@
+//! Timing benchmarks of the linear kernels (ignored tests: run with `--ignored --nocapture`).
+
+use octoflow_gguf::GgmlType;
+use octoflow_vk::testing::gpu_or_skip;
+use octoflow_vk::{Buffer, Chain, Context, MemoryKind};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::linear::tests::{buffer_with, random_weights};
+use crate::linear::{Linear, LinearArgs, QWeightRef};
+use crate::matmul_coop::MatmulCoop;
+
+/// utime + stime of this process (all threads), seconds.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<f64> = after
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) / 100.0
+}
+
+/// Wall time of single dispatches at model shapes, both layouts (`cargo test -p
+/// octoflow-kernels --release linear_timing -- --ignored --nocapture`; filter with
+/// `LINEAR_BENCH=q4_1`).
+#[test]
+#[ignore]
+fn linear_timing() {
+    let Some(ctx) = gpu_or_skip("linear_timing") else {
+        return;
+    };
+    let filter = std::env::var("LINEAR_BENCH").unwrap_or_default();
+    let mut rng = StdRng::seed_from_u64(1);
+    let cases = [
+        (GgmlType::Q4_1, 576, 576, 64),
+        (GgmlType::Q4_1, 576, 576, 1),
+        (GgmlType::Q8_0, 8192, 576, 1),
+        (GgmlType::Q4_1, 64, 64, 1),
+        (GgmlType::Q4_K, 896, 4864, 64),
+        (GgmlType::Q4_K, 896, 4864, 1),
+        (GgmlType::Q6_K, 896, 4864, 1),
+        (GgmlType::Q5_0, 896, 896, 1),
+        (GgmlType::F16, 1000, 999, 1),
+    ];
+    for (ty, n_rows, n_cols, n_tokens) in cases {
+        let name = format!("{ty} {n_rows}x{n_cols} x{n_tokens}");
+        if !name.to_lowercase().contains(&filter) {
+            continue;
+        }
+        let wq = random_weights(&mut rng, ty, n_rows, n_cols);
+        let wb = buffer_with(&ctx, "w", &wq);
+        let x: Vec<f32> = (0..n_tokens * n_cols).map(|_| rng.gen()).collect();
+        let xb = buffer_with(&ctx, "x", octoflow_vk::as_bytes(&x));
+        let yb = buffer_with(&ctx, "y", &vec![0u8; n_tokens * n_rows * 4]);
+        for cpu in [false, true] {
+            let lin = Linear::with_layout(&ctx, cpu).unwrap();
+            let args = LinearArgs {
+                w: QWeightRef {
+                    ty,
+                    data: &wb.whole(),
+                    n_rows: n_rows as u32,
+                    n_cols: n_cols as u32,
+                },
+                x: &xb.whole(),
+                y: &yb.whole(),
+                n_tokens: n_tokens as u32,
+                y_stride: n_rows as u32,
+                y_col: 0,
+                bias: None,
+                accumulate: false,
+            };
+            // One dispatch to size the batch, then a chain of `n` (~0.3 s); the process CPU
+            // time (all driver threads) is less noisy than wall time on a shared machine.
+            let run = |n: usize| {
+                let mut chain = Chain::new(&ctx).unwrap();
+                for _ in 0..n {
+                    lin.record(&mut chain, &args).unwrap();
+                }
+                let (t, c) = (std::time::Instant::now(), cpu_seconds());
+                chain.run().unwrap();
+                (
+                    t.elapsed().as_secs_f64() / n as f64,
+                    (cpu_seconds() - c) / n as f64,
+                )
+            };
+            let n = (0.3 / run(1).0).clamp(1.0, 500.0) as usize;
+            let (best, cpu_s) = run(n);
+            let gmac = (n_rows * n_cols * n_tokens) as f64 / best / 1e9;
+            println!(
+                "{name:<24} cpu {cpu:<5} {:9.3} ms wall {:9.3} ms cpu {gmac:7.3} GMAC/s",
+                best * 1e3,
+                cpu_s * 1e3
+            );
+        }
+    }
+}
+
+/// Median GPU time (ns) of `reps` back-to-back recordings of `rec` (GPU timestamps, barriers
+/// between), or of the wall time per recording where the device has no timestamps.
+fn gpu_ns(ctx: &Context, reps: usize, rec: &dyn Fn(&mut Chain)) -> f64 {
+    let Ok(mut chain) = Chain::with_profiling(ctx) else {
+        let mut chain = Chain::new(ctx).unwrap();
+        for _ in 0..reps {
+            rec(&mut chain);
+            chain.barrier().unwrap();
+        }
+        let t = std::time::Instant::now();
+        chain.run().unwrap();
+        return t.elapsed().as_secs_f64() * 1e9 / reps as f64;
+    };
+    for _ in 0..reps {
+        rec(&mut chain);
+        chain.barrier().unwrap();
+    }
+    chain.run().unwrap();
+    let mut ns: Vec<f64> = chain
+        .timings()
+        .unwrap()
+        .unwrap()
+        .iter()
+        .map(|t| t.ns)
+        .collect();
+    ns.sort_by(f64::total_cmp);
+    ns[ns.len() / 2]
+}
+
+/// GPU time of `matmul.comp`/`matvec.comp` (Linear without coopmat) against `matmul_coop.comp`
+/// at qwen2.5-0.5B shapes (`cargo test -p octoflow-kernels coop_timing -- --ignored
+/// --nocapture --test-threads 1`; filter with `LINEAR_BENCH=q8_0`). Prints GFLOPS
+/// (2·rows·cols·tokens per second) and the sum over one qwen layer's seven Q8_0 products.
+#[test]
+#[ignore]
+fn coop_timing() {
+    let Some(ctx) = gpu_or_skip("coop_timing") else {
+        return;
+    };
+    let filter = std::env::var("LINEAR_BENCH").unwrap_or_default();
+    let coop = MatmulCoop::supported(ctx.caps()).then(|| MatmulCoop::new(&ctx).unwrap());
+    let plain = Linear::new(&ctx).unwrap().without_coop();
+    let mut rng = StdRng::seed_from_u64(1);
+    use GgmlType::*;
+    let layer: [(u32, u32); 7] = [
+        (896, 896),
+        (128, 896),
+        (128, 896),
+        (896, 896),
+        (4864, 896),
+        (4864, 896),
+        (896, 4864),
+    ];
+    let mut cases: Vec<(GgmlType, u32, u32, Vec<u32>)> = vec![
+        (Q8_0, 896, 896, vec![1, 2, 4, 5, 8, 16, 32, 64, 128, 512]),
+        (Q8_0, 128, 896, vec![32, 128, 512]),
+        (Q8_0, 4864, 896, vec![8, 32, 128, 512]),
+        (Q8_0, 896, 4864, vec![8, 32, 128, 512]),
+        (Q8_0, 151936, 896, vec![32, 512]),
+    ];
+    // K-quant rows are multiples of 256 columns: 1024 stands in for 896.
+    for ty in [F16, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K] {
+        let k = if ty.block_size() == 256 { 1024 } else { 896 };
+        cases.push((ty, 4864, k, vec![4, 8, 32, 128, 512]));
+        cases.push((ty, k, 4864, vec![128, 512]));
+    }
+    let mut layer_ns = std::collections::HashMap::<(u32, &str), f64>::new();
+    let mut layer_shapes = std::collections::HashMap::<u32, Vec<(u32, u32)>>::new();
+    for (ty, n_rows, n_cols, tokens) in cases {
+        let name = format!("{ty} {n_rows}x{n_cols}");
+        if !name.to_lowercase().contains(&filter) {
+            continue;
+        }
+        let wq = random_weights(&mut rng, ty, n_rows as usize, n_cols as usize);
+        let wb = buffer_with(&ctx, "w", &wq);
+        let max_t = *tokens.iter().max().unwrap_or(&1);
+        let x: Vec<f32> = (0..(max_t * n_cols) as usize)
+            .map(|_| rng.gen_range(-1.0..1.0))
+            .collect();
+        let xb = buffer_with(&ctx, "x", octoflow_vk::as_bytes(&x));
+        let y_bytes = 4 * u64::from(max_t) * u64::from(n_rows);
+        let yb = Buffer::new(&ctx, "y", y_bytes, MemoryKind::DeviceLocal).unwrap();
+        for n_tokens in tokens {
+            let args = LinearArgs {
+                w: QWeightRef {
+                    ty,
+                    data: &wb.whole(),
+                    n_rows,
+                    n_cols,
+                },
+                x: &xb.whole(),
+                y: &yb.whole(),
+                n_tokens,
+                y_stride: n_rows,
+                y_col: 0,
+                bias: None,
+                accumulate: false,
+            };
+            let reps = if n_rows > 100_000 { 5 } else { 21 };
+            let flop = 2.0 * f64::from(n_rows) * f64::from(n_cols) * f64::from(n_tokens);
+            let base = gpu_ns(&ctx, reps, &|c| plain.record(c, &args).unwrap());
+            let mut line = format!(
+                "{name:<18} x{n_tokens:<4} plain {:9.1} us {:8.0} GFLOPS",
+                base / 1e3,
+                flop / base
+            );
+            let mut best = base;
+            if let Some(mm) = &coop {
+                let ns = gpu_ns(&ctx, reps, &|c| mm.record(c, &args).unwrap());
+                line += &format!(
+                    " | coop {:9.1} us {:8.0} GFLOPS  x{:.2}",
+                    ns / 1e3,
+                    flop / ns,
+                    base / ns
+                );
+                best = ns;
+            }
+            println!("{line}");
+            if ty == Q8_0 && layer.contains(&(n_rows, n_cols)) {
+                let mult = layer.iter().filter(|&&s| s == (n_rows, n_cols)).count() as f64;
+                *layer_ns.entry((n_tokens, "plain")).or_default() += mult * base;
+                *layer_ns.entry((n_tokens, "coop")).or_default() += mult * best;
+                layer_shapes
+                    .entry(n_tokens)
+                    .or_default()
+                    .push((n_rows, n_cols));
+            }
+        }
+    }
+    if let Some(mm) = &coop {
+        tile_experiments(&ctx, mm, &filter);
+    }
+    // Only token counts measured at all four distinct layer shapes make a layer.
+    let mut keys: Vec<_> = layer_ns.keys().copied().collect();
+    keys.sort();
+    keys.retain(|&(t, _)| layer_shapes.get(&t).is_some_and(|s| s.len() == 4));
+    for (t, path) in keys {
+        println!(
+            "qwen Q8_0 layer (7 products) x{t} {path}: {:.1} us",
+            layer_ns[&(t, path)] / 1e3
+        );
+    }
+}
+
+/// GPU time of the Q8_0 tile experiments of `variants.txt` against the default tile.
+fn tile_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
+    use crate::shaders as s;
+    let tiles = [
+        ("m64n64k64", None, [64, 64]),
+        ("m128", Some(s::MATMUL_COOP_X_M128_Q8_0), [128, 64]),
+        ("n128", Some(s::MATMUL_COOP_X_N128_Q8_0), [64, 128]),
+        ("k128", Some(s::MATMUL_COOP_X_K128_Q8_0), [64, 64]),
+        ("k32", Some(s::MATMUL_COOP_X_K32_Q8_0), [64, 64]),
+        ("m128n128", Some(s::MATMUL_COOP_X_M128N128_Q8_0), [128, 128]),
+    ];
+    let built: Vec<(&str, Option<MatmulCoop>)> = tiles
+        .iter()
+        .map(|&(name, shader, tile)| {
+            (
+                name,
+                shader.map(|sh| MatmulCoop::with_shaders(ctx, &[sh], tile).unwrap()),
+            )
+        })
+        .collect();
+    let mut rng = StdRng::seed_from_u64(2);
+    for (n_rows, n_cols) in [(896u32, 896u32), (4864, 896), (896, 4864), (151936, 896)] {
+        let name = format!("Q8_0 {n_rows}x{n_cols} tiles");
+        if !name.to_lowercase().contains(filter) {
+            continue;
+        }
+        let wq = random_weights(&mut rng, GgmlType::Q8_0, n_rows as usize, n_cols as usize);
+        let wb = buffer_with(ctx, "w", &wq);
+        let x: Vec<f32> = (0..512 * n_cols as usize)
+            .map(|_| rng.gen_range(-1.0..1.0))
+            .collect();
+        let xb = buffer_with(ctx, "x", octoflow_vk::as_bytes(&x));
+        let yb = Buffer::new(
+            ctx,
+            "y",
+            4 * 512 * u64::from(n_rows),
+            MemoryKind::DeviceLocal,
+        )
+        .unwrap();
+        for n_tokens in [128u32, 512] {
+            let args = LinearArgs {
+                w: QWeightRef {
+                    ty: GgmlType::Q8_0,
+                    data: &wb.whole(),
+                    n_rows,
+                    n_cols,
+                },
+                x: &xb.whole(),
+                y: &yb.whole(),
+                n_tokens,
+                y_stride: n_rows,
+                y_col: 0,
+                bias: None,
+                accumulate: false,
+            };
+            let flop = 2.0 * f64::from(n_rows) * f64::from(n_cols) * f64::from(n_tokens);
+            let mut line = format!("{name:<26} x{n_tokens:<4}");
+            for (tile, mm) in &built {
+                let mm = mm.as_ref().unwrap_or(default);
+                let ns = gpu_ns(ctx, 11, &|c| mm.record(c, &args).unwrap());
+                line += &format!(" {tile} {:.1}us {:.0}GF", ns / 1e3, flop / ns);
+            }
+            println!("{line}");
+        }
+    }
+}

@@ -1,0 +1,351 @@
+//! The batch product of [`crate::linear`] on cooperative matrices (`matmul_coop.comp`,
+//! VK_KHR_cooperative_matrix with f16 A/B and f32 accumulators, 16 x 16 x 16):
+//! `y[t, y_col + r] (=|+=) dot(f16(W row r), f16(x[t])) (+ bias[r])`.
+//!
+//! Same operands, layouts and semantics as [`crate::LinearArgs`], except that the weights
+//! (after decoding) and the inputs are rounded to f16 before the product, which is summed in
+//! f32. For the quantized types the decoded weights mostly fit f16's 11-bit significand
+//! (a block scale times a small code), F16 weights are exact, and F32 weights lose everything
+//! past 11 bits: ~2⁻¹² relative per weight. The rounding of `x` costs the same. Inputs beyond
+//! f16's range (|x| > 65504) overflow to infinity: the caller keeps activations normed.
+//!
+//! [`crate::Linear`] uses this kernel for batches of [`crate::linear::COOP_MIN_TOKENS`] or more
+//! tokens where [`MatmulCoop::supported`] (not on lavapipe, which keeps `matmul.comp`).
+
+use octoflow_gguf::quant::QuantError;
+use octoflow_gguf::GgmlType;
+use octoflow_vk::{
+    BufferSlice, Chain, Context, DeviceCaps, Pipeline, PipelineDesc, Push, Shader, VkError,
+};
+
+use crate::error::{KernelError, Result};
+use crate::linear::{check_args, linear_ref, LinearArgs, PUSH_BYTES};
+use crate::qweight::{variant, QOp, TYPES};
+
+/// Rows and tokens per workgroup tile (`BM`, `BN` in `matmul_coop.comp`).
+const TILE_ROWS: u32 = 64;
+const TILE_TOKENS: u32 = 64;
+/// The subgroup size the kernel's 128 invocations are laid out for (4 subgroups).
+const SUBGROUP: u32 = 32;
+
+/// The cooperative-matrix matmul pipelines, one per weight type, built once.
+pub struct MatmulCoop {
+    pipelines: Vec<Pipeline>,
+    /// Rows and tokens per workgroup of these pipelines.
+    tile: [u32; 2],
+}
+
+impl MatmulCoop {
+    /// Whether the device runs `matmul_coop.comp`: 16 x 16 x 16 f16 → f32 cooperative matrices,
+    /// 16-bit floats, full subgroups, and subgroups that are (or can be made) 32 wide.
+    pub fn supported(caps: &DeviceCaps) -> bool {
+        let sg = &caps.subgroup;
+        caps.coopmat_supports(16, 16, 16, "f16", "f32")
+            && caps.shader_float16
+            && sg.full_subgroups
+            && (sg.size == SUBGROUP
+                || (sg.size_control && (sg.min_size..=sg.max_size).contains(&SUBGROUP)))
+    }
+
+    /// Builds every type's pipeline: an `Unsupported` error where [`MatmulCoop::supported`]
+    /// is false.
+    pub fn new(ctx: &Context) -> Result<Self> {
+        let caps = ctx.caps();
+        if !Self::supported(caps) {
+            return Err(KernelError::Vk(VkError::Unsupported {
+                device: caps.name.clone(),
+                reason: "matmul_coop: no 16x16x16 f16 -> f32 cooperative matrices with full \
+                         32-wide subgroups"
+                    .into(),
+            }));
+        }
+        let shaders: Vec<Shader> = (0..TYPES.len())
+            .map(|i| variant(QOp::MatmulCoop, i))
+            .collect();
+        Self::with_shaders(ctx, &shaders, [TILE_ROWS, TILE_TOKENS])
+    }
+
+    /// Pipelines of `shaders` (indexed like `TYPES`) whose workgroups cover `tile` rows x tokens.
+    pub(crate) fn with_shaders(ctx: &Context, shaders: &[Shader], tile: [u32; 2]) -> Result<Self> {
+        let sg = &ctx.caps().subgroup;
+        let mut pipelines = Vec::with_capacity(shaders.len());
+        for &shader in shaders {
+            let mut desc = PipelineDesc::new(shader, 4, PUSH_BYTES);
+            if sg.size != SUBGROUP || sg.min_size != sg.max_size {
+                desc = desc.subgroup_size(SUBGROUP);
+            }
+            desc.full_subgroups = true;
+            pipelines.push(Pipeline::new(ctx, &desc)?);
+        }
+        Ok(MatmulCoop { pipelines, tile })
+    }
+
+    /// Records `y (=|+=) f16(x) · f16(W)ᵀ (+ bias)` for any batch size, after the checks of
+    /// [`crate::Linear::record`]. `y` must not alias `x`, `bias` or the weights.
+    pub fn record(&self, chain: &mut Chain, a: &LinearArgs) -> Result<()> {
+        let c = check_args(a)?;
+        let ti = if self.pipelines.len() == 1 { 0 } else { c.ti };
+        self.dispatch(chain, ti, a, &c.bindings, &c.push)
+    }
+
+    /// Records the dispatch of checked arguments (`ti`: the type's index in `TYPES`).
+    pub(crate) fn dispatch(
+        &self,
+        chain: &mut Chain,
+        ti: usize,
+        a: &LinearArgs,
+        bindings: &[BufferSlice; 4],
+        push: &Push,
+    ) -> Result<()> {
+        let groups = [
+            a.w.n_rows.div_ceil(self.tile[0]),
+            a.n_tokens.div_ceil(self.tile[1]),
+            1,
+        ];
+        let max = chain.context().caps().max_workgroup_count;
+        if groups[0] > max[0] || groups[1] > max[1] {
+            return Err(KernelError::Shape {
+                op: "matmul_coop",
+                detail: format!(
+                    "{} rows x {} tokens need {}x{} workgroups, over {}x{}",
+                    a.w.n_rows, a.n_tokens, groups[0], groups[1], max[0], max[1]
+                ),
+            });
+        }
+        chain.dispatch(&self.pipelines[ti], bindings, push, groups)?;
+        Ok(())
+    }
+}
+
+/// CPU reference: [`linear_ref`] on the operands the kernel multiplies — every decoded weight
+/// and every input rounded to f16 (round to nearest even) — summed in f64. Same arguments.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_coop_ref(
+    ty: GgmlType,
+    w: &[u8],
+    n_rows: usize,
+    n_cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+    y_stride: usize,
+    y_col: usize,
+    bias: Option<&[f32]>,
+    accumulate: bool,
+) -> Result<(), QuantError> {
+    let rb = octoflow_gguf::quant::quantized_size(ty, n_cols)?;
+    let mut w16 = vec![0f32; n_rows * n_cols];
+    for (r, row) in w16.chunks_exact_mut(n_cols).enumerate() {
+        octoflow_gguf::quant::dequantize(ty, &w[r * rb..(r + 1) * rb], row)?;
+    }
+    let to_f16 = |v: &f32| half::f16::from_f32(*v).to_f32();
+    let w16: Vec<f32> = w16.iter().map(to_f16).collect();
+    let x16: Vec<f32> = x[..n_tokens * n_cols].iter().map(to_f16).collect();
+    linear_ref(
+        GgmlType::F32,
+        octoflow_vk::as_bytes(&w16),
+        n_rows,
+        n_cols,
+        &x16,
+        n_tokens,
+        y,
+        y_stride,
+        y_col,
+        bias,
+        accumulate,
+    )
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
+    use octoflow_vk::{Buffer, MemoryKind};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+    use crate::check_close;
+    use crate::linear::tests::{buffer_with, random_cols, random_weights};
+    use crate::linear::QWeightRef;
+
+    /// The reference multiplies the same f16-rounded operands as the kernel (the decoding is
+    /// bit-exact: `qmad` in quant.glsl), so what is left is the f32 accumulation: products of
+    /// two f16 are exact in f32, and summing ≤ 1024 of them costs ≲ 1024 · 2⁻²⁴ · Σ|w·x| ≈ 1e-5
+    /// of the output scale even in the worst order, ≤ 2e-4 measured against the check's floor
+    /// (1% of the largest output). 1e-3 leaves margin, while a skipped f16 rounding of x or W
+    /// (errors ~2⁻¹² per product, ≳ 2e-3 near the floor), a misdecoded weight or a tile
+    /// mix-up (≥ 1e-2) fail it.
+    pub(crate) const REL_COOP: f32 = 1e-3;
+
+    /// Random shapes of `ty` straight through the coopmat kernel, every batch size path.
+    fn check_type(ty: GgmlType) {
+        let name = format!("matmul_coop_{ty}");
+        let Some(ctx) = gpu_or_skip(&name) else {
+            return;
+        };
+        if !MatmulCoop::supported(ctx.caps()) {
+            println!(
+                "{name}: skipped, {} has no 16x16x16 f16 -> f32 cooperative matrices",
+                ctx.caps().name
+            );
+            return;
+        }
+        let seed: u64 = rand::random();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mm = MatmulCoop::new(&ctx).unwrap();
+        // Tile edges: rows not a multiple of 64 (1 row too), columns a multiple of 32 but often
+        // not of 64 (the kernel's K step), odd for F32/F16.
+        let n_rows = if rng.gen_bool(0.2) {
+            rng.gen_range(1..20usize)
+        } else {
+            rng.gen_range(65..400usize)
+        };
+        let n_cols = random_cols(&mut rng, ty);
+        let wq = random_weights(&mut rng, ty, n_rows, n_cols);
+        let wb = buffer_with(&ctx, "w", &wq);
+        let bias: Vec<f32> = (0..n_rows).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let bb = buffer_with(&ctx, "bias", octoflow_vk::as_bytes(&bias));
+        let sizes = [
+            1usize,
+            rng.gen_range(2..64),
+            64,
+            rng.gen_range(65..300),
+            300,
+        ];
+        for (case, n_tokens) in sizes.into_iter().enumerate() {
+            let with_bias = case % 2 == 0;
+            let accumulate = case % 3 == 1;
+            let y_col = if case % 2 == 1 {
+                rng.gen_range(1..9)
+            } else {
+                0
+            };
+            let y_stride = y_col + n_rows + rng.gen_range(0..5);
+            let x: Vec<f32> = (0..n_tokens * n_cols)
+                .map(|_| rng.gen_range(-1.0..1.0))
+                .collect();
+            let xb = buffer_with(&ctx, "x", octoflow_vk::as_bytes(&x));
+            let y_len = n_tokens * y_stride;
+            let y0: Vec<f32> = if accumulate {
+                (0..y_len).map(|_| rng.gen_range(-1.0..1.0)).collect()
+            } else {
+                vec![0.0; y_len]
+            };
+            let yb = buffer_with(&ctx, "y", octoflow_vk::as_bytes(&y0));
+            if !accumulate {
+                ctx.fill(&yb, 0, 4 * y_len as u64, f32::NAN.to_bits())
+                    .unwrap();
+            }
+            let bias_slice = with_bias.then(|| bb.whole());
+            let args = LinearArgs {
+                w: QWeightRef {
+                    ty,
+                    data: &wb.whole(),
+                    n_rows: n_rows as u32,
+                    n_cols: n_cols as u32,
+                },
+                x: &xb.whole(),
+                y: &yb.whole(),
+                n_tokens: n_tokens as u32,
+                y_stride: y_stride as u32,
+                y_col: y_col as u32,
+                bias: bias_slice.as_ref(),
+                accumulate,
+            };
+            let mut chain = Chain::new(&ctx).unwrap();
+            mm.record(&mut chain, &args).unwrap();
+            chain.run().unwrap();
+            let mut got = vec![0f32; y_len];
+            ctx.download(&yb, 0, &mut got).unwrap();
+            let mut want = if accumulate {
+                y0.clone()
+            } else {
+                vec![f32::NAN; y_len]
+            };
+            matmul_coop_ref(
+                ty,
+                &wq,
+                n_rows,
+                n_cols,
+                &x,
+                n_tokens,
+                &mut want,
+                y_stride,
+                y_col,
+                with_bias.then_some(&bias[..]),
+                accumulate,
+            )
+            .unwrap();
+            let what = format!(
+                "{ty} {n_rows}x{n_cols}, {n_tokens} tokens, bias {with_bias}, accumulate \
+                 {accumulate}, y_col {y_col}, y_stride {y_stride}, seed {seed}"
+            );
+            for t in 0..n_tokens {
+                let row = t * y_stride;
+                let inside = row + y_col..row + y_col + n_rows;
+                if let Err(e) = check_close(&got[inside.clone()], &want[inside.clone()], REL_COOP) {
+                    panic!("{what}: token {t}: {e}");
+                }
+                for c in (row..row + y_stride).filter(|c| !inside.contains(c)) {
+                    assert_eq!(
+                        got[c].to_bits(),
+                        want[c].to_bits(),
+                        "{what}: column {} of token {t} was written",
+                        c - row
+                    );
+                }
+            }
+        }
+        assert_no_validation_errors(&ctx);
+    }
+
+    macro_rules! type_tests {
+        ($($name:ident => $ty:ident),*) => {$(
+            #[test]
+            fn $name() {
+                check_type(GgmlType::$ty);
+            }
+        )*};
+    }
+
+    type_tests!(
+        gpu_matmul_coop_f32 => F32, gpu_matmul_coop_f16 => F16, gpu_matmul_coop_q4_0 => Q4_0,
+        gpu_matmul_coop_q4_1 => Q4_1, gpu_matmul_coop_q5_0 => Q5_0,
+        gpu_matmul_coop_q5_1 => Q5_1, gpu_matmul_coop_q8_0 => Q8_0,
+        gpu_matmul_coop_q4_k => Q4_K, gpu_matmul_coop_q5_k => Q5_K,
+        gpu_matmul_coop_q6_k => Q6_K
+    );
+
+    #[test]
+    fn without_cooperative_matrices_new_is_a_clear_error() {
+        let Some(ctx) = gpu_or_skip("matmul_coop_unsupported") else {
+            return;
+        };
+        if MatmulCoop::supported(ctx.caps()) {
+            // Bad shapes still fail before anything is recorded.
+            let mm = MatmulCoop::new(&ctx).unwrap();
+            let b = Buffer::new(&ctx, "b", 64, MemoryKind::DeviceLocal).unwrap();
+            let args = LinearArgs {
+                w: QWeightRef {
+                    ty: GgmlType::Q8_0,
+                    data: &b.whole(),
+                    n_rows: 8,
+                    n_cols: 64,
+                },
+                x: &b.whole(),
+                y: &b.whole(),
+                n_tokens: 2,
+                y_stride: 8,
+                y_col: 0,
+                bias: None,
+                accumulate: false,
+            };
+            let mut chain = Chain::new(&ctx).unwrap();
+            let e = mm.record(&mut chain, &args).map(|_| ()).unwrap_err();
+            assert!(e.to_string().contains("weights"), "{e}");
+            return;
+        }
+        let e = MatmulCoop::new(&ctx).map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains("cooperative matrices"), "{e}");
+    }
+}
