@@ -56,8 +56,9 @@ fn gpu_logits_track_the_cpu_reference() {
 }
 
 /// Greedy tokens from the GPU chain (`steps` per submit) after `prompt`, `n` of them.
-fn chain_tokens(gpu: &GpuModel, prompt: &[u32], n: usize, steps: usize) -> Vec<u32> {
+fn chain_tokens(gpu: &GpuModel, prompt: &[u32], n: usize, steps: usize, gated: bool) -> Vec<u32> {
     let mut s = gpu.session(256, steps).unwrap();
+    s.set_gated(gated);
     let logits = s.prefill(prompt, 256).unwrap();
     let mut out = vec![top1(&logits)];
     while out.len() < n {
@@ -90,37 +91,51 @@ fn multi_step_chain_equals_token_by_token_decoding_and_stops_on_its_flags() {
         let logits = s.decode(*want.last().unwrap()).unwrap();
         want.push(top1(&logits));
     }
-    for steps in [1, 3, 8] {
+    for gated in [true, false] {
+        for steps in [1, 3, 8] {
+            assert_eq!(
+                chain_tokens(&gpu, prompt, n, steps, gated),
+                want,
+                "{steps} steps per submit, gated {gated}"
+            );
+        }
+
+        // An end-of-generation id stops the chain right after it is sampled; the steps left in
+        // the submit (skipped when gated, run to no effect when not) leave nothing behind: the
+        // sequence continues as if decoded token by token.
+        let mut s = gpu.session(256, 16).unwrap();
+        s.set_gated(gated);
+        s.prefill(prompt, 256).unwrap();
+        let eog = want[6];
+        let first = (1..=6).find(|&j| want[j] == eog).unwrap_or(6);
+        let r = s.decode_steps(want[0], &greedy(), 100, &[eog]).unwrap();
+        assert_eq!(r.stop, Some(GpuStop::Eog), "gated {gated}");
+        assert_eq!(r.tokens, want[1..=first].to_vec(), "gated {gated}");
+        assert_eq!(s.n_past(), prompt.len() + first, "gated {gated}");
+        let more = s.decode_steps(want[first], &greedy(), 5, &[]).unwrap();
         assert_eq!(
-            chain_tokens(&gpu, prompt, n, steps),
-            want,
-            "{steps} steps per submit"
+            more.tokens,
+            want[first + 1..first + 6].to_vec(),
+            "gated {gated}"
+        );
+        // The token limit and the context size stop it too.
+        let mut s = gpu.session(256, 16).unwrap();
+        s.set_gated(gated);
+        s.prefill(prompt, 256).unwrap();
+        let r = s.decode_steps(want[0], &greedy(), 3, &[]).unwrap();
+        assert_eq!((r.stop, r.tokens.len()), (Some(GpuStop::Length), 3));
+        let n_ctx = prompt.len() + 5;
+        let mut s = gpu.session(n_ctx, 16).unwrap();
+        s.set_gated(gated);
+        s.prefill(prompt, 256).unwrap();
+        let r = s.decode_steps(want[0], &greedy(), 100, &[]).unwrap();
+        assert_eq!(r.stop, Some(GpuStop::Context));
+        assert_eq!(
+            s.n_past() + 1,
+            n_ctx,
+            "stops when no position is left for the last token (gated {gated})"
         );
     }
-
-    // An end-of-generation id stops the chain right after it is sampled.
-    let mut s = gpu.session(256, 16).unwrap();
-    s.prefill(prompt, 256).unwrap();
-    let eog = want[6];
-    let first = (1..=6).find(|&j| want[j] == eog).unwrap_or(6);
-    let r = s.decode_steps(want[0], &greedy(), 100, &[eog]).unwrap();
-    assert_eq!(r.stop, Some(GpuStop::Eog));
-    assert_eq!(r.tokens, want[1..=first].to_vec());
-    // The token limit and the context size stop it too.
-    let mut s = gpu.session(256, 16).unwrap();
-    s.prefill(prompt, 256).unwrap();
-    let r = s.decode_steps(want[0], &greedy(), 3, &[]).unwrap();
-    assert_eq!((r.stop, r.tokens.len()), (Some(GpuStop::Length), 3));
-    let n_ctx = prompt.len() + 5;
-    let mut s = gpu.session(n_ctx, 16).unwrap();
-    s.prefill(prompt, 256).unwrap();
-    let r = s.decode_steps(want[0], &greedy(), 100, &[]).unwrap();
-    assert_eq!(r.stop, Some(GpuStop::Context));
-    assert_eq!(
-        s.n_past() + 1,
-        n_ctx,
-        "stops when no position is left for the last token"
-    );
 }
 
 #[test]

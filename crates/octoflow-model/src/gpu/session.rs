@@ -74,6 +74,7 @@ impl GpuModel {
             batch_chains: HashMap::new(),
             step_chains: HashMap::new(),
             profile: false,
+            gated: true,
             last_profile: None,
         })
     }
@@ -143,6 +144,7 @@ pub struct GpuSession<'m> {
     batch_chains: HashMap<(u32, u8), Chain>,
     step_chains: HashMap<(u32, bool), Chain>,
     profile: bool,
+    gated: bool,
     last_profile: Option<Vec<LabelTime>>,
 }
 
@@ -170,6 +172,17 @@ impl GpuSession<'_> {
         }
         self.profile = on;
         Ok(())
+    }
+
+    /// Whether decode steps after a stop are skipped on the GPU (gated: every dispatch of a step
+    /// is indirect, its workgroup count zeroed once `ctl.STOP` is set) or run to no effect
+    /// (ungated: direct dispatches; after a stop `advance` records nothing and the position no
+    /// longer moves, so the extra steps only rewrite the cache row past the sequence's end).
+    pub fn set_gated(&mut self, on: bool) {
+        if on != self.gated {
+            self.step_chains.clear();
+        }
+        self.gated = on;
     }
 
     /// GPU time per kernel of the last profiled submit (a batch or a run of decode steps).
@@ -231,11 +244,14 @@ impl GpuSession<'_> {
         Ok(())
     }
 
-    /// Records one decode step (gate, forward of the control token, sampling, advance).
+    /// Records one decode step (gate, forward of the control token, sampling, advance). With
+    /// `gated`, the step's dispatches form a gated span (returned: their workgroup counts),
+    /// preceded by the gate kernel when a `template` is given (without one: a probe recording).
     fn record_step(
         &self,
         chain: &mut Chain,
         greedy: bool,
+        gated: bool,
         template: Option<(&octoflow_vk::Buffer, u32)>,
     ) -> Result<Vec<[u32; 3]>> {
         let (k, s, c) = (&self.model.kernels, &self.s, &self.model.config);
@@ -251,7 +267,9 @@ impl GpuSession<'_> {
             )?;
             chain.barrier()?;
         }
-        chain.gate_begin(&s.args)?;
+        if gated {
+            chain.gate_begin(&s.args)?;
+        }
         self.graph()
             .forward(chain, 1, &TokenSource::Control, Logits::Last)?;
         let logits = s.logits.slice(0, 4 * c.n_vocab as u64)?;
@@ -271,17 +289,25 @@ impl GpuSession<'_> {
         chain.barrier()?;
         k.advance
             .record(chain, &ctl_block, &s.out_tokens.whole(), s.out_len, 1)?;
-        let groups = chain.gate_end()?;
+        let groups = if gated { chain.gate_end()? } else { Vec::new() };
         chain.barrier()?;
         Ok(groups)
     }
 
     /// Records the chain of `steps` decode steps.
     fn record_steps(&self, steps: u32, greedy: bool) -> Result<Chain> {
+        if !self.gated {
+            let mut chain = self.new_chain()?;
+            for _ in 0..steps {
+                self.record_step(&mut chain, greedy, false, None)?;
+            }
+            chain.finish()?;
+            return Ok(chain);
+        }
         // A throwaway recording of one step yields the gate template: the workgroup counts of
         // every gated dispatch (identical for every step).
         let mut probe = Chain::new(&self.model.ctx)?;
-        let template = self.record_step(&mut probe, greedy, None)?;
+        let template = self.record_step(&mut probe, greedy, true, None)?;
         drop(probe);
         let words = gate_words(&template);
         let t = octoflow_vk::Buffer::new(
@@ -293,7 +319,7 @@ impl GpuSession<'_> {
         self.model.ctx.upload(&t, 0, &words)?;
         let mut chain = self.new_chain()?;
         for _ in 0..steps {
-            let g = self.record_step(&mut chain, greedy, Some((&t, words.len() as u32)))?;
+            let g = self.record_step(&mut chain, greedy, true, Some((&t, words.len() as u32)))?;
             if g != template {
                 return Err(ModelError::Gpu(
                     "decode steps recorded different dispatches".into(),

@@ -43,6 +43,9 @@ pub struct Args {
     /// Generated tokens per stream with `--streams`.
     #[arg(long, default_value_t = 128)]
     stream_gen: usize,
+    /// Gate decode steps on the GPU's stop flag (indirect dispatches) or run them direct.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    gate: String,
     /// Print per-kernel GPU time (timestamps) of the last repetition of each test to stderr.
     #[arg(long)]
     profile: bool,
@@ -108,6 +111,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut session = loaded.session(&model, n_ctx, args.steps)?;
     if let (true, AnySession::Gpu(s)) = (args.profile, &mut session) {
         s.set_profiling(true)?;
+    }
+    if let AnySession::Gpu(s) = &mut session {
+        s.set_gated(args.gate == "on");
     }
     let mut rows = Vec::new();
     if args.n_prompt > 0 {
