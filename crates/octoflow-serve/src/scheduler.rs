@@ -350,12 +350,13 @@ impl<'t> Loop<'_, 't> {
         if rows.is_empty() {
             return false;
         }
+        let submitted = Instant::now();
         match self.engine.submit(&rows) {
             Ok(()) => {
                 self.inflight.push_back(StepMeta {
                     rows: meta,
                     n_rows: rows.len(),
-                    submitted: Instant::now(),
+                    submitted,
                 });
                 true
             }

@@ -188,7 +188,8 @@ impl<'t> Seq<'t> {
         self.generated += 1;
         self.sampler.accept(token);
         if !self.ignore_eos && self.tokenizer.is_eog(token) {
-            self.send_text(String::new(), logprob);
+            let (text, _) = self.flush();
+            self.send_text(text, logprob);
             return self.finish(Finish::Stop);
         }
         let step = self.stop.push(&self.decoder.push(token));
@@ -197,13 +198,9 @@ impl<'t> Seq<'t> {
             return self.finish(Finish::Stop);
         }
         if self.generated >= self.max_tokens {
-            let rest = self.stop.push(&self.decoder.finish());
-            let mut text = rest.emit;
-            if !rest.stopped {
-                text.push_str(&self.stop.finish());
-            }
+            let (text, stopped) = self.flush();
             self.send_text(text, None);
-            let finish = if rest.stopped {
+            let finish = if stopped {
                 Finish::Stop
             } else {
                 Finish::Length
@@ -211,6 +208,17 @@ impl<'t> Seq<'t> {
             return self.finish(finish);
         }
         Outcome::Continue
+    }
+
+    /// What the decoder and the stop matcher still hold (the choice ends); whether a stop
+    /// string was found in it.
+    fn flush(&mut self) -> (String, bool) {
+        let rest = self.stop.push(&self.decoder.finish());
+        let mut text = rest.emit;
+        if !rest.stopped {
+            text.push_str(&self.stop.finish());
+        }
+        (text, rest.stopped)
     }
 
     fn send_text(&self, text: String, logprob: Option<TokenLogprob>) {
