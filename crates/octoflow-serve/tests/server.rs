@@ -72,6 +72,40 @@ async fn chat_renders_the_template_streamed_or_not() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_prompts_prefill_in_chunks_beside_decode_rows() {
+    let Some(s) = start(Shape {
+        max_rows: 4,
+        ..Shape::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let prompt = "The quick brown fox jumps over the lazy dog because";
+    let ids = s.prompt(prompt);
+    assert!(ids.len() > 8, "the prompt spans several 4-row steps");
+    let want = s.reference_chunked(&ids, 3, 4);
+    let body = json!({"prompt": prompt, "max_tokens": 3, "temperature": 0});
+    let (status, v) = s.post("/v1/completions", &body).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], want.as_str());
+    // Two at once: one decodes while the other's prompt goes in, 4 rows a step.
+    let steps0 = s.metric("octoflow_steps_total").await;
+    let other = json!({"prompt": PROMPT, "max_tokens": 3, "temperature": 0});
+    let (a, b) = tokio::join!(
+        s.post("/v1/completions", &body),
+        s.post("/v1/completions", &other)
+    );
+    assert_eq!((a.0, b.0), (200, 200), "{a:?} {b:?}");
+    assert_eq!(a.1["usage"]["completion_tokens"], 3);
+    assert_eq!(b.1["usage"]["completion_tokens"], 3);
+    let rows = s.metric("octoflow_step_rows_total").await;
+    let steps = s.metric("octoflow_steps_total").await - steps0;
+    assert!(steps >= 4.0 && rows > 0.0, "{steps} steps");
+    s.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_two_concurrent_clients_get_their_own_outputs() {
     let Some(s) = start(Shape {
         instances: 8,

@@ -69,6 +69,8 @@ pub struct Shape {
     pub queue: usize,
     pub grace: Duration,
     pub body_limit: usize,
+    /// Rows per step (prompt chunks are at most this long).
+    pub max_rows: usize,
 }
 
 impl Default for Shape {
@@ -79,6 +81,7 @@ impl Default for Shape {
             queue: 64,
             grace: Duration::from_secs(30),
             body_limit: 1 << 20,
+            max_rows: 512,
         }
     }
 }
@@ -94,7 +97,7 @@ pub async fn start(shape: Shape) -> Option<Running> {
     let opts = ServeOptions {
         queue: shape.queue,
         body_limit: shape.body_limit,
-        prefill_chunk: 512,
+        prefill_chunk: shape.max_rows,
         grace: shape.grace,
     };
     let server = Server::start(
@@ -103,7 +106,7 @@ pub async fn start(shape: Shape) -> Option<Running> {
         opts,
         move |driver| {
             let model = Model::open(&path)?;
-            let mut engine = CpuBatch::new(&model, shape.instances, shape.n_ctx, 512);
+            let mut engine = CpuBatch::new(&model, shape.instances, shape.n_ctx, shape.max_rows);
             driver.run(
                 &mut engine,
                 EngineInfo {
@@ -244,9 +247,18 @@ impl Running {
 
     /// Greedy text of `n` tokens (or up to end-of-generation) from one CPU session alone.
     pub fn reference(&self, prompt: &[u32], n: usize) -> String {
+        self.reference_chunked(prompt, n, usize::MAX)
+    }
+
+    /// [`Running::reference`] with the prompt run in chunks of `chunk` tokens (chunk boundaries
+    /// change the float summation order, so the server's chunking is mirrored).
+    pub fn reference_chunked(&self, prompt: &[u32], n: usize, chunk: usize) -> String {
         let model = Model::open(&self.text.path).expect("model");
         let mut s = model.session(prompt.len() + n + 1);
-        let mut logits = s.forward(prompt, 0, Logits::Last).expect("prefill");
+        let mut logits = Vec::new();
+        for (i, part) in prompt.chunks(chunk).enumerate() {
+            logits = s.forward(part, i * chunk, Logits::Last).expect("prefill");
+        }
         let tok = &self.text.tokenizer;
         let mut dec: StreamDecoder = tok.stream_decoder();
         let mut out = String::new();
