@@ -22,3 +22,20 @@ if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get update -qq >&2
   $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
 fi
+
+# The OpenAI Python client (PyPI), for the server's compatibility test
+# (crates/octoflow/tests/serve.rs runs crates/octoflow-serve/tests/openai_client.py).
+if ! python3 -c "import openai" >/dev/null 2>&1; then
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -qq >&2
+    $sudo apt-get install -y -qq --no-install-recommends python3-pip >&2
+  fi
+  echo "installing: openai (pip)" >&2
+  # Debian's python refuses --user installs without --break-system-packages (PEP 668); a
+  # pyenv or venv python takes the plain form.
+  python3 -m pip install --quiet --no-warn-script-location --user openai >&2 ||
+    python3 -m pip install --quiet --no-warn-script-location --user --break-system-packages openai >&2
+fi

@@ -70,10 +70,10 @@ pub enum ModelError {
     /// A forward pass was asked to process no tokens.
     #[error("the token batch is empty")]
     EmptyBatch,
-
-    /// A batched step that breaks the [`crate::BatchForward`] rules.
-    #[error("batched step: {0}")]
-    BadBatch(String),
+    /// A batched step breaks the rules of [`crate::BatchForward::submit`] (the message says
+    /// which row and why).
+    #[error("invalid batch step: {0}")]
+    Batch(String),
     /// The GPU path cannot run this model or request (the message says why).
     #[error("GPU: {0}")]
     Gpu(String),

@@ -28,6 +28,8 @@ enum Command {
     Pull(cmd::pull::Args),
     /// Generate text from a prompt, or chat (--chat).
     Run(cmd::run::Args),
+    /// OpenAI-compatible HTTP server with continuous batching over several instances.
+    Serve(cmd::serve::Args),
     /// Mean negative log-likelihood and perplexity of a text file.
     Perplexity(cmd::perplexity::Args),
     /// Print the token ids of a text (like llama-tokenize).
@@ -50,6 +52,7 @@ fn main() -> std::process::ExitCode {
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Pull(args) => cmd::pull::run(args),
         Command::Run(args) => cmd::run::run(args),
+        Command::Serve(args) => cmd::serve::run(args),
         Command::Perplexity(args) => cmd::perplexity::run(args),
         Command::Tokenize(args) => cmd::tokenize::run(args),
     };

@@ -223,12 +223,12 @@ impl GpuBatch<'_> {
 
     /// Checks a step against the slots' state; returns the slots' cached lengths after it.
     fn validate(&self, rows: &[BatchRow]) -> Result<Vec<u32>> {
-        let bad = |i: usize, what: String| ModelError::BadBatch(format!("row {i}: {what}"));
+        let bad = |i: usize, what: String| ModelError::Batch(format!("row {i}: {what}"));
         if rows.is_empty() {
             return Err(ModelError::EmptyBatch);
         }
         if rows.len() > self.s.t_max as usize {
-            return Err(ModelError::BadBatch(format!(
+            return Err(ModelError::Batch(format!(
                 "{} rows, at most {} per step",
                 rows.len(),
                 self.s.t_max
@@ -236,7 +236,7 @@ impl GpuBatch<'_> {
         }
         let n_out = rows.iter().filter(|r| r.output != RowOutput::None).count();
         if n_out > self.max_out as usize {
-            return Err(ModelError::BadBatch(format!(
+            return Err(ModelError::Batch(format!(
                 "{n_out} rows want output, at most {} per step",
                 self.max_out
             )));
@@ -333,7 +333,7 @@ impl BatchForward for GpuBatch<'_> {
 
     fn submit(&mut self, rows: &[BatchRow]) -> Result<()> {
         if self.pending.len() >= MAX_IN_FLIGHT {
-            return Err(ModelError::BadBatch(format!(
+            return Err(ModelError::Batch(format!(
                 "{MAX_IN_FLIGHT} steps are already in flight: collect one first"
             )));
         }
@@ -431,7 +431,7 @@ impl BatchForward for GpuBatch<'_> {
         let p = self
             .pending
             .pop_front()
-            .ok_or_else(|| ModelError::BadBatch("no step in flight to collect".into()))?;
+            .ok_or_else(|| ModelError::Batch("no step in flight to collect".into()))?;
         let chain = self
             .chains
             .get_mut(&p.key)

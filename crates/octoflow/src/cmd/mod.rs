@@ -10,4 +10,5 @@ pub mod perplexity;
 pub mod profile;
 pub mod pull;
 pub mod run;
+pub mod serve;
 pub mod tokenize;

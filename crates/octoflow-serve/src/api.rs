@@ -1,0 +1,293 @@
+//! OpenAI's request bodies (the fields this server reads) and their validation into
+//! [`GenParams`].
+//!
+//! Defaults where a field is absent follow llama.cpp's server (temperature 0.8, top_k 40,
+//! top_p 0.95, min_p 0.05), so that a request without sampling fields samples on the device;
+//! `seed` absent means a random seed per request.
+
+use serde::Deserialize;
+
+use octoflow_text::sampling::SamplingParams;
+
+use crate::error::ApiError;
+use crate::job::GenParams;
+
+/// `stop`: one string or a list of them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a last chunk with `usage` (and no choices).
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Fields shared by `/v1/completions` and `/v1/chat/completions`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Common {
+    pub model: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    pub n: Option<i64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+}
+
+/// A chat message's content: a string, or a list of parts of which the text ones are used.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+/// One part of a message's content.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Part {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+/// One message of `messages`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: Option<Content>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessage>,
+    #[serde(flatten)]
+    pub common: Common,
+    /// Newer name of `max_tokens`.
+    pub max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    pub logprobs: bool,
+    pub top_logprobs: Option<i64>,
+}
+
+/// `prompt` of `/v1/completions`: text, one text in a list, or token ids.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: Prompt,
+    #[serde(flatten)]
+    pub common: Common,
+    /// Return this many most likely alternatives per token (0..=20).
+    pub logprobs: Option<i64>,
+    #[serde(default)]
+    pub echo: bool,
+}
+
+/// `POST /tokenize`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TokenizeRequest {
+    pub content: String,
+    #[serde(default)]
+    pub add_special: bool,
+}
+
+/// `POST /detokenize`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct DetokenizeRequest {
+    pub tokens: Vec<u32>,
+}
+
+/// Parses a JSON body; errors are 400s naming what is wrong.
+pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        let what = if e.is_syntax() || e.is_eof() {
+            "We could not parse the JSON body of your request"
+        } else {
+            "The JSON body does not match the expected request"
+        };
+        ApiError::invalid(None, format!("{what}: {e}"))
+    })
+}
+
+fn range(param: &str, v: Option<f32>, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
+    match v {
+        Some(x) if !x.is_finite() || x < lo || x > hi => Err(ApiError::invalid(
+            param.to_string(),
+            format!("{param} must be in [{lo}, {hi}], got {x}"),
+        )
+        .with_code("invalid_value")),
+        _ => Ok(v),
+    }
+}
+
+/// Validates the common fields; `logprobs` is the number of alternatives asked for, if any.
+/// `max_tokens` is clamped so prompt and completion fit in `n_ctx`; `n` must fit in `n_slots`.
+pub fn gen_params(
+    c: &Common,
+    max_tokens: Option<i64>,
+    logprobs: Option<i64>,
+    prompt_len: usize,
+    n_ctx: usize,
+    n_slots: usize,
+) -> Result<GenParams, ApiError> {
+    let def = SamplingParams::default();
+    let temperature = range("temperature", c.temperature, 0.0, 2.0)?.unwrap_or(def.temperature);
+    let top_p = range("top_p", c.top_p, 0.0, 1.0)?.unwrap_or(def.top_p);
+    let min_p = range("min_p", c.min_p, 0.0, 1.0)?.unwrap_or(def.min_p);
+    let presence = range("presence_penalty", c.presence_penalty, -2.0, 2.0)?.unwrap_or(0.0);
+    let frequency = range("frequency_penalty", c.frequency_penalty, -2.0, 2.0)?.unwrap_or(0.0);
+    let repeat = range("repeat_penalty", c.repeat_penalty, 0.01, 10.0)?.unwrap_or(1.0);
+    let top_k = match c.top_k {
+        None => def.top_k,
+        Some(k) if k <= 0 => 0,
+        Some(k) => usize::try_from(k).unwrap_or(usize::MAX),
+    };
+    let n = match c.n {
+        None => 1,
+        Some(n) if n >= 1 && n as u64 <= n_slots as u64 => n as usize,
+        Some(n) => {
+            return Err(ApiError::invalid(
+                "n".to_string(),
+                format!("n must be between 1 and {n_slots} (the server's instances), got {n}"),
+            )
+            .with_code("invalid_value"))
+        }
+    };
+    let room = n_ctx.saturating_sub(prompt_len);
+    let max_tokens = match max_tokens.or(c.max_tokens) {
+        None => room,
+        Some(m) if m >= 1 => usize::try_from(m).unwrap_or(usize::MAX).min(room),
+        Some(m) => {
+            return Err(ApiError::invalid(
+                "max_tokens".to_string(),
+                format!("max_tokens must be at least 1, got {m}"),
+            )
+            .with_code("invalid_value"))
+        }
+    };
+    let stops = match &c.stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s.clone()],
+        Some(Stop::Many(v)) if v.len() <= 4 => v.clone(),
+        Some(Stop::Many(v)) => {
+            return Err(ApiError::invalid(
+                "stop".to_string(),
+                format!("stop takes at most 4 sequences, got {}", v.len()),
+            ))
+        }
+    };
+    let logprobs = match logprobs {
+        None => None,
+        Some(k) if (0..=20).contains(&k) => Some(k as usize),
+        Some(k) => {
+            return Err(ApiError::invalid(
+                "top_logprobs".to_string(),
+                format!("the number of log-probabilities must be in [0, 20], got {k}"),
+            ))
+        }
+    };
+    let seed = c.seed.map_or_else(random_seed, |s| s as u64);
+    let sampling = SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        repeat_penalty: repeat,
+        presence_penalty: presence,
+        frequency_penalty: frequency,
+        seed,
+        ..def
+    };
+    sampling
+        .validate()
+        .map_err(|m| ApiError::invalid(None, m))?;
+    Ok(GenParams {
+        sampling,
+        max_tokens,
+        stops,
+        n,
+        logprobs,
+        ignore_eos: c.ignore_eos,
+    })
+}
+
+/// A seed from the clock and the process's hasher keys.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn common(json: &str) -> Common {
+        parse(json.as_bytes()).expect("valid")
+    }
+
+    #[test]
+    fn defaults_and_clamping() {
+        let p = gen_params(&common("{}"), None, None, 10, 64, 4).expect("valid");
+        assert_eq!(p.max_tokens, 54);
+        assert_eq!(p.n, 1);
+        let p =
+            gen_params(&common(r#"{"max_tokens": 500}"#), None, None, 10, 64, 4).expect("valid");
+        assert_eq!(p.max_tokens, 54);
+    }
+
+    #[test]
+    fn out_of_range_parameters_name_the_parameter() {
+        for (json, param) in [
+            (r#"{"temperature": 3}"#, "temperature"),
+            (r#"{"top_p": -0.5}"#, "top_p"),
+            (r#"{"n": 5}"#, "n"),
+            (r#"{"max_tokens": 0}"#, "max_tokens"),
+            (r#"{"presence_penalty": 9}"#, "presence_penalty"),
+            (r#"{"stop": ["a","b","c","d","e"]}"#, "stop"),
+        ] {
+            let e = gen_params(&common(json), None, None, 1, 64, 4).expect_err(json);
+            assert_eq!(e.param.as_deref(), Some(param), "{json}");
+            assert_eq!(e.status, 400);
+        }
+        let e = gen_params(&common("{}"), None, Some(21), 1, 64, 4).expect_err("logprobs");
+        assert_eq!(e.param.as_deref(), Some("top_logprobs"));
+    }
+
+    #[test]
+    fn bad_json_is_a_400() {
+        let e = parse::<Common>(b"{not json").expect_err("syntax");
+        assert!(e.message.contains("parse"), "{}", e.message);
+        let e = parse::<ChatRequest>(br#"{"messages": 3}"#).expect_err("type");
+        assert!(e.message.contains("expected"), "{}", e.message);
+    }
+}

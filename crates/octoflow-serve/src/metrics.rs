@@ -1,0 +1,203 @@
+//! Counters and gauges, rendered in Prometheus' text format at `GET /metrics`.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Upper bounds (seconds) of the histogram buckets.
+const BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// A cumulative histogram of durations.
+#[derive(Debug, Default)]
+struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Histogram {
+    fn observe(&mut self, secs: f64) {
+        for (c, &b) in self.counts.iter_mut().zip(&BUCKETS) {
+            if secs <= b {
+                *c += 1;
+            }
+        }
+        self.count += 1;
+        self.sum += secs;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (c, b) in self.counts.iter().zip(&BUCKETS) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum {}", self.sum);
+        let _ = writeln!(out, "{name}_count {}", self.count);
+    }
+}
+
+/// The server's metrics, shared by the handlers and the scheduler.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Requests answered successfully (completions and chat completions).
+    pub requests_ok: AtomicU64,
+    /// Requests refused or failed (any 4xx/5xx of the generation endpoints).
+    pub requests_failed: AtomicU64,
+    /// Requests whose client went away before the end.
+    pub requests_cancelled: AtomicU64,
+    /// Prompt tokens of admitted requests.
+    pub prompt_tokens: AtomicU64,
+    /// Tokens generated.
+    pub generation_tokens: AtomicU64,
+    /// Requests waiting for an instance.
+    pub queue_depth: AtomicU64,
+    /// Instances holding a sequence.
+    pub active_instances: AtomicU64,
+    /// Instances in all.
+    pub instances: AtomicU64,
+    /// Batched steps run.
+    pub steps: AtomicU64,
+    /// Rows (tokens) run in those steps.
+    pub step_rows: AtomicU64,
+    step_time: Mutex<Histogram>,
+    ttft: Mutex<Histogram>,
+}
+
+fn observe(h: &Mutex<Histogram>, d: Duration) {
+    h.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .observe(d.as_secs_f64());
+}
+
+impl Metrics {
+    /// Records one step of `rows` rows that took `d`.
+    pub fn step(&self, rows: usize, d: Duration) {
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        self.step_rows.fetch_add(rows as u64, Ordering::Relaxed);
+        observe(&self.step_time, d);
+    }
+
+    /// Records a time to first token.
+    pub fn first_token(&self, d: Duration) {
+        observe(&self.ttft, d);
+    }
+
+    /// Adds one to a counter.
+    pub fn inc(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Prometheus text exposition (version 0.0.4).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut put = |name: &str, kind: &str, help: &str, v: u64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        };
+        put(
+            "octoflow_requests_total",
+            "counter",
+            "Generation requests answered successfully.",
+            get(&self.requests_ok),
+        );
+        put(
+            "octoflow_requests_failed_total",
+            "counter",
+            "Generation requests refused or failed (4xx/5xx).",
+            get(&self.requests_failed),
+        );
+        put(
+            "octoflow_requests_cancelled_total",
+            "counter",
+            "Requests whose client disconnected before the end.",
+            get(&self.requests_cancelled),
+        );
+        put(
+            "octoflow_prompt_tokens_total",
+            "counter",
+            "Prompt tokens processed.",
+            get(&self.prompt_tokens),
+        );
+        put(
+            "octoflow_generation_tokens_total",
+            "counter",
+            "Tokens generated.",
+            get(&self.generation_tokens),
+        );
+        put(
+            "octoflow_queue_depth",
+            "gauge",
+            "Requests waiting for a free instance.",
+            get(&self.queue_depth),
+        );
+        put(
+            "octoflow_active_instances",
+            "gauge",
+            "Instances holding a sequence.",
+            get(&self.active_instances),
+        );
+        put(
+            "octoflow_instances",
+            "gauge",
+            "Instances (sequences that can run at once).",
+            get(&self.instances),
+        );
+        put(
+            "octoflow_steps_total",
+            "counter",
+            "Batched forward steps run.",
+            get(&self.steps),
+        );
+        put(
+            "octoflow_step_rows_total",
+            "counter",
+            "Token rows run in batched steps.",
+            get(&self.step_rows),
+        );
+        let lock = |h: &Mutex<Histogram>| {
+            let h = h.lock().unwrap_or_else(|e| e.into_inner());
+            (h.counts, h.count, h.sum)
+        };
+        for (h, name, help) in [
+            (
+                &self.step_time,
+                "octoflow_step_seconds",
+                "Time of one batched step.",
+            ),
+            (
+                &self.ttft,
+                "octoflow_time_to_first_token_seconds",
+                "From queueing a request to its first token.",
+            ),
+        ] {
+            let (counts, count, sum) = lock(h);
+            Histogram { counts, count, sum }.render(&mut out, name, help);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_and_histograms() {
+        let m = Metrics::default();
+        Metrics::inc(&m.requests_ok);
+        m.step(3, Duration::from_millis(20));
+        let text = m.render();
+        assert!(text.contains("octoflow_requests_total 1\n"), "{text}");
+        assert!(text.contains("octoflow_step_seconds_bucket{le=\"0.01\"} 0\n"));
+        assert!(text.contains("octoflow_step_seconds_bucket{le=\"0.025\"} 1\n"));
+        assert!(text.contains("octoflow_step_seconds_count 1\n"));
+        assert!(text.contains("octoflow_step_rows_total 3\n"));
+    }
+}

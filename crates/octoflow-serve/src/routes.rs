@@ -1,0 +1,354 @@
+//! The HTTP routes: OpenAI's `/v1/chat/completions`, `/v1/completions` and `/v1/models`, plus
+//! `/health`, `/metrics`, `/tokenize` and `/detokenize`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use octoflow_text::{ChatTemplate, Message, Tokenizer};
+use serde_json::json;
+
+use crate::api::{self, ChatRequest, CompletionRequest, Content, Prompt};
+use crate::error::ApiError;
+use crate::job::{Job, Queue, Refused};
+use crate::metrics::Metrics;
+use crate::respond::{self, Kind, Meta};
+
+/// What every handler reads.
+pub struct AppState {
+    /// The served model's name (`/v1/models`, the `model` field).
+    pub model_id: String,
+    pub tokenizer: Arc<Tokenizer>,
+    /// The chat template (`None`: chat completions are refused).
+    pub template: Option<Arc<ChatTemplate>>,
+    pub queue: Arc<Queue>,
+    pub metrics: Arc<Metrics>,
+    /// Positions per instance.
+    pub n_ctx: usize,
+    /// Instances.
+    pub n_slots: usize,
+    /// Most waiting requests.
+    pub queue_cap: usize,
+    /// Largest request body in bytes.
+    pub body_limit: usize,
+    /// Server start (Unix seconds), the models' `created`.
+    pub created: u64,
+    /// Counter for response ids.
+    pub next_id: AtomicU64,
+}
+
+/// The router over `state`.
+pub fn router(state: Arc<AppState>) -> Router {
+    let limit = state.body_limit;
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .fallback(fallback)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+async fn fallback(uri: Uri) -> ApiError {
+    ApiError::not_found(uri.path())
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Response {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": st.model_id,
+            "object": "model",
+            "created": st.created,
+            "owned_by": "octoflow",
+            "max_model_len": st.n_ctx,
+        }],
+    }))
+    .into_response()
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    if st.queue.is_closed() {
+        return ApiError::shutting_down().into_response();
+    }
+    Json(json!({"status": "ok"})).into_response()
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    st.metrics
+        .queue_depth
+        .store(st.queue.len() as u64, Ordering::Relaxed);
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        st.metrics.render(),
+    )
+        .into_response()
+}
+
+/// The body, or 413 when it is over the limit.
+fn body(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(st.body_limit)
+        } else {
+            ApiError::invalid(None, format!("could not read the request body: {e}"))
+        }
+    })
+}
+
+async fn tokenize(
+    State(st): State<Arc<AppState>>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: api::TokenizeRequest = api::parse(&body(&st, b)?)?;
+    let tokens = st.tokenizer.encode(&req.content, req.add_special, true);
+    Ok(Json(json!({"tokens": tokens})).into_response())
+}
+
+async fn detokenize(
+    State(st): State<Arc<AppState>>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: api::DetokenizeRequest = api::parse(&body(&st, b)?)?;
+    let n_vocab = st.tokenizer.n_vocab();
+    if let Some(bad) = req.tokens.iter().find(|&&t| t as usize >= n_vocab) {
+        return Err(ApiError::invalid(
+            "tokens".to_string(),
+            format!("token id {bad} is outside the vocabulary (n_vocab = {n_vocab})"),
+        ));
+    }
+    Ok(Json(json!({"content": st.tokenizer.decode(&req.tokens)})).into_response())
+}
+
+fn check_model(st: &AppState, model: &Option<String>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if m != &st.model_id => Err(ApiError::model_not_found(m)),
+        _ => Ok(()),
+    }
+}
+
+fn check_prompt(st: &AppState, prompt: &[u32], param: &str) -> Result<(), ApiError> {
+    if prompt.is_empty() {
+        return Err(ApiError::invalid(
+            param.to_string(),
+            "the prompt is empty (no tokens)",
+        ));
+    }
+    if prompt.len() >= st.n_ctx {
+        return Err(ApiError::invalid(
+            param.to_string(),
+            format!(
+                "This model's maximum context length is {} tokens. However, your prompt has {} \
+                 tokens, which leaves no room for a completion. Please reduce the length of the \
+                 prompt.",
+                st.n_ctx,
+                prompt.len()
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    if let Some(bad) = prompt
+        .iter()
+        .find(|&&t| t as usize >= st.tokenizer.n_vocab())
+    {
+        return Err(ApiError::invalid(
+            param.to_string(),
+            format!("token id {bad} is outside the vocabulary"),
+        ));
+    }
+    Ok(())
+}
+
+/// Queues the job and answers: a stream of chunks, or one body once every choice ended.
+async fn dispatch(
+    st: &AppState,
+    kind: Kind,
+    prompt: Vec<u32>,
+    params: crate::job::GenParams,
+    stream: bool,
+    include_usage: bool,
+) -> Result<Response, ApiError> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let n = params.n;
+    let logprobs = params.logprobs.is_some();
+    let prompt_tokens = prompt.len();
+    let job = Job {
+        prompt: prompt.into(),
+        params,
+        events: tx,
+        enqueued: Instant::now(),
+    };
+    st.queue.push(job).map_err(|r| match r {
+        Refused::Full(cap) => ApiError::queue_full(cap),
+        Refused::Closed => ApiError::shutting_down(),
+    })?;
+    let prefix = match kind {
+        Kind::Chat => "chatcmpl",
+        Kind::Completion => "cmpl",
+    };
+    let meta = Meta {
+        kind,
+        id: format!(
+            "{prefix}-{:x}{:06x}",
+            unix_now(),
+            st.next_id.fetch_add(1, Ordering::Relaxed)
+        ),
+        created: unix_now(),
+        model: st.model_id.clone(),
+        n,
+        prompt_tokens,
+        logprobs,
+        include_usage,
+    };
+    if stream {
+        Ok(respond::stream(meta, rx, st.metrics.clone()).into_response())
+    } else {
+        respond::complete(meta, rx, st.metrics.clone()).await
+    }
+}
+
+async fn chat(State(st): State<Arc<AppState>>, b: Result<Bytes, BytesRejection>) -> Response {
+    let r = chat_inner(&st, b).await;
+    finish(&st, r)
+}
+
+async fn completions(
+    State(st): State<Arc<AppState>>,
+    b: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r = completions_inner(&st, b).await;
+    finish(&st, r)
+}
+
+fn finish(st: &AppState, r: Result<Response, ApiError>) -> Response {
+    match r {
+        Ok(resp) => resp,
+        Err(e) => {
+            Metrics::inc(&st.metrics.requests_failed);
+            e.into_response()
+        }
+    }
+}
+
+async fn chat_inner(st: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let req: ChatRequest = api::parse(&body(st, b)?)?;
+    check_model(st, &req.common.model)?;
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid(
+            "messages".to_string(),
+            "messages must hold at least one message",
+        ));
+    }
+    let messages: Vec<Message> = req
+        .messages
+        .iter()
+        .map(|m| {
+            let content = match &m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t.clone(),
+                Some(Content::Parts(parts)) => parts
+                    .iter()
+                    .filter(|p| p.kind == "text")
+                    .filter_map(|p| p.text.as_deref())
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            };
+            Message::new(m.role.clone(), content)
+        })
+        .collect();
+    let template = st.template.as_ref().ok_or_else(|| {
+        ApiError::invalid(
+            "messages".to_string(),
+            "this model has no chat template; use /v1/completions",
+        )
+    })?;
+    let text = template
+        .render(&messages, true)
+        .map_err(|e| ApiError::invalid("messages".to_string(), e.to_string()))?;
+    let prompt = st.tokenizer.encode(&text, true, true);
+    check_prompt(st, &prompt, "messages")?;
+    let logprobs = if req.logprobs {
+        Some(req.top_logprobs.unwrap_or(0))
+    } else {
+        None
+    };
+    let params = api::gen_params(
+        &req.common,
+        req.max_completion_tokens,
+        logprobs,
+        prompt.len(),
+        st.n_ctx,
+        st.n_slots,
+    )?;
+    let usage = req
+        .common
+        .stream_options
+        .as_ref()
+        .is_some_and(|o| o.include_usage);
+    dispatch(st, Kind::Chat, prompt, params, req.common.stream, usage).await
+}
+
+async fn completions_inner(
+    st: &AppState,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: CompletionRequest = api::parse(&body(st, b)?)?;
+    check_model(st, &req.common.model)?;
+    if req.echo {
+        return Err(ApiError::invalid(
+            "echo".to_string(),
+            "echo is not supported",
+        ));
+    }
+    let prompt = match &req.prompt {
+        Prompt::Text(t) => st.tokenizer.encode(t, true, true),
+        Prompt::Texts(v) if v.len() == 1 => st.tokenizer.encode(&v[0], true, true),
+        Prompt::Texts(v) => {
+            return Err(ApiError::invalid(
+                "prompt".to_string(),
+                format!("one prompt per request is supported, got {}", v.len()),
+            ))
+        }
+        Prompt::Tokens(ids) => ids.clone(),
+    };
+    check_prompt(st, &prompt, "prompt")?;
+    let params = api::gen_params(
+        &req.common,
+        None,
+        req.logprobs,
+        prompt.len(),
+        st.n_ctx,
+        st.n_slots,
+    )?;
+    let usage = req
+        .common
+        .stream_options
+        .as_ref()
+        .is_some_and(|o| o.include_usage);
+    dispatch(
+        st,
+        Kind::Completion,
+        prompt,
+        params,
+        req.common.stream,
+        usage,
+    )
+    .await
+}

@@ -1,0 +1,254 @@
+//! One choice of one request in one instance: its prompt progress, its sampler, and turning its
+//! sampled tokens into text events (streaming detokenization, stop strings, end-of-generation,
+//! log-probabilities).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use octoflow_model::gpu::GpuDraw;
+use octoflow_text::sampling::{softmax, Sampler};
+use octoflow_text::stop::StopMatcher;
+use octoflow_text::stream::StreamDecoder;
+use octoflow_text::Tokenizer;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::job::{Event, Finish, Job, TokenLogprob};
+use crate::metrics::Metrics;
+
+/// A sequence in an instance.
+pub struct Seq<'t> {
+    /// Unique among all sequences ever started (results of steps still in flight for a
+    /// sequence that ended are recognised by it and dropped).
+    pub id: u64,
+    /// Choice index within the request.
+    pub index: usize,
+    pub prompt: Arc<[u32]>,
+    /// Prompt tokens submitted so far.
+    pub fed: usize,
+    /// Position of the next row to submit.
+    pub next_pos: usize,
+    /// Sample on the device ([`octoflow_model::RowOutput::Sample`]) rather than from logits.
+    pub device: bool,
+    /// A sampled token read back and not yet fed.
+    pub pending: Option<u32>,
+    /// Rows asking for a token submitted so far (never more than `max_tokens`).
+    pub requested: usize,
+    pub max_tokens: usize,
+    sampler: Sampler,
+    /// Draws submitted to the device (the device sampler's counter).
+    draws: u64,
+    logprobs: Option<usize>,
+    ignore_eos: bool,
+    generated: usize,
+    decoder: StreamDecoder<'t>,
+    stop: StopMatcher,
+    tokenizer: &'t Tokenizer,
+    metrics: &'t Metrics,
+    events: UnboundedSender<Event>,
+    enqueued: Instant,
+}
+
+/// What handling a token decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Generation goes on.
+    Continue,
+    /// The choice ended (its `Done` event was sent).
+    Finished,
+}
+
+impl<'t> Seq<'t> {
+    /// Choice `index` of `job`.
+    pub fn new(
+        id: u64,
+        index: usize,
+        job: &Job,
+        tokenizer: &'t Tokenizer,
+        metrics: &'t Metrics,
+    ) -> Self {
+        let p = &job.params;
+        let mut params = p.sampling.clone();
+        params.seed = params.seed.wrapping_add(index as u64);
+        let mut sampler = Sampler::new(params);
+        for &t in job.prompt.iter() {
+            sampler.accept(t);
+        }
+        let mut seq = Self {
+            id,
+            index,
+            prompt: job.prompt.clone(),
+            fed: 0,
+            next_pos: 0,
+            device: false,
+            pending: None,
+            requested: 0,
+            max_tokens: p.max_tokens,
+            sampler,
+            draws: 0,
+            logprobs: p.logprobs,
+            ignore_eos: p.ignore_eos,
+            generated: 0,
+            decoder: tokenizer.stream_decoder(),
+            stop: StopMatcher::new(p.stops.iter().cloned()),
+            tokenizer,
+            metrics,
+            events: job.events.clone(),
+            enqueued: job.enqueued,
+        };
+        seq.device = seq.device_draw_params().is_some();
+        seq
+    }
+
+    /// The device sampler's parameters for this sequence, when it can draw for it (no
+    /// penalties, no log-probabilities, parameters the device supports).
+    fn device_draw_params(&self) -> Option<GpuDraw> {
+        if self.sampler.penalized() || self.logprobs.is_some() {
+            return None;
+        }
+        let p = self.sampler.params();
+        let draw = GpuDraw {
+            temperature: p.temperature,
+            top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
+            top_p: p.top_p,
+            min_p: p.min_p,
+            seed: p.seed,
+            step: 0,
+        };
+        draw.supported().then_some(draw)
+    }
+
+    /// The next device draw (advances the draw counter). Only for `device` sequences.
+    pub fn next_draw(&mut self) -> Option<GpuDraw> {
+        let mut draw = self.device_draw_params()?;
+        draw.step = self.draws;
+        self.draws += 1;
+        Some(draw)
+    }
+
+    /// Whether the prompt has been submitted completely.
+    pub fn prefilled(&self) -> bool {
+        self.fed == self.prompt.len()
+    }
+
+    /// Whether the client went away.
+    pub fn disconnected(&self) -> bool {
+        self.events.is_closed()
+    }
+
+    /// Samples from a row of logits on the CPU (penalties, log-probabilities).
+    pub fn sample_logits(&mut self, logits: &[f32]) -> (u32, Option<TokenLogprob>) {
+        let token = self.sampler.sample(logits);
+        let lp = self.logprobs.map(|k| self.logprob(logits, token, k));
+        (token, lp)
+    }
+
+    fn piece(&self, id: u32) -> (String, Vec<u8>) {
+        let bytes = self.tokenizer.token_to_piece(id, false).to_vec();
+        (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+    }
+
+    /// The log-probability of `token` and the `k` most likely tokens under `logits`.
+    fn logprob(&self, logits: &[f32], token: u32, k: usize) -> TokenLogprob {
+        let probs = softmax(
+            logits
+                .iter()
+                .map(|&v| if v.is_nan() { f32::MIN } else { v }),
+        );
+        let ln = |p: f32| p.max(f32::MIN_POSITIVE).ln();
+        let mut order: Vec<u32> = (0..probs.len() as u32).collect();
+        let k = k.min(order.len());
+        if k > 0 {
+            order.select_nth_unstable_by(k - 1, |&a, &b| {
+                probs[b as usize].total_cmp(&probs[a as usize])
+            });
+        }
+        order.truncate(k);
+        order.sort_by(|&a, &b| probs[b as usize].total_cmp(&probs[a as usize]));
+        let (text, bytes) = self.piece(token);
+        TokenLogprob {
+            token: text,
+            bytes,
+            logprob: ln(probs.get(token as usize).copied().unwrap_or(0.0)),
+            top: order
+                .into_iter()
+                .map(|id| {
+                    let (t, b) = self.piece(id);
+                    (t, b, ln(probs[id as usize]))
+                })
+                .collect(),
+        }
+    }
+
+    /// Takes a sampled token: emits its text and decides whether the choice ends.
+    pub fn push(&mut self, token: u32, logprob: Option<TokenLogprob>) -> Outcome {
+        if self.generated == 0 {
+            self.metrics.first_token(self.enqueued.elapsed());
+        }
+        Metrics::inc(&self.metrics.generation_tokens);
+        self.generated += 1;
+        self.sampler.accept(token);
+        if !self.ignore_eos && self.tokenizer.is_eog(token) {
+            let (text, _) = self.flush();
+            self.send_text(text, logprob);
+            return self.finish(Finish::Stop);
+        }
+        let step = self.stop.push(&self.decoder.push(token));
+        self.send_text(step.emit, logprob);
+        if step.stopped {
+            return self.finish(Finish::Stop);
+        }
+        if self.generated >= self.max_tokens {
+            let (text, stopped) = self.flush();
+            self.send_text(text, None);
+            let finish = if stopped {
+                Finish::Stop
+            } else {
+                Finish::Length
+            };
+            return self.finish(finish);
+        }
+        Outcome::Continue
+    }
+
+    /// What the decoder and the stop matcher still hold (the choice ends); whether a stop
+    /// string was found in it.
+    fn flush(&mut self) -> (String, bool) {
+        let rest = self.stop.push(&self.decoder.finish());
+        let mut text = rest.emit;
+        if !rest.stopped {
+            text.push_str(&self.stop.finish());
+        }
+        (text, rest.stopped)
+    }
+
+    fn send_text(&self, text: String, logprob: Option<TokenLogprob>) {
+        if !text.is_empty() || logprob.is_some() {
+            let _ = self.events.send(Event::Delta {
+                index: self.index,
+                text,
+                logprob,
+            });
+        }
+    }
+
+    fn finish(&mut self, finish: Finish) -> Outcome {
+        let _ = self.events.send(Event::Done {
+            index: self.index,
+            finish,
+            completion_tokens: self.generated,
+        });
+        Outcome::Finished
+    }
+
+    /// Tokens generated so far.
+    pub fn generated(&self) -> usize {
+        self.generated
+    }
+
+    /// Ends the choice with an error event (shutdown, engine failure).
+    pub fn fail(&self, message: &str) {
+        let _ = self.events.send(Event::Error {
+            message: message.to_string(),
+        });
+    }
+}

@@ -1,0 +1,143 @@
+//! `octoflow serve`: the OpenAI-compatible HTTP server (see the octoflow-serve crate). Banner and
+//! logs go to stderr; SIGTERM or ctrl-c stops it gracefully.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use octoflow_model::{CpuBatch, Model};
+use octoflow_serve::{Driver, EngineInfo, ModelInfo, ServeOptions, Server};
+use octoflow_text::{ChatTemplate, Tokenizer};
+
+use super::common::{Device, DeviceArgs};
+
+/// Arguments of `octoflow serve`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model: a .gguf path, a known name or a URL (default: the default model).
+    #[arg(short = 'm', long)]
+    model: Option<String>,
+    /// Sequences served at once (each with its own KV cache over one copy of the weights).
+    #[arg(long, default_value_t = 8)]
+    instances: usize,
+    /// Context size of each instance in tokens (0: the model's training context, capped at 4096).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
+    ctx_size: usize,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port, shown in the banner).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Requests that may wait when every instance is busy; more are refused with 429.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+    /// Most token rows per batched step (decode tokens plus prompt chunks).
+    #[arg(long, default_value_t = 512)]
+    max_rows: usize,
+    /// Largest request body in bytes (413 beyond).
+    #[arg(long, default_value_t = 4 << 20)]
+    max_body: usize,
+    /// The model's name in the API (default: the file name without .gguf).
+    #[arg(long)]
+    alias: Option<String>,
+    /// A Jinja chat template file overriding the model's.
+    #[arg(long)]
+    chat_template: Option<PathBuf>,
+    /// On SIGTERM, seconds running requests may go on before they are cancelled.
+    #[arg(long, default_value_t = 30)]
+    grace: u64,
+    #[command(flatten)]
+    device: DeviceArgs,
+}
+
+/// Runs `octoflow serve`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.instances == 0 {
+        bail!("--instances must be at least 1");
+    }
+    let path = super::common::model_path(args.model.as_deref())?;
+    let gguf = Arc::new(octoflow_gguf::GgufFile::open(&path)?);
+    let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).context("building the tokenizer")?);
+    let template = match &args.chat_template {
+        Some(file) => ChatTemplate::from_file_for_model(file, &gguf)?,
+        None => ChatTemplate::from_gguf(&gguf)?,
+    };
+    let model = Model::from_gguf(gguf.clone()).context("loading the model")?;
+    let n_ctx = if args.ctx_size > 0 {
+        args.ctx_size
+    } else {
+        model.config.n_ctx_train.min(4096)
+    };
+    let id = args.alias.clone().unwrap_or_else(|| {
+        path.file_stem()
+            .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
+    });
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .or_else(|_| {
+            use std::net::ToSocketAddrs;
+            (args.host.as_str(), args.port)
+                .to_socket_addrs()?
+                .next()
+                .context("the host resolves to no address")
+        })
+        .with_context(|| format!("--host {} --port {}", args.host, args.port))?;
+    let info = ModelInfo {
+        id,
+        tokenizer,
+        template: Some(Arc::new(template)),
+    };
+    let opts = ServeOptions {
+        queue: args.queue,
+        body_limit: args.max_body,
+        prefill_chunk: args.max_rows,
+        grace: Duration::from_secs(args.grace),
+    };
+    let shape = Shape {
+        instances: args.instances,
+        n_ctx,
+        max_rows: args.max_rows,
+    };
+    let device = args.device.clone();
+    let factory = move |driver: Driver| run_engine(driver, model, &device, shape);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let server = Server::start(addr, info, opts, factory).await?;
+        eprintln!("{}", server.banner());
+        server.run(octoflow_serve::shutdown_signal()).await?;
+        eprintln!("octoflow serve: stopped");
+        Ok(())
+    })
+}
+
+/// The engine's shape.
+#[derive(Clone, Copy)]
+struct Shape {
+    instances: usize,
+    n_ctx: usize,
+    max_rows: usize,
+}
+
+/// Runs on the scheduler thread: builds the batch engine on the chosen device (it borrows the
+/// model, which this frame owns) and serves with it until shutdown.
+fn run_engine(driver: Driver, model: Model, device: &DeviceArgs, s: Shape) -> anyhow::Result<()> {
+    match device.device {
+        Device::Cpu => {
+            let mut engine = CpuBatch::new(&model, s.instances, s.n_ctx, s.max_rows);
+            let info = EngineInfo {
+                device: "CPU reference".into(),
+                memory: None,
+            };
+            driver.run(&mut engine, info)
+        }
+        // The GPU engine plugs in here: open the Vulkan context, load the weights
+        // (`GpuModel::load`), build `GpuBatch` over them and call `driver.run`.
+        Device::Gpu => bail!("GPU batch engine not built yet; use --device cpu"),
+    }
+}
