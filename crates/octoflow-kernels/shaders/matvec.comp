@@ -7,9 +7,16 @@
 // consecutive blocks), dequantizes a chunk once and uses it for every token. Reduction: subgroup
 // sums, then the per-subgroup partials of a row through shared memory (the host guarantees the
 // subgroup size divides TPR). Workgroups form a 2-D grid flattened as in common.glsl.
+// Measured on the H100 (docs/BENCHMARKS.md): branch-free windowed weight reads (QWINDOW) and x
+// read as vec4s (a chunk of x is 16-byte aligned: n_cols is a multiple of 32 for every block
+// type) take the kernel from ~110 to ~215 GB/s on qwen's 4864x896 Q5_0 and from 167 to ~800 GB/s
+// on its 151936x896 Q8_0 output matrix.
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
+
+#define QWINDOW 1 // branch-free chunk reads (quant.glsl)
 
 #define WG 128u
 #define TPR 32u
@@ -22,6 +29,7 @@ layout(local_size_x = 128) in;
 
 layout(std430, binding = 0) readonly buffer W { uint w[]; };
 layout(std430, binding = 1) readonly buffer X { float x[]; };
+layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
 layout(std430, binding = 2) buffer Y { float y[]; };
 layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
 
@@ -62,8 +70,16 @@ void main() {
             for (uint t = 0u; t < nt; t++) {
                 uint xb = t * pc.n_cols + 32u * c;
                 float s = 0.0;
-                for (uint i = 0u; i < len; i++) {
-                    s += v[i] * x[xb + i];
+                if (len == 32u && (pc.n_cols & 3u) == 0u) {
+                    // xb is a multiple of 4: the chunk is 8 aligned vec4s
+                    [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                        vec4 xv = x4[(xb >> 2) + i];
+                        s += dot(vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]), xv);
+                    }
+                } else {
+                    for (uint i = 0u; i < len; i++) {
+                        s += v[i] * x[xb + i];
+                    }
                 }
                 acc[t] += s;
             }

@@ -239,11 +239,12 @@ pub(crate) fn plan(caps: &DeviceCaps, a: &AttentionArgs) -> Plan {
     let tpl = tpl.min((budget / (per_q * hpl)).max(1));
     let wg = if cpu { 32.max(cl) } else { 64.max(cl) };
     let clusters = a.n_tokens.div_ceil(tpl) * group.div_ceil(hpl) * a.n_head_kv;
-    // split the keys while there are too few clusters to fill the device
+    // split the keys while there are too few clusters to fill the device, in pieces of at least
+    // ~20 keys (H100, qwen decode at position 600: 52 us at 11 pieces, 29 us at 32)
     let target = if cpu { 16 * (wg / cl) } else { 65536 / cl };
     let split = target
         .div_ceil(clusters.max(1))
-        .min(a.n_kv_rows.div_ceil(64))
+        .min(a.n_kv_rows.div_ceil(20))
         .clamp(1, 64);
     Plan {
         wg,

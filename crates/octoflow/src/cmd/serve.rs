@@ -11,7 +11,7 @@ use octoflow_model::{CpuBatch, Model};
 use octoflow_serve::{Driver, EngineInfo, ModelInfo, ServeOptions, Server};
 use octoflow_text::{ChatTemplate, Tokenizer};
 
-use super::common::{Device, DeviceArgs};
+use super::common::{Device, DeviceArgs, Loaded};
 
 /// Arguments of `octoflow serve`.
 #[derive(clap::Args)]
@@ -136,8 +136,22 @@ fn run_engine(driver: Driver, model: Model, device: &DeviceArgs, s: Shape) -> an
             };
             driver.run(&mut engine, info)
         }
-        // The GPU engine plugs in here: open the Vulkan context, load the weights
-        // (`GpuModel::load`), build `GpuBatch` over them and call `driver.run`.
-        Device::Gpu => bail!("GPU batch engine not built yet; use --device cpu"),
+        Device::Gpu => {
+            let Loaded::Gpu(gpu) = Loaded::new(&model, device)? else {
+                bail!("the GPU was not opened");
+            };
+            let mut engine = gpu
+                .batch(s.instances, s.n_ctx, s.max_rows)
+                .context("allocating the instances' KV caches and buffers on the GPU")?;
+            let caps = gpu.context().caps();
+            let info = EngineInfo {
+                device: format!("{} ({} {})", caps.name, caps.driver_name, caps.driver_info),
+                memory: Some((
+                    gpu.weight_bytes() + engine.bytes(),
+                    caps.device_local_bytes(),
+                )),
+            };
+            driver.run(&mut engine, info)
+        }
     }
 }
