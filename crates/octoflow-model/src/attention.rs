@@ -2,6 +2,7 @@
 
 use rayon::prelude::*;
 
+use crate::numerics::{round_f16_slice, Numerics};
 use crate::ops::softmax;
 
 /// The head geometry of one attention layer.
@@ -36,8 +37,37 @@ pub fn attention(
     start_pos: usize,
     out: &mut [f32],
 ) {
+    attention_with(s, q, keys, values, start_pos, out, Numerics::Exact);
+}
+
+/// [`attention`] with llama.cpp's CPU roundings when flash attention is off (its
+/// `build_attn_mha`): `KQ = mul_mat(K, Q)` converts Q to f16 (K is already f16 in its cache),
+/// multiplies in f32 and accumulates in f32; `soft_max_ext` scales, exponentiates and sums
+/// (in double) in f32; `KQV = mul_mat(Vᵀ, KQ)` converts the probabilities to f16 and
+/// accumulates in f32. `keys` and `values` must already be f16 values (the cache rounds them).
+pub fn attention_ggml(
+    s: &AttentionShape,
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    start_pos: usize,
+    out: &mut [f32],
+) {
+    attention_with(s, q, keys, values, start_pos, out, Numerics::Ggml);
+}
+
+fn attention_with(
+    s: &AttentionShape,
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    start_pos: usize,
+    out: &mut [f32],
+    numerics: Numerics,
+) {
     let (k_dim, v_dim) = (s.n_head_kv * s.head_dim, s.n_head_kv * s.head_dim_v);
     let group = s.n_head / s.n_head_kv;
+    let ggml = numerics == Numerics::Ggml;
     debug_assert_eq!(q.len() % (s.n_head * s.head_dim), 0);
     debug_assert_eq!(keys.len() / k_dim, values.len() / v_dim);
     out.par_chunks_mut(s.head_dim_v)
@@ -47,7 +77,10 @@ pub fn attention(
             let pos = start_pos + t;
             let first = s.window.map_or(0, |w| (pos + 1).saturating_sub(w));
             let kvh = h / group;
-            let qh = &q[(t * s.n_head + h) * s.head_dim..][..s.head_dim];
+            let mut qh = q[(t * s.n_head + h) * s.head_dim..][..s.head_dim].to_vec();
+            if ggml {
+                round_f16_slice(&mut qh);
+            }
             // scores over the visible positions
             let mut att: Vec<f32> = (first..=pos)
                 .map(|j| {
@@ -55,7 +88,12 @@ pub fn attention(
                     s.scale * qh.iter().zip(kh).map(|(a, b)| a * b).sum::<f32>()
                 })
                 .collect();
-            softmax(&mut att);
+            if ggml {
+                softmax_ggml(&mut att);
+                round_f16_slice(&mut att);
+            } else {
+                softmax(&mut att);
+            }
             // weighted sum of the values
             o.fill(0.0);
             for (j, a) in (first..=pos).zip(&att) {
@@ -65,6 +103,19 @@ pub fn attention(
                 }
             }
         });
+}
+
+/// ggml's f32 softmax (`ggml_compute_forward_soft_max_f32`): `exp(x - max)` in f32, their sum
+/// in double, then a multiplication by the f32 reciprocal.
+fn softmax_ggml(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f64;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += f64::from(*v);
+    }
+    let inv = (1.0 / sum) as f32;
+    x.iter_mut().for_each(|v| *v *= inv);
 }
 
 #[cfg(test)]

@@ -20,13 +20,15 @@
 //! Every intermediate can be observed through a [`Tap`] (names follow llama.cpp's graph
 //! callbacks), which is how GPU kernels are compared with this reference layer by layer.
 
-use crate::attention::{attention, AttentionShape};
+use crate::attention::{attention, attention_ggml, AttentionShape};
 use crate::backend::{check_batch, Forward};
 use crate::config::{Activation, ModelConfig};
 use crate::error::Result;
+use crate::ggml_matmul::matmul_ggml;
 use crate::kv_cache::KvCache;
 use crate::matmul::matmul;
 use crate::model::Model;
+use crate::numerics::{gelu_ggml, rope_angles_ggml, round_f16_slice, Numerics};
 use crate::ops::{add_bias_rows, add_in_place, gelu_tanh, rmsnorm_rows, rope, rope_angles, silu};
 use crate::weights::{BlockWeights, QMatrix};
 
@@ -61,16 +63,28 @@ pub struct Tap<'a> {
 pub struct Session<'m> {
     model: &'m Model,
     cache: KvCache,
+    numerics: Numerics,
 }
 
 impl<'m> Session<'m> {
-    /// A session with an empty KV cache of at most `n_ctx` positions.
+    /// A session with an empty KV cache of at most `n_ctx` positions, exact f32 math.
     pub fn new(model: &'m Model, n_ctx: usize) -> Self {
+        Self::with_numerics(model, n_ctx, Numerics::Exact)
+    }
+
+    /// A session with an empty KV cache of at most `n_ctx` positions and the given roundings.
+    pub fn with_numerics(model: &'m Model, n_ctx: usize, numerics: Numerics) -> Self {
         let c = &model.config;
         Self {
             model,
             cache: KvCache::new(c.n_layer, c.k_dim(), c.v_dim(), n_ctx),
+            numerics,
         }
+    }
+
+    /// The roundings this session performs.
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
     }
 
     /// Positions processed so far (the position of the next token).
@@ -119,7 +133,7 @@ impl<'m> Session<'m> {
         observe(tap(None, "inp_embd", n, &x));
         for il in 0..c.n_layer {
             self.attention_block(il, &mut x, start_pos, observe)?;
-            ffn_block(c, &w.blk[il], il, &mut x, observe)?;
+            ffn_block(c, &w.blk[il], il, &mut x, self.numerics, observe)?;
             observe(tap(Some(il), "l_out", n, &x));
         }
         self.cache.set_len(start_pos + n);
@@ -133,7 +147,7 @@ impl<'m> Session<'m> {
         let rows = h.len() / c.n_embd;
         rmsnorm_rows(&mut h, &w.output_norm, c.rms_eps);
         observe(tap(None, "result_norm", rows, &h));
-        let out = linear(&w.output, &h)?;
+        let out = linear(&w.output, &h, self.numerics)?;
         observe(tap(None, "result_output", rows, &out));
         Ok(out)
     }
@@ -166,6 +180,7 @@ impl<'m> Session<'m> {
     ) -> Result<()> {
         let (c, w) = (&self.model.config, &self.model.weights);
         let (lw, lc) = (&w.blk[il], &c.layers[il]);
+        let nm = self.numerics;
         let n = x.len() / c.n_embd;
         let mut t = |name, data: &[f32]| observe(tap(Some(il), name, n, data));
 
@@ -174,9 +189,9 @@ impl<'m> Session<'m> {
         t("attn_norm", &h);
 
         // qkv projections for every token of the batch
-        let mut q = linear_bias(&lw.attn_q, &h, lw.attn_q_bias.as_deref())?;
-        let mut k = linear_bias(&lw.attn_k, &h, lw.attn_k_bias.as_deref())?;
-        let v = linear_bias(&lw.attn_v, &h, lw.attn_v_bias.as_deref())?;
+        let mut q = linear_bias(&lw.attn_q, &h, lw.attn_q_bias.as_deref(), nm)?;
+        let mut k = linear_bias(&lw.attn_k, &h, lw.attn_k_bias.as_deref(), nm)?;
+        let mut v = linear_bias(&lw.attn_v, &h, lw.attn_v_bias.as_deref(), nm)?;
         if let (Some(qn), Some(kn)) = (&lw.attn_q_norm, &lw.attn_k_norm) {
             rmsnorm_rows(&mut q, qn, c.rms_eps);
             rmsnorm_rows(&mut k, kn, c.rms_eps);
@@ -189,7 +204,10 @@ impl<'m> Session<'m> {
             .zip(k.chunks_exact_mut(c.k_dim()))
             .enumerate()
         {
-            let angles = rope_angles(start_pos + i, c.n_rot, lc.rope_base, lc.rope_scale, freqs);
+            let angles = match nm {
+                Numerics::Exact => rope_angles,
+                Numerics::Ggml => rope_angles_ggml,
+            }(start_pos + i, c.n_rot, lc.rope_base, lc.rope_scale, freqs);
             for head in qt
                 .chunks_exact_mut(c.head_dim)
                 .chain(kt.chunks_exact_mut(c.head_dim))
@@ -201,7 +219,11 @@ impl<'m> Session<'m> {
         t("Kcur", &k);
         t("Vcur", &v);
 
-        // attention over the cache, which now ends with this batch
+        // attention over the cache, which now ends with this batch (llama.cpp's cache is f16)
+        if nm == Numerics::Ggml {
+            round_f16_slice(&mut k);
+            round_f16_slice(&mut v);
+        }
         self.cache.store(il, start_pos, &k, &v);
         let end = start_pos + n;
         let shape = AttentionShape {
@@ -214,10 +236,13 @@ impl<'m> Session<'m> {
         };
         let mut att = vec![0f32; n * c.n_head * c.head_dim_v];
         let (keys, values) = (self.cache.keys(il, end), self.cache.values(il, end));
-        attention(&shape, &q, keys, values, start_pos, &mut att);
+        match nm {
+            Numerics::Exact => attention(&shape, &q, keys, values, start_pos, &mut att),
+            Numerics::Ggml => attention_ggml(&shape, &q, keys, values, start_pos, &mut att),
+        }
         t("kqv_out", &att);
 
-        let mut o = linear(&lw.attn_output, &att)?;
+        let mut o = linear(&lw.attn_output, &att, nm)?;
         t("attn_out", &o);
         if let Some(pn) = &lw.post_attention_norm {
             rmsnorm_rows(&mut o, pn, c.rms_eps);
@@ -257,6 +282,7 @@ fn ffn_block(
     lw: &BlockWeights,
     il: usize,
     x: &mut [f32],
+    nm: Numerics,
     observe: &mut dyn FnMut(Tap<'_>),
 ) -> Result<()> {
     let n = x.len() / c.n_embd;
@@ -265,18 +291,19 @@ fn ffn_block(
     rmsnorm_rows(&mut h, &lw.ffn_norm, c.rms_eps);
     t("ffn_norm", &h);
 
-    let mut gate = linear(&lw.ffn_gate, &h)?;
-    let up = linear(&lw.ffn_up, &h)?;
-    let act = match c.activation {
-        Activation::Silu => silu,
-        Activation::GeluTanh => gelu_tanh,
+    let mut gate = linear(&lw.ffn_gate, &h, nm)?;
+    let up = linear(&lw.ffn_up, &h, nm)?;
+    let act = match (c.activation, nm) {
+        (Activation::Silu, _) => silu,
+        (Activation::GeluTanh, Numerics::Exact) => gelu_tanh,
+        (Activation::GeluTanh, Numerics::Ggml) => gelu_ggml,
     };
     for (g, u) in gate.iter_mut().zip(&up) {
         *g = act(*g) * u;
     }
     t("ffn_act", &gate);
 
-    let mut f = linear(&lw.ffn_down, &gate)?;
+    let mut f = linear(&lw.ffn_down, &gate, nm)?;
     t("ffn_out", &f);
     if let Some(pn) = &lw.post_ffw_norm {
         rmsnorm_rows(&mut f, pn, c.rms_eps);
@@ -287,15 +314,18 @@ fn ffn_block(
 }
 
 /// `x · wᵀ`: `[n, w.n_cols]` to `[n, w.n_rows]`.
-fn linear(w: &QMatrix, x: &[f32]) -> Result<Vec<f32>> {
+fn linear(w: &QMatrix, x: &[f32], nm: Numerics) -> Result<Vec<f32>> {
     let mut out = vec![0f32; x.len() / w.n_cols * w.n_rows];
-    matmul(w, x, &mut out)?;
+    match nm {
+        Numerics::Exact => matmul(w, x, &mut out)?,
+        Numerics::Ggml => matmul_ggml(w, x, &mut out)?,
+    }
     Ok(out)
 }
 
 /// `x · wᵀ + bias`.
-fn linear_bias(w: &QMatrix, x: &[f32], bias: Option<&[f32]>) -> Result<Vec<f32>> {
-    let mut out = linear(w, x)?;
+fn linear_bias(w: &QMatrix, x: &[f32], bias: Option<&[f32]>, nm: Numerics) -> Result<Vec<f32>> {
+    let mut out = linear(w, x, nm)?;
     if let Some(b) = bias {
         add_bias_rows(&mut out, b);
     }

@@ -16,7 +16,7 @@ use crate::error::Result;
 use crate::weights::QMatrix;
 
 /// Batches of at least this many tokens take the dequantize-then-GEMM path.
-const GEMM_MIN_TOKENS: usize = 4;
+pub(crate) const GEMM_MIN_TOKENS: usize = 4;
 /// Rows per task on the dot path (amortizes rayon's per-task cost).
 const DOT_ROWS_PER_TASK: usize = 32;
 /// Largest dequantized tile on the GEMM path, in bytes. Tiles are large because each GEMM call

@@ -8,6 +8,7 @@ use octoflow_gguf::GgufFile;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::forward::Session;
+use crate::numerics::Numerics;
 use crate::weights::ModelWeights;
 
 /// A model ready to run: config and weights bound to a memory-mapped GGUF file.
@@ -48,5 +49,11 @@ impl Model {
     /// A new sequence with an empty KV cache of at most `n_ctx` positions.
     pub fn session(&self, n_ctx: usize) -> Session<'_> {
         Session::new(self, n_ctx)
+    }
+
+    /// A new sequence that rounds as `numerics` says ([`Numerics::Ggml`]: as llama.cpp's CPU
+    /// backend).
+    pub fn session_with(&self, n_ctx: usize, numerics: Numerics) -> Session<'_> {
+        Session::with_numerics(self, n_ctx, numerics)
     }
 }
