@@ -21,7 +21,7 @@
 #define WG 128u
 #define TPR 32u
 #define ROWS (WG / TPR)
-#define MAXT 4u
+#define MAXT 8u
 
 layout(local_size_x = 128) in;
 

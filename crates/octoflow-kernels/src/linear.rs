@@ -22,7 +22,7 @@ const OP: &str = "linear";
 
 /// Batches of at most this many tokens use the matrix-vector kernel (`MAXT` in `matvec.comp`);
 /// larger ones the tiled matrix-matrix kernel.
-pub const MATVEC_MAX_TOKENS: u32 = 4;
+pub const MATVEC_MAX_TOKENS: u32 = 8;
 /// Rows per matvec workgroup (`ROWS` in `matvec.comp`).
 const MATVEC_ROWS: u32 = 4;
 /// Invocations per row in matvec (`TPR`): the subgroup size must divide it.
@@ -41,8 +41,9 @@ const CPU_MATMUL_TN: u32 = 8;
 pub(crate) const PUSH_BYTES: u32 = 28;
 /// Batches of at least this many tokens use the cooperative-matrix kernel where the device has
 /// it (its products are of f16-rounded operands: see [`crate::matmul_coop`]). On the H100 it
-/// beats `matmul.comp` from 5 tokens up (~1.7x at 5..64 tokens), while `matvec.comp` stays
-/// faster for 1..4 tokens of a 896 x 896 Q8_0 matrix (22 us vs 44 us at 4).
+/// beats `matmul.comp` from 5 tokens up (~1.7x at 5..64 tokens), but has a floor of ~44 us per
+/// product, while `matvec.comp` reads the weights once for up to 8 tokens (22 us for 4 tokens
+/// of a 896 x 896 Q8_0 matrix).
 pub const COOP_MIN_TOKENS: u32 = MATVEC_MAX_TOKENS + 1;
 
 /// A weight matrix on the device in its GGUF encoding: `n_rows` rows of `n_cols` elements.

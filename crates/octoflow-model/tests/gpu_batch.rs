@@ -44,8 +44,8 @@ fn cpu_last(model: &Model, tokens: &[u32]) -> Vec<f32> {
         .expect("cpu forward")
 }
 
-/// Both compute in f32 over the same dequantized weights; only summation order differs.
-fn assert_close(got: &[f32], want: &[f32], what: &str) {
+/// Within [`gpu_logit_bound`] of a step of `rows` rows.
+fn assert_close(ctx: &octoflow_vk::Context, rows: usize, got: &[f32], want: &[f32], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}");
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
     let worst = got
@@ -59,9 +59,11 @@ fn assert_close(got: &[f32], want: &[f32], what: &str) {
             }
         })
         .fold(0f32, f32::max);
+    let bound = gpu_logit_bound(ctx, rows);
+    println!("{what}: max |gpu - cpu| = {worst} (logit scale {scale}, bound {bound} of it)");
     assert!(
-        worst <= 1e-3 * scale,
-        "{what}: max |gpu - cpu| = {worst} (logit scale {scale})"
+        worst <= bound * scale,
+        "{what}: max |gpu - cpu| = {worst} (logit scale {scale}, bound {bound} of it)"
     );
 }
 
@@ -107,11 +109,15 @@ fn rows_of_several_sequences_match_each_sequence_alone() {
     let last0 = p[0].len() - 1;
     assert!(r[..last0].iter().all(|x| *x == RowResult::None));
     assert_close(
+        &ctx,
+        step.len(),
         logits_of(&r[last0]),
         &cpu_last(&model, &p[0]),
         "step 1, slot 2",
     );
     assert_close(
+        &ctx,
+        step.len(),
         logits_of(&r[step.len() - 1]),
         &cpu_last(&model, &p[1][..half]),
         "step 1, slot 0",
@@ -125,11 +131,15 @@ fn rows_of_several_sequences_match_each_sequence_alone() {
     let r = b.step(&step).unwrap();
     let (e0, e1) = (p[1].len() - half, p[1].len() - half + p[2].len());
     assert_close(
+        &ctx,
+        step.len(),
         logits_of(&r[e0 - 1]),
         &cpu_last(&model, &p[1]),
         "step 2, slot 0",
     );
     assert_close(
+        &ctx,
+        step.len(),
         logits_of(&r[e1 - 1]),
         &cpu_last(&model, &p[2]),
         "step 2, slot 1",
@@ -137,6 +147,8 @@ fn rows_of_several_sequences_match_each_sequence_alone() {
     let mut seq2 = p[0].clone();
     seq2.push(next0);
     assert_close(
+        &ctx,
+        step.len(),
         logits_of(&r[e1]),
         &cpu_last(&model, &seq2),
         "step 2, slot 2",
@@ -177,15 +189,20 @@ fn rows_of_several_sequences_match_each_sequence_alone() {
         s.push(*next);
         let want3 = cpu_last(&model, &s);
         let t = token_of(&r3[i]);
-        // greedy on the GPU: the CPU's best, or a near-tie of it
+        // greedy on the GPU: the CPU's best, or a near-tie of it (within what the GPU's logits
+        // may differ from the CPU's, twice: the history ran through up to 18-row steps)
         let best = want3.iter().fold(f32::MIN, |m, &v| m.max(v));
+        let scale = want3.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let tie = 2.0 * gpu_logit_bound(&ctx, 18) * scale;
         assert!(
-            best - want3[t as usize] < 1e-2,
+            best - want3[t as usize] <= tie,
             "slot {i}: sampled {t}, CPU logit {} vs best {best}",
             want3[t as usize]
         );
         s.push(t);
         assert_close(
+            &ctx,
+            step4.len(),
             logits_of(&r4[i]),
             &cpu_last(&model, &s),
             "step 4 (fed back)",
@@ -195,6 +212,8 @@ fn rows_of_several_sequences_match_each_sequence_alone() {
     // a finished slot is reused from position 0: its old positions are forgotten
     let r = b.step(&rows(2, 0, &p[1], RowOutput::Logits)).unwrap();
     assert_close(
+        &ctx,
+        p[1].len(),
         logits_of(r.last().unwrap()),
         &cpu_last(&model, &p[1]),
         "slot reuse",
