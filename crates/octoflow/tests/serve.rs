@@ -29,10 +29,10 @@ struct Served {
     stderr: BufReader<std::process::ChildStderr>,
 }
 
-fn serve(extra: &[&str]) -> Served {
+fn serve(device: &str, extra: &[&str]) -> Served {
     let mut child = Command::new(env!("CARGO_BIN_EXE_octoflow"))
         .args([
-            "serve", "-m", SMOLLM, "--device", "cpu", "--port", "0", "-c", "256",
+            "serve", "-m", SMOLLM, "--device", device, "--port", "0", "-c", "256",
         ])
         .args(extra)
         .stderr(Stdio::piped())
@@ -82,7 +82,8 @@ fn the_openai_python_client_works_against_the_server() {
         has_client,
         "the openai Python package is missing: run scripts/deps.sh"
     );
-    let s = serve(&["--instances", "2"]);
+    // the product path: the batched GPU engine (lavapipe in CI)
+    let s = serve("gpu", &["--instances", "2"]);
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../octoflow-serve/tests/openai_client.py"
@@ -105,7 +106,7 @@ fn sigterm_finishes_the_running_request_and_exits_cleanly() {
     if !model_present() {
         return;
     }
-    let mut s = serve(&["--instances", "1"]);
+    let mut s = serve("cpu", &["--instances", "1"]);
     let body = r#"{"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0, "stream": true, "ignore_eos": true}"#;
     let mut conn = TcpStream::connect(&s.addr).expect("connects");
     conn.set_read_timeout(Some(Duration::from_secs(60)))
