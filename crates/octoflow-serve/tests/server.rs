@@ -142,6 +142,58 @@ async fn thirty_two_concurrent_clients_get_their_own_outputs() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_gpu_engine_32_concurrent_clients_get_what_each_gets_alone() {
+    if octoflow_vk::testing::gpu_or_skip("serve_gpu_32_clients").is_none() {
+        return;
+    }
+    let Some(s) = start(Shape {
+        instances: 8,
+        max_rows: 64,
+        gpu: true,
+        ..Shape::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let prompts = [
+        "The capital of France is",
+        "One, two, three,",
+        "def fibonacci(n):",
+        "The color of the sky is",
+    ];
+    let body = |p: &str| json!({"prompt": p, "max_tokens": 4, "temperature": 0});
+    // each prompt alone first: the same engine, one sequence at a time
+    let mut wants = Vec::new();
+    for p in prompts {
+        let (status, v) = s.post("/v1/completions", &body(p)).await;
+        assert_eq!(status, 200, "{v}");
+        wants.push(
+            v["choices"][0]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        );
+    }
+    let t0 = std::time::Instant::now();
+    let requests = (0..32).map(|i| {
+        let b = body(prompts[i % 4]);
+        let s = &s;
+        async move { (i, s.post("/v1/completions", &b).await) }
+    });
+    let results = futures_util::future::join_all(requests).await;
+    for (i, (status, v)) in results {
+        assert_eq!(status, 200, "client {i}: {v}");
+        assert_eq!(v["choices"][0]["text"], wants[i % 4].as_str(), "client {i}");
+    }
+    eprintln!(
+        "GPU engine: 32 clients x 4 tokens: {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    s.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
     let Some(s) = start(Shape {
         n_ctx: 64,

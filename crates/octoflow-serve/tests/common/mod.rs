@@ -71,6 +71,8 @@ pub struct Shape {
     pub body_limit: usize,
     /// Rows per step (prompt chunks are at most this long).
     pub max_rows: usize,
+    /// The batched GPU engine (`GpuBatch`, lavapipe in CI) instead of `CpuBatch`.
+    pub gpu: bool,
 }
 
 impl Default for Shape {
@@ -82,6 +84,7 @@ impl Default for Shape {
             grace: Duration::from_secs(30),
             body_limit: 1 << 20,
             max_rows: 512,
+            gpu: false,
         }
     }
 }
@@ -106,6 +109,16 @@ pub async fn start(shape: Shape) -> Option<Running> {
         opts,
         move |driver| {
             let model = Model::open(&path)?;
+            if shape.gpu {
+                let ctx = octoflow_vk::Context::new(octoflow_vk::DeviceChoice::Auto)?;
+                let gpu = octoflow_model::gpu::GpuModel::load(&ctx, &model)?;
+                let mut engine = gpu.batch(shape.instances, shape.n_ctx, shape.max_rows)?;
+                let info = EngineInfo {
+                    device: ctx.caps().name.clone(),
+                    memory: None,
+                };
+                return driver.run(&mut engine, info);
+            }
             let mut engine = CpuBatch::new(&model, shape.instances, shape.n_ctx, shape.max_rows);
             driver.run(
                 &mut engine,

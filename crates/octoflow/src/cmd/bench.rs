@@ -44,7 +44,7 @@ pub struct Args {
     #[arg(long, default_value_t = 128)]
     stream_gen: usize,
     /// Gate decode steps on the GPU's stop flag (indirect dispatches) or run them direct.
-    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
     gate: String,
     /// Print per-kernel GPU time (timestamps) of the last repetition of each test to stderr.
     #[arg(long)]
