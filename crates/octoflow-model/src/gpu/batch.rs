@@ -20,7 +20,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use octoflow_kernels::{Positions, SamplerState, FROM_PREV};
-use octoflow_vk::{Buffer, Chain, MemoryKind};
+use octoflow_vk::{summarize, Buffer, Chain, LabelTime, MemoryKind};
 
 use crate::batch::{BatchForward, BatchRow, RowOutput, RowResult, TokenIn, MAX_IN_FLIGHT};
 use crate::config::ModelConfig;
@@ -82,6 +82,8 @@ pub struct GpuBatch<'m> {
     cached: Vec<u32>,
     /// Per slot: the output index of its sample in the last submitted step, if it sampled.
     sampled: Vec<Option<u32>>,
+    profile: bool,
+    last_profile: Option<Vec<LabelTime>>,
 }
 
 impl GpuModel {
@@ -136,6 +138,8 @@ impl GpuModel {
             chains: HashMap::new(),
             cached: vec![0; n_slots as usize],
             sampled: vec![None; n_slots as usize],
+            profile: false,
+            last_profile: None,
         })
     }
 }
@@ -157,6 +161,32 @@ impl GpuBatch<'_> {
         self.s.bytes() + self.ids.size() + sets
     }
 
+    /// Records chains with GPU timestamps from now on (none may be in flight); [`Self::profile`]
+    /// then reports the last collected step's time per kernel.
+    pub fn set_profiling(&mut self, on: bool) -> Result<()> {
+        if !self.pending.is_empty() {
+            return Err(ModelError::Batch(
+                "profiling changed with steps in flight".into(),
+            ));
+        }
+        if on && !self.model.ctx.caps().timestamps {
+            return Err(ModelError::Gpu(format!(
+                "{} has no compute timestamps; profiling is unavailable",
+                self.model.ctx.caps().name
+            )));
+        }
+        if on != self.profile {
+            self.chains.clear();
+        }
+        self.profile = on;
+        Ok(())
+    }
+
+    /// GPU time per kernel of the last collected step (with profiling on).
+    pub fn profile(&self) -> Option<&[LabelTime]> {
+        self.last_profile.as_deref()
+    }
+
     /// Most rows per step that may ask for output (logits fit one binding).
     pub fn max_outputs(&self) -> usize {
         self.max_out as usize
@@ -168,7 +198,11 @@ impl GpuBatch<'_> {
         let io = &self.sets[set];
         let prev = &self.sets[1 - set];
         let k = &m.kernels;
-        let mut chain = Chain::new(&m.ctx)?;
+        let mut chain = if self.profile {
+            Chain::with_profiling(&m.ctx)?
+        } else {
+            Chain::new(&m.ctx)?
+        };
         // orders this step after the previous submit (KV cache, scratch, the previous tokens)
         chain.barrier()?;
         let ids = self.ids.slice(0, 4 * u64::from(n))?;
@@ -437,6 +471,9 @@ impl BatchForward for GpuBatch<'_> {
             .get_mut(&p.key)
             .ok_or_else(|| ModelError::Gpu("batch chain vanished".into()))?;
         chain.wait()?;
+        if self.profile {
+            self.last_profile = chain.timings()?.map(|t| summarize(&t));
+        }
         let io = &self.sets[p.key.3];
         let mut tokens = vec![0u32; p.n_out as usize];
         if p.n_out > 0 {

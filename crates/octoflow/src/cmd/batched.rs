@@ -112,6 +112,7 @@ pub fn measure(
     streams: &[usize],
     npp: usize,
     ntg: usize,
+    profile: bool,
 ) -> anyhow::Result<Vec<StreamRow>> {
     if npp == 0 || ntg == 0 {
         bail!("--stream-prompt and --stream-gen must be at least 1");
@@ -133,6 +134,7 @@ pub fn measure(
             );
         }
         let mut best = None;
+        b.set_profiling(profile)?;
         for rep in 0..2 {
             let t0 = Instant::now();
             let first = prefill(&mut b, n, npp, vocab)?;
@@ -146,6 +148,12 @@ pub fn measure(
                     t_tg: (t2 - t1).as_secs_f64(),
                 });
             }
+        }
+        if let Some(p) = b.profile() {
+            eprintln!(
+                "{n} streams, last decode step: {}",
+                super::profile::table(p, 1)
+            );
         }
         out.extend(best);
     }

@@ -88,8 +88,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let Loaded::Gpu(gpu) = &loaded else {
             bail!("--streams runs on the GPU (not with --device cpu)");
         };
-        let rows =
-            super::batched::measure(gpu, &args.streams, args.stream_prompt, args.stream_gen)?;
+        let rows = super::batched::measure(
+            gpu,
+            &args.streams,
+            args.stream_prompt,
+            args.stream_gen,
+            args.profile,
+        )?;
         let c = gpu.context().caps();
         let device = format!("{} ({} {})", c.name, c.driver_name, c.driver_info);
         return super::batched::print(
