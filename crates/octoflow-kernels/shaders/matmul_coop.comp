@@ -15,6 +15,11 @@
 // (register double buffering; the decoding uses quant.glsl's branch-free QWINDOW reads so that a
 // chunk's loads issue together). Rows, tokens and columns past the ends are zero-filled. Results
 // leave through a per-subgroup 16 x 16 staging tile so the y writes run along rows.
+//
+// Split-K: workgroup z = piece p covers columns [p * k_per, (p + 1) * k_per) (k_per a multiple of
+// BK). With split > 1 each piece writes its raw sums to part[(p * n_tokens + t) * n_rows + r]
+// and split_sum.comp adds the pieces into y (bias, accumulate); a small matrix then spreads over
+// enough workgroups to fill the device instead of running its column steps one after another.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_cooperative_matrix : require
@@ -50,6 +55,7 @@ layout(std430, binding = 0) readonly buffer W { uint w[]; };
 layout(std430, binding = 1) readonly buffer X { float x[]; };
 layout(std430, binding = 2) buffer Y { float y[]; };
 layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
+layout(std430, binding = 4) writeonly buffer Part { float part[]; };
 
 layout(push_constant) uniform Push {
     uint n_rows;
@@ -59,6 +65,8 @@ layout(push_constant) uniform Push {
     uint y_col;
     uint row_bytes;
     uint flags; // bit 0: add bias, bit 1: accumulate into y
+    uint k_per; // columns per split-K piece (a multiple of BK)
+    uint split; // pieces (1: write y directly)
 } pc;
 
 #include "quant.glsl"
@@ -128,11 +136,14 @@ void main() {
     }
 
     uint nc = chunk_count(pc.n_cols);
-    load_step(0u, tid, row0, tok0, nc);
-    for (uint k0 = 0u; k0 < pc.n_cols; k0 += BK) {
+    uint piece = gl_WorkGroupID.z;
+    uint kb = piece * pc.k_per;
+    uint ke = min(pc.n_cols, kb + pc.k_per);
+    load_step(kb, tid, row0, tok0, nc);
+    for (uint k0 = kb; k0 < ke; k0 += BK) {
         store_step(tid);
         barrier();
-        if (k0 + BK < pc.n_cols) {
+        if (k0 + BK < ke) {
             load_step(k0 + BK, tid, row0, tok0, nc);
         }
         for (uint kk = 0u; kk < BK; kk += 16u) {
@@ -168,7 +179,9 @@ void main() {
             for (uint e = lane; e < 256u; e += gl_SubgroupSize) {
                 uint r = row0 + wm0 + 16u * i + e % 16u;
                 uint t = tok0 + wn0 + 16u * j + e / 16u;
-                if (r < pc.n_rows && t < pc.n_tokens) {
+                if (r < pc.n_rows && t < pc.n_tokens && pc.split > 1u) {
+                    part[(piece * pc.n_tokens + t) * pc.n_rows + r] = cs[base + e];
+                } else if (r < pc.n_rows && t < pc.n_tokens) {
                     uint o = t * pc.y_stride + pc.y_col + r;
                     float s = cs[base + e];
                     if (add_bias) {

@@ -244,12 +244,16 @@ fn coop_timing() {
 fn tile_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
     use crate::shaders as s;
     let tiles = [
-        ("m64n64k64", None, [64, 64]),
-        ("m128", Some(s::MATMUL_COOP_X_M128_Q8_0), [128, 64]),
-        ("n128", Some(s::MATMUL_COOP_X_N128_Q8_0), [64, 128]),
-        ("k128", Some(s::MATMUL_COOP_X_K128_Q8_0), [64, 64]),
-        ("k32", Some(s::MATMUL_COOP_X_K32_Q8_0), [64, 64]),
-        ("m128n128", Some(s::MATMUL_COOP_X_M128N128_Q8_0), [128, 128]),
+        ("m64n64k64", None, [64, 64, 64]),
+        ("m128", Some(s::MATMUL_COOP_X_M128_Q8_0), [128, 64, 64]),
+        ("n128", Some(s::MATMUL_COOP_X_N128_Q8_0), [64, 128, 64]),
+        ("k128", Some(s::MATMUL_COOP_X_K128_Q8_0), [64, 64, 128]),
+        ("k32", Some(s::MATMUL_COOP_X_K32_Q8_0), [64, 64, 32]),
+        (
+            "m128n128",
+            Some(s::MATMUL_COOP_X_M128N128_Q8_0),
+            [128, 128, 64],
+        ),
     ];
     let built: Vec<(&str, Option<MatmulCoop>)> = tiles
         .iter()

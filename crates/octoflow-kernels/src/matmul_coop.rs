@@ -14,25 +14,40 @@
 
 use octoflow_gguf::quant::QuantError;
 use octoflow_gguf::GgmlType;
+use std::sync::Mutex;
+
 use octoflow_vk::{
-    BufferSlice, Chain, Context, DeviceCaps, Pipeline, PipelineDesc, Push, Shader, VkError,
+    Buffer, BufferSlice, Chain, Context, DeviceCaps, MemoryKind, Pipeline, PipelineDesc, Push,
+    Shader, VkError,
 };
 
 use crate::error::{KernelError, Result};
 use crate::linear::{check_args, linear_ref, LinearArgs, PUSH_BYTES};
 use crate::qweight::{variant, QOp, TYPES};
+use crate::split_sum::{SplitSum, SumTarget};
 
-/// Rows and tokens per workgroup tile (`BM`, `BN` in `matmul_coop.comp`).
+/// Rows, tokens and columns per workgroup step (`BM`, `BN`, `BK` in `matmul_coop.comp`).
 const TILE_ROWS: u32 = 64;
 const TILE_TOKENS: u32 = 64;
+const TILE_K: u32 = 64;
+/// Split-K aims at this many workgroups (two per SM of an H100 and then some): below it, a
+/// product's workgroups each run all their column steps one after another, latency-bound.
+const TARGET_GROUPS: u32 = 256;
+/// Most split-K pieces.
+const MAX_SPLIT: u32 = 16;
 /// The subgroup size the kernel's 128 invocations are laid out for (4 subgroups).
 const SUBGROUP: u32 = 32;
 
 /// The cooperative-matrix matmul pipelines, one per weight type, built once.
 pub struct MatmulCoop {
     pipelines: Vec<Pipeline>,
-    /// Rows and tokens per workgroup of these pipelines.
-    tile: [u32; 2],
+    /// Rows, tokens and columns per step of a workgroup of these pipelines.
+    tile: [u32; 3],
+    /// Adds split-K pieces into y.
+    sum: SplitSum,
+    /// Split-K partial sums, grown on first need (shared by every dispatch of this kernel:
+    /// each one is fenced by barriers before and after its sum).
+    scratch: Mutex<Option<Buffer>>,
 }
 
 impl MatmulCoop {
@@ -62,22 +77,28 @@ impl MatmulCoop {
         let shaders: Vec<Shader> = (0..TYPES.len())
             .map(|i| variant(QOp::MatmulCoop, i))
             .collect();
-        Self::with_shaders(ctx, &shaders, [TILE_ROWS, TILE_TOKENS])
+        Self::with_shaders(ctx, &shaders, [TILE_ROWS, TILE_TOKENS, TILE_K])
     }
 
-    /// Pipelines of `shaders` (indexed like `TYPES`) whose workgroups cover `tile` rows x tokens.
-    pub(crate) fn with_shaders(ctx: &Context, shaders: &[Shader], tile: [u32; 2]) -> Result<Self> {
+    /// Pipelines of `shaders` (indexed like `TYPES`) whose workgroups cover `tile` rows x tokens
+    /// x columns per step.
+    pub(crate) fn with_shaders(ctx: &Context, shaders: &[Shader], tile: [u32; 3]) -> Result<Self> {
         let sg = &ctx.caps().subgroup;
         let mut pipelines = Vec::with_capacity(shaders.len());
         for &shader in shaders {
-            let mut desc = PipelineDesc::new(shader, 4, PUSH_BYTES);
+            let mut desc = PipelineDesc::new(shader, 5, PUSH_BYTES + 8);
             if sg.size != SUBGROUP || sg.min_size != sg.max_size {
                 desc = desc.subgroup_size(SUBGROUP);
             }
             desc.full_subgroups = true;
             pipelines.push(Pipeline::new(ctx, &desc)?);
         }
-        Ok(MatmulCoop { pipelines, tile })
+        Ok(MatmulCoop {
+            pipelines,
+            tile,
+            sum: SplitSum::new(ctx)?,
+            scratch: Mutex::new(None),
+        })
     }
 
     /// Records `y (=|+=) f16(x) · f16(W)ᵀ (+ bias)` for any batch size, after the checks of
@@ -88,7 +109,9 @@ impl MatmulCoop {
         self.dispatch(chain, ti, a, &c.bindings, &c.push)
     }
 
-    /// Records the dispatch of checked arguments (`ti`: the type's index in `TYPES`).
+    /// Records the dispatch of checked arguments (`ti`: the type's index in `TYPES`), split
+    /// along the columns when the product has too few tiles to fill the device (then followed
+    /// by a barrier, the sum of the pieces into y, and another barrier).
     pub(crate) fn dispatch(
         &self,
         chain: &mut Chain,
@@ -97,10 +120,29 @@ impl MatmulCoop {
         bindings: &[BufferSlice; 4],
         push: &Push,
     ) -> Result<()> {
+        let tiles = a.w.n_rows.div_ceil(self.tile[0]) * a.n_tokens.div_ceil(self.tile[1]);
+        let split = split_for(tiles, a.w.n_cols, self.tile[2]);
+        self.dispatch_split(chain, ti, a, bindings, push, split)
+    }
+
+    /// [`Self::dispatch`] in (at most) `split` column pieces.
+    pub(crate) fn dispatch_split(
+        &self,
+        chain: &mut Chain,
+        ti: usize,
+        a: &LinearArgs,
+        bindings: &[BufferSlice; 4],
+        push: &Push,
+        split: u32,
+    ) -> Result<()> {
+        let steps = a.w.n_cols.div_ceil(self.tile[2]);
+        let per = steps.div_ceil(split.clamp(1, steps.max(1)));
+        let split = steps.div_ceil(per).max(1);
+        let k_per = per * self.tile[2];
         let groups = [
             a.w.n_rows.div_ceil(self.tile[0]),
             a.n_tokens.div_ceil(self.tile[1]),
-            1,
+            split,
         ];
         let max = chain.context().caps().max_workgroup_count;
         if groups[0] > max[0] || groups[1] > max[1] {
@@ -112,9 +154,54 @@ impl MatmulCoop {
                 ),
             });
         }
-        chain.dispatch(&self.pipelines[ti], bindings, push, groups)?;
+        let push = push.clone().u32(k_per).u32(split);
+        let [w, x, y, bias] = bindings.clone();
+        if split == 1 {
+            // part is never written: y stands in for the binding
+            let all = [w, x, y.clone(), bias, y];
+            chain.dispatch(&self.pipelines[ti], &all, &push, groups)?;
+            return Ok(());
+        }
+        let outputs = u64::from(a.n_tokens) * u64::from(a.w.n_rows);
+        let bytes = 4 * u64::from(split) * outputs;
+        let part = {
+            let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            match scratch.as_ref() {
+                Some(b) if b.size() >= bytes => b.clone(),
+                _ => {
+                    let size = bytes.next_power_of_two().max(1 << 16);
+                    let ctx = chain.context().clone();
+                    let b = Buffer::new(&ctx, "matmul_split", size, MemoryKind::DeviceLocal)?;
+                    *scratch = Some(b.clone());
+                    b
+                }
+            }
+        };
+        let part = part.slice(0, bytes)?;
+        let all = [w, x, y.clone(), bias.clone(), part.clone()];
+        chain.dispatch(&self.pipelines[ti], &all, &push, groups)?;
+        chain.barrier()?;
+        let target = SumTarget {
+            n_rows: a.w.n_rows,
+            n_tokens: a.n_tokens,
+            y_stride: a.y_stride,
+            y_col: a.y_col,
+            bias: a.bias.is_some(),
+            accumulate: a.accumulate,
+        };
+        self.sum.record(chain, &part, split, &y, &bias, &target)?;
+        chain.barrier()?;
         Ok(())
     }
+}
+
+/// Split-K pieces for a product of `tiles` workgroup tiles over `n_cols` columns in steps of
+/// `k`: enough to reach [`TARGET_GROUPS`] workgroups, at most [`MAX_SPLIT`] and one per step.
+fn split_for(tiles: u32, n_cols: u32, k: u32) -> u32 {
+    let steps = n_cols.div_ceil(k).max(1);
+    TARGET_GROUPS
+        .div_ceil(tiles.max(1))
+        .clamp(1, MAX_SPLIT.min(steps))
 }
 
 /// CPU reference: [`linear_ref`] on the operands the kernel multiplies — every decoded weight
@@ -252,8 +339,16 @@ pub(crate) mod tests {
                 bias: bias_slice.as_ref(),
                 accumulate,
             };
+            // split-K: the device's choice, none, or 3 pieces (the sum adds bias / accumulates)
+            let split = [0u32, 1, 3][case % 3];
             let mut chain = Chain::new(&ctx).unwrap();
-            mm.record(&mut chain, &args).unwrap();
+            if split == 0 {
+                mm.record(&mut chain, &args).unwrap();
+            } else {
+                let c = check_args(&args).unwrap();
+                mm.dispatch_split(&mut chain, c.ti, &args, &c.bindings, &c.push, split)
+                    .unwrap();
+            }
             chain.run().unwrap();
             let mut got = vec![0f32; y_len];
             ctx.download(&yb, 0, &mut got).unwrap();
@@ -278,7 +373,8 @@ pub(crate) mod tests {
             .unwrap();
             let what = format!(
                 "{ty} {n_rows}x{n_cols}, {n_tokens} tokens, bias {with_bias}, accumulate \
-                 {accumulate}, y_col {y_col}, y_stride {y_stride}, seed {seed}"
+                 {accumulate}, y_col {y_col}, y_stride {y_stride}, split {split} (0: auto), \
+                 seed {seed}"
             );
             for t in 0..n_tokens {
                 let row = t * y_stride;
