@@ -194,7 +194,7 @@ impl Attention {
             grid(groups, OP)?,
         )?;
         if p.split > 1 {
-            chain.barrier()?;
+            chain.compute_barrier()?;
             let push = Push::new().u32(rows as u32).u32(a.head_dim_v).u32(p.split);
             chain.dispatch(&self.merge, &[part, a.out.clone()], &push, grid(rows, OP)?)?;
         }

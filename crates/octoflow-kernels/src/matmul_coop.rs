@@ -180,7 +180,7 @@ impl MatmulCoop {
         let part = part.slice(0, bytes)?;
         let all = [w, x, y.clone(), bias.clone(), part.clone()];
         chain.dispatch(&self.pipelines[ti], &all, &push, groups)?;
-        chain.barrier()?;
+        chain.compute_barrier()?;
         let target = SumTarget {
             n_rows: a.w.n_rows,
             n_tokens: a.n_tokens,
@@ -190,7 +190,7 @@ impl MatmulCoop {
             accumulate: a.accumulate,
         };
         self.sum.record(chain, &part, split, &y, &bias, &target)?;
-        chain.barrier()?;
+        chain.compute_barrier()?;
         Ok(())
     }
 }

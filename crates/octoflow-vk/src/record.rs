@@ -113,6 +113,30 @@ impl Chain {
         Ok(())
     }
 
+    /// A barrier between compute dispatches only: every earlier shader write is visible to
+    /// later shaders. Cheaper than [`Chain::barrier`] on drivers whose command front end must
+    /// otherwise wait before it may read indirect arguments or start transfers; use the full
+    /// barrier where a transfer, an indirect-argument read or a host read follows.
+    pub fn compute_barrier(&mut self) -> Result<()> {
+        self.check_recording()?;
+        let b = vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::SHADER_WRITE)
+            .dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE);
+        // SAFETY: recording into this chain's command buffer.
+        unsafe {
+            self.ctx.inner.device.cmd_pipeline_barrier(
+                self.cmd,
+                vk::PipelineStageFlags::COMPUTE_SHADER,
+                vk::PipelineStageFlags::COMPUTE_SHADER,
+                vk::DependencyFlags::empty(),
+                &[b],
+                &[],
+                &[],
+            )
+        };
+        Ok(())
+    }
+
     /// A barrier limited to `slices`: earlier writes to them are visible to later reads.
     pub fn buffer_barrier(&mut self, slices: &[BufferSlice]) -> Result<()> {
         self.check_recording()?;

@@ -214,7 +214,7 @@ impl GpuBatch<'_> {
             &ids,
             n,
         )?;
-        chain.barrier()?;
+        chain.compute_barrier()?;
         let graph = Graph {
             k,
             c: &m.config,
@@ -248,6 +248,7 @@ impl GpuBatch<'_> {
                 let dst = io.logits.as_ref().ok_or_else(|| {
                     ModelError::Gpu("the host logits buffer was not allocated".into())
                 })?;
+                chain.barrier()?; // the logits' writes before a transfer reads them
                 chain.copy(&rows, dst, 0)?;
             }
         }

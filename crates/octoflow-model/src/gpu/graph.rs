@@ -3,7 +3,9 @@
 //! scratch buffers; the KV cache is f32 `[n_ctx, n_head_kv * head_dim]` per layer. Positions are
 //! read on the GPU ([`PosSource`]): for one sequence, the batch's first position from the control
 //! block (`ctl::POS`); for a batch of many sequences, a per-token (position, first cache row)
-//! table. Either way the same recording serves every position.
+//! table. Either way the same recording serves every position. Barriers between the kernels are
+//! compute-to-compute ([`Chain::compute_barrier`]); whoever follows a recording with a transfer
+//! or an indirect dispatch adds a full barrier.
 
 use octoflow_gguf::GgmlType;
 use octoflow_kernels::advance::ctl;
@@ -107,7 +109,7 @@ impl Graph<'_> {
                 },
             )?;
         }
-        chain.barrier()?;
+        chain.compute_barrier()?;
         Ok(())
     }
 
@@ -127,7 +129,7 @@ impl Graph<'_> {
 
         k.rms_norm
             .record(chain, &x, &lw.attn_norm, &h, n, c.n_embd as u32, eps)?;
-        chain.barrier()?;
+        chain.compute_barrier()?;
         self.linear(chain, &lw.attn_q, &h, &q, n, lw.attn_q_bias.as_ref(), false)?;
         self.linear(
             chain,
@@ -139,14 +141,14 @@ impl Graph<'_> {
             false,
         )?;
         self.linear(chain, &lw.attn_v, &h, &v, n, lw.attn_v_bias.as_ref(), false)?;
-        chain.barrier()?;
+        chain.compute_barrier()?;
         if let (Some(qn), Some(kn)) = (&lw.attn_q_norm, &lw.attn_k_norm) {
             let hd = c.head_dim as u32;
             k.rms_norm
                 .record(chain, &q, qn, &q, n * c.n_head as u32, hd, eps)?;
             k.rms_norm
                 .record(chain, &kk, kn, &kk, n * c.n_head_kv as u32, hd, eps)?;
-            chain.barrier()?;
+            chain.compute_barrier()?;
         }
 
         // rotary embedding at the batch's positions, then the keys and values into the cache
@@ -174,7 +176,7 @@ impl Graph<'_> {
                 },
             )?;
         }
-        chain.barrier()?;
+        chain.compute_barrier()?;
         let (kc, vc) = &s.kv[il];
         let n_ctx = s.n_ctx;
         k.set_rows.record(
@@ -199,7 +201,7 @@ impl Graph<'_> {
             ps.offset,
             ps.mode,
         )?;
-        chain.barrier()?;
+        chain.compute_barrier()?;
         k.attention.record(
             chain,
             &AttentionArgs {
@@ -220,7 +222,7 @@ impl Graph<'_> {
                 positions: ps.mode,
             },
         )?;
-        chain.barrier()?;
+        chain.compute_barrier()?;
         self.project_residual(
             chain,
             &lw.attn_output,
@@ -241,17 +243,17 @@ impl Graph<'_> {
         let up = f32s(&s.ffn_up, rows * c.n_ff)?;
         k.rms_norm
             .record(chain, &x, &lw.ffn_norm, &h, n, c.n_embd as u32, c.rms_eps)?;
-        chain.barrier()?;
+        chain.compute_barrier()?;
         self.linear(chain, &lw.ffn_gate, &h, &gate, n, None, false)?;
         self.linear(chain, &lw.ffn_up, &h, &up, n, None, false)?;
-        chain.barrier()?;
+        chain.compute_barrier()?;
         let op = match c.activation {
             Activation::Silu => GluOp::Silu,
             Activation::GeluTanh => GluOp::GeluTanh,
         };
         k.glu
             .record(chain, &gate, &up, &gate, (rows * c.n_ff) as u32, op)?;
-        chain.barrier()?;
+        chain.compute_barrier()?;
         self.project_residual(chain, &lw.ffn_down, &gate, lw.post_ffw_norm.as_ref(), n)
     }
 
@@ -272,14 +274,14 @@ impl Graph<'_> {
             Some(norm) => {
                 let o = f32s(&s.o, width)?;
                 self.linear(chain, m, a, &o, n, None, false)?;
-                chain.barrier()?;
+                chain.compute_barrier()?;
                 k.rms_norm
                     .record(chain, &o, norm, &o, n, c.n_embd as u32, c.rms_eps)?;
-                chain.barrier()?;
+                chain.compute_barrier()?;
                 k.add.record(chain, &x, &o, &x, width as u32)?;
             }
         }
-        chain.barrier()?;
+        chain.compute_barrier()?;
         Ok(())
     }
 
@@ -310,10 +312,10 @@ impl Graph<'_> {
             c.n_embd as u32,
             c.rms_eps,
         )?;
-        chain.barrier()?;
+        chain.compute_barrier()?;
         let out = f32s(&s.logits, rows as usize * c.n_vocab)?;
         self.linear(chain, &w.output, &h, &out, rows, None, false)?;
-        chain.barrier()?;
+        chain.compute_barrier()?;
         Ok(())
     }
 
@@ -348,7 +350,7 @@ impl Graph<'_> {
                 scale: 1.0,
             },
         )?;
-        chain.barrier()?;
+        chain.compute_barrier()?;
         k.rms_norm.record(
             chain,
             &o,
@@ -358,10 +360,10 @@ impl Graph<'_> {
             c.n_embd as u32,
             c.rms_eps,
         )?;
-        chain.barrier()?;
+        chain.compute_barrier()?;
         let out = f32s(&s.logits, n_out as usize * c.n_vocab)?;
         self.linear(chain, &w.output, &h, &out, n_out, None, false)?;
-        chain.barrier()?;
+        chain.compute_barrier()?;
         Ok(())
     }
 

@@ -287,7 +287,7 @@ impl GpuSession<'_> {
                 ctl::TOKEN,
             )?;
         }
-        chain.barrier()?;
+        chain.compute_barrier()?;
         k.advance
             .record(chain, &ctl_block, &s.out_tokens.whole(), s.out_len, 1)?;
         let groups = if gated { chain.gate_end()? } else { Vec::new() };
