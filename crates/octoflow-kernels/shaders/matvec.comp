@@ -32,6 +32,8 @@ layout(std430, binding = 1) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
 layout(std430, binding = 2) buffer Y { float y[]; };
 layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
+layout(std430, binding = 4) readonly buffer G { float g[]; };
+layout(std430, binding = 4) readonly buffer G4 { vec4 g4[]; };
 
 layout(push_constant) uniform Push {
     uint n_rows;
@@ -41,12 +43,17 @@ layout(push_constant) uniform Push {
     uint y_col;
     uint row_bytes;
     uint flags; // bit 0: add bias, bit 1: accumulate into y
+    float eps;
+    uint norm;  // 1: the input is rms_norm(x[t]) * g (RMSNorm fused: x scaled by g here, by
+                // 1/rms at the end)
 } pc;
 
 #include "quant.glsl"
 
 // Per-subgroup partial sums, [MAXT][WG] (at most WG subgroups).
 shared float partial[MAXT * WG];
+// 1 / rms of each token's x (fused norm), else 1.
+shared float inv_rms[MAXT];
 
 void main() {
     uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
@@ -59,6 +66,30 @@ void main() {
     float acc[MAXT];
     for (uint t = 0u; t < MAXT; t++) {
         acc[t] = 0.0;
+    }
+    bool norm = pc.norm != 0u;
+    if (norm) {
+        // every workgroup reduces each token's sum of squares itself (x is small and cached)
+        for (uint t = 0u; t < nt; t++) {
+            float ss = 0.0;
+            for (uint i = tid; i < pc.n_cols; i += WG) {
+                float v = x[t * pc.n_cols + i];
+                ss += v * v;
+            }
+            ss = subgroupAdd(ss);
+            if (subgroupElect()) {
+                partial[t * WG + gl_SubgroupID] = ss;
+            }
+        }
+        barrier();
+        if (tid < nt) {
+            float ss = 0.0;
+            for (uint k = 0u; k < gl_NumSubgroups; k++) {
+                ss += partial[tid * WG + k];
+            }
+            inv_rms[tid] = 1.0 / sqrt(ss / float(pc.n_cols) + pc.eps);
+        }
+        barrier();
     }
     if (r < pc.n_rows) {
         uint rb = r * pc.row_bytes;
@@ -74,11 +105,18 @@ void main() {
                     // xb is a multiple of 4: the chunk is 8 aligned vec4s
                     [[unroll]] for (uint i = 0u; i < 8u; i++) {
                         vec4 xv = x4[(xb >> 2) + i];
+                        if (norm) {
+                            xv *= g4[8u * c + i];
+                        }
                         s += dot(vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]), xv);
                     }
                 } else {
                     for (uint i = 0u; i < len; i++) {
-                        s += v[i] * x[xb + i];
+                        float xv = x[xb + i];
+                        if (norm) {
+                            xv *= g[32u * c + i];
+                        }
+                        s += v[i] * xv;
                     }
                 }
                 acc[t] += s;
@@ -101,6 +139,9 @@ void main() {
             float s = 0.0;
             for (uint k = 0u; k < per_row; k++) {
                 s += partial[t * WG + first + k];
+            }
+            if (norm) {
+                s *= inv_rms[t];
             }
             if ((pc.flags & 1u) != 0u) {
                 s += bias[r];

@@ -76,6 +76,9 @@ pub struct LinearArgs<'a> {
     pub bias: Option<&'a BufferSlice>,
     /// Add into y instead of overwriting (fused residual add).
     pub accumulate: bool,
+    /// RMSNorm fused on the input: the product is of `rms_norm(x[t]) * weight` (eps given), with
+    /// `weight` `[n_cols]` f32. Only where [`Linear::fuses_norm`] says so (the matvec path).
+    pub norm: Option<(&'a BufferSlice, f32)>,
 }
 
 /// The linear-layer kernels, a matvec and a matmul pipeline per weight type (and the
@@ -138,7 +141,7 @@ impl Linear {
             None
         };
         for i in 0..TYPES.len() {
-            let mut desc = PipelineDesc::new(variant(QOp::Matvec, i), 4, PUSH_BYTES);
+            let mut desc = PipelineDesc::new(variant(QOp::Matvec, i), 5, PUSH_BYTES + 8);
             if let Some(size) = required {
                 desc = desc.subgroup_size(size);
             }
@@ -172,6 +175,11 @@ impl Linear {
         self.coop.is_some() && n_tokens >= COOP_MIN_TOKENS
     }
 
+    /// Whether a batch of `n_tokens` can take [`LinearArgs::norm`] (the GPU matvec kernel).
+    pub fn fuses_norm(&self, n_tokens: u32) -> bool {
+        !self.cpu && n_tokens <= MATVEC_MAX_TOKENS
+    }
+
     /// Whether the kernels read weights of type `ty`.
     pub fn supports(ty: GgmlType) -> bool {
         TYPES.contains(&ty)
@@ -183,6 +191,29 @@ impl Linear {
     pub fn record(&self, chain: &mut Chain, a: &LinearArgs) -> Result<()> {
         let Checked { ti, push, bindings } = check_args(a)?;
         let w = &a.w;
+        if let Some((g, eps)) = a.norm {
+            if !self.fuses_norm(a.n_tokens) {
+                return Err(KernelError::Shape {
+                    op: OP,
+                    detail: format!(
+                        "a fused norm needs the matvec kernel (at most {MATVEC_MAX_TOKENS} tokens, GPU layout)"
+                    ),
+                });
+            }
+            check_words(OP, "norm", g, u64::from(w.n_cols), "floats")?;
+            let groups = chain
+                .context()
+                .groups_1d(u64::from(w.n_rows), MATVEC_ROWS)?;
+            let [wb, x, y, bias] = bindings;
+            let push = push.f32(eps).u32(1);
+            chain.dispatch(
+                &self.matvec[ti],
+                &[wb, x, y, bias, g.clone()],
+                &push,
+                groups,
+            )?;
+            return Ok(());
+        }
         if let Some(coop) = self.coop.as_ref().filter(|_| self.uses_coop(a.n_tokens)) {
             return coop.dispatch(chain, ti, a, &bindings, &push);
         }
@@ -208,7 +239,10 @@ impl Linear {
             let groups = chain
                 .context()
                 .groups_1d(u64::from(w.n_rows), MATVEC_ROWS)?;
-            chain.dispatch(pipeline, &bindings, &push, groups)?;
+            // no norm: x stands in for its binding (never read)
+            let [wb, x, y, bias] = bindings;
+            let push = push.f32(0.0).u32(0);
+            chain.dispatch(pipeline, &[wb, x.clone(), y, bias, x], &push, groups)?;
         } else {
             let groups = [
                 w.n_rows.div_ceil(MATMUL_TM),
@@ -436,6 +470,12 @@ pub(crate) mod tests {
             };
             let yb = buffer_with(&ctx, "y", octoflow_vk::as_bytes(&y0));
             let bias_slice = with_bias.then(|| bb.whole());
+            // RMSNorm fused on the input where the kernel takes it (1, 2 and 7 tokens)
+            let fused = lin.fuses_norm(n_tokens as u32) && case != 2;
+            let g: Vec<f32> = (0..n_cols).map(|_| rng.gen_range(0.5..1.5)).collect();
+            let gb = buffer_with(&ctx, "norm", octoflow_vk::as_bytes(&g));
+            let gs = gb.whole();
+            let eps = 1e-6f32;
             let args = LinearArgs {
                 w: QWeightRef {
                     ty,
@@ -450,6 +490,7 @@ pub(crate) mod tests {
                 y_col: y_col as u32,
                 bias: bias_slice.as_ref(),
                 accumulate,
+                norm: fused.then_some((&gs, eps)),
             };
             let mut chain = Chain::new(&ctx).unwrap();
             lin.record(&mut chain, &args).unwrap();
@@ -467,12 +508,19 @@ pub(crate) mod tests {
             } else {
                 (linear_ref as RefFn, REL)
             };
+            let x_in = if fused {
+                let mut h = vec![0f32; x.len()];
+                crate::rms_norm_ref(&x, &g, &mut h, n_cols, eps);
+                h
+            } else {
+                x.clone()
+            };
             reference(
                 ty,
                 &wq,
                 n_rows,
                 n_cols,
-                &x,
+                &x_in,
                 n_tokens,
                 &mut want,
                 y_stride,
@@ -482,8 +530,8 @@ pub(crate) mod tests {
             )
             .unwrap();
             let what = format!(
-                "{ty} (cpu layout {cpu}, coopmat {coop}) {n_rows}x{n_cols}, {n_tokens} tokens, bias {with_bias}, \
-                accumulate {accumulate}, y_col {y_col}, y_stride {y_stride}, seed {seed}"
+                "{ty} (cpu layout {cpu}, coopmat {coop}, fused norm {fused}) {n_rows}x{n_cols}, {n_tokens} tokens, \
+                bias {with_bias}, accumulate {accumulate}, y_col {y_col}, y_stride {y_stride}, seed {seed}"
             );
             for t in 0..n_tokens {
                 let row = t * y_stride;
@@ -545,6 +593,7 @@ pub(crate) mod tests {
                 y_col: 0,
                 bias: None,
                 accumulate: false,
+                norm: None,
             };
             let mut chain = Chain::new(&ctx).unwrap();
             lin.record(&mut chain, &a)
@@ -573,6 +622,7 @@ pub(crate) mod tests {
             y_col: 2,
             bias: Some(&sw),
             accumulate: false,
+            norm: None,
         };
         let mut chain = Chain::new(&ctx).unwrap();
         let e = lin.record(&mut chain, &a).unwrap_err().to_string();

@@ -69,6 +69,7 @@ fn linear_timing() {
                 y_col: 0,
                 bias: None,
                 accumulate: false,
+                norm: None,
             };
             // One dispatch to size the batch, then a chain of `n` (~0.3 s); the process CPU
             // time (all driver threads) is less noisy than wall time on a shared machine.
@@ -193,6 +194,7 @@ fn coop_timing() {
                 y_col: 0,
                 bias: None,
                 accumulate: false,
+                norm: None,
             };
             let reps = if n_rows > 100_000 { 5 } else { 21 };
             let flop = 2.0 * f64::from(n_rows) * f64::from(n_cols) * f64::from(n_tokens);
@@ -298,6 +300,7 @@ fn tile_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
                 y_col: 0,
                 bias: None,
                 accumulate: false,
+                norm: None,
             };
             let flop = 2.0 * f64::from(n_rows) * f64::from(n_cols) * f64::from(n_tokens);
             let mut line = format!("{name:<26} x{n_tokens:<4}");

@@ -338,6 +338,7 @@ pub(crate) mod tests {
                 y_col: y_col as u32,
                 bias: bias_slice.as_ref(),
                 accumulate,
+                norm: None,
             };
             // split-K: the device's choice, none, or 3 pieces (the sum adds bias / accumulates)
             let split = [0u32, 1, 3][case % 3];
@@ -435,6 +436,7 @@ pub(crate) mod tests {
                 y_col: 0,
                 bias: None,
                 accumulate: false,
+                norm: None,
             };
             let mut chain = Chain::new(&ctx).unwrap();
             let e = mm.record(&mut chain, &args).map(|_| ()).unwrap_err();

@@ -127,20 +127,16 @@ impl Graph<'_> {
         let att = f32s(&s.att, rows * c.n_head * c.head_dim_v)?;
         let eps = c.rms_eps;
 
-        k.rms_norm
-            .record(chain, &x, &lw.attn_norm, &h, n, c.n_embd as u32, eps)?;
-        chain.compute_barrier()?;
-        self.linear(chain, &lw.attn_q, &h, &q, n, lw.attn_q_bias.as_ref(), false)?;
-        self.linear(
-            chain,
-            &lw.attn_k,
-            &h,
-            &kk,
-            n,
+        let (input, fused) = self.normed(chain, n, &x, &h, &lw.attn_norm)?;
+        let norm = fused.as_ref().map(|g| (g, eps));
+        let (bq, bk, bv) = (
+            lw.attn_q_bias.as_ref(),
             lw.attn_k_bias.as_ref(),
-            false,
-        )?;
-        self.linear(chain, &lw.attn_v, &h, &v, n, lw.attn_v_bias.as_ref(), false)?;
+            lw.attn_v_bias.as_ref(),
+        );
+        self.linear(chain, &lw.attn_q, &input, &q, n, bq, false, norm)?;
+        self.linear(chain, &lw.attn_k, &input, &kk, n, bk, false, norm)?;
+        self.linear(chain, &lw.attn_v, &input, &v, n, bv, false, norm)?;
         chain.compute_barrier()?;
         if let (Some(qn), Some(kn)) = (&lw.attn_q_norm, &lw.attn_k_norm) {
             let hd = c.head_dim as u32;
@@ -241,11 +237,10 @@ impl Graph<'_> {
         let h = f32s(&s.h, rows * c.n_embd)?;
         let gate = f32s(&s.ffn_gate, rows * c.n_ff)?;
         let up = f32s(&s.ffn_up, rows * c.n_ff)?;
-        k.rms_norm
-            .record(chain, &x, &lw.ffn_norm, &h, n, c.n_embd as u32, c.rms_eps)?;
-        chain.compute_barrier()?;
-        self.linear(chain, &lw.ffn_gate, &h, &gate, n, None, false)?;
-        self.linear(chain, &lw.ffn_up, &h, &up, n, None, false)?;
+        let (input, fused) = self.normed(chain, n, &x, &h, &lw.ffn_norm)?;
+        let norm = fused.as_ref().map(|g| (g, c.rms_eps));
+        self.linear(chain, &lw.ffn_gate, &input, &gate, n, None, false, norm)?;
+        self.linear(chain, &lw.ffn_up, &input, &up, n, None, false, norm)?;
         chain.compute_barrier()?;
         let op = match c.activation {
             Activation::Silu => GluOp::Silu,
@@ -270,10 +265,10 @@ impl Graph<'_> {
         let width = n as usize * c.n_embd;
         let x = f32s(&s.x, width)?;
         match post_norm {
-            None => self.linear(chain, m, a, &x, n, None, true)?,
+            None => self.linear(chain, m, a, &x, n, None, true, None)?,
             Some(norm) => {
                 let o = f32s(&s.o, width)?;
-                self.linear(chain, m, a, &o, n, None, false)?;
+                self.linear(chain, m, a, &o, n, None, false, None)?;
                 chain.compute_barrier()?;
                 k.rms_norm
                     .record(chain, &o, norm, &o, n, c.n_embd as u32, c.rms_eps)?;
@@ -314,7 +309,7 @@ impl Graph<'_> {
         )?;
         chain.compute_barrier()?;
         let out = f32s(&s.logits, rows as usize * c.n_vocab)?;
-        self.linear(chain, &w.output, &h, &out, rows, None, false)?;
+        self.linear(chain, &w.output, &h, &out, rows, None, false, None)?;
         chain.compute_barrier()?;
         Ok(())
     }
@@ -362,12 +357,34 @@ impl Graph<'_> {
         )?;
         chain.compute_barrier()?;
         let out = f32s(&s.logits, n_out as usize * c.n_vocab)?;
-        self.linear(chain, &w.output, &h, &out, n_out, None, false)?;
+        self.linear(chain, &w.output, &h, &out, n_out, None, false, None)?;
         chain.compute_barrier()?;
         Ok(())
     }
 
-    /// `y (+)= x · mᵀ (+ bias)` over `n` tokens, one dispatch per piece of `m`.
+    /// The input of a block's projections: `x` itself when the matvec kernels take the RMSNorm
+    /// (returned: its weight, to fuse), else `rms_norm(x)` recorded into `h`.
+    fn normed(
+        &self,
+        chain: &mut Chain,
+        n: u32,
+        x: &BufferSlice,
+        h: &BufferSlice,
+        weight: &BufferSlice,
+    ) -> Result<(BufferSlice, Option<BufferSlice>)> {
+        if self.k.linear.fuses_norm(n) {
+            return Ok((x.clone(), Some(weight.clone())));
+        }
+        let c = self.c;
+        self.k
+            .rms_norm
+            .record(chain, x, weight, h, n, c.n_embd as u32, c.rms_eps)?;
+        chain.compute_barrier()?;
+        Ok((h.clone(), None))
+    }
+
+    /// `y (+)= x · mᵀ (+ bias)` over `n` tokens, one dispatch per piece of `m`; with `norm`
+    /// (weight, eps) the product is of `rms_norm(x)` (fused in the matvec kernel).
     #[allow(clippy::too_many_arguments)]
     fn linear(
         &self,
@@ -378,6 +395,7 @@ impl Graph<'_> {
         n: u32,
         bias: Option<&BufferSlice>,
         accumulate: bool,
+        norm: Option<(&BufferSlice, f32)>,
     ) -> Result<()> {
         if bias.is_some() && m.pieces.len() > 1 {
             return Err(ModelError::Gpu(format!(
@@ -403,6 +421,7 @@ impl Graph<'_> {
                     y_col: p.row_begin,
                     bias,
                     accumulate,
+                    norm,
                 },
             )?;
         }
