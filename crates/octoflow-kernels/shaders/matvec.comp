@@ -50,10 +50,9 @@ layout(push_constant) uniform Push {
 
 #include "quant.glsl"
 
-// Per-subgroup partial sums, [MAXT][WG] (at most WG subgroups).
-shared float partial[MAXT * WG];
-// 1 / rms of each token's x (fused norm), else 1.
-shared float inv_rms[MAXT];
+// Per-subgroup partial sums, [MAXT][WG] (at most WG subgroups), then (fused norm) the partial
+// sums of squares of x, [MAXT][WG] after them.
+shared float partial[2u * MAXT * WG];
 
 void main() {
     uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
@@ -67,29 +66,12 @@ void main() {
     for (uint t = 0u; t < MAXT; t++) {
         acc[t] = 0.0;
     }
+    // Fused norm: the lanes of a row read all of x[t] between them, so each row sums x[t]^2 in
+    // the same loop as its dot product (no extra pass, no barrier) and scales by 1/rms at the end.
     bool norm = pc.norm != 0u;
-    if (norm) {
-        // every workgroup reduces each token's sum of squares itself (x is small and cached)
-        for (uint t = 0u; t < nt; t++) {
-            float ss = 0.0;
-            for (uint i = tid; i < pc.n_cols; i += WG) {
-                float v = x[t * pc.n_cols + i];
-                ss += v * v;
-            }
-            ss = subgroupAdd(ss);
-            if (subgroupElect()) {
-                partial[t * WG + gl_SubgroupID] = ss;
-            }
-        }
-        barrier();
-        if (tid < nt) {
-            float ss = 0.0;
-            for (uint k = 0u; k < gl_NumSubgroups; k++) {
-                ss += partial[tid * WG + k];
-            }
-            inv_rms[tid] = 1.0 / sqrt(ss / float(pc.n_cols) + pc.eps);
-        }
-        barrier();
+    float ssq[MAXT];
+    for (uint t = 0u; t < MAXT; t++) {
+        ssq[t] = 0.0;
     }
     if (r < pc.n_rows) {
         uint rb = r * pc.row_bytes;
@@ -106,6 +88,7 @@ void main() {
                     [[unroll]] for (uint i = 0u; i < 8u; i++) {
                         vec4 xv = x4[(xb >> 2) + i];
                         if (norm) {
+                            ssq[t] += dot(xv, xv);
                             xv *= g4[8u * c + i];
                         }
                         s += dot(vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]), xv);
@@ -114,6 +97,7 @@ void main() {
                     for (uint i = 0u; i < len; i++) {
                         float xv = x[xb + i];
                         if (norm) {
+                            ssq[t] += xv * xv;
                             xv *= g[32u * c + i];
                         }
                         s += v[i] * xv;
@@ -127,8 +111,10 @@ void main() {
     // Subgroup sums, then the TPR / gl_SubgroupSize partials of each row.
     for (uint t = 0u; t < nt; t++) {
         float s = subgroupAdd(acc[t]);
+        float q = norm ? subgroupAdd(ssq[t]) : 0.0;
         if (subgroupElect()) {
             partial[t * WG + gl_SubgroupID] = s;
+            partial[(MAXT + t) * WG + gl_SubgroupID] = q;
         }
     }
     barrier();
@@ -137,11 +123,13 @@ void main() {
         uint first = lr * per_row;
         for (uint t = 0u; t < nt; t++) {
             float s = 0.0;
+            float ss = 0.0;
             for (uint k = 0u; k < per_row; k++) {
                 s += partial[t * WG + first + k];
+                ss += partial[(MAXT + t) * WG + first + k];
             }
             if (norm) {
-                s *= inv_rms[t];
+                s *= 1.0 / sqrt(ss / float(pc.n_cols) + pc.eps);
             }
             if ((pc.flags & 1u) != 0u) {
                 s += bias[r];
