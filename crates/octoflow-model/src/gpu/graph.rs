@@ -127,7 +127,7 @@ impl Graph<'_> {
         let att = f32s(&s.att, rows * c.n_head * c.head_dim_v)?;
         let eps = c.rms_eps;
 
-        let (input, fused) = self.normed(chain, n, &x, &h, &lw.attn_norm)?;
+        let (input, fused) = self.normed(chain, n, &x, &h, &lw.attn_norm, true)?;
         let norm = fused.as_ref().map(|g| (g, eps));
         let (bq, bk, bv) = (
             lw.attn_q_bias.as_ref(),
@@ -237,7 +237,7 @@ impl Graph<'_> {
         let h = f32s(&s.h, rows * c.n_embd)?;
         let gate = f32s(&s.ffn_gate, rows * c.n_ff)?;
         let up = f32s(&s.ffn_up, rows * c.n_ff)?;
-        let (input, fused) = self.normed(chain, n, &x, &h, &lw.ffn_norm)?;
+        let (input, fused) = self.normed(chain, n, &x, &h, &lw.ffn_norm, false)?;
         let norm = fused.as_ref().map(|g| (g, c.rms_eps));
         self.linear(chain, &lw.ffn_gate, &input, &gate, n, None, false, norm)?;
         self.linear(chain, &lw.ffn_up, &input, &up, n, None, false, norm)?;
@@ -362,8 +362,11 @@ impl Graph<'_> {
         Ok(())
     }
 
-    /// The input of a block's projections: `x` itself when the matvec kernels take the RMSNorm
-    /// (returned: its weight, to fuse), else `rms_norm(x)` recorded into `h`.
+    /// The input of a block's projections: `x` itself when the norm is fused into them
+    /// (returned: its weight), else `rms_norm(x)` recorded into `h`. Fused only where it was
+    /// measured to pay (H100, docs/BENCHMARKS.md): single-token steps of the attention block,
+    /// whose projections are small and latency-bound; the FFN's large gate/up matvecs and
+    /// multi-token steps lose more to the extra per-chunk work than the saved dispatch gains.
     fn normed(
         &self,
         chain: &mut Chain,
@@ -371,8 +374,9 @@ impl Graph<'_> {
         x: &BufferSlice,
         h: &BufferSlice,
         weight: &BufferSlice,
+        small: bool,
     ) -> Result<(BufferSlice, Option<BufferSlice>)> {
-        if self.k.linear.fuses_norm(n) {
+        if small && n == 1 && self.k.linear.fuses_norm(n) {
             return Ok((x.clone(), Some(weight.clone())));
         }
         let c = self.c;
