@@ -363,10 +363,10 @@ impl Graph<'_> {
     }
 
     /// The input of a block's projections: `x` itself when the norm is fused into them
-    /// (returned: its weight), else `rms_norm(x)` recorded into `h`. Fused only where it was
-    /// measured to pay (H100, docs/BENCHMARKS.md): single-token steps of the attention block,
-    /// whose projections are small and latency-bound; the FFN's large gate/up matvecs and
-    /// multi-token steps lose more to the extra per-chunk work than the saved dispatch gains.
+    /// (returned: its weight), else `rms_norm(x)` recorded into `h`. Fused only for single-token
+    /// steps of the attention block, whose projections are small and latency-bound (H100 tg128:
+    /// qwen 403 → 412, smollm2 475 → 493, gemma3 481 → 476 tok/s); fusing the FFN's large
+    /// gate/up matvecs too cost qwen 2% and 8-token steps 22% (docs/BENCHMARKS.md).
     fn normed(
         &self,
         chain: &mut Chain,
