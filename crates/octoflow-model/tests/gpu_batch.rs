@@ -11,14 +11,7 @@ use octoflow_model::{BatchForward, BatchRow, Logits, Model, RowOutput, RowResult
 use octoflow_vk::testing::gpu_or_skip;
 
 fn greedy() -> GpuDraw {
-    GpuDraw {
-        temperature: 0.0,
-        top_k: 40,
-        top_p: 1.0,
-        min_p: 0.0,
-        seed: 0,
-        step: 0,
-    }
+    greedy_draw()
 }
 
 /// Rows feeding `tokens` to `slot` from position `start`; the last one asks for `out`.
@@ -42,29 +35,6 @@ fn cpu_last(model: &Model, tokens: &[u32]) -> Vec<f32> {
         .session(64)
         .forward(tokens, 0, Logits::Last)
         .expect("cpu forward")
-}
-
-/// Within [`gpu_logit_bound`] for `rows` rows: the largest step the sequence's history ran in.
-fn assert_close(ctx: &octoflow_vk::Context, rows: usize, got: &[f32], want: &[f32], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}");
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let worst = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| {
-            if a.is_finite() {
-                (a - b).abs()
-            } else {
-                f32::INFINITY
-            }
-        })
-        .fold(0f32, f32::max);
-    let bound = gpu_logit_bound(ctx, rows);
-    println!("{what}: max |gpu - cpu| = {worst} (logit scale {scale}, bound {bound} of it)");
-    assert!(
-        worst <= bound * scale,
-        "{what}: max |gpu - cpu| = {worst} (logit scale {scale}, bound {bound} of it)"
-    );
 }
 
 fn logits_of(r: &RowResult) -> &[f32] {
@@ -108,14 +78,14 @@ fn rows_of_several_sequences_match_each_sequence_alone() {
     assert_eq!(r.len(), step.len());
     let last0 = p[0].len() - 1;
     assert!(r[..last0].iter().all(|x| *x == RowResult::None));
-    assert_close(
+    assert_logits_close(
         &ctx,
         step.len(),
         logits_of(&r[last0]),
         &cpu_last(&model, &p[0]),
         "step 1, slot 2",
     );
-    assert_close(
+    assert_logits_close(
         &ctx,
         step.len(),
         logits_of(&r[step.len() - 1]),
@@ -130,14 +100,14 @@ fn rows_of_several_sequences_match_each_sequence_alone() {
     step.extend(rows(2, p[0].len() as u32, &[next0], RowOutput::Logits));
     let r = b.step(&step).unwrap();
     let (e0, e1) = (p[1].len() - half, p[1].len() - half + p[2].len());
-    assert_close(
+    assert_logits_close(
         &ctx,
         step.len(),
         logits_of(&r[e0 - 1]),
         &cpu_last(&model, &p[1]),
         "step 2, slot 0",
     );
-    assert_close(
+    assert_logits_close(
         &ctx,
         step.len(),
         logits_of(&r[e1 - 1]),
@@ -146,7 +116,7 @@ fn rows_of_several_sequences_match_each_sequence_alone() {
     );
     let mut seq2 = p[0].clone();
     seq2.push(next0);
-    assert_close(
+    assert_logits_close(
         &ctx,
         step.len(),
         logits_of(&r[e1]),
@@ -200,7 +170,7 @@ fn rows_of_several_sequences_match_each_sequence_alone() {
             want3[t as usize]
         );
         s.push(t);
-        assert_close(
+        assert_logits_close(
             &ctx,
             18, // the sequences' history ran through steps of up to 18 rows
             logits_of(&r4[i]),
@@ -211,7 +181,7 @@ fn rows_of_several_sequences_match_each_sequence_alone() {
 
     // a finished slot is reused from position 0: its old positions are forgotten
     let r = b.step(&rows(2, 0, &p[1], RowOutput::Logits)).unwrap();
-    assert_close(
+    assert_logits_close(
         &ctx,
         p[1].len(),
         logits_of(r.last().unwrap()),

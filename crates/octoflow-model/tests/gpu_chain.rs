@@ -11,14 +11,7 @@ use octoflow_text::sampling::{Sampler, SamplingParams};
 use octoflow_vk::testing::gpu_or_skip;
 
 fn greedy() -> GpuDraw {
-    GpuDraw {
-        temperature: 0.0,
-        top_k: 40,
-        top_p: 1.0,
-        min_p: 0.0,
-        seed: 0,
-        step: 0,
-    }
+    greedy_draw()
 }
 
 #[test]
@@ -35,26 +28,7 @@ fn gpu_logits_track_the_cpu_reference() {
         .unwrap()
         .forward(prompt, 0, Logits::All)
         .unwrap();
-    assert_eq!(got.len(), want.len());
-    // Both compute in f32 over the same dequantized weights; only summation order differs.
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let worst = got
-        .iter()
-        .zip(&want)
-        .map(|(a, b)| {
-            if a.is_finite() {
-                (a - b).abs()
-            } else {
-                f32::INFINITY
-            }
-        })
-        .fold(0f32, f32::max);
-    let bound = gpu_logit_bound(&ctx, prompt.len());
-    println!("max |gpu - cpu| = {worst} (logit scale {scale}, bound {bound} of it)");
-    assert!(
-        worst <= bound * scale,
-        "max |gpu - cpu| = {worst} (logit scale {scale}, bound {bound} of it)"
-    );
+    assert_logits_close(&ctx, prompt.len(), &got, &want, "prompt logits");
 }
 
 /// Greedy tokens from the GPU chain (`steps` per submit) after `prompt`, `n` of them.

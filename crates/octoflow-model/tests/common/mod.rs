@@ -245,3 +245,45 @@ pub fn gpu_logit_bound(ctx: &octoflow_vk::Context, n_tokens: usize) -> f32 {
         1e-3
     }
 }
+
+/// Greedy decoding on the GPU sampler.
+pub fn greedy_draw() -> octoflow_model::gpu::GpuDraw {
+    octoflow_model::gpu::GpuDraw {
+        temperature: 0.0,
+        top_k: 40,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: 0,
+        step: 0,
+    }
+}
+
+/// GPU logits against the CPU reference's: the largest difference within [`gpu_logit_bound`]
+/// (for a history that ran in steps of up to `rows` rows) of the largest |logit|; NaN fails.
+pub fn assert_logits_close(
+    ctx: &octoflow_vk::Context,
+    rows: usize,
+    got: &[f32],
+    want: &[f32],
+    what: &str,
+) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| {
+            if a.is_finite() {
+                (a - b).abs()
+            } else {
+                f32::INFINITY
+            }
+        })
+        .fold(0f32, f32::max);
+    let bound = gpu_logit_bound(ctx, rows);
+    println!("{what}: max |gpu - cpu| = {worst} (logit scale {scale}, bound {bound} of it)");
+    assert!(
+        worst <= bound * scale,
+        "{what}: max |gpu - cpu| = {worst} (logit scale {scale}, bound {bound} of it)"
+    );
+}
