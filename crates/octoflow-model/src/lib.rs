@@ -32,8 +32,9 @@ pub mod numerics;
 pub mod ops;
 pub mod weights;
 
-#[cfg(test)]
-mod testing;
+/// Test support (tiny random models); also for other crates' tests with feature `testing`.
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use arch::Architecture;
 pub use backend::Forward;

@@ -34,6 +34,8 @@ enum Command {
     Perplexity(cmd::perplexity::Args),
     /// Print the token ids of a text (like llama-tokenize).
     Tokenize(cmd::tokenize::Args),
+    /// QLoRA fine-tuning on the GPU: frozen quantized base, LoRA adapters, AdamW.
+    Train(cmd::train::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -55,6 +57,7 @@ fn main() -> std::process::ExitCode {
         Command::Serve(args) => cmd::serve::run(args),
         Command::Perplexity(args) => cmd::perplexity::run(args),
         Command::Tokenize(args) => cmd::tokenize::run(args),
+        Command::Train(args) => cmd::train::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

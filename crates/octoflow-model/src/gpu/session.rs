@@ -49,6 +49,16 @@ impl GpuModel {
             ctx: ctx.clone(),
         })
     }
+    /// The uploaded weights (read by other chains over the same copy, e.g. the trainer's).
+    pub fn weights(&self) -> &GpuWeights {
+        &self.weights
+    }
+
+    /// The model's pipelines.
+    pub fn kernels(&self) -> &Kernels {
+        &self.kernels
+    }
+
 
     /// The device.
     pub fn context(&self) -> &Context {

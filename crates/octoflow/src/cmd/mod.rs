@@ -12,3 +12,4 @@ pub mod pull;
 pub mod run;
 pub mod serve;
 pub mod tokenize;
+pub mod train;

@@ -1,0 +1,468 @@
+//! The training step on the GPU.
+//!
+//! One micro-step (forward, loss, backward of `batch × seq_len` rows) is recorded once into one
+//! chain and replayed for every micro-batch: the CPU writes the rows' token ids, labels, loss
+//! weights, positions and the dropout seed into a small upload buffer, submits, and reads the
+//! per-row losses back. Gradients accumulate in one flat buffer across micro-steps; the
+//! optimizer step (global gradient norm, clipping, AdamW) is a second, three-dispatch chain
+//! recorded per optimizer step because its learning rate is a push constant.
+//!
+//! Memory: the residual stream entering every layer is kept (`(n_layer + 1) × T × n_embd`); the
+//! rest of a layer's activations are recomputed from it during the backward (one layer at a
+//! time), so activation memory is one layer's worth plus the saved residuals. The vocabulary
+//! projection, the cross-entropy and its input gradient run in chunks of rows so a 150k
+//! vocabulary never needs `T × n_vocab` logits at once.
+
+mod block;
+mod layer;
+mod ops;
+
+use octoflow_kernels::{
+    AdamW, AdamWStep, CrossEntropy, Dropout, Gemm, GluBack, LinearT, MaskedSoftmax, RmsNormBack,
+    SumSquares,
+};
+use octoflow_model::gpu::GpuModel;
+use octoflow_model::ModelConfig;
+use octoflow_vk::{Buffer, Chain, Context, MemoryKind};
+
+use crate::error::{Result, TrainError};
+use crate::lora::{LoraConfig, LoraLayout, Target};
+
+/// Distinct dropout salts per layer (one per target kind).
+pub(crate) const TARGET_SLOTS: usize = 8;
+
+/// Logit rows per cross-entropy chunk, at most (fewer when `n_vocab` is large: the chunk's
+/// logits stay under [`LOGITS_BYTES`]).
+const LOGITS_ROWS: usize = 256;
+/// Bytes of logits per chunk, at most.
+const LOGITS_BYTES: usize = 96 << 20;
+
+/// The kernels only training uses (the forward ones come from the model).
+pub(crate) struct TrainKernels {
+    pub gemm: Gemm,
+    pub linear_t: LinearT,
+    pub cross_entropy: CrossEntropy,
+    pub rms_norm_back: RmsNormBack,
+    pub glu_back: GluBack,
+    pub softmax: MaskedSoftmax,
+    pub sum_squares: SumSquares,
+    pub adamw: AdamW,
+    pub dropout: Dropout,
+}
+
+impl TrainKernels {
+    fn new(ctx: &Context) -> Result<Self> {
+        Ok(Self {
+            gemm: Gemm::new(ctx)?,
+            linear_t: LinearT::new(ctx)?,
+            cross_entropy: CrossEntropy::new(ctx)?,
+            rms_norm_back: RmsNormBack::new(ctx)?,
+            glu_back: GluBack::new(ctx)?,
+            softmax: MaskedSoftmax::new(ctx)?,
+            sum_squares: SumSquares::new(ctx)?,
+            adamw: AdamW::new(ctx)?,
+            dropout: Dropout::new(ctx)?,
+        })
+    }
+}
+
+/// Word offsets of the per-micro-step inputs in the upload buffer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct IoLayout {
+    pub ids: usize,
+    pub labels: usize,
+    pub weights: usize,
+    /// `(position, 0)` pairs (the `Positions::Table` layout rope reads).
+    pub pos: usize,
+    pub seed: usize,
+    pub words: usize,
+}
+
+impl IoLayout {
+    fn new(rows: usize) -> Self {
+        IoLayout {
+            ids: 0,
+            labels: rows,
+            weights: 2 * rows,
+            pos: 3 * rows,
+            seed: 5 * rows,
+            words: 5 * rows + 1,
+        }
+    }
+}
+
+/// The device buffers of a trainer.
+pub(crate) struct Bufs {
+    pub io: Buffer,
+    pub loss: Buffer,
+    /// `[T, n_embd]` residual stream entering layer `l` (`xs[n_layer]`: the final one).
+    pub xs: Vec<Buffer>,
+    pub n1: Buffer,
+    pub q: Buffer,
+    pub k: Buffer,
+    pub v: Buffer,
+    /// q and k before their per-head norms (gemma3).
+    pub q_raw: Buffer,
+    pub k_raw: Buffer,
+    /// `[batch, n_head, seq_len, seq_len]` attention probabilities.
+    pub scores: Buffer,
+    pub att: Buffer,
+    /// Attention/FFN projections before their post-norms (gemma3) and after.
+    pub a_raw: Buffer,
+    pub a: Buffer,
+    pub xmid: Buffer,
+    pub n2: Buffer,
+    pub g: Buffer,
+    pub u: Buffer,
+    pub hg: Buffer,
+    pub f_raw: Buffer,
+    pub f: Buffer,
+    /// `[TARGETS][T, rank]`: each adapter's `x Aᵀ`.
+    pub h: Buffer,
+    /// `[T, max n_in]`: dropout-masked adapter inputs / masked input gradients.
+    pub xd: Buffer,
+    pub dh: Buffer,
+    pub dx: Buffer,
+    pub dtmp: Buffer,
+    pub dn: Buffer,
+    pub datt: Buffer,
+    pub dq: Buffer,
+    pub dk: Buffer,
+    pub dv: Buffer,
+    pub dscores: Buffer,
+    pub dhg: Buffer,
+    pub logits: Buffer,
+    pub nf: Buffer,
+    pub dnf: Buffer,
+    pub params: Buffer,
+    pub grads: Buffer,
+    pub m: Buffer,
+    pub v2: Buffer,
+    /// `[0]`: the sum of squared gradients of the last optimizer step.
+    pub stats: Buffer,
+}
+
+/// Shapes and adapters of a trainer.
+#[derive(Debug, Clone)]
+pub struct TrainerOptions {
+    /// Sequences per micro-batch.
+    pub batch: usize,
+    /// Rows per sequence.
+    pub seq_len: usize,
+    pub lora: LoraConfig,
+}
+
+/// One micro-batch: `batch × seq_len` rows, sequence after sequence.
+#[derive(Debug, Clone, Default)]
+pub struct Rows {
+    pub ids: Vec<u32>,
+    /// The id row `t` is trained to predict, or `octoflow_kernels::IGNORE`.
+    pub labels: Vec<u32>,
+    /// Per-row loss weight (1 / trained rows of the whole optimizer step; 0 for ignored rows).
+    pub weights: Vec<f32>,
+    /// Position of the row within its own document (attention never crosses documents).
+    pub pos: Vec<u32>,
+}
+
+/// A LoRA trainer over one GPU copy of the frozen model.
+pub struct Trainer {
+    pub(crate) gm: GpuModel,
+    pub(crate) c: ModelConfig,
+    pub(crate) tk: TrainKernels,
+    pub(crate) layout: LoraLayout,
+    pub(crate) dropout: f32,
+    pub(crate) batch: usize,
+    pub(crate) seq_len: usize,
+    /// `batch × seq_len`.
+    pub(crate) rows: usize,
+    pub(crate) logit_rows: usize,
+    pub(crate) io: IoLayout,
+    pub(crate) b: Bufs,
+    step_chain: Option<Chain>,
+    eval_chain: Option<Chain>,
+}
+
+fn buffer(ctx: &Context, name: &str, floats: usize) -> Result<Buffer> {
+    Ok(Buffer::new(
+        ctx,
+        name,
+        4 * floats.max(4) as u64,
+        MemoryKind::DeviceLocal,
+    )?)
+}
+
+impl Trainer {
+    /// Allocates every buffer for `opts` and builds the training pipelines.
+    pub fn new(gm: GpuModel, opts: &TrainerOptions) -> Result<Self> {
+        opts.lora.validate()?;
+        let c = gm.config.clone();
+        if opts.batch == 0 || opts.seq_len < 2 {
+            return Err(TrainError::Config(format!(
+                "batch {} × seq-len {}: need at least one sequence of two tokens",
+                opts.batch, opts.seq_len
+            )));
+        }
+        let ctx = gm.context().clone();
+        let layout = LoraLayout::new(&opts.lora, &c);
+        let rows = opts.batch * opts.seq_len;
+        let logit_rows = LOGITS_ROWS.min(rows).min((LOGITS_BYTES / (4 * c.n_vocab)).max(1));
+        let io = IoLayout::new(rows);
+        let (d, ff) = (c.n_embd, c.n_ff);
+        let (qd, kd, vd) = (c.q_dim(), c.k_dim(), c.v_dim());
+        let att_w = c.n_head * c.head_dim_v;
+        let max_in = d.max(ff).max(att_w);
+        let sc = opts.batch * c.n_head * opts.seq_len * opts.seq_len;
+        let r = opts.lora.rank;
+        let bf = |name: &str, n: usize| buffer(&ctx, name, n);
+        let b = Bufs {
+            io: Buffer::new(&ctx, "train.io", 4 * io.words as u64, MemoryKind::Upload)?,
+            loss: Buffer::new(&ctx, "train.loss", 4 * rows as u64, MemoryKind::Readback)?,
+            xs: (0..=c.n_layer)
+                .map(|l| bf(&format!("train.x{l}"), rows * d))
+                .collect::<Result<_>>()?,
+            n1: bf("train.n1", rows * d)?,
+            q: bf("train.q", rows * qd)?,
+            k: bf("train.k", rows * kd)?,
+            v: bf("train.v", rows * vd)?,
+            q_raw: bf("train.q_raw", if c.qk_norm { rows * qd } else { 1 })?,
+            k_raw: bf("train.k_raw", if c.qk_norm { rows * kd } else { 1 })?,
+            scores: bf("train.scores", sc)?,
+            att: bf("train.att", rows * att_w)?,
+            a_raw: bf("train.a_raw", if c.post_norms { rows * d } else { 1 })?,
+            a: bf("train.a", rows * d)?,
+            xmid: bf("train.xmid", rows * d)?,
+            n2: bf("train.n2", rows * d)?,
+            g: bf("train.g", rows * ff)?,
+            u: bf("train.u", rows * ff)?,
+            hg: bf("train.hg", rows * ff)?,
+            f_raw: bf("train.f_raw", if c.post_norms { rows * d } else { 1 })?,
+            f: bf("train.f", rows * d)?,
+            h: bf("train.h", Target::ALL.len() * rows * r)?,
+            xd: bf("train.xd", rows * max_in)?,
+            dh: bf("train.dh", rows * r)?,
+            dx: bf("train.dx", rows * d)?,
+            dtmp: bf("train.dtmp", rows * d)?,
+            dn: bf("train.dn", rows * d)?,
+            datt: bf("train.datt", rows * att_w)?,
+            dq: bf("train.dq", rows * qd)?,
+            dk: bf("train.dk", rows * kd)?,
+            dv: bf("train.dv", rows * vd)?,
+            dscores: bf("train.dscores", sc)?,
+            dhg: bf("train.dhg", rows * ff)?,
+            logits: bf("train.logits", logit_rows * c.n_vocab)?,
+            nf: bf("train.nf", rows * d)?,
+            dnf: bf("train.dnf", rows * d)?,
+            params: bf("train.params", layout.n_params)?,
+            grads: bf("train.grads", layout.n_params)?,
+            m: bf("train.adam_m", layout.n_params)?,
+            v2: bf("train.adam_v", layout.n_params)?,
+            stats: Buffer::new(&ctx, "train.stats", 16, MemoryKind::Readback)?,
+        };
+        let n = 4 * layout.n_params as u64;
+        for buf in [&b.grads, &b.m, &b.v2] {
+            ctx.fill(buf, 0, n, 0)?;
+        }
+        let tk = TrainKernels::new(&ctx)?;
+        let mut t = Trainer {
+            gm,
+            c,
+            tk,
+            layout,
+            dropout: opts.lora.dropout,
+            batch: opts.batch,
+            seq_len: opts.seq_len,
+            rows,
+            logit_rows,
+            io,
+            b,
+            step_chain: None,
+            eval_chain: None,
+        };
+        let init = t.layout.init(0);
+        t.set_params(&init)?;
+        t.step_chain = Some(t.record(true)?);
+        t.eval_chain = Some(t.record(false)?);
+        Ok(t)
+    }
+
+    /// The device.
+    pub fn context(&self) -> &Context {
+        self.gm.context()
+    }
+
+    /// The adapters' layout.
+    pub fn layout(&self) -> &LoraLayout {
+        &self.layout
+    }
+
+    /// Rows per micro-batch (`batch × seq_len`).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Replaces the adapters' parameters (`[layout.n_params]`).
+    pub fn set_params(&self, p: &[f32]) -> Result<()> {
+        self.check_len("parameters", p.len())?;
+        Ok(self.context().upload(&self.b.params, 0, p)?)
+    }
+
+    /// The adapters' parameters.
+    pub fn params(&self) -> Result<Vec<f32>> {
+        self.read(&self.b.params)
+    }
+
+    /// The accumulated gradients (since the last optimizer step).
+    pub fn grads(&self) -> Result<Vec<f32>> {
+        self.read(&self.b.grads)
+    }
+
+    /// AdamW's first and second moments.
+    pub fn moments(&self) -> Result<(Vec<f32>, Vec<f32>)> {
+        Ok((self.read(&self.b.m)?, self.read(&self.b.v2)?))
+    }
+
+    /// Restores AdamW's moments (resume).
+    pub fn set_moments(&self, m: &[f32], v: &[f32]) -> Result<()> {
+        self.check_len("first moments", m.len())?;
+        self.check_len("second moments", v.len())?;
+        self.context().upload(&self.b.m, 0, m)?;
+        Ok(self.context().upload(&self.b.v2, 0, v)?)
+    }
+
+    fn check_len(&self, what: &str, n: usize) -> Result<()> {
+        if n != self.layout.n_params {
+            return Err(TrainError::Config(format!(
+                "{what}: {n} values given, the adapters have {}",
+                self.layout.n_params
+            )));
+        }
+        Ok(())
+    }
+
+    fn read(&self, b: &Buffer) -> Result<Vec<f32>> {
+        let mut out = vec![0f32; self.layout.n_params];
+        self.context().download(b, 0, &mut out)?;
+        Ok(out)
+    }
+
+    /// Writes a micro-batch's inputs into the upload buffer.
+    fn write_rows(&self, r: &Rows, seed: u32) -> Result<()> {
+        let n = self.rows;
+        for (what, len) in [
+            ("ids", r.ids.len()),
+            ("labels", r.labels.len()),
+            ("weights", r.weights.len()),
+            ("pos", r.pos.len()),
+        ] {
+            if len != n {
+                return Err(TrainError::Config(format!(
+                    "micro-batch {what}: {len} rows, the trainer runs {n}"
+                )));
+            }
+        }
+        if let Some(&id) = r.ids.iter().find(|&&id| id as usize >= self.c.n_vocab) {
+            return Err(TrainError::Config(format!(
+                "token id {id} is outside the vocabulary ({})",
+                self.c.n_vocab
+            )));
+        }
+        let mut words = Vec::with_capacity(self.io.words);
+        words.extend_from_slice(&r.ids);
+        words.extend_from_slice(&r.labels);
+        words.extend(r.weights.iter().map(|w| w.to_bits()));
+        for &p in &r.pos {
+            words.extend_from_slice(&[p, 0]);
+        }
+        words.push(seed);
+        self.b.io.write(0, &words)?;
+        Ok(())
+    }
+
+    fn loss_sum(&self) -> Result<f64> {
+        let mut loss = vec![0f32; self.rows];
+        self.b.loss.read(0, &mut loss)?;
+        if let Some(i) = loss.iter().position(|l| !l.is_finite()) {
+            return Err(TrainError::NonFinite(format!(
+                "the loss of row {i} is {}",
+                loss[i]
+            )));
+        }
+        Ok(loss.iter().map(|&l| f64::from(l)).sum())
+    }
+
+    /// Forward and backward of one micro-batch: gradients accumulate, the weighted loss sum
+    /// (Σ weight × token loss) comes back. `seed` drives the dropout masks.
+    pub fn micro_step(&mut self, r: &Rows, seed: u32) -> Result<f64> {
+        self.write_rows(r, seed)?;
+        let chain = self.step_chain.as_mut().ok_or(TrainError::NoChain)?;
+        chain.run()?;
+        self.loss_sum()
+    }
+
+    /// The weighted loss sum of a micro-batch without touching the gradients (evaluation; no
+    /// dropout).
+    pub fn eval(&mut self, r: &Rows) -> Result<f64> {
+        self.write_rows(r, 0)?;
+        let chain = self.eval_chain.as_mut().ok_or(TrainError::NoChain)?;
+        chain.run()?;
+        self.loss_sum()
+    }
+
+    /// One AdamW step over the accumulated gradients (which it zeroes); returns the global
+    /// gradient norm before clipping.
+    pub fn optimizer_step(&mut self, step: &AdamWStep) -> Result<f32> {
+        let ctx = self.context().clone();
+        let n = self.layout.n_params as u32;
+        let mut chain = Chain::new(&ctx)?;
+        let stats = self.b.stats.whole();
+        self.tk
+            .sum_squares
+            .record(&mut chain, &self.b.grads.whole(), n, &stats, 0)?;
+        chain.compute_barrier()?;
+        let step = AdamWStep {
+            zero_grads: true,
+            ..*step
+        };
+        self.tk.adamw.record(
+            &mut chain,
+            &self.b.params.whole(),
+            &self.b.grads.whole(),
+            &self.b.m.whole(),
+            &self.b.v2.whole(),
+            &stats,
+            0,
+            n,
+            &step,
+        )?;
+        chain.run()?;
+        let mut ss = [0f32; 1];
+        self.b.stats.read(0, &mut ss)?;
+        Ok(ss[0].sqrt())
+    }
+
+    /// Device memory this process holds (weights, activations, adapters, optimizer state).
+    pub fn device_bytes(&self) -> u64 {
+        self.context().memory_usage().0
+    }
+
+    /// Records the micro-step chain (`train`: forward, loss, backward) or the evaluation one.
+    fn record(&self, train: bool) -> Result<Chain> {
+        let mut chain = Chain::new(self.context())?;
+        self.embed(&mut chain)?;
+        for l in 0..self.c.n_layer {
+            self.layer_forward(&mut chain, l, true)?;
+        }
+        self.head(&mut chain, train)?;
+        if train {
+            for l in (0..self.c.n_layer).rev() {
+                if l + 1 < self.c.n_layer {
+                    // the last layer's activations are still in the scratch from the forward
+                    self.layer_forward(&mut chain, l, false)?;
+                }
+                self.layer_backward(&mut chain, l)?;
+            }
+        }
+        chain.finish()?;
+        Ok(chain)
+    }
+}

@@ -1,0 +1,297 @@
+//! The CPU reference of the training loss: the whole forward with adapters, in f64 over
+//! dequantized weights, written plainly. The gradient tests take central finite differences
+//! of this function and compare them with the GPU's backward.
+
+use octoflow_model::{Activation, Model, RopeType};
+
+use crate::error::Result;
+use crate::gpu::Rows;
+use crate::lora::{LoraLayout, Target};
+
+/// A dequantized `[rows, cols]` matrix.
+struct Mat {
+    rows: usize,
+    cols: usize,
+    w: Vec<f64>,
+}
+
+impl Mat {
+    fn of(q: &octoflow_model::QMatrix) -> Result<Self> {
+        let mut w = vec![0f32; q.n_rows * q.n_cols];
+        q.dequantize_rows(0, &mut w)?;
+        Ok(Mat {
+            rows: q.n_rows,
+            cols: q.n_cols,
+            w: w.into_iter().map(f64::from).collect(),
+        })
+    }
+
+    /// `y[t] = W x[t]` for every row of `x` (`[T, cols]` → `[T, rows]`).
+    fn apply(&self, x: &[f64]) -> Vec<f64> {
+        let t = x.len() / self.cols;
+        let mut y = vec![0.0; t * self.rows];
+        for (xr, yr) in x.chunks_exact(self.cols).zip(y.chunks_exact_mut(self.rows)) {
+            for (o, yo) in yr.iter_mut().enumerate() {
+                let wr = &self.w[o * self.cols..(o + 1) * self.cols];
+                *yo = wr.iter().zip(xr).map(|(a, b)| a * b).sum();
+            }
+        }
+        y
+    }
+}
+
+fn v64(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| f64::from(x)).collect()
+}
+
+/// One block's dequantized weights.
+struct Block {
+    attn_norm: Vec<f64>,
+    q: Mat,
+    k: Mat,
+    v: Mat,
+    biases: [Option<Vec<f64>>; 3],
+    q_norm: Option<Vec<f64>>,
+    k_norm: Option<Vec<f64>>,
+    o: Mat,
+    post_attn: Option<Vec<f64>>,
+    ffn_norm: Vec<f64>,
+    gate: Mat,
+    up: Mat,
+    down: Mat,
+    post_ffw: Option<Vec<f64>>,
+}
+
+/// A model dequantized to f64 for the reference loss.
+pub struct RefModel<'a> {
+    model: &'a Model,
+    embd: Mat,
+    out_norm: Vec<f64>,
+    out: Mat,
+    blocks: Vec<Block>,
+}
+
+fn rmsnorm(x: &mut [f64], w: &[f64], eps: f64) {
+    let n = w.len();
+    for r in x.chunks_exact_mut(n) {
+        let ms = r.iter().map(|v| v * v).sum::<f64>() / n as f64;
+        let s = 1.0 / (ms + eps).sqrt();
+        for (v, wi) in r.iter_mut().zip(w) {
+            *v *= s * wi;
+        }
+    }
+}
+
+impl<'a> RefModel<'a> {
+    /// Dequantizes every weight of `model`.
+    pub fn new(model: &'a Model) -> Result<Self> {
+        let w = &model.weights;
+        let blocks = w
+            .blk
+            .iter()
+            .map(|b| {
+                Ok(Block {
+                    attn_norm: v64(&b.attn_norm),
+                    q: Mat::of(&b.attn_q)?,
+                    k: Mat::of(&b.attn_k)?,
+                    v: Mat::of(&b.attn_v)?,
+                    biases: [
+                        b.attn_q_bias.as_deref().map(v64),
+                        b.attn_k_bias.as_deref().map(v64),
+                        b.attn_v_bias.as_deref().map(v64),
+                    ],
+                    q_norm: b.attn_q_norm.as_deref().map(v64),
+                    k_norm: b.attn_k_norm.as_deref().map(v64),
+                    o: Mat::of(&b.attn_output)?,
+                    post_attn: b.post_attention_norm.as_deref().map(v64),
+                    ffn_norm: v64(&b.ffn_norm),
+                    gate: Mat::of(&b.ffn_gate)?,
+                    up: Mat::of(&b.ffn_up)?,
+                    down: Mat::of(&b.ffn_down)?,
+                    post_ffw: b.post_ffw_norm.as_deref().map(v64),
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(RefModel {
+            model,
+            embd: Mat::of(&w.token_embd)?,
+            out_norm: v64(&w.output_norm),
+            out: Mat::of(&w.output)?,
+            blocks,
+        })
+    }
+
+    /// `y += scale · B (A x)` for the adapter on `target` of `layer` (no dropout).
+    fn lora(&self, lay: &LoraLayout, p: &[f64], l: usize, t: Target, x: &[f64], y: &mut [f64]) {
+        let Some(e) = lay.get(l, t) else {
+            return;
+        };
+        let r = lay.rank;
+        let a = &p[e.a..e.a + r * e.n_in];
+        let b = &p[e.b..e.b + e.n_out * r];
+        let s = f64::from(lay.scale);
+        for (xr, yr) in x.chunks_exact(e.n_in).zip(y.chunks_exact_mut(e.n_out)) {
+            let h: Vec<f64> = (0..r)
+                .map(|j| {
+                    let ar = &a[j * e.n_in..(j + 1) * e.n_in];
+                    ar.iter().zip(xr).map(|(w, v)| w * v).sum()
+                })
+                .collect();
+            for (o, yo) in yr.iter_mut().enumerate() {
+                let br = &b[o * r..(o + 1) * r];
+                *yo += s * br.iter().zip(&h).map(|(w, v)| w * v).sum::<f64>();
+            }
+        }
+    }
+
+    /// Σ over rows of weight × (logsumexp(logits) − logit[label]) for a micro-batch of
+    /// `batch` sequences of `seq_len` rows, adapters `params` (in f64, so finite differences are
+    /// not limited by f32 rounding) laid out by `lay`.
+    pub fn loss(&self, lay: &LoraLayout, params: &[f64], rows: &Rows, seq_len: usize) -> f64 {
+        let c = &self.model.config;
+        let (d, t) = (c.n_embd, rows.ids.len());
+        let eps = f64::from(c.rms_eps);
+        let mut x = vec![0.0; t * d];
+        for (r, &id) in rows.ids.iter().enumerate() {
+            let e = &self.embd.w[id as usize * d..(id as usize + 1) * d];
+            for (o, &v) in x[r * d..(r + 1) * d].iter_mut().zip(e) {
+                *o = v * f64::from(c.embedding_scale);
+            }
+        }
+        for (l, bw) in self.blocks.iter().enumerate() {
+            let mut h = x.clone();
+            rmsnorm(&mut h, &bw.attn_norm, eps);
+            let mut qkv = Vec::new();
+            for (i, (m, tg)) in [(&bw.q, Target::Q), (&bw.k, Target::K), (&bw.v, Target::V)]
+                .into_iter()
+                .enumerate()
+            {
+                let mut y = m.apply(&h);
+                if let Some(bias) = &bw.biases[i] {
+                    for yr in y.chunks_exact_mut(bias.len()) {
+                        yr.iter_mut().zip(bias).for_each(|(a, b)| *a += b);
+                    }
+                }
+                self.lora(lay, params, l, tg, &h, &mut y);
+                qkv.push(y);
+            }
+            let (mut q, mut k, v) = (qkv.remove(0), qkv.remove(0), qkv.remove(0));
+            if let (Some(qn), Some(kn)) = (&bw.q_norm, &bw.k_norm) {
+                rmsnorm(&mut q, qn, eps);
+                rmsnorm(&mut k, kn, eps);
+            }
+            self.rope(&mut q, c.n_head, l, &rows.pos);
+            self.rope(&mut k, c.n_head_kv, l, &rows.pos);
+            let att = self.attention(&q, &k, &v, l, &rows.pos, seq_len);
+            let mut a = bw.o.apply(&att);
+            self.lora(lay, params, l, Target::O, &att, &mut a);
+            if let Some(pn) = &bw.post_attn {
+                rmsnorm(&mut a, pn, eps);
+            }
+            x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
+            let mut h = x.clone();
+            rmsnorm(&mut h, &bw.ffn_norm, eps);
+            let mut g = bw.gate.apply(&h);
+            self.lora(lay, params, l, Target::Gate, &h, &mut g);
+            let mut u = bw.up.apply(&h);
+            self.lora(lay, params, l, Target::Up, &h, &mut u);
+            let hg: Vec<f64> = g
+                .iter()
+                .zip(&u)
+                .map(|(&gi, &ui)| {
+                    let a = match c.activation {
+                        Activation::Silu => gi / (1.0 + (-gi).exp()),
+                        Activation::GeluTanh => {
+                            let k = (2.0 / std::f64::consts::PI).sqrt();
+                            0.5 * gi * (1.0 + (k * (gi + 0.044715 * gi * gi * gi)).tanh())
+                        }
+                    };
+                    a * ui
+                })
+                .collect();
+            let mut fo = bw.down.apply(&hg);
+            self.lora(lay, params, l, Target::Down, &hg, &mut fo);
+            if let Some(pn) = &bw.post_ffw {
+                rmsnorm(&mut fo, pn, eps);
+            }
+            x.iter_mut().zip(&fo).for_each(|(xi, fi)| *xi += fi);
+        }
+        rmsnorm(&mut x, &self.out_norm, eps);
+        let logits = self.out.apply(&x);
+        let mut total = 0.0;
+        for (r, lr) in logits.chunks_exact(c.n_vocab).enumerate() {
+            let label = rows.labels[r] as usize;
+            if label >= c.n_vocab {
+                continue;
+            }
+            let mx = lr.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let lse = mx + lr.iter().map(|v| (v - mx).exp()).sum::<f64>().ln();
+            total += f64::from(rows.weights[r]) * (lse - lr[label]);
+        }
+        total
+    }
+
+    /// RoPE in f64 at each row's own position.
+    fn rope(&self, x: &mut [f64], heads: usize, l: usize, pos: &[u32]) {
+        let c = &self.model.config;
+        let lc = &c.layers[l];
+        let (hd, half) = (c.head_dim, c.n_rot / 2);
+        let ff = self.model.weights.rope_freqs.as_deref();
+        for (r, row) in x.chunks_exact_mut(heads * hd).enumerate() {
+            for head in row.chunks_exact_mut(hd) {
+                for i in 0..half {
+                    let inv = f64::from(lc.rope_base).powf(-2.0 * i as f64 / c.n_rot as f64);
+                    let fac = ff.map_or(1.0, |f| f64::from(f[i]));
+                    let th = f64::from(pos[r]) * f64::from(lc.rope_scale) * inv / fac;
+                    let (a, b) = match c.rope_type {
+                        RopeType::Normal => (2 * i, 2 * i + 1),
+                        RopeType::Neox => (i, i + half),
+                    };
+                    let (x0, x1) = (head[a], head[b]);
+                    head[a] = x0 * th.cos() - x1 * th.sin();
+                    head[b] = x0 * th.sin() + x1 * th.cos();
+                }
+            }
+        }
+    }
+
+    /// Causal attention within each sequence and document (row `i` sees rows `i - pos[i]..=i`
+    /// of its sequence), GQA, sliding window.
+    fn attention(&self, q: &[f64], k: &[f64], v: &[f64], l: usize, pos: &[u32], s: usize) -> Vec<f64> {
+        let c = &self.model.config;
+        let (hd, hdv, g) = (c.head_dim, c.head_dim_v, c.gqa_group());
+        let (qd, kd, vd) = (c.q_dim(), c.k_dim(), c.v_dim());
+        let t = q.len() / qd;
+        let window = c.layers[l].sliding_window;
+        let mut out = vec![0.0; t * c.n_head * hdv];
+        for r in 0..t {
+            let (seq0, i) = (r / s * s, r % s);
+            let first = i - (pos[r] as usize).min(i);
+            for h in 0..c.n_head {
+                let kh = h / g;
+                let qv = &q[r * qd + h * hd..r * qd + (h + 1) * hd];
+                let keys: Vec<usize> = (first..=i)
+                    .filter(|&j| window.is_none_or(|w| i - j < w))
+                    .collect();
+                let sc: Vec<f64> = keys
+                    .iter()
+                    .map(|&j| {
+                        let kr = &k[(seq0 + j) * kd + kh * hd..(seq0 + j) * kd + (kh + 1) * hd];
+                        f64::from(c.attention_scale) * qv.iter().zip(kr).map(|(a, b)| a * b).sum::<f64>()
+                    })
+                    .collect();
+                let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let ex: Vec<f64> = sc.iter().map(|x| (x - mx).exp()).collect();
+                let z: f64 = ex.iter().sum();
+                let o = &mut out[r * c.n_head * hdv + h * hdv..r * c.n_head * hdv + (h + 1) * hdv];
+                for (&j, e) in keys.iter().zip(&ex) {
+                    let vr = &v[(seq0 + j) * vd + kh * hdv..(seq0 + j) * vd + (kh + 1) * hdv];
+                    for (oi, vi) in o.iter_mut().zip(vr) {
+                        *oi += e / z * vi;
+                    }
+                }
+            }
+        }
+        out
+    }
+}

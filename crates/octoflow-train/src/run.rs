@@ -1,0 +1,350 @@
+//! The training loop: epochs of shuffled, packed sequences, micro-batches accumulated into
+//! optimizer steps, the learning-rate schedule, evaluation, checkpoints and resume.
+//!
+//! Everything a resumed run needs to continue exactly is a function of the checkpoint: the
+//! adapters and AdamW moments, the step, and the data position (epoch, next step within it);
+//! the shuffling and dropout seeds are derived from `(seed, epoch)` and `(seed, step)`, so a run
+//! killed at any point and resumed from its last checkpoint reproduces the uninterrupted
+//! run's losses.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use octoflow_kernels::AdamWStep;
+
+use crate::checkpoint::{self, Checkpoint, NamedTensor};
+use crate::data::{epoch_order, pack, Example, Sequence, IGNORE};
+use crate::error::{Result, TrainError};
+use crate::gpu::{Rows, Trainer};
+use crate::log::LossLog;
+use crate::lora::LoraConfig;
+use crate::schedule::{lr_at, Schedule};
+
+/// Every option of a run (saved with each checkpoint; a resume must match it).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TrainConfig {
+    pub lora: LoraConfig,
+    pub lr: f32,
+    pub weight_decay: f32,
+    pub schedule: Schedule,
+    pub warmup: u64,
+    pub epochs: u64,
+    pub max_steps: Option<u64>,
+    /// Sequences per micro-batch.
+    pub batch: usize,
+    pub grad_accum: usize,
+    pub seq_len: usize,
+    /// 0 disables clipping.
+    pub max_grad_norm: f32,
+    pub seed: u64,
+    /// Checkpoint every this many optimizer steps (0: only at the end).
+    pub save_every: u64,
+    /// Evaluate every this many steps (0: only at the end, when there is an eval set).
+    pub eval_every: u64,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub adam_eps: f32,
+}
+
+/// What one optimizer step did.
+#[derive(Debug, Clone, Copy)]
+pub struct StepReport {
+    /// 1-based step just completed.
+    pub step: u64,
+    pub total_steps: u64,
+    pub epoch: u64,
+    /// Mean loss per trained token.
+    pub loss: f64,
+    pub lr: f32,
+    pub grad_norm: f32,
+    /// Rows (tokens, padding included) processed by this step and per second.
+    pub tokens: u64,
+    pub tok_per_s: f64,
+    pub elapsed_s: f64,
+}
+
+/// Hooks for progress display.
+pub trait Observer {
+    fn step(&mut self, r: &StepReport);
+    fn eval(&mut self, step: u64, loss: f64);
+    fn note(&mut self, msg: &str);
+}
+
+/// Where a run ended.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub steps: u64,
+    pub first_loss: Option<f64>,
+    pub last_loss: Option<f64>,
+    pub first_eval: Option<f64>,
+    pub last_eval: Option<f64>,
+    pub tokens: u64,
+    pub tok_per_s: f64,
+    pub peak_device_bytes: u64,
+}
+
+/// The sequences of every epoch and the resulting step count.
+struct Plan {
+    epochs: Vec<Vec<Sequence>>,
+    steps_per_epoch: Vec<u64>,
+    total: u64,
+}
+
+fn plan(cfg: &TrainConfig, train: &[Example], pad: u32) -> Result<Plan> {
+    if train.is_empty() {
+        return Err(TrainError::Config("the training set is empty".into()));
+    }
+    let per_step = (cfg.batch * cfg.grad_accum) as u64;
+    let mut epochs = Vec::new();
+    let mut steps_per_epoch = Vec::new();
+    let mut total = 0;
+    for e in 0..cfg.epochs {
+        let order = epoch_order(train.len(), cfg.seed, e);
+        let (seqs, _) = pack(train, &order, cfg.seq_len, pad);
+        let steps = (seqs.len() as u64).div_ceil(per_step);
+        total += steps;
+        steps_per_epoch.push(steps);
+        epochs.push(seqs);
+    }
+    if let Some(m) = cfg.max_steps {
+        total = total.min(m);
+    }
+    Ok(Plan {
+        epochs,
+        steps_per_epoch,
+        total,
+    })
+}
+
+/// Fills `rows` with `seqs` (padded with empty sequences up to the trainer's batch).
+fn rows_of(seqs: &[&Sequence], batch: usize, seq_len: usize, pad: u32, weight: f32) -> Rows {
+    let n = batch * seq_len;
+    let mut r = Rows {
+        ids: Vec::with_capacity(n),
+        labels: Vec::with_capacity(n),
+        weights: Vec::with_capacity(n),
+        pos: Vec::with_capacity(n),
+    };
+    for s in seqs {
+        r.ids.extend_from_slice(&s.ids);
+        r.labels.extend_from_slice(&s.labels);
+        r.pos.extend_from_slice(&s.pos);
+        r.weights
+            .extend(s.labels.iter().map(|&l| if l == IGNORE { 0.0 } else { weight }));
+    }
+    r.ids.resize(n, pad);
+    r.labels.resize(n, IGNORE);
+    r.pos.resize(n, 0);
+    r.weights.resize(n, 0.0);
+    r
+}
+
+fn trained(seqs: &[&Sequence]) -> usize {
+    seqs.iter()
+        .map(|s| s.labels.iter().filter(|&&l| l != IGNORE).count())
+        .sum()
+}
+
+/// Mean loss per trained token over `eval` (packed in file order).
+pub fn evaluate(t: &mut Trainer, cfg: &TrainConfig, eval: &[Example], pad: u32) -> Result<f64> {
+    let order: Vec<usize> = (0..eval.len()).collect();
+    let (seqs, _) = pack(eval, &order, cfg.seq_len, pad);
+    let (mut sum, mut n) = (0.0, 0usize);
+    for chunk in seqs.chunks(cfg.batch) {
+        let refs: Vec<&Sequence> = chunk.iter().collect();
+        n += trained(&refs);
+        sum += t.eval(&rows_of(&refs, cfg.batch, cfg.seq_len, pad, 1.0))?;
+    }
+    if n == 0 {
+        return Err(TrainError::Config("the eval set has no trained tokens".into()));
+    }
+    Ok(sum / n as f64)
+}
+
+/// The dropout seed of micro-step `micro` of optimizer step `step`.
+fn micro_seed(seed: u64, step: u64, micro: usize) -> u32 {
+    let mut z = seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (micro as u64) << 48;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) as u32
+}
+
+fn save(t: &Trainer, cfg: &TrainConfig, dir: &Path, step: u64, pos: (u64, u64), tokens: u64) -> Result<()> {
+    let n = t.layout().n_params as u64;
+    let (m, v) = t.moments()?;
+    let tensor = |name: &str, data: Vec<f32>| NamedTensor {
+        name: name.into(),
+        shape: vec![n],
+        data,
+    };
+    let ck = Checkpoint {
+        step,
+        epoch: pos.0,
+        batch_in_epoch: pos.1,
+        tokens,
+        config_json: serde_json::to_string(cfg).map_err(|e| TrainError::Config(e.to_string()))?,
+        extra: vec![("seed".into(), cfg.seed)],
+        tensors: vec![
+            tensor("lora.params", t.params()?),
+            tensor("adam.m", m),
+            tensor("adam.v", v),
+        ],
+    };
+    checkpoint::save(dir, &ck)
+}
+
+/// The adapters' parameters of a checkpoint (in the trainer's flat layout) and its config.
+pub fn load_adapters(dir: &Path) -> Result<(TrainConfig, Vec<f32>)> {
+    let ck = checkpoint::load(dir)?
+        .ok_or_else(|| TrainError::Config(format!("{} holds no checkpoint", dir.display())))?;
+    let cfg: TrainConfig = serde_json::from_str(&ck.config_json)
+        .map_err(|e| TrainError::Config(format!("{}: bad run config: {e}", dir.display())))?;
+    let p = take(&ck, "lora.params", dir)?;
+    Ok((cfg, p))
+}
+
+fn take(ck: &Checkpoint, name: &str, dir: &Path) -> Result<Vec<f32>> {
+    ck.tensors
+        .iter()
+        .find(|t| t.name == name)
+        .map(|t| t.data.clone())
+        .ok_or_else(|| TrainError::Config(format!("{}: checkpoint lacks {name}", dir.display())))
+}
+
+/// Inputs of a run besides the trainer.
+pub struct RunInputs<'a> {
+    pub train: &'a [Example],
+    pub eval: Option<&'a [Example]>,
+    /// The id padding rows use.
+    pub pad: u32,
+    pub run_dir: PathBuf,
+    /// Continue from `run_dir`'s checkpoint.
+    pub resume: bool,
+}
+
+/// Trains `t` per `cfg` (see the module doc).
+pub fn train(t: &mut Trainer, cfg: &TrainConfig, inp: &RunInputs, obs: &mut dyn Observer) -> Result<Summary> {
+    let dir = &inp.run_dir;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| TrainError::Config(format!("cannot create {}: {e}", dir.display())))?;
+    let plan = plan(cfg, inp.train, inp.pad)?;
+    let (mut step, mut epoch, mut in_epoch, mut tokens) = (0u64, 0u64, 0u64, 0u64);
+    if inp.resume {
+        let ck = checkpoint::load(dir)?.ok_or_else(|| {
+            TrainError::Config(format!("--resume: {} holds no checkpoint", dir.display()))
+        })?;
+        let saved: TrainConfig = serde_json::from_str(&ck.config_json)
+            .map_err(|e| TrainError::Config(format!("checkpoint config: {e}")))?;
+        if &saved != cfg {
+            return Err(TrainError::Config(format!(
+                "--resume: the options differ from the checkpoint's ({})",
+                ck.config_json
+            )));
+        }
+        t.set_params(&take(&ck, "lora.params", dir)?)?;
+        t.set_moments(&take(&ck, "adam.m", dir)?, &take(&ck, "adam.v", dir)?)?;
+        (step, epoch, in_epoch, tokens) = (ck.step, ck.epoch, ck.batch_in_epoch, ck.tokens);
+        obs.note(&format!("resumed at step {step} (epoch {epoch}, step {in_epoch} of it)"));
+    } else {
+        t.set_params(&t.layout().init(cfg.seed))?;
+        let z = vec![0f32; t.layout().n_params];
+        t.set_moments(&z, &z)?;
+    }
+    let mut log = LossLog::open(dir, inp.resume.then_some(step))?;
+    let mut sum = Summary {
+        steps: step,
+        first_loss: None,
+        last_loss: None,
+        first_eval: None,
+        last_eval: None,
+        tokens,
+        tok_per_s: 0.0,
+        peak_device_bytes: t.device_bytes(),
+    };
+    let start = Instant::now();
+    let tokens_at_start = tokens;
+    let per_step = cfg.batch * cfg.grad_accum;
+    let rows = (cfg.batch * cfg.seq_len) as u64;
+    let mut do_eval = |t: &mut Trainer, step: u64, log: &mut LossLog, sum: &mut Summary, obs: &mut dyn Observer| -> Result<()> {
+        if let Some(ev) = inp.eval {
+            let l = evaluate(t, cfg, ev, inp.pad)?;
+            log.append(&serde_json::json!({"step": step, "eval_loss": l}))?;
+            sum.first_eval.get_or_insert(l);
+            sum.last_eval = Some(l);
+            obs.eval(step, l);
+        }
+        Ok(())
+    };
+    if !inp.resume && cfg.eval_every > 0 {
+        do_eval(t, 0, &mut log, &mut sum, obs)?;
+    }
+    while step < plan.total && (epoch as usize) < plan.epochs.len() {
+        if in_epoch >= plan.steps_per_epoch[epoch as usize] {
+            (epoch, in_epoch) = (epoch + 1, 0);
+            continue;
+        }
+        let seqs = &plan.epochs[epoch as usize];
+        let first = in_epoch as usize * per_step;
+        let group: Vec<&Sequence> = seqs[first..(first + per_step).min(seqs.len())].iter().collect();
+        let n_trained = trained(&group);
+        let t0 = Instant::now();
+        let mut loss = 0.0;
+        let weight = if n_trained > 0 { 1.0 / n_trained as f32 } else { 0.0 };
+        for (mi, micro) in group.chunks(cfg.batch).enumerate() {
+            let r = rows_of(micro, cfg.batch, cfg.seq_len, inp.pad, weight);
+            loss += t.micro_step(&r, micro_seed(cfg.seed, step, mi))?;
+            tokens += rows;
+        }
+        let micro_count = group.len().div_ceil(cfg.batch) as u64;
+        let lr = lr_at(cfg.schedule, cfg.lr, cfg.warmup, plan.total, step);
+        let grad_norm = t.optimizer_step(&AdamWStep {
+            lr,
+            beta1: cfg.beta1,
+            beta2: cfg.beta2,
+            eps: cfg.adam_eps,
+            weight_decay: cfg.weight_decay,
+            step: (step + 1) as u32,
+            max_grad_norm: cfg.max_grad_norm,
+            grad_scale: 1.0,
+            zero_grads: true,
+        })?;
+        if !grad_norm.is_finite() {
+            return Err(TrainError::NonFinite(format!("gradient norm {grad_norm} at step {}", step + 1)));
+        }
+        step += 1;
+        in_epoch += 1;
+        let dt = t0.elapsed().as_secs_f64();
+        let report = StepReport {
+            step,
+            total_steps: plan.total,
+            epoch,
+            loss,
+            lr,
+            grad_norm,
+            tokens: micro_count * rows,
+            tok_per_s: (micro_count * rows) as f64 / dt.max(1e-9),
+            elapsed_s: start.elapsed().as_secs_f64(),
+        };
+        log.append(&serde_json::json!({
+            "step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+            "tokens": tokens, "tok_per_s": report.tok_per_s, "elapsed_s": report.elapsed_s,
+        }))?;
+        sum.first_loss.get_or_insert(loss);
+        sum.last_loss = Some(loss);
+        sum.peak_device_bytes = sum.peak_device_bytes.max(t.device_bytes());
+        obs.step(&report);
+        if cfg.eval_every > 0 && step % cfg.eval_every == 0 && step < plan.total {
+            do_eval(t, step, &mut log, &mut sum, obs)?;
+        }
+        if cfg.save_every > 0 && step % cfg.save_every == 0 && step < plan.total {
+            save(t, cfg, dir, step, (epoch, in_epoch), tokens)?;
+        }
+    }
+    do_eval(t, step, &mut log, &mut sum, obs)?;
+    save(t, cfg, dir, step, (epoch, in_epoch), tokens)?;
+    let secs = start.elapsed().as_secs_f64();
+    sum.steps = step;
+    sum.tokens = tokens;
+    sum.tok_per_s = (tokens - tokens_at_start) as f64 / secs.max(1e-9);
+    Ok(sum)
+}

@@ -1,0 +1,156 @@
+//! The whole training step against the CPU reference on tiny random models: the GPU loss
+//! equals the f64 reference loss, and the GPU's adapter gradients equal central finite
+//! differences of the reference loss along random directions (every adapter separately, and
+//! all at once).
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use octoflow_gguf::{quant, GgmlType, GgufFile};
+use octoflow_kernels::IGNORE;
+use octoflow_model::gpu::GpuModel;
+use octoflow_model::testing::{rng, tiny_writer, TINY};
+use octoflow_model::Model;
+use octoflow_train::reference::RefModel;
+use octoflow_train::{LoraConfig, Rows, Target, Trainer, TrainerOptions};
+use octoflow_vk::testing::gpu_or_skip;
+use rand::rngs::StdRng;
+use rand::Rng;
+
+/// A tiny random model of `arch` with its matrices in Q8_0 (a quantized frozen base).
+fn tiny_q8(arch: &str, rng: &mut StdRng) -> Model {
+    let mut w = tiny_writer(arch, TINY, rng);
+    for t in w.tensors_mut() {
+        if t.dims.len() == 2 && t.ty == GgmlType::F32 && t.dims[0] % 32 == 0 {
+            let f: Vec<f32> = t
+                .data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            let mut q = vec![0u8; quant::quantized_size(GgmlType::Q8_0, f.len()).unwrap()];
+            quant::quantize(GgmlType::Q8_0, &f, &mut q).unwrap();
+            t.ty = GgmlType::Q8_0;
+            t.data = Cow::Owned(q);
+        }
+    }
+    let mut bytes = Vec::new();
+    w.write_to(&mut bytes).unwrap();
+    Model::from_gguf(Arc::new(GgufFile::from_bytes(bytes).unwrap())).unwrap()
+}
+
+/// Two sequences of 8 rows; the second holds two documents; some rows carry no loss.
+fn rows(rng: &mut StdRng, n_vocab: u32) -> Rows {
+    let pos: Vec<u32> = [0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 0, 1, 2, 3, 4].to_vec();
+    let ids: Vec<u32> = (0..16).map(|_| rng.gen_range(0..n_vocab)).collect();
+    let labels: Vec<u32> = (0..16)
+        .map(|i| if i % 5 == 3 { IGNORE } else { rng.gen_range(0..n_vocab) })
+        .collect();
+    let n = labels.iter().filter(|&&l| l != IGNORE).count() as f32;
+    let weights = labels
+        .iter()
+        .map(|&l| if l == IGNORE { 0.0 } else { 1.0 / n })
+        .collect();
+    Rows {
+        ids,
+        labels,
+        weights,
+        pos,
+    }
+}
+
+fn check_arch(arch: &str) {
+    let Some(ctx) = gpu_or_skip(&format!("train_gradients_{arch}")) else {
+        return;
+    };
+    let mut rng = rng(&format!("train_gradients_{arch}"));
+    let model = tiny_q8(arch, &mut rng);
+    let reference = RefModel::new(&model).unwrap();
+    let gm = GpuModel::load(&ctx, &model).unwrap();
+    // f16 tensor-core products in the forward on coopmat devices round the activations
+    let coop = gm.kernels().linear.uses_coop(16);
+    let lora = LoraConfig {
+        rank: 4,
+        alpha: 8.0,
+        dropout: 0.0,
+        targets: Target::ALL.to_vec(),
+    };
+    let opts = TrainerOptions {
+        batch: 2,
+        seq_len: 8,
+        lora,
+    };
+    let mut t = Trainer::new(gm, &opts).unwrap();
+    let layout = t.layout().clone();
+    // B nonzero too, so every gradient is exercised
+    let p: Vec<f32> = (0..layout.n_params)
+        .map(|_| rng.gen_range(-0.3..0.3))
+        .collect();
+    t.set_params(&p).unwrap();
+    let r = rows(&mut rng, model.config.n_vocab as u32);
+    let loss = t.micro_step(&r, 1).unwrap();
+    let g = t.grads().unwrap();
+    let p64: Vec<f64> = p.iter().map(|&v| f64::from(v)).collect();
+    let want = reference.loss(&layout, &p64, &r, 8);
+    let loss_tol = if coop { 2e-2 } else { 1e-4 };
+    let rel = (loss - want).abs() / want.abs();
+    assert!(
+        rel < loss_tol,
+        "{arch}: GPU loss {loss} vs reference {want} (rel {rel:.2e})"
+    );
+    // a second micro-step accumulates: gradients double
+    let loss2 = t.micro_step(&r, 1).unwrap();
+    let g2 = t.grads().unwrap();
+    assert_eq!(loss, loss2, "{arch}: the replayed chain gives another loss");
+    for (a, b) in g.iter().zip(&g2) {
+        assert!((2.0 * a - b).abs() <= 1e-5 * b.abs().max(1e-3), "{arch}: accumulation");
+    }
+    // directional derivatives: each adapter's A and B alone, then everything at once
+    let eps = 1e-4;
+    let tol = if coop { 5e-2 } else { 2e-3 };
+    let mut dirs: Vec<Vec<f64>> = Vec::new();
+    for e in &layout.entries {
+        for (from, to) in [(e.a, e.b), (e.b, e.b + e.n_out * layout.rank)] {
+            let mut u = vec![0.0; layout.n_params];
+            for v in &mut u[from..to] {
+                *v = rng.gen_range(-1.0..1.0);
+            }
+            dirs.push(u);
+        }
+    }
+    dirs.push((0..layout.n_params).map(|_| rng.gen_range(-1.0..1.0)).collect());
+    let mut worst = 0f64;
+    for (i, u) in dirs.iter().enumerate() {
+        let shifted = |s: f64| -> Vec<f64> { p64.iter().zip(u).map(|(p, d)| p + s * d).collect() };
+        let fd = (reference.loss(&layout, &shifted(eps), &r, 8)
+            - reference.loss(&layout, &shifted(-eps), &r, 8))
+            / (2.0 * eps);
+        let gu: f64 = g.iter().zip(u).map(|(&a, b)| f64::from(a) * b).sum();
+        let scale: f64 = u.iter().map(|d| d * d).sum::<f64>().sqrt();
+        let err = (fd - gu).abs() / (fd.abs() + 1e-3 * scale);
+        worst = worst.max(err);
+        assert!(
+            err < tol,
+            "{arch}: direction {i} ({}): finite difference {fd:.6e}, GPU gradient {gu:.6e} (rel {err:.2e})",
+            layout
+                .entries
+                .get(i / 2)
+                .map_or("all".to_string(), |e| format!("blk.{} {} {}", e.layer, e.target, if i % 2 == 0 { "A" } else { "B" }))
+        );
+    }
+    println!("{arch}: loss {loss:.6} (reference {want:.6}), worst directional error {worst:.2e}");
+}
+
+#[test]
+fn llama_gradients_match_finite_differences() {
+    check_arch("llama");
+}
+
+#[test]
+fn qwen2_gradients_match_finite_differences() {
+    check_arch("qwen2");
+}
+
+#[test]
+fn gemma3_gradients_match_finite_differences() {
+    check_arch("gemma3");
+}

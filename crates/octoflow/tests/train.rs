@@ -1,0 +1,137 @@
+//! `octoflow train` as a user runs it, on the smallest real model (skipped when it is not in
+//! the cache) and the pirate dataset of `data/pirate/`: the training and eval losses fall; a run
+//! killed with SIGKILL after a checkpoint and resumed logs the same losses as an uninterrupted
+//! run; `octoflow run --lora` loads the result.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SMOLLM: &str = "smollm2-135m-instruct-q4_1";
+
+fn model_present() -> bool {
+    let root = std::env::var_os("OCTOFLOW_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/octoflow")));
+    let present = root.is_some_and(|r| r.join("models").join(format!("{SMOLLM}.gguf")).exists());
+    if !present {
+        eprintln!("skipped: {SMOLLM} is not in the model cache (octoflow pull {SMOLLM})");
+    }
+    present
+}
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../data/pirate")
+        .join(name)
+}
+
+/// The first `n` records of the eval set (a short eval keeps the test quick on lavapipe).
+fn short_eval(dir: &Path, n: usize) -> PathBuf {
+    let text = std::fs::read_to_string(data("eval.jsonl")).expect("eval.jsonl");
+    let p = dir.join("eval-short.jsonl");
+    let lines: Vec<&str> = text.lines().take(n).collect();
+    std::fs::write(&p, lines.join("\n") + "\n").expect("write eval");
+    p
+}
+
+fn train_cmd(out: &Path, eval: &Path, extra: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_octoflow"));
+    c.args(["train", "-m", SMOLLM, "--quiet", "--seq-len", "64", "--batch", "2"])
+        .args(["--max-steps", "6", "--lr", "2e-3", "--schedule", "constant"])
+        .args(["--save-every", "2", "--eval-every", "3", "--seed", "7"])
+        .arg("--data")
+        .arg(data("train.jsonl"))
+        .arg("--eval")
+        .arg(eval)
+        .arg("-o")
+        .arg(out)
+        .args(extra)
+        .stdout(Stdio::null());
+    c
+}
+
+/// `(step, loss)` and `(step, eval_loss)` lines of a run's log.
+fn log(dir: &Path) -> (Vec<(u64, f64)>, Vec<(u64, f64)>) {
+    let text = std::fs::read_to_string(dir.join("log.jsonl")).unwrap_or_default();
+    let (mut train, mut eval) = (Vec::new(), Vec::new());
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("log line is JSON");
+        let step = v["step"].as_u64().expect("step");
+        if let Some(l) = v["loss"].as_f64() {
+            train.push((step, l));
+        }
+        if let Some(l) = v["eval_loss"].as_f64() {
+            eval.push((step, l));
+        }
+    }
+    (train, eval)
+}
+
+#[test]
+fn train_learns_resumes_after_sigkill_and_run_loads_the_adapters() {
+    if !model_present() {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let eval = short_eval(tmp.path(), 6);
+    // 1. uninterrupted
+    let a = tmp.path().join("a");
+    let st = train_cmd(&a, &eval, &[]).status().expect("train runs");
+    assert!(st.success(), "octoflow train failed");
+    let (ta, ea) = log(&a);
+    assert_eq!(ta.iter().map(|x| x.0).collect::<Vec<_>>(), (1..=6).collect::<Vec<_>>());
+    let first = (ta[0].1 + ta[1].1) / 2.0;
+    let last = (ta[4].1 + ta[5].1) / 2.0;
+    assert!(last < 0.9 * first, "training loss did not fall: {ta:?}");
+    let (e0, e1) = (ea.first().expect("eval").1, ea.last().expect("eval").1);
+    assert!(e1 < e0, "eval loss did not fall: {ea:?}");
+    println!("train loss {first:.4} → {last:.4}, eval loss {e0:.4} → {e1:.4}");
+
+    // 2. killed after its step-2 checkpoint, during step 3 or later, then resumed
+    let b = tmp.path().join("b");
+    let mut child = train_cmd(&b, &eval, &[]).spawn().expect("train starts");
+    let t0 = Instant::now();
+    loop {
+        let (tb, _) = log(&b);
+        if b.join("checkpoint.gguf").exists() && tb.iter().any(|x| x.0 >= 3) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(900), "no checkpoint in time");
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("train ended before it could be killed: {st}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: plain kill(2) of our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    let st = train_cmd(&b, &eval, &["--resume"]).status().expect("resume runs");
+    assert!(st.success(), "octoflow train --resume failed");
+    let (tb, _) = log(&b);
+    assert_eq!(tb.len(), ta.len(), "resumed log: {tb:?}");
+    for ((sa, la), (sb, lb)) in ta.iter().zip(&tb) {
+        assert_eq!(sa, sb);
+        assert!((la - lb).abs() <= 1e-5 * la.abs(), "step {sa}: {la} vs resumed {lb}");
+    }
+
+    // 3. run --lora loads the adapters and generates
+    let out = Command::new(env!("CARGO_BIN_EXE_octoflow"))
+        .args(["run", "-m", SMOLLM, "--temp", "0", "-n", "4", "--chat-prompt"])
+        .args(["-p", "What is the capital of Chile?", "--lora"])
+        .arg(&a)
+        .output()
+        .expect("run --lora");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("LoRA") && err.contains("merged"), "{err}");
+    // a directory without a checkpoint is a clear error
+    let out = Command::new(env!("CARGO_BIN_EXE_octoflow"))
+        .args(["run", "-m", SMOLLM, "-n", "1", "-p", "x", "--lora"])
+        .arg(tmp.path())
+        .output()
+        .expect("run --lora");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("checkpoint"), "{err}");
+}
