@@ -5,7 +5,7 @@
 //   1. invocation t sums x[t], x[t + 256], x[t + 512], ... in index order with Kahan
 //      compensation (`precise` keeps the compiler from reassociating it away);
 //   2. the 256 partial sums are added by a pairwise tree in shared memory (halving strides).
-// The loads of one step are 256 consecutive floats (coalesced); four steps are loaded before
+// The loads of one step are 256 consecutive floats (coalesced); eight steps are loaded before
 // they are added so several loads are in flight per invocation.
 #extension GL_GOOGLE_include_directive : require
 
@@ -39,17 +39,17 @@ void main() {
     uint i = tid;
     precise float sum = 0.0;
     precise float comp = 0.0;
-    // Four strides per step while all four are in range, then the tail one stride at a time.
-    while (n >= 3u * L && i < n - 3u * L) {
-        float a = x[i];
-        float b = x[i + L];
-        float c = x[i + 2u * L];
-        float d = x[i + 3u * L];
-        KAHAN_ADD(a * a);
-        KAHAN_ADD(b * b);
-        KAHAN_ADD(c * c);
-        KAHAN_ADD(d * d);
-        i += 4u * L;
+    // Eight strides per step while all eight are in range (eight loads in flight per
+    // invocation before the dependent Kahan chain), then the tail one stride at a time.
+    while (n >= 7u * L && i < n - 7u * L) {
+        float v[8];
+        for (uint k = 0u; k < 8u; k++) {
+            v[k] = x[i + k * L];
+        }
+        for (uint k = 0u; k < 8u; k++) {
+            KAHAN_ADD(v[k] * v[k]);
+        }
+        i += 8u * L;
     }
     while (i < n) {
         float a = x[i];

@@ -135,7 +135,7 @@ impl AdamW {
 }
 
 /// CPU reference of [`AdamW::record`] over `params.len()` values (all four slices that long);
-/// `sumsq` is `Σ grads²` of the raw gradients.
+/// `sumsq` is `Σ grads²` of the raw gradients (rounded to f32 first, as the GPU reads it).
 pub fn adamw_ref(
     params: &mut [f32],
     grads: &mut [f32],

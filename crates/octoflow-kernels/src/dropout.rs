@@ -219,6 +219,47 @@ mod tests {
     }
 
     #[test]
+    fn a_recorded_chain_follows_the_seed_buffer() {
+        let Some(ctx) = gpu_or_skip("a_recorded_chain_follows_the_seed_buffer") else {
+            return;
+        };
+        let seed: u64 = rand::random();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let n = 5000usize;
+        let x: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let (xb, ob) = (with(&ctx, "x", &x), poisoned(&ctx, "out", n));
+        let sb = with(&ctx, "seed", &[0u32]);
+        let (p, salt) = (0.25f32, rng.gen::<u32>());
+        let op = Dropout::new(&ctx).unwrap();
+        let mut chain = Chain::new(&ctx).unwrap();
+        op.record(
+            &mut chain,
+            &xb.whole(),
+            &ob.whole(),
+            n as u32,
+            p,
+            &sb.whole(),
+            0,
+            salt,
+        )
+        .unwrap();
+        let mut masks = Vec::new();
+        for s in [rng.gen::<u32>(), rng.gen::<u32>()] {
+            ctx.upload(&sb, 0, &[s]).unwrap();
+            chain.run().unwrap();
+            let got = read(&ctx, &ob, n);
+            let mut want = vec![0f32; n];
+            dropout_ref(&x, &mut want, p, s, salt);
+            assert_eq!(bits(&got), bits(&want), "step seed {s}, seed {seed}");
+            masks.push(got);
+        }
+        assert_ne!(
+            masks[0], masks[1],
+            "seed {seed}: the mask ignored the new seed"
+        );
+    }
+
+    #[test]
     fn p_zero_is_the_identity() {
         let Some(ctx) = gpu_or_skip("dropout_p_zero_is_the_identity") else {
             return;

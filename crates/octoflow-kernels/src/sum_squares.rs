@@ -98,7 +98,7 @@ mod tests {
         };
         let seed: u64 = rand::random();
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        for n in [1usize, 2, 255, 257, 1000, 1023, 3_000_001] {
+        for n in [1usize, 2, 255, 257, 1000, 1023, 2048, 2049, 3_000_001] {
             // Gradient-like values: mostly small, spread over a few orders of magnitude.
             let x: Vec<f32> = (0..n)
                 .map(|_| rng.gen_range(-1.0f32..1.0) * 10f32.powf(rng.gen_range(-3.0..1.0)))
