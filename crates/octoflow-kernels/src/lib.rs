@@ -48,13 +48,19 @@ pub mod set_rows;
 pub mod soft_max;
 pub mod split_sum;
 
+// Training (QLoRA): gradients through frozen weights, the loss.
+pub mod cross_entropy;
+pub mod linear_t;
+
 pub use argmax::{argmax_ref, Argmax};
 pub use attention::{attention_ref, Attention, AttentionArgs, AttentionShape};
 pub use check::check_close;
+pub use cross_entropy::{cross_entropy_ref, CrossEntropy, CrossEntropyArgs, IGNORE};
 pub use error::{KernelError, Result};
 pub use get_rows::{GetRows, GetRowsArgs};
 pub use glu::{glu_ref, Glu, GluOp};
 pub use linear::{Linear, LinearArgs, QWeightRef};
+pub use linear_t::{linear_t_ref, LinearT, LinearTArgs};
 pub use matmul_coop::{matmul_coop_ref, MatmulCoop};
 pub use operand::Positions;
 pub use pick_ids::{pick_ids_ref, PickIds, FROM_PREV};
