@@ -9,7 +9,8 @@
 //          visible max of scale x; invisible entries are written 0 (and never read).
 // backward (binding 0 = p, binding 1 = dp, in place over dp): dp[j] = scale p[j] (dp[j] - D),
 //          D = sum over visible j of p[j] dp[j]; invisible entries 0.
-// Each invocation rewrites only the elements it read itself.
+// In place is safe: the reduction loops' reads all happen before the barriers of wg_max/wg_sum,
+// and the final loop reads and rewrites each element in one invocation.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
