@@ -1,8 +1,8 @@
 #version 450
 // Rotary position embedding, f32, in place on x [n_tokens, n_heads, head_dim]. One invocation
 // per rotated pair: pair i < n_rot/2 of head (t, h) is (2i, 2i+1) (normal) or (i, i + n_rot/2)
-// (neox), rotated by theta_i = p * scale * r^i / ff[i] with p = pos[pos_offset] + t (table mode:
-// pos[pos_offset + 2t]) and
+// (neox), rotated by theta_i = p * scale * r^i / ff[i] (by -theta_i when `inverse`: the transpose,
+// RoPE's backward) with p = pos[pos_offset] + t (table mode: pos[pos_offset + 2t]) and
 // r = base^(-2/n_rot) (given by the host in double-float). Dims >= n_rot are not touched.
 //
 // Accuracy: theta reaches ~3e4 rad, where an f32 angle is off by ~1e-3. The angle is computed
@@ -30,6 +30,7 @@ layout(push_constant) uniform Push {
     float r_hi;
     float r_lo;
     uint table; // 1: token t at pos[pos_offset + 2t] (per-token (position, row) pairs)
+    uint inverse; // 1: rotate by -theta (the transpose: RoPE's backward)
 } pc;
 
 // Double-float helpers: vec2(hi, lo) with |lo| <= ulp(hi)/2. `precise` forbids contraction and
@@ -106,7 +107,7 @@ void main() {
     f = f - round(f); // [-1/2, 1/2]
     float ang = f * 6.2831853;
     float cs = cos(ang);
-    float sn = sin(ang);
+    float sn = pc.inverse != 0u ? -sin(ang) : sin(ang);
 
     uint base = head * pc.head_dim;
     uint a = pc.neox != 0u ? base + i : base + 2u * i;

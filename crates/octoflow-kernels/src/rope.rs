@@ -44,6 +44,9 @@ pub struct RopeArgs<'a> {
     pub pos_offset: u32,
     /// How `pos` is read (one run of positions, or a per-token table).
     pub positions: Positions,
+    /// Rotate by `-theta` instead: the transpose of the rotation, i.e. RoPE's backward (it maps
+    /// the gradient w.r.t. the rotated values to the gradient w.r.t. the inputs) and its inverse.
+    pub inverse: bool,
 }
 
 /// The RoPE kernel, built once per device.
@@ -55,12 +58,12 @@ impl Rope {
     /// Builds the pipeline.
     pub fn new(ctx: &Context) -> Result<Self> {
         Ok(Rope {
-            pipeline: Pipeline::new(ctx, &PipelineDesc::new(shaders::ROPE, 3, 44))?,
+            pipeline: Pipeline::new(ctx, &PipelineDesc::new(shaders::ROPE, 3, 48))?,
         })
     }
 
-    /// Records the rotation of `a.x` in place. Angles are computed in double-float on the GPU
-    /// and reduced to a fraction of a turn before sin/cos, so large positions stay accurate.
+    /// Records the rotation of `a.x` in place (by `-theta` when `a.inverse`). Angles are computed
+    /// in double-float on the GPU and reduced to a fraction of a turn before sin/cos, so large positions stay accurate.
     pub fn record(&self, chain: &mut Chain, a: &RopeArgs) -> Result<()> {
         const OP: &str = "rope";
         if a.n_rot == 0 || !a.n_rot.is_multiple_of(2) || a.n_rot > a.head_dim {
@@ -107,7 +110,8 @@ impl Rope {
             .f32(a.scale)
             .f32(r_hi)
             .f32(r_lo)
-            .u32(a.positions.flag());
+            .u32(a.positions.flag())
+            .u32(u32::from(a.inverse));
         chain.dispatch(
             &self.pipeline,
             &[a.x.clone(), a.pos.clone(), ff.clone()],
@@ -133,13 +137,41 @@ pub fn rope_ref(
     freq_factors: Option<&[f32]>,
     start: usize,
 ) {
+    let a = (n_heads, head_dim, n_rot, mode, base, scale);
+    rotate_ref(x, a, freq_factors, start, 1.0);
+}
+
+/// CPU reference of RoPE's backward (and inverse): [`rope_ref`] with every angle negated, i.e.
+/// the transpose of the rotation. Same parameters and layout as [`rope_ref`].
+#[allow(clippy::too_many_arguments)]
+pub fn rope_back_ref(
+    x: &mut [f32],
+    n_heads: usize,
+    head_dim: usize,
+    n_rot: usize,
+    mode: RopeMode,
+    base: f32,
+    scale: f32,
+    freq_factors: Option<&[f32]>,
+    start: usize,
+) {
+    let a = (n_heads, head_dim, n_rot, mode, base, scale);
+    rotate_ref(x, a, freq_factors, start, -1.0);
+}
+
+/// `(n_heads, head_dim, n_rot, mode, base, scale)` of the references.
+type RopeShape = (usize, usize, usize, RopeMode, f32, f32);
+
+/// The rotation of [`rope_ref`] by `sign * theta`.
+fn rotate_ref(x: &mut [f32], a: RopeShape, freq_factors: Option<&[f32]>, start: usize, sign: f64) {
+    let (n_heads, head_dim, n_rot, mode, base, scale) = a;
     let half = n_rot / 2;
     for (t, token) in x.chunks_exact_mut(n_heads * head_dim).enumerate() {
         let angles: Vec<(f32, f32)> = (0..half)
             .map(|i| {
                 let inv_freq = f64::from(base).powf(-2.0 * i as f64 / n_rot as f64);
                 let factor = freq_factors.map_or(1.0, |f| f64::from(f[i]));
-                let theta = (start + t) as f64 * f64::from(scale) * inv_freq / factor;
+                let theta = sign * (start + t) as f64 * f64::from(scale) * inv_freq / factor;
                 (theta.cos() as f32, theta.sin() as f32)
             })
             .collect();
@@ -164,6 +196,7 @@ mod tests {
 
     use super::*;
     use crate::check_close;
+    use crate::grad_check::{central_difference, dot};
     use crate::operand::test_bufs::{read, with};
 
     /// The angle is exact to ~1e-7 rad after the double-float turn reduction; f32 sin/cos of an
@@ -230,6 +263,7 @@ mod tests {
                 pos: &pb.whole(),
                 pos_offset: 1,
                 positions: Positions::Run,
+                inverse: false,
             };
             let mut chain = Chain::new(&ctx).unwrap();
             k.record(&mut chain, &args).unwrap();
@@ -283,6 +317,7 @@ mod tests {
             pos: &pb.whole(),
             pos_offset: 1,
             positions: Positions::Table,
+            inverse: false,
         };
         let mut chain = Chain::new(&ctx).unwrap();
         k.record(&mut chain, &args).unwrap();
@@ -331,6 +366,7 @@ mod tests {
             pos: &pb.whole(),
             pos_offset: 0,
             positions: Positions::Run,
+            inverse: false,
         };
         let err = k.record(&mut chain, &args).unwrap_err().to_string();
         assert!(err.contains("n_rot 31"), "{err}");
@@ -342,5 +378,129 @@ mod tests {
             err.contains("freq_factors") && err.contains("rope_freqs"),
             "{err}"
         );
+    }
+
+    /// Runs rope on `x` (forward, then inverse when `round_trip`; inverse only otherwise) at the
+    /// u32 `words` of `positions`, returning the result.
+    fn run_rope(
+        ctx: &octoflow_vk::Context,
+        x: &[f32],
+        shape: (usize, usize, usize, RopeMode),
+        words: &[u32],
+        positions: Positions,
+        round_trip: bool,
+    ) -> Vec<f32> {
+        let (n_heads, hd, n_rot, mode) = shape;
+        let k = Rope::new(ctx).unwrap();
+        let xb = with(ctx, "x", x);
+        let pb = with(ctx, "pos", words);
+        let xs = xb.whole();
+        let ps = pb.whole();
+        let mut args = RopeArgs {
+            x: &xs,
+            n_tokens: (x.len() / (n_heads * hd)) as u32,
+            n_heads: n_heads as u32,
+            head_dim: hd as u32,
+            n_rot: n_rot as u32,
+            mode,
+            base: 10_000.0,
+            scale: 1.0,
+            freq_factors: None,
+            pos: &ps,
+            pos_offset: 1,
+            positions,
+            inverse: false,
+        };
+        let mut chain = Chain::new(ctx).unwrap();
+        if round_trip {
+            k.record(&mut chain, &args).unwrap();
+            chain.barrier().unwrap();
+        }
+        args.inverse = true;
+        k.record(&mut chain, &args).unwrap();
+        chain.run().unwrap();
+        read(ctx, &xb, x.len())
+    }
+
+    #[test]
+    fn gpu_inverse_rope_matches_the_back_reference_and_undoes_the_forward() {
+        let Some(ctx) = gpu_or_skip("gpu_inverse_rope") else {
+            return;
+        };
+        let seed: u64 = rand::random();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        for (n_tok, n_heads, hd, n_rot, mode) in [
+            (1, 1, 2, 2, RopeMode::Normal),
+            (37, 3, 64, 64, RopeMode::Neox),
+            (5, 2, 96, 32, RopeMode::Normal),
+            (300, 2, 128, 128, RopeMode::Neox),
+        ] {
+            let x: Vec<f32> = (0..n_tok * n_heads * hd)
+                .map(|_| rng.gen_range(-2.0..2.0))
+                .collect();
+            let shape = (n_heads, hd, n_rot, mode);
+            let start = rng.gen_range(0..20_000usize);
+            let run = [7u32, start as u32];
+            let ctx_msg = format!("{mode:?} {n_tok}x{n_heads}x{hd} n_rot {n_rot}, seed {seed}");
+            // inverse alone against rope_back_ref
+            let got = run_rope(&ctx, &x, shape, &run, Positions::Run, false);
+            let mut want = x.clone();
+            rope_back_ref(&mut want, n_heads, hd, n_rot, mode, 1e4, 1.0, None, start);
+            if let Err(e) = check_close(&got, &want, REL) {
+                panic!("inverse rope {ctx_msg}: {e}");
+            }
+            // forward then inverse is the identity, for a run and for a position table
+            let got = run_rope(&ctx, &x, shape, &run, Positions::Run, true);
+            if let Err(e) = check_close(&got, &x, REL) {
+                panic!("rope round trip (run) {ctx_msg}: {e}");
+            }
+            let mut table = vec![3u32];
+            for _ in 0..n_tok {
+                table.extend([rng.gen_range(0..30_000u32), rng.gen()]);
+            }
+            let got = run_rope(&ctx, &x, shape, &table, Positions::Table, true);
+            if let Err(e) = check_close(&got, &x, REL) {
+                panic!("rope round trip (table) {ctx_msg}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn back_reference_is_the_gradient_of_the_forward_reference() {
+        // L(x) = sum dy . rope(x); dL/dx = rope_back(dy). Central differences in f64 of the f32
+        // forward (the actual step (x+h) - (x-h) after f32 rounding is used).
+        let seed: u64 = rand::random();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (n_heads, hd, n_rot) = (2usize, 8usize, 6usize);
+        let ff: Vec<f32> = (0..n_rot / 2).map(|_| rng.gen_range(1.0..4.0)).collect();
+        for mode in [RopeMode::Normal, RopeMode::Neox] {
+            let n = 3 * n_heads * hd;
+            let x: Vec<f32> = (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let dy: Vec<f32> = (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let loss = |x: &[f32]| -> f64 {
+                let mut y = x.to_vec();
+                rope_ref(&mut y, n_heads, hd, n_rot, mode, 100.0, 0.5, Some(&ff), 5);
+                dot(&y, &dy)
+            };
+            let mut grad = dy.clone();
+            rope_back_ref(
+                &mut grad,
+                n_heads,
+                hd,
+                n_rot,
+                mode,
+                100.0,
+                0.5,
+                Some(&ff),
+                5,
+            );
+            let fd = central_difference(&x, 4e-2, loss);
+            // rope is linear: the only error is the f32 rounding of y (~1e-7 of a loss of ~10)
+            // over steps of ±2e-2 and ±4e-2, up to ~5e-4 of check_close's 1% floor (measured
+            // 3e-4): 2e-3. A wrong angle sign or pair is off by O(1).
+            if let Err(e) = check_close(&grad, &fd, 2e-3) {
+                panic!("rope_back_ref vs finite differences, {mode:?}, seed {seed}: {e}");
+            }
+        }
     }
 }

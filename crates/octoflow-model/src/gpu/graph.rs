@@ -169,6 +169,7 @@ impl Graph<'_> {
                     pos: &ps.buf,
                     pos_offset: ps.offset,
                     positions: ps.mode,
+                    inverse: false,
                 },
             )?;
         }
