@@ -14,7 +14,10 @@ use rand::{Rng, SeedableRng};
 use crate::error::{Result, TrainError};
 
 /// A projection that can carry an adapter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum Target {
     Q,
     K,

@@ -12,33 +12,41 @@ use crate::error::{Result, TrainError};
 use crate::lora::LoraLayout;
 
 /// `W + mult · scale · B A` of one adapter over the base's dequantized rows (`[n_out, n_in]`).
-fn merged_rows(w: &mut [f32], layout: &LoraLayout, e: &crate::lora::LoraEntry, p: &[f32], mult: f32) {
+fn merged_rows(
+    w: &mut [f32],
+    layout: &LoraLayout,
+    e: &crate::lora::LoraEntry,
+    p: &[f32],
+    mult: f32,
+) {
     let r = layout.rank;
     let s = layout.scale * mult;
     let a = &p[e.a..e.a + r * e.n_in];
     let b = &p[e.b..e.b + e.n_out * r];
-    w.par_chunks_exact_mut(e.n_in).enumerate().for_each(|(o, row)| {
-        let br = &b[o * r..(o + 1) * r];
-        for (j, &bj) in br.iter().enumerate() {
-            let c = s * bj;
-            if c != 0.0 {
-                for (x, &aj) in row.iter_mut().zip(&a[j * e.n_in..(j + 1) * e.n_in]) {
-                    *x += c * aj;
+    w.par_chunks_exact_mut(e.n_in)
+        .enumerate()
+        .for_each(|(o, row)| {
+            let br = &b[o * r..(o + 1) * r];
+            for (j, &bj) in br.iter().enumerate() {
+                let c = s * bj;
+                if c != 0.0 {
+                    for (x, &aj) in row.iter_mut().zip(&a[j * e.n_in..(j + 1) * e.n_in]) {
+                        *x += c * aj;
+                    }
                 }
             }
-        }
-    });
+        });
 }
 
 /// A copy of `base` with `params`' adapters (laid out by `layout`) merged in at `mult` times
 /// their trained scale; merged matrices are stored as `quant` (`None`: F32).
-pub fn merge(
-    base: &GgufFile,
+pub fn merge<'f>(
+    base: &'f GgufFile,
     layout: &LoraLayout,
     params: &[f32],
     mult: f32,
     quant_to: Option<GgmlType>,
-) -> Result<GgufWriter<'_>> {
+) -> Result<GgufWriter<'f>> {
     if params.len() != layout.n_params {
         return Err(TrainError::Config(format!(
             "adapter has {} values, its layout needs {}",
@@ -82,7 +90,12 @@ pub fn merge(
 }
 
 /// [`merge`], parsed back as an in-memory file (what `octoflow run --lora` loads).
-pub fn merged_file(base: &GgufFile, layout: &LoraLayout, params: &[f32], mult: f32) -> Result<GgufFile> {
+pub fn merged_file(
+    base: &GgufFile,
+    layout: &LoraLayout,
+    params: &[f32],
+    mult: f32,
+) -> Result<GgufFile> {
     let w = merge(base, layout, params, mult, None)?;
     let mut bytes = Vec::new();
     w.write_to(&mut bytes)

@@ -2,6 +2,7 @@
 //! dequantized weights, written plainly. The gradient tests take central finite differences
 //! of this function and compare them with the GPU's backward.
 
+use octoflow_kernels::dropout_uniform;
 use octoflow_model::{Activation, Model, RopeType};
 
 use crate::error::Result;
@@ -121,10 +122,41 @@ impl<'a> RefModel<'a> {
         })
     }
 
-    /// `y += scale · B (A x)` for the adapter on `target` of `layer` (no dropout).
-    fn lora(&self, lay: &LoraLayout, p: &[f64], l: usize, t: Target, x: &[f64], y: &mut [f64]) {
+    /// `y += scale · B (A dropout(x))` for the adapter on `target` of `layer`, with the
+    /// trainer's mask (`dropout_uniform(seed, salt, i) >= p` keeps element `i` of `x`).
+    #[allow(clippy::too_many_arguments)]
+    fn lora(
+        &self,
+        lay: &LoraLayout,
+        p: &[f64],
+        l: usize,
+        t: Target,
+        x: &[f64],
+        y: &mut [f64],
+        drop: (f32, u32),
+    ) {
         let Some(e) = lay.get(l, t) else {
             return;
+        };
+        let (prob, seed) = drop;
+        let dropped: Vec<f64>;
+        let x = if prob > 0.0 {
+            let salt = (l * crate::gpu::TARGET_SLOTS + t as usize) as u32;
+            let keep = 1.0 / (1.0 - prob);
+            dropped = x
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    if dropout_uniform(seed, salt, i as u32) >= prob {
+                        v * f64::from(keep)
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            &dropped[..]
+        } else {
+            x
         };
         let r = lay.rank;
         let a = &p[e.a..e.a + r * e.n_in];
@@ -148,6 +180,20 @@ impl<'a> RefModel<'a> {
     /// `batch` sequences of `seq_len` rows, adapters `params` (in f64, so finite differences are
     /// not limited by f32 rounding) laid out by `lay`.
     pub fn loss(&self, lay: &LoraLayout, params: &[f64], rows: &Rows, seq_len: usize) -> f64 {
+        self.loss_with_dropout(lay, params, rows, seq_len, 0.0, 0)
+    }
+
+    /// [`RefModel::loss`] with the trainer's dropout masks of probability `p` and seed `seed`.
+    pub fn loss_with_dropout(
+        &self,
+        lay: &LoraLayout,
+        params: &[f64],
+        rows: &Rows,
+        seq_len: usize,
+        p: f32,
+        seed: u32,
+    ) -> f64 {
+        let drop = (p, seed);
         let c = &self.model.config;
         let (d, t) = (c.n_embd, rows.ids.len());
         let eps = f64::from(c.rms_eps);
@@ -172,7 +218,7 @@ impl<'a> RefModel<'a> {
                         yr.iter_mut().zip(bias).for_each(|(a, b)| *a += b);
                     }
                 }
-                self.lora(lay, params, l, tg, &h, &mut y);
+                self.lora(lay, params, l, tg, &h, &mut y, drop);
                 qkv.push(y);
             }
             let (mut q, mut k, v) = (qkv.remove(0), qkv.remove(0), qkv.remove(0));
@@ -184,7 +230,7 @@ impl<'a> RefModel<'a> {
             self.rope(&mut k, c.n_head_kv, l, &rows.pos);
             let att = self.attention(&q, &k, &v, l, &rows.pos, seq_len);
             let mut a = bw.o.apply(&att);
-            self.lora(lay, params, l, Target::O, &att, &mut a);
+            self.lora(lay, params, l, Target::O, &att, &mut a, drop);
             if let Some(pn) = &bw.post_attn {
                 rmsnorm(&mut a, pn, eps);
             }
@@ -192,9 +238,9 @@ impl<'a> RefModel<'a> {
             let mut h = x.clone();
             rmsnorm(&mut h, &bw.ffn_norm, eps);
             let mut g = bw.gate.apply(&h);
-            self.lora(lay, params, l, Target::Gate, &h, &mut g);
+            self.lora(lay, params, l, Target::Gate, &h, &mut g, drop);
             let mut u = bw.up.apply(&h);
-            self.lora(lay, params, l, Target::Up, &h, &mut u);
+            self.lora(lay, params, l, Target::Up, &h, &mut u, drop);
             let hg: Vec<f64> = g
                 .iter()
                 .zip(&u)
@@ -210,7 +256,7 @@ impl<'a> RefModel<'a> {
                 })
                 .collect();
             let mut fo = bw.down.apply(&hg);
-            self.lora(lay, params, l, Target::Down, &hg, &mut fo);
+            self.lora(lay, params, l, Target::Down, &hg, &mut fo, drop);
             if let Some(pn) = &bw.post_ffw {
                 rmsnorm(&mut fo, pn, eps);
             }
@@ -257,7 +303,15 @@ impl<'a> RefModel<'a> {
 
     /// Causal attention within each sequence and document (row `i` sees rows `i - pos[i]..=i`
     /// of its sequence), GQA, sliding window.
-    fn attention(&self, q: &[f64], k: &[f64], v: &[f64], l: usize, pos: &[u32], s: usize) -> Vec<f64> {
+    fn attention(
+        &self,
+        q: &[f64],
+        k: &[f64],
+        v: &[f64],
+        l: usize,
+        pos: &[u32],
+        s: usize,
+    ) -> Vec<f64> {
         let c = &self.model.config;
         let (hd, hdv, g) = (c.head_dim, c.head_dim_v, c.gqa_group());
         let (qd, kd, vd) = (c.q_dim(), c.k_dim(), c.v_dim());
@@ -277,7 +331,8 @@ impl<'a> RefModel<'a> {
                     .iter()
                     .map(|&j| {
                         let kr = &k[(seq0 + j) * kd + kh * hd..(seq0 + j) * kd + (kh + 1) * hd];
-                        f64::from(c.attention_scale) * qv.iter().zip(kr).map(|(a, b)| a * b).sum::<f64>()
+                        f64::from(c.attention_scale)
+                            * qv.iter().zip(kr).map(|(a, b)| a * b).sum::<f64>()
                     })
                     .collect();
                 let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);

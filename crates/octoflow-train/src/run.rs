@@ -129,8 +129,11 @@ fn rows_of(seqs: &[&Sequence], batch: usize, seq_len: usize, pad: u32, weight: f
         r.ids.extend_from_slice(&s.ids);
         r.labels.extend_from_slice(&s.labels);
         r.pos.extend_from_slice(&s.pos);
-        r.weights
-            .extend(s.labels.iter().map(|&l| if l == IGNORE { 0.0 } else { weight }));
+        r.weights.extend(
+            s.labels
+                .iter()
+                .map(|&l| if l == IGNORE { 0.0 } else { weight }),
+        );
     }
     r.ids.resize(n, pad);
     r.labels.resize(n, IGNORE);
@@ -156,7 +159,9 @@ pub fn evaluate(t: &mut Trainer, cfg: &TrainConfig, eval: &[Example], pad: u32) 
         sum += t.eval(&rows_of(&refs, cfg.batch, cfg.seq_len, pad, 1.0))?;
     }
     if n == 0 {
-        return Err(TrainError::Config("the eval set has no trained tokens".into()));
+        return Err(TrainError::Config(
+            "the eval set has no trained tokens".into(),
+        ));
     }
     Ok(sum / n as f64)
 }
@@ -169,7 +174,14 @@ fn micro_seed(seed: u64, step: u64, micro: usize) -> u32 {
     (z ^ (z >> 31)) as u32
 }
 
-fn save(t: &Trainer, cfg: &TrainConfig, dir: &Path, step: u64, pos: (u64, u64), tokens: u64) -> Result<()> {
+fn save(
+    t: &Trainer,
+    cfg: &TrainConfig,
+    dir: &Path,
+    step: u64,
+    pos: (u64, u64),
+    tokens: u64,
+) -> Result<()> {
     let n = t.layout().n_params as u64;
     let (m, v) = t.moments()?;
     let tensor = |name: &str, data: Vec<f32>| NamedTensor {
@@ -223,7 +235,12 @@ pub struct RunInputs<'a> {
 }
 
 /// Trains `t` per `cfg` (see the module doc).
-pub fn train(t: &mut Trainer, cfg: &TrainConfig, inp: &RunInputs, obs: &mut dyn Observer) -> Result<Summary> {
+pub fn train(
+    t: &mut Trainer,
+    cfg: &TrainConfig,
+    inp: &RunInputs,
+    obs: &mut dyn Observer,
+) -> Result<Summary> {
     let dir = &inp.run_dir;
     std::fs::create_dir_all(dir)
         .map_err(|e| TrainError::Config(format!("cannot create {}: {e}", dir.display())))?;
@@ -244,7 +261,9 @@ pub fn train(t: &mut Trainer, cfg: &TrainConfig, inp: &RunInputs, obs: &mut dyn 
         t.set_params(&take(&ck, "lora.params", dir)?)?;
         t.set_moments(&take(&ck, "adam.m", dir)?, &take(&ck, "adam.v", dir)?)?;
         (step, epoch, in_epoch, tokens) = (ck.step, ck.epoch, ck.batch_in_epoch, ck.tokens);
-        obs.note(&format!("resumed at step {step} (epoch {epoch}, step {in_epoch} of it)"));
+        obs.note(&format!(
+            "resumed at step {step} (epoch {epoch}, step {in_epoch} of it)"
+        ));
     } else {
         t.set_params(&t.layout().init(cfg.seed))?;
         let z = vec![0f32; t.layout().n_params];
@@ -265,7 +284,12 @@ pub fn train(t: &mut Trainer, cfg: &TrainConfig, inp: &RunInputs, obs: &mut dyn 
     let tokens_at_start = tokens;
     let per_step = cfg.batch * cfg.grad_accum;
     let rows = (cfg.batch * cfg.seq_len) as u64;
-    let mut do_eval = |t: &mut Trainer, step: u64, log: &mut LossLog, sum: &mut Summary, obs: &mut dyn Observer| -> Result<()> {
+    let do_eval = |t: &mut Trainer,
+                   step: u64,
+                   log: &mut LossLog,
+                   sum: &mut Summary,
+                   obs: &mut dyn Observer|
+     -> Result<()> {
         if let Some(ev) = inp.eval {
             let l = evaluate(t, cfg, ev, inp.pad)?;
             log.append(&serde_json::json!({"step": step, "eval_loss": l}))?;
@@ -285,11 +309,17 @@ pub fn train(t: &mut Trainer, cfg: &TrainConfig, inp: &RunInputs, obs: &mut dyn 
         }
         let seqs = &plan.epochs[epoch as usize];
         let first = in_epoch as usize * per_step;
-        let group: Vec<&Sequence> = seqs[first..(first + per_step).min(seqs.len())].iter().collect();
+        let group: Vec<&Sequence> = seqs[first..(first + per_step).min(seqs.len())]
+            .iter()
+            .collect();
         let n_trained = trained(&group);
         let t0 = Instant::now();
         let mut loss = 0.0;
-        let weight = if n_trained > 0 { 1.0 / n_trained as f32 } else { 0.0 };
+        let weight = if n_trained > 0 {
+            1.0 / n_trained as f32
+        } else {
+            0.0
+        };
         for (mi, micro) in group.chunks(cfg.batch).enumerate() {
             let r = rows_of(micro, cfg.batch, cfg.seq_len, inp.pad, weight);
             loss += t.micro_step(&r, micro_seed(cfg.seed, step, mi))?;
@@ -309,7 +339,10 @@ pub fn train(t: &mut Trainer, cfg: &TrainConfig, inp: &RunInputs, obs: &mut dyn 
             zero_grads: true,
         })?;
         if !grad_norm.is_finite() {
-            return Err(TrainError::NonFinite(format!("gradient norm {grad_norm} at step {}", step + 1)));
+            return Err(TrainError::NonFinite(format!(
+                "gradient norm {grad_norm} at step {}",
+                step + 1
+            )));
         }
         step += 1;
         in_epoch += 1;

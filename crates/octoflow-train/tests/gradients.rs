@@ -43,7 +43,13 @@ fn rows(rng: &mut StdRng, n_vocab: u32) -> Rows {
     let pos: Vec<u32> = [0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 0, 1, 2, 3, 4].to_vec();
     let ids: Vec<u32> = (0..16).map(|_| rng.gen_range(0..n_vocab)).collect();
     let labels: Vec<u32> = (0..16)
-        .map(|i| if i % 5 == 3 { IGNORE } else { rng.gen_range(0..n_vocab) })
+        .map(|i| {
+            if i % 5 == 3 {
+                IGNORE
+            } else {
+                rng.gen_range(0..n_vocab)
+            }
+        })
         .collect();
     let n = labels.iter().filter(|&&l| l != IGNORE).count() as f32;
     let weights = labels
@@ -58,7 +64,7 @@ fn rows(rng: &mut StdRng, n_vocab: u32) -> Rows {
     }
 }
 
-fn check_arch(arch: &str) {
+fn check_arch(arch: &str, dropout: f32) {
     let Some(ctx) = gpu_or_skip(&format!("train_gradients_{arch}")) else {
         return;
     };
@@ -71,7 +77,7 @@ fn check_arch(arch: &str) {
     let lora = LoraConfig {
         rank: 4,
         alpha: 8.0,
-        dropout: 0.0,
+        dropout,
         targets: Target::ALL.to_vec(),
     };
     let opts = TrainerOptions {
@@ -87,10 +93,11 @@ fn check_arch(arch: &str) {
         .collect();
     t.set_params(&p).unwrap();
     let r = rows(&mut rng, model.config.n_vocab as u32);
-    let loss = t.micro_step(&r, 1).unwrap();
+    let seed = 0x5eed;
+    let loss = t.micro_step(&r, seed).unwrap();
     let g = t.grads().unwrap();
     let p64: Vec<f64> = p.iter().map(|&v| f64::from(v)).collect();
-    let want = reference.loss(&layout, &p64, &r, 8);
+    let want = reference.loss_with_dropout(&layout, &p64, &r, 8, dropout, seed);
     let loss_tol = if coop { 2e-2 } else { 1e-4 };
     let rel = (loss - want).abs() / want.abs();
     assert!(
@@ -98,15 +105,19 @@ fn check_arch(arch: &str) {
         "{arch}: GPU loss {loss} vs reference {want} (rel {rel:.2e})"
     );
     // a second micro-step accumulates: gradients double
-    let loss2 = t.micro_step(&r, 1).unwrap();
+    let loss2 = t.micro_step(&r, seed).unwrap();
     let g2 = t.grads().unwrap();
     assert_eq!(loss, loss2, "{arch}: the replayed chain gives another loss");
     for (a, b) in g.iter().zip(&g2) {
-        assert!((2.0 * a - b).abs() <= 1e-5 * b.abs().max(1e-3), "{arch}: accumulation");
+        assert!(
+            (2.0 * a - b).abs() <= 1e-5 * b.abs().max(1e-3),
+            "{arch}: accumulation"
+        );
     }
     // directional derivatives: each adapter's A and B alone, then everything at once
     let eps = 1e-4;
-    let tol = if coop { 5e-2 } else { 2e-3 };
+    // measured worst on lavapipe: ~4e-5 (f32 accumulation against the f64 reference)
+    let tol = if coop { 5e-2 } else { 5e-4 };
     let mut dirs: Vec<Vec<f64>> = Vec::new();
     for e in &layout.entries {
         for (from, to) in [(e.a, e.b), (e.b, e.b + e.n_out * layout.rank)] {
@@ -117,13 +128,17 @@ fn check_arch(arch: &str) {
             dirs.push(u);
         }
     }
-    dirs.push((0..layout.n_params).map(|_| rng.gen_range(-1.0..1.0)).collect());
+    dirs.push(
+        (0..layout.n_params)
+            .map(|_| rng.gen_range(-1.0..1.0))
+            .collect(),
+    );
     let mut worst = 0f64;
     for (i, u) in dirs.iter().enumerate() {
         let shifted = |s: f64| -> Vec<f64> { p64.iter().zip(u).map(|(p, d)| p + s * d).collect() };
-        let fd = (reference.loss(&layout, &shifted(eps), &r, 8)
-            - reference.loss(&layout, &shifted(-eps), &r, 8))
-            / (2.0 * eps);
+        let loss_at =
+            |s: f64| reference.loss_with_dropout(&layout, &shifted(s), &r, 8, dropout, seed);
+        let fd = (loss_at(eps) - loss_at(-eps)) / (2.0 * eps);
         let gu: f64 = g.iter().zip(u).map(|(&a, b)| f64::from(a) * b).sum();
         let scale: f64 = u.iter().map(|d| d * d).sum::<f64>().sqrt();
         let err = (fd - gu).abs() / (fd.abs() + 1e-3 * scale);
@@ -137,20 +152,26 @@ fn check_arch(arch: &str) {
                 .map_or("all".to_string(), |e| format!("blk.{} {} {}", e.layer, e.target, if i % 2 == 0 { "A" } else { "B" }))
         );
     }
-    println!("{arch}: loss {loss:.6} (reference {want:.6}), worst directional error {worst:.2e}");
+    println!("{arch} (dropout {dropout}): loss {loss:.6} (reference {want:.6}), worst directional error {worst:.2e}");
 }
 
 #[test]
 fn llama_gradients_match_finite_differences() {
-    check_arch("llama");
+    check_arch("llama", 0.0);
 }
 
 #[test]
 fn qwen2_gradients_match_finite_differences() {
-    check_arch("qwen2");
+    check_arch("qwen2", 0.0);
 }
 
 #[test]
 fn gemma3_gradients_match_finite_differences() {
-    check_arch("gemma3");
+    check_arch("gemma3", 0.0);
+}
+
+#[test]
+fn gradients_with_dropout_match_finite_differences() {
+    // the reference applies the same counter-based masks (dropout_uniform, same seed and salts)
+    check_arch("qwen2", 0.25);
 }

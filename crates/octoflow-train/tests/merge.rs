@@ -25,14 +25,24 @@ fn merged_model_equals_base_plus_adapters() {
             targets: vec![Target::Q, Target::V, Target::O, Target::Down],
         };
         let layout = LoraLayout::new(&cfg, &model.config);
-        let p: Vec<f32> = (0..layout.n_params).map(|_| rng.gen_range(-0.5..0.5)).collect();
+        let p: Vec<f32> = (0..layout.n_params)
+            .map(|_| rng.gen_range(-0.5..0.5))
+            .collect();
         let merged: GgufFile = merged_file(&base, &layout, &p, 1.0).unwrap();
         let merged = Model::from_gguf(Arc::new(merged)).unwrap();
         let n = 12;
         let rows = Rows {
-            ids: (0..n).map(|_| rng.gen_range(0..TINY.n_vocab as u32)).collect(),
+            ids: (0..n)
+                .map(|_| rng.gen_range(0..TINY.n_vocab as u32))
+                .collect(),
             labels: (0..n)
-                .map(|i| if i == 5 { IGNORE } else { rng.gen_range(0..TINY.n_vocab as u32) })
+                .map(|i| {
+                    if i == 5 {
+                        IGNORE
+                    } else {
+                        rng.gen_range(0..TINY.n_vocab as u32)
+                    }
+                })
                 .collect(),
             weights: vec![1.0; n],
             pos: (0..n as u32).map(|i| i % 6).collect(),
@@ -40,10 +50,15 @@ fn merged_model_equals_base_plus_adapters() {
         let p64: Vec<f64> = p.iter().map(|&v| f64::from(v)).collect();
         let with = RefModel::new(&model).unwrap().loss(&layout, &p64, &rows, 6);
         let zeros = vec![0.0; layout.n_params];
-        let without = RefModel::new(&merged).unwrap().loss(&layout, &zeros, &rows, 6);
+        let without = RefModel::new(&merged)
+            .unwrap()
+            .loss(&layout, &zeros, &rows, 6);
         let rel = (with - without).abs() / with.abs();
         // the merged weights are W + s·BA rounded to f32 once: ~1e-7 relative per weight
-        assert!(rel < 1e-5, "{arch}: base+adapters {with} vs merged {without} ({rel:.2e})");
+        assert!(
+            rel < 1e-5,
+            "{arch}: base+adapters {with} vs merged {without} ({rel:.2e})"
+        );
         // an adapter of the wrong size is an error, not a panic
         assert!(merged_file(&base, &layout, &p[1..], 1.0).is_err());
     }

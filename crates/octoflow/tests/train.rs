@@ -38,17 +38,26 @@ fn short_eval(dir: &Path, n: usize) -> PathBuf {
 
 fn train_cmd(out: &Path, eval: &Path, extra: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_octoflow"));
-    c.args(["train", "-m", SMOLLM, "--quiet", "--seq-len", "64", "--batch", "2"])
-        .args(["--max-steps", "6", "--lr", "2e-3", "--schedule", "constant"])
-        .args(["--save-every", "2", "--eval-every", "3", "--seed", "7"])
-        .arg("--data")
-        .arg(data("train.jsonl"))
-        .arg("--eval")
-        .arg(eval)
-        .arg("-o")
-        .arg(out)
-        .args(extra)
-        .stdout(Stdio::null());
+    c.args([
+        "train",
+        "-m",
+        SMOLLM,
+        "--quiet",
+        "--seq-len",
+        "64",
+        "--batch",
+        "2",
+    ])
+    .args(["--max-steps", "6", "--lr", "2e-3", "--schedule", "constant"])
+    .args(["--save-every", "2", "--eval-every", "3", "--seed", "7"])
+    .arg("--data")
+    .arg(data("train.jsonl"))
+    .arg("--eval")
+    .arg(eval)
+    .arg("-o")
+    .arg(out)
+    .args(extra)
+    .stdout(Stdio::null());
     c
 }
 
@@ -81,7 +90,10 @@ fn train_learns_resumes_after_sigkill_and_run_loads_the_adapters() {
     let st = train_cmd(&a, &eval, &[]).status().expect("train runs");
     assert!(st.success(), "octoflow train failed");
     let (ta, ea) = log(&a);
-    assert_eq!(ta.iter().map(|x| x.0).collect::<Vec<_>>(), (1..=6).collect::<Vec<_>>());
+    assert_eq!(
+        ta.iter().map(|x| x.0).collect::<Vec<_>>(),
+        (1..=6).collect::<Vec<_>>()
+    );
     let first = (ta[0].1 + ta[1].1) / 2.0;
     let last = (ta[4].1 + ta[5].1) / 2.0;
     assert!(last < 0.9 * first, "training loss did not fall: {ta:?}");
@@ -98,7 +110,10 @@ fn train_learns_resumes_after_sigkill_and_run_loads_the_adapters() {
         if b.join("checkpoint.gguf").exists() && tb.iter().any(|x| x.0 >= 3) {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(900), "no checkpoint in time");
+        assert!(
+            t0.elapsed() < Duration::from_secs(900),
+            "no checkpoint in time"
+        );
         if let Ok(Some(st)) = child.try_wait() {
             panic!("train ended before it could be killed: {st}");
         }
@@ -107,18 +122,32 @@ fn train_learns_resumes_after_sigkill_and_run_loads_the_adapters() {
     // SAFETY: plain kill(2) of our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     let _ = child.wait();
-    let st = train_cmd(&b, &eval, &["--resume"]).status().expect("resume runs");
+    let st = train_cmd(&b, &eval, &["--resume"])
+        .status()
+        .expect("resume runs");
     assert!(st.success(), "octoflow train --resume failed");
     let (tb, _) = log(&b);
     assert_eq!(tb.len(), ta.len(), "resumed log: {tb:?}");
     for ((sa, la), (sb, lb)) in ta.iter().zip(&tb) {
         assert_eq!(sa, sb);
-        assert!((la - lb).abs() <= 1e-5 * la.abs(), "step {sa}: {la} vs resumed {lb}");
+        assert!(
+            (la - lb).abs() <= 1e-5 * la.abs(),
+            "step {sa}: {la} vs resumed {lb}"
+        );
     }
 
     // 3. run --lora loads the adapters and generates
     let out = Command::new(env!("CARGO_BIN_EXE_octoflow"))
-        .args(["run", "-m", SMOLLM, "--temp", "0", "-n", "4", "--chat-prompt"])
+        .args([
+            "run",
+            "-m",
+            SMOLLM,
+            "--temp",
+            "0",
+            "-n",
+            "4",
+            "--chat-prompt",
+        ])
         .args(["-p", "What is the capital of Chile?", "--lora"])
         .arg(&a)
         .output()

@@ -59,7 +59,6 @@ impl GpuModel {
         &self.kernels
     }
 
-
     /// The device.
     pub fn context(&self) -> &Context {
         &self.ctx

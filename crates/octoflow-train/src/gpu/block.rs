@@ -65,7 +65,8 @@ impl Trainer {
         let x = f(&b.xs[il], t * d)?;
         let n1 = f(&b.n1, t * d)?;
         let (q, kk, v) = (f(&b.q, t * qd)?, f(&b.k, t * kd)?, f(&b.v, t * vd)?);
-        k.rms_norm.record(chain, &x, &lw.attn_norm, &n1, t as u32, d as u32, eps)?;
+        k.rms_norm
+            .record(chain, &x, &lw.attn_norm, &n1, t as u32, d as u32, eps)?;
         chain.compute_barrier()?;
         // with per-head norms, the projections land in q_raw/k_raw first
         let (qp, kp) = if c.qk_norm {
@@ -73,9 +74,30 @@ impl Trainer {
         } else {
             (q.clone(), kk.clone())
         };
-        self.linear(chain, &lw.attn_q, &n1, &qp, t as u32, lw.attn_q_bias.as_ref())?;
-        self.linear(chain, &lw.attn_k, &n1, &kp, t as u32, lw.attn_k_bias.as_ref())?;
-        self.linear(chain, &lw.attn_v, &n1, &v, t as u32, lw.attn_v_bias.as_ref())?;
+        self.linear(
+            chain,
+            &lw.attn_q,
+            &n1,
+            &qp,
+            t as u32,
+            lw.attn_q_bias.as_ref(),
+        )?;
+        self.linear(
+            chain,
+            &lw.attn_k,
+            &n1,
+            &kp,
+            t as u32,
+            lw.attn_k_bias.as_ref(),
+        )?;
+        self.linear(
+            chain,
+            &lw.attn_v,
+            &n1,
+            &v,
+            t as u32,
+            lw.attn_v_bias.as_ref(),
+        )?;
         chain.compute_barrier()?;
         self.lora_forward(chain, il, Target::Q, &n1, &qp)?;
         self.lora_forward(chain, il, Target::K, &n1, &kp)?;
@@ -110,7 +132,8 @@ impl Trainer {
         self.lora_forward(chain, il, Target::O, &att, &ap)?;
         chain.compute_barrier()?;
         if let Some(pn) = &lw.post_attention_norm {
-            k.rms_norm.record(chain, &ap, pn, &a, t as u32, d as u32, eps)?;
+            k.rms_norm
+                .record(chain, &ap, pn, &a, t as u32, d as u32, eps)?;
             chain.compute_barrier()?;
         }
         k.add.record(chain, &x, &a, &xmid, (t * d) as u32)?;
@@ -118,7 +141,8 @@ impl Trainer {
         // feed-forward
         let n2 = f(&b.n2, t * d)?;
         let (g, u, hg) = (f(&b.g, t * ff)?, f(&b.u, t * ff)?, f(&b.hg, t * ff)?);
-        k.rms_norm.record(chain, &xmid, &lw.ffn_norm, &n2, t as u32, d as u32, eps)?;
+        k.rms_norm
+            .record(chain, &xmid, &lw.ffn_norm, &n2, t as u32, d as u32, eps)?;
         chain.compute_barrier()?;
         self.linear(chain, &lw.ffn_gate, &n2, &g, t as u32, None)?;
         self.linear(chain, &lw.ffn_up, &n2, &u, t as u32, None)?;
@@ -126,7 +150,8 @@ impl Trainer {
         self.lora_forward(chain, il, Target::Gate, &n2, &g)?;
         self.lora_forward(chain, il, Target::Up, &n2, &u)?;
         chain.compute_barrier()?;
-        k.glu.record(chain, &g, &u, &hg, (t * ff) as u32, self.act())?;
+        k.glu
+            .record(chain, &g, &u, &hg, (t * ff) as u32, self.act())?;
         chain.compute_barrier()?;
         let fo = f(&b.f, t * d)?;
         let fp = if lw.post_ffw_norm.is_some() {
@@ -139,7 +164,8 @@ impl Trainer {
         self.lora_forward(chain, il, Target::Down, &hg, &fp)?;
         chain.compute_barrier()?;
         if let Some(pn) = &lw.post_ffw_norm {
-            k.rms_norm.record(chain, &fp, pn, &fo, t as u32, d as u32, eps)?;
+            k.rms_norm
+                .record(chain, &fp, pn, &fo, t as u32, d as u32, eps)?;
             chain.compute_barrier()?;
         }
         if save {
@@ -159,8 +185,15 @@ impl Trainer {
         let d = c.n_embd;
         let x = f(&b.xs[c.n_layer], t * d)?;
         let nf = f(&b.nf, t * d)?;
-        k.rms_norm
-            .record(chain, &x, &w.output_norm, &nf, t as u32, d as u32, c.rms_eps)?;
+        k.rms_norm.record(
+            chain,
+            &x,
+            &w.output_norm,
+            &nf,
+            t as u32,
+            d as u32,
+            c.rms_eps,
+        )?;
         chain.compute_barrier()?;
         let io = b.io.whole();
         let row = 4 * d as u64;
@@ -228,15 +261,7 @@ impl Trainer {
         let out = f(&self.b.dtmp, t * d)?;
         let raw = f(raw, t * d)?;
         self.tk.rms_norm_back.record(
-            chain,
-            &raw,
-            w,
-            dy,
-            &out,
-            t as u32,
-            d as u32,
-            c.rms_eps,
-            false,
+            chain, &raw, w, dy, &out, t as u32, d as u32, c.rms_eps, false,
         )?;
         chain.compute_barrier()?;
         Ok(out)
@@ -247,7 +272,6 @@ impl Trainer {
     /// scratch (its forward recorded just before).
     pub(crate) fn layer_backward(&self, chain: &mut Chain, il: usize) -> Result<()> {
         let (c, b, t) = (&self.c, &self.b, self.rows);
-        let k = self.gm.kernels();
         let lw = &self.gm.weights().blk[il];
         let (d, ff, eps) = (c.n_embd, c.n_ff, c.rms_eps);
         let (qd, kd, vd, ad) = (c.q_dim(), c.k_dim(), c.v_dim(), c.n_head * c.head_dim_v);
@@ -280,9 +304,17 @@ impl Trainer {
         self.lora_backward(chain, il, Target::Up, &n2, &u, &dn)?;
         chain.compute_barrier()?;
         let xmid = f(&b.xmid, t * d)?;
-        self.tk
-            .rms_norm_back
-            .record(chain, &xmid, &lw.ffn_norm, &dn, &dx, tu, d as u32, eps, true)?;
+        self.tk.rms_norm_back.record(
+            chain,
+            &xmid,
+            &lw.ffn_norm,
+            &dn,
+            &dx,
+            tu,
+            d as u32,
+            eps,
+            true,
+        )?;
         chain.compute_barrier()?;
         // ---- attention: dx is now ∂L/∂xmid ----
         let da = self.through_post_norm(chain, lw.post_attention_norm.as_ref(), &b.a_raw, &dx)?;
@@ -305,12 +337,28 @@ impl Trainer {
         if let (Some(qn), Some(kn)) = (&lw.attn_q_norm, &lw.attn_k_norm) {
             let hd = c.head_dim as u32;
             let (qr, kr) = (f(&b.q_raw, t * qd)?, f(&b.k_raw, t * kd)?);
-            self.tk
-                .rms_norm_back
-                .record(chain, &qr, qn, &dq, &dq, tu * c.n_head as u32, hd, eps, false)?;
-            self.tk
-                .rms_norm_back
-                .record(chain, &kr, kn, &dk, &dk, tu * c.n_head_kv as u32, hd, eps, false)?;
+            self.tk.rms_norm_back.record(
+                chain,
+                &qr,
+                qn,
+                &dq,
+                &dq,
+                tu * c.n_head as u32,
+                hd,
+                eps,
+                false,
+            )?;
+            self.tk.rms_norm_back.record(
+                chain,
+                &kr,
+                kn,
+                &dk,
+                &dk,
+                tu * c.n_head_kv as u32,
+                hd,
+                eps,
+                false,
+            )?;
             chain.compute_barrier()?;
         }
         let n1 = f(&b.n1, t * d)?;
@@ -327,9 +375,17 @@ impl Trainer {
         self.lora_backward(chain, il, Target::V, &n1, &dv, &dn)?;
         chain.compute_barrier()?;
         let x = f(&b.xs[il], t * d)?;
-        self.tk
-            .rms_norm_back
-            .record(chain, &x, &lw.attn_norm, &dn, &dx, tu, d as u32, eps, true)?;
+        self.tk.rms_norm_back.record(
+            chain,
+            &x,
+            &lw.attn_norm,
+            &dn,
+            &dx,
+            tu,
+            d as u32,
+            eps,
+            true,
+        )?;
         chain.compute_barrier()?;
         Ok(())
     }

@@ -28,8 +28,9 @@ use octoflow_vk::{Buffer, Chain, Context, MemoryKind};
 use crate::error::{Result, TrainError};
 use crate::lora::{LoraConfig, LoraLayout, Target};
 
-/// Distinct dropout salts per layer (one per target kind).
-pub(crate) const TARGET_SLOTS: usize = 8;
+/// Distinct dropout salts per layer (one per target kind): the mask of `target` in `layer` has
+/// salt `layer * TARGET_SLOTS + target as usize`.
+pub const TARGET_SLOTS: usize = 8;
 
 /// Logit rows per cross-entropy chunk, at most (fewer when `n_vocab` is large: the chunk's
 /// logits stay under [`LOGITS_BYTES`]).
@@ -205,7 +206,9 @@ impl Trainer {
         let ctx = gm.context().clone();
         let layout = LoraLayout::new(&opts.lora, &c);
         let rows = opts.batch * opts.seq_len;
-        let logit_rows = LOGITS_ROWS.min(rows).min((LOGITS_BYTES / (4 * c.n_vocab)).max(1));
+        let logit_rows = LOGITS_ROWS
+            .min(rows)
+            .min((LOGITS_BYTES / (4 * c.n_vocab)).max(1));
         let io = IoLayout::new(rows);
         let (d, ff) = (c.n_embd, c.n_ff);
         let (qd, kd, vd) = (c.q_dim(), c.k_dim(), c.v_dim());

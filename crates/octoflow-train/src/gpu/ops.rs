@@ -192,10 +192,26 @@ impl Trainer {
         let h = self.h_slot(target)?;
         let a = at(&p, e.a, r * e.n_in)?;
         let b = at(&p, e.b, e.n_out * r)?;
-        self.mm(chain, (&xin, rm(e.n_in)), (&a, tr(e.n_in)), (&h, r), [t, r, e.n_in], 1.0, 0.0)?;
+        self.mm(
+            chain,
+            (&xin, rm(e.n_in)),
+            (&a, tr(e.n_in)),
+            (&h, r),
+            [t, r, e.n_in],
+            1.0,
+            0.0,
+        )?;
         chain.compute_barrier()?;
         let s = self.layout.scale;
-        self.mm(chain, (&h, rm(r)), (&b, tr(r)), (y, e.n_out), [t, e.n_out, r], s, 1.0)?;
+        self.mm(
+            chain,
+            (&h, rm(r)),
+            (&b, tr(r)),
+            (y, e.n_out),
+            [t, e.n_out, r],
+            s,
+            1.0,
+        )?;
         Ok(())
     }
 
@@ -221,21 +237,61 @@ impl Trainer {
         let h = self.h_slot(target)?;
         let dh = self.b.dh.slice(0, 4 * (t * r) as u64)?;
         // dB += s · dyᵀ h ; dh = s · dy B
-        self.mm(chain, (dy, tr(e.n_out)), (&h, rm(r)), (&gb, r), [e.n_out, r, t], s, 1.0)?;
-        self.mm(chain, (dy, rm(e.n_out)), (&b, rm(r)), (&dh, r), [t, r, e.n_out], s, 0.0)?;
+        self.mm(
+            chain,
+            (dy, tr(e.n_out)),
+            (&h, rm(r)),
+            (&gb, r),
+            [e.n_out, r, t],
+            s,
+            1.0,
+        )?;
+        self.mm(
+            chain,
+            (dy, rm(e.n_out)),
+            (&b, rm(r)),
+            (&dh, r),
+            [t, r, e.n_out],
+            s,
+            0.0,
+        )?;
         let xin = self.lora_input(chain, &e, x)?;
         chain.compute_barrier()?;
         // dA += dhᵀ x_in
-        self.mm(chain, (&dh, tr(r)), (&xin, rm(e.n_in)), (&ga, e.n_in), [r, e.n_in, t], 1.0, 1.0)?;
+        self.mm(
+            chain,
+            (&dh, tr(r)),
+            (&xin, rm(e.n_in)),
+            (&ga, e.n_in),
+            [r, e.n_in, t],
+            1.0,
+            1.0,
+        )?;
         if self.dropout == 0.0 {
             // dx += dh A
-            self.mm(chain, (&dh, rm(r)), (&a, rm(e.n_in)), (dx, e.n_in), [t, e.n_in, r], 1.0, 1.0)?;
+            self.mm(
+                chain,
+                (&dh, rm(r)),
+                (&a, rm(e.n_in)),
+                (dx, e.n_in),
+                [t, e.n_in, r],
+                1.0,
+                1.0,
+            )?;
         } else {
             // dx += dropout_mask(dh A): the mask's derivative, same seed and salt
             let n = t * e.n_in;
             let tmp = self.b.xd.slice(0, 4 * n as u64)?;
             chain.compute_barrier()?;
-            self.mm(chain, (&dh, rm(r)), (&a, rm(e.n_in)), (&tmp, e.n_in), [t, e.n_in, r], 1.0, 0.0)?;
+            self.mm(
+                chain,
+                (&dh, rm(r)),
+                (&a, rm(e.n_in)),
+                (&tmp, e.n_in),
+                [t, e.n_in, r],
+                1.0,
+                0.0,
+            )?;
             chain.compute_barrier()?;
             self.tk.dropout.record(
                 chain,
@@ -248,7 +304,10 @@ impl Trainer {
                 salt(&e),
             )?;
             chain.compute_barrier()?;
-            self.gm.kernels().add.record(chain, dx, &tmp, dx, n as u32)?;
+            self.gm
+                .kernels()
+                .add
+                .record(chain, dx, &tmp, dx, n as u32)?;
         }
         Ok(())
     }

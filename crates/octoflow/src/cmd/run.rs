@@ -94,7 +94,11 @@ pub struct Args {
 }
 
 /// The base model with a training run's adapters merged in.
-fn with_lora(gguf: &octoflow_gguf::GgufFile, dir: &std::path::Path, scale: f32) -> anyhow::Result<Model> {
+fn with_lora(
+    gguf: &octoflow_gguf::GgufFile,
+    dir: &std::path::Path,
+    scale: f32,
+) -> anyhow::Result<Model> {
     let (cfg, params) = octoflow_train::run::load_adapters(dir)
         .with_context(|| format!("loading adapters from {}", dir.display()))?;
     let config = octoflow_model::ModelConfig::from_gguf(gguf)?;

@@ -207,8 +207,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         let b = ProgressBar::new(0);
         b.set_style(
-            ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            ProgressStyle::with_template(
+                "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         Some(b)
     };
