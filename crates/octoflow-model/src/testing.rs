@@ -130,3 +130,59 @@ pub fn tiny_model(arch: &str, s: TinyShape, rng: &mut StdRng) -> Model {
     let file = open(&tiny_writer(arch, s, rng)).expect("tiny model parses");
     Model::from_gguf(Arc::new(file)).expect("tiny model binds")
 }
+
+/// Adds a tiny SentencePiece (`llama`) tokenizer to `w`: `<unk> <s> </s> <|im_start|>
+/// <|im_end|>`, the 256 byte tokens and a few words, BOS added, no space prefix; with
+/// `chat_template`, also `tokenizer.chat_template`. Returns the vocabulary size.
+pub fn add_tiny_tokenizer(w: &mut GgufWriter, chat_template: Option<&str>) -> usize {
+    use octoflow_gguf::ValueType;
+    let mut tokens: Vec<String> = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    let mut types = vec![2, 3, 3, 3, 3];
+    for b in 0..=255u8 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6);
+    }
+    for word in [
+        "\u{2581}",
+        "Arr",
+        "!",
+        "\u{2581}matey",
+        "user",
+        "assistant",
+        "\u{2581}be",
+    ] {
+        tokens.push(word.to_string());
+        types.push(1);
+    }
+    let n = tokens.len();
+    w.set("tokenizer.ggml.model", Value::String("llama".into()));
+    w.set(
+        "tokenizer.ggml.tokens",
+        Value::Array(
+            ValueType::String,
+            tokens.into_iter().map(Value::String).collect(),
+        ),
+    );
+    w.set(
+        "tokenizer.ggml.scores",
+        Value::Array(
+            ValueType::F32,
+            (0..n).map(|i| Value::F32(-(i as f32))).collect(),
+        ),
+    );
+    w.set(
+        "tokenizer.ggml.token_type",
+        Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()),
+    );
+    w.set("tokenizer.ggml.bos_token_id", Value::U32(1));
+    w.set("tokenizer.ggml.eos_token_id", Value::U32(2));
+    w.set("tokenizer.ggml.add_bos_token", Value::Bool(true));
+    w.set("tokenizer.ggml.add_space_prefix", Value::Bool(false));
+    if let Some(t) = chat_template {
+        w.set("tokenizer.chat_template", Value::String(t.into()));
+    }
+    n
+}

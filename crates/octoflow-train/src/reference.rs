@@ -325,7 +325,7 @@ impl<'a> RefModel<'a> {
                 let kh = h / g;
                 let qv = &q[r * qd + h * hd..r * qd + (h + 1) * hd];
                 let keys: Vec<usize> = (first..=i)
-                    .filter(|&j| window.is_none_or(|w| i - j < w))
+                    .filter(|&j| window.map_or(true, |w| i - j < w))
                     .collect();
                 let sc: Vec<f64> = keys
                     .iter()

@@ -148,6 +148,14 @@ fn trained(seqs: &[&Sequence]) -> usize {
         .sum()
 }
 
+/// The rows of the run's first micro-batch (for profiling).
+pub fn first_rows(cfg: &TrainConfig, train: &[Example], pad: u32) -> Result<Rows> {
+    let plan = plan(cfg, train, pad)?;
+    let seqs: Vec<&Sequence> = plan.epochs[0].iter().take(cfg.batch).collect();
+    let w = 1.0 / trained(&seqs).max(1) as f32;
+    Ok(rows_of(&seqs, cfg.batch, cfg.seq_len, pad, w))
+}
+
 /// Mean loss per trained token over `eval` (packed in file order).
 pub fn evaluate(t: &mut Trainer, cfg: &TrainConfig, eval: &[Example], pad: u32) -> Result<f64> {
     let order: Vec<usize> = (0..eval.len()).collect();

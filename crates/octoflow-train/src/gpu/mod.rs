@@ -23,7 +23,7 @@ use octoflow_kernels::{
 };
 use octoflow_model::gpu::GpuModel;
 use octoflow_model::ModelConfig;
-use octoflow_vk::{Buffer, Chain, Context, MemoryKind};
+use octoflow_vk::{summarize, Buffer, Chain, Context, LabelTime, MemoryKind};
 
 use crate::error::{Result, TrainError};
 use crate::lora::{LoraConfig, LoraLayout, Target};
@@ -448,9 +448,28 @@ impl Trainer {
         self.context().memory_usage().0
     }
 
+    /// Runs one micro-step on a chain that times every dispatch (GPU timestamps) and returns
+    /// the time per kernel, largest first. Gradients accumulate as in [`Trainer::micro_step`].
+    pub fn profile_step(&mut self, r: &Rows, seed: u32) -> Result<Vec<LabelTime>> {
+        if !self.context().caps().timestamps {
+            return Err(TrainError::Config(format!(
+                "{} has no compute timestamps; profiling is unavailable",
+                self.context().caps().name
+            )));
+        }
+        self.write_rows(r, seed)?;
+        let mut chain = self.record_with(true, Chain::with_profiling(self.context())?)?;
+        chain.run()?;
+        let times = chain.timings()?.unwrap_or_default();
+        Ok(summarize(&times))
+    }
+
     /// Records the micro-step chain (`train`: forward, loss, backward) or the evaluation one.
     fn record(&self, train: bool) -> Result<Chain> {
-        let mut chain = Chain::new(self.context())?;
+        self.record_with(train, Chain::new(self.context())?)
+    }
+
+    fn record_with(&self, train: bool, mut chain: Chain) -> Result<Chain> {
         self.embed(&mut chain)?;
         for l in 0..self.c.n_layer {
             self.layer_forward(&mut chain, l, true)?;

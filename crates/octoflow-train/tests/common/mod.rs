@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use octoflow_gguf::{GgufFile, GgufWriter, Value, ValueType};
+use octoflow_gguf::{GgufFile, GgufWriter, Value};
 use octoflow_text::{ChatTemplate, Tokenizer};
 
 /// ChatML, as SmolLM2 and Qwen write it (without a default system message).
@@ -15,53 +15,9 @@ pub const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.
 /// A SentencePiece (`llama`) tokenizer of `<unk> <s> </s> <|im_start|> <|im_end|>`, the 256
 /// byte tokens and a few words, with BOS added and no space prefix.
 pub fn tiny_tokenizer() -> Tokenizer {
-    let mut tokens = vec!["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
-        .into_iter()
-        .map(String::from)
-        .collect::<Vec<_>>();
-    let mut types = vec![2, 3, 3, 3, 3];
-    for b in 0..=255u8 {
-        tokens.push(format!("<0x{b:02X}>"));
-        types.push(6);
-    }
-    for w in [
-        "\u{2581}",
-        "Arr",
-        "!",
-        "\u{2581}matey",
-        "user",
-        "assistant",
-        "\u{2581}be",
-    ] {
-        tokens.push(w.to_string());
-        types.push(1);
-    }
-    let n = tokens.len();
     let mut w = GgufWriter::new();
     w.set("general.architecture", Value::String("llama".into()));
-    w.set("tokenizer.ggml.model", Value::String("llama".into()));
-    w.set(
-        "tokenizer.ggml.tokens",
-        Value::Array(
-            ValueType::String,
-            tokens.into_iter().map(Value::String).collect(),
-        ),
-    );
-    w.set(
-        "tokenizer.ggml.scores",
-        Value::Array(
-            ValueType::F32,
-            (0..n).map(|i| Value::F32(-(i as f32))).collect(),
-        ),
-    );
-    w.set(
-        "tokenizer.ggml.token_type",
-        Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()),
-    );
-    w.set("tokenizer.ggml.bos_token_id", Value::U32(1));
-    w.set("tokenizer.ggml.eos_token_id", Value::U32(2));
-    w.set("tokenizer.ggml.add_bos_token", Value::Bool(true));
-    w.set("tokenizer.ggml.add_space_prefix", Value::Bool(false));
+    octoflow_model::testing::add_tiny_tokenizer(&mut w, None);
     let mut bytes = Vec::new();
     w.write_to(&mut bytes).expect("writing the tiny tokenizer");
     let file = GgufFile::from_bytes(bytes).expect("parsing the tiny tokenizer");

@@ -93,6 +93,9 @@ pub struct Args {
     /// No progress bar (one line per step on stderr instead).
     #[arg(long)]
     quiet: bool,
+    /// Time every kernel of one micro-step (GPU timestamps), print the table and exit.
+    #[arg(long)]
+    profile: bool,
 }
 
 struct Bar {
@@ -202,6 +205,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         trainer.device_bytes() as f64 / (1 << 20) as f64,
     );
     let pad = tokenizer.special().eos.unwrap_or(0);
+    if args.profile {
+        let rows = octoflow_train::run::first_rows(&cfg, &train_set, pad)?;
+        trainer.micro_step(&rows, 1)?; // warm-up
+        let t0 = std::time::Instant::now();
+        trainer.micro_step(&rows, 1)?;
+        let wall = t0.elapsed().as_secs_f64();
+        let prof = trainer.profile_step(&rows, 1)?;
+        let total: f64 = prof.iter().map(|l| l.total_ns).sum();
+        eprintln!(
+            "one micro-step of {} rows: wall {:.1} ms ({:.0} tok/s), GPU time {:.1} ms",
+            trainer.rows(),
+            wall * 1e3,
+            trainer.rows() as f64 / wall,
+            total / 1e6
+        );
+        eprintln!("{:>10} {:>7} {:>6}  kernel", "ms", "calls", "%");
+        for l in &prof {
+            eprintln!(
+                "{:>10.3} {:>7} {:>5.1}%  {}",
+                l.total_ns / 1e6,
+                l.count,
+                100.0 * l.total_ns / total,
+                l.label
+            );
+        }
+        return Ok(());
+    }
     let bar = if args.quiet {
         None
     } else {
