@@ -206,9 +206,9 @@ impl Trainer {
         let ctx = gm.context().clone();
         let layout = LoraLayout::new(&opts.lora, &c);
         let rows = opts.batch * opts.seq_len;
-        let logit_rows = LOGITS_ROWS
-            .min(rows)
-            .min((LOGITS_BYTES / (4 * c.n_vocab)).max(1));
+        // a multiple of 4 rows, so every chunk's slice of the per-row losses starts 16-byte
+        // aligned (the last chunk may be shorter)
+        let logit_rows = (LOGITS_BYTES / (4 * c.n_vocab)).clamp(4, LOGITS_ROWS) / 4 * 4;
         let io = IoLayout::new(rows);
         let (d, ff) = (c.n_embd, c.n_ff);
         let (qd, kd, vd) = (c.q_dim(), c.k_dim(), c.v_dim());
