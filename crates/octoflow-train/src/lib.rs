@@ -7,13 +7,15 @@
 //! - [`gpu`]: the training step as dispatch chains (forward, loss, backward, AdamW).
 //! - [`run`]: the training loop (epochs, accumulation, evaluation, checkpoints, resume).
 //! - [`reference`]: the f64 CPU reference of the loss the gradient tests differentiate.
-//! - [`merge`]: adapters folded into the base weights (`octoflow run --lora`).
+//! - [`merge`]: adapters folded into the base weights (`octoflow run --lora`); [`export`]: a
+//!   llama.cpp LoRA adapter GGUF and a merged (optionally requantized) model GGUF.
 //!
 //! A run directory (`RUN_DIR`) holds `checkpoint.gguf` and `log.jsonl`.
 
 pub mod checkpoint;
 pub mod data;
 pub mod error;
+pub mod export;
 pub mod gpu;
 pub mod log;
 pub mod lora;

@@ -47,6 +47,27 @@ pub fn merge<'f>(
     mult: f32,
     quant_to: Option<GgmlType>,
 ) -> Result<GgufWriter<'f>> {
+    merge_with(base, layout, params, mult, |_| {
+        quant_to.unwrap_or(GgmlType::F32)
+    })
+}
+
+/// [`merge`] keeping every merged matrix in its base type (requantized after the merge).
+pub fn merge_same_types<'f>(
+    base: &'f GgufFile,
+    layout: &LoraLayout,
+    params: &[f32],
+) -> Result<GgufWriter<'f>> {
+    merge_with(base, layout, params, 1.0, |ty| ty)
+}
+
+fn merge_with<'f>(
+    base: &'f GgufFile,
+    layout: &LoraLayout,
+    params: &[f32],
+    mult: f32,
+    type_of: impl Fn(GgmlType) -> GgmlType,
+) -> Result<GgufWriter<'f>> {
     if params.len() != layout.n_params {
         return Err(TrainError::Config(format!(
             "adapter has {} values, its layout needs {}",
@@ -72,7 +93,7 @@ pub fn merge<'f>(
         quant::dequantize(t.ty, &t.data, &mut f)
             .map_err(|err| TrainError::Config(format!("{name}: {err}")))?;
         merged_rows(&mut f, layout, e, params, mult);
-        let ty = quant_to.unwrap_or(GgmlType::F32);
+        let ty = type_of(t.ty);
         let data = if ty == GgmlType::F32 {
             f.iter().flat_map(|v| v.to_le_bytes()).collect()
         } else {

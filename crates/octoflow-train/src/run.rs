@@ -100,7 +100,15 @@ fn plan(cfg: &TrainConfig, train: &[Example], pad: u32) -> Result<Plan> {
     let mut total = 0;
     for e in 0..cfg.epochs {
         let order = epoch_order(train.len(), cfg.seed, e);
-        let (seqs, _) = pack(train, &order, cfg.seq_len, pad);
+        let (seqs, stats) = pack(train, &order, cfg.seq_len, pad);
+        if stats.trained_tokens == 0 {
+            return Err(TrainError::Config(format!(
+                "no trained token fits in --seq-len {} ({} of {} examples truncated): raise --seq-len",
+                cfg.seq_len,
+                stats.truncated,
+                train.len()
+            )));
+        }
         let steps = (seqs.len() as u64).div_ceil(per_step);
         total += steps;
         steps_per_epoch.push(steps);

@@ -22,6 +22,8 @@ enum Command {
     Bench(cmd::bench::Args),
     /// List Vulkan devices and the capabilities kernels are chosen by.
     Devices(cmd::devices::Args),
+    /// Export a training run: a llama.cpp LoRA adapter GGUF, or the base with the adapters merged.
+    Export(cmd::export::Args),
     /// Print a GGUF file's metadata and tensor table (like gguf-dump).
     Inspect(cmd::inspect::Args),
     /// Download a model (a name from the built-in list, or an http(s) URL of a .gguf) into the cache.
@@ -51,6 +53,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Bench(args) => cmd::bench::run(args),
         Command::Devices(args) => cmd::devices::run(args),
+        Command::Export(args) => cmd::export::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Pull(args) => cmd::pull::run(args),
         Command::Run(args) => cmd::run::run(args),

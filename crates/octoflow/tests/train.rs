@@ -177,6 +177,46 @@ fn train_learns_resumes_after_sigkill_and_run_loads_the_adapters() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("LoRA") && err.contains("merged"), "{err}");
+    // 4. export: a llama.cpp LoRA adapter GGUF and a merged model
+    let adapter = tmp.path().join("adapter.gguf");
+    let merged = tmp.path().join("merged.gguf");
+    for (extra, out) in [
+        (&[][..], &adapter),
+        (&["--merge", "--quant", "same"][..], &merged),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_octoflow"))
+            .arg("export")
+            .arg("--lora")
+            .arg(&a)
+            .arg("-m")
+            .arg(&model)
+            .arg("-o")
+            .arg(out)
+            .args(extra)
+            .output()
+            .expect("export runs");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_octoflow"))
+        .arg("inspect")
+        .arg(&adapter)
+        .arg("--json")
+        .output()
+        .expect("inspect runs");
+    let doc = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        doc.contains("adapter.lora.alpha") && doc.contains("blk.0.attn_q.weight.lora_a"),
+        "{doc}"
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_octoflow"))
+        .arg("run")
+        .arg("-m")
+        .arg(&merged)
+        .args(["--temp", "0", "-n", "2", "-p", "Arr"])
+        .output()
+        .expect("merged model runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
     // a directory without a checkpoint is a clear error
     let out = Command::new(env!("CARGO_BIN_EXE_octoflow"))
         .arg("run")

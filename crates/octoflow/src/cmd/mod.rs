@@ -4,6 +4,7 @@ pub mod batched;
 pub mod bench;
 pub mod common;
 pub mod devices;
+pub mod export;
 pub mod generate;
 pub mod inspect;
 pub mod perplexity;
