@@ -7,6 +7,7 @@
 //! [`f = post_norm(f)`], `xs[l + 1] = xmid + f`. The backward walks the same steps in reverse.
 
 use octoflow_kernels::{CrossEntropyArgs, Positions, RopeArgs, RopeMode};
+use octoflow_model::gpu::weights::GpuMatrix;
 use octoflow_model::RopeType;
 use octoflow_vk::{Buffer, BufferSlice, Chain};
 
@@ -51,6 +52,59 @@ impl Trainer {
                 },
             )?;
         }
+        Ok(())
+    }
+
+    /// `out = post_norm(m x + lora)` for the projection `m` (adapter `target`) of layer `il`
+    /// into `[T, n_embd]`; with a post-norm (gemma3) the projection first lands in `raw`,
+    /// which the backward reads. Returns `out`.
+    fn project(
+        &self,
+        chain: &mut Chain,
+        il: usize,
+        (target, m): (Target, &GpuMatrix),
+        x: &BufferSlice,
+        (raw, out): (&Buffer, &Buffer),
+        post_norm: Option<&BufferSlice>,
+    ) -> Result<BufferSlice> {
+        let (c, t) = (&self.c, self.rows);
+        let out = f(out, t * c.n_embd)?;
+        let y = match post_norm {
+            Some(_) => f(raw, t * c.n_embd)?,
+            None => out.clone(),
+        };
+        self.linear(chain, m, x, &y, t as u32, None)?;
+        chain.compute_barrier()?;
+        self.lora_forward(chain, il, target, x, &y)?;
+        chain.compute_barrier()?;
+        if let Some(pn) = post_norm {
+            let (n, eps) = (c.n_embd as u32, c.rms_eps);
+            self.gm
+                .kernels()
+                .rms_norm
+                .record(chain, &y, pn, &out, t as u32, n, eps)?;
+            chain.compute_barrier()?;
+        }
+        Ok(out)
+    }
+
+    /// `dx = dy·W + the adapter's share` (and the adapter's gradients) for a projection of layer
+    /// `il` whose input was `x`.
+    #[allow(clippy::too_many_arguments)]
+    fn project_back(
+        &self,
+        chain: &mut Chain,
+        il: usize,
+        target: Target,
+        m: &GpuMatrix,
+        x: &BufferSlice,
+        dy: &BufferSlice,
+        dx: &BufferSlice,
+    ) -> Result<()> {
+        self.linear_t(chain, m, dy, dx, self.rows as u32, false)?;
+        chain.compute_barrier()?;
+        self.lora_backward(chain, il, target, x, dy, dx)?;
+        chain.compute_barrier()?;
         Ok(())
     }
 
@@ -120,22 +174,15 @@ impl Trainer {
         self.attn_mm(chain, Attn::Out)?;
         chain.compute_barrier()?;
         let att = f(&b.att, t * ad)?;
-        let a = f(&b.a, t * d)?;
         let xmid = f(&b.xmid, t * d)?;
-        let ap = if lw.post_attention_norm.is_some() {
-            f(&b.a_raw, t * d)?
-        } else {
-            a.clone()
-        };
-        self.linear(chain, &lw.attn_output, &att, &ap, t as u32, None)?;
-        chain.compute_barrier()?;
-        self.lora_forward(chain, il, Target::O, &att, &ap)?;
-        chain.compute_barrier()?;
-        if let Some(pn) = &lw.post_attention_norm {
-            k.rms_norm
-                .record(chain, &ap, pn, &a, t as u32, d as u32, eps)?;
-            chain.compute_barrier()?;
-        }
+        let a = self.project(
+            chain,
+            il,
+            (Target::O, &lw.attn_output),
+            &att,
+            (&b.a_raw, &b.a),
+            lw.post_attention_norm.as_ref(),
+        )?;
         k.add.record(chain, &x, &a, &xmid, (t * d) as u32)?;
         chain.compute_barrier()?;
         // feed-forward
@@ -153,21 +200,14 @@ impl Trainer {
         k.glu
             .record(chain, &g, &u, &hg, (t * ff) as u32, self.act())?;
         chain.compute_barrier()?;
-        let fo = f(&b.f, t * d)?;
-        let fp = if lw.post_ffw_norm.is_some() {
-            f(&b.f_raw, t * d)?
-        } else {
-            fo.clone()
-        };
-        self.linear(chain, &lw.ffn_down, &hg, &fp, t as u32, None)?;
-        chain.compute_barrier()?;
-        self.lora_forward(chain, il, Target::Down, &hg, &fp)?;
-        chain.compute_barrier()?;
-        if let Some(pn) = &lw.post_ffw_norm {
-            k.rms_norm
-                .record(chain, &fp, pn, &fo, t as u32, d as u32, eps)?;
-            chain.compute_barrier()?;
-        }
+        let fo = self.project(
+            chain,
+            il,
+            (Target::Down, &lw.ffn_down),
+            &hg,
+            (&b.f_raw, &b.f),
+            lw.post_ffw_norm.as_ref(),
+        )?;
         if save {
             let out = f(&b.xs[il + 1], t * d)?;
             k.add.record(chain, &xmid, &fo, &out, (t * d) as u32)?;
@@ -285,10 +325,7 @@ impl Trainer {
             f(&b.hg, t * ff)?,
             f(&b.dhg, t * ff)?,
         );
-        self.linear_t(chain, &lw.ffn_down, &df, &dhg, tu, false)?;
-        chain.compute_barrier()?;
-        self.lora_backward(chain, il, Target::Down, &hg, &df, &dhg)?;
-        chain.compute_barrier()?;
+        self.project_back(chain, il, Target::Down, &lw.ffn_down, &hg, &df, &dhg)?;
         // dg, du in place over g, u (their values are not needed after this)
         self.tk
             .glu_back
@@ -319,10 +356,7 @@ impl Trainer {
         // ---- attention: dx is now ∂L/∂xmid ----
         let da = self.through_post_norm(chain, lw.post_attention_norm.as_ref(), &b.a_raw, &dx)?;
         let (att, datt) = (f(&b.att, t * ad)?, f(&b.datt, t * ad)?);
-        self.linear_t(chain, &lw.attn_output, &da, &datt, tu, false)?;
-        chain.compute_barrier()?;
-        self.lora_backward(chain, il, Target::O, &att, &da, &datt)?;
-        chain.compute_barrier()?;
+        self.project_back(chain, il, Target::O, &lw.attn_output, &att, &da, &datt)?;
         self.attn_mm(chain, Attn::DProbs)?;
         self.attn_mm(chain, Attn::DValues)?;
         chain.compute_barrier()?;
