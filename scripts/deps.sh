@@ -39,3 +39,13 @@ if ! python3 -c "import openai" >/dev/null 2>&1; then
   python3 -m pip install --quiet --no-warn-script-location --user openai >&2 ||
     python3 -m pip install --quiet --no-warn-script-location --user --break-system-packages openai >&2
 fi
+
+# llama.cpp itself (llama-cpp-python, PyPI; built from source: ~8 minutes on 2 cores), for the
+# LoRA/merge compatibility test (crates/octoflow/tests/llama_cpp.rs). The version the golden
+# files were made with.
+if ! python3 -c "import llama_cpp" >/dev/null 2>&1; then
+  echo "installing: llama-cpp-python 0.3.36 (pip, builds llama.cpp from source)" >&2
+  export CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)"
+  python3 -m pip install --quiet --no-warn-script-location --user llama-cpp-python==0.3.36 >&2 ||
+    python3 -m pip install --quiet --no-warn-script-location --user --break-system-packages llama-cpp-python==0.3.36 >&2
+fi

@@ -52,6 +52,9 @@ pub struct BatchRow {
     pub token: TokenIn,
     /// What comes back.
     pub output: RowOutput,
+    /// The loaded LoRA adapter this row runs with (index into the model's adapters; `None`:
+    /// the base model). A slot's rows must all name the same one.
+    pub adapter: Option<u32>,
 }
 
 /// A row's result, in the order of the step's rows.

@@ -55,6 +55,12 @@ impl<'m> CpuBatch<'m> {
         if rows.is_empty() {
             return Err(ModelError::EmptyBatch);
         }
+        if let Some(r) = rows.iter().find(|r| r.adapter.is_some()) {
+            return bad(format!(
+                "slot {}: LoRA adapters are applied on the GPU only (the CPU reference merges them at load)",
+                r.slot
+            ));
+        }
         if rows.len() > self.max_rows {
             return bad(format!(
                 "{} rows in one step, at most {} allowed",

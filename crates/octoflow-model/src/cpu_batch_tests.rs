@@ -22,6 +22,7 @@ fn row(slot: u32, pos: u32, token: TokenIn, output: RowOutput) -> BatchRow {
         pos,
         token,
         output,
+        adapter: None,
     }
 }
 

@@ -75,6 +75,10 @@ pub enum ModelError {
     #[error("invalid batch step: {0}")]
     Batch(String),
     /// The GPU path cannot run this model or request (the message says why).
+    /// A LoRA adapter that cannot be applied (bad file, wrong model, bad shapes).
+    #[error("LoRA: {0}")]
+    Lora(String),
+
     #[error("GPU: {0}")]
     Gpu(String),
     /// A GPU kernel could not be built or recorded.

@@ -14,6 +14,7 @@
 //! # Ok::<(), octoflow_model::ModelError>(())
 //! ```
 
+pub mod adapter;
 pub mod arch;
 pub mod attention;
 pub mod backend;
@@ -36,6 +37,7 @@ pub mod weights;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
+pub use adapter::{Adapter, LoraTensor, Target};
 pub use arch::Architecture;
 pub use backend::Forward;
 pub use batch::{BatchForward, BatchRow, RowOutput, RowResult, TokenIn, MAX_IN_FLIGHT};

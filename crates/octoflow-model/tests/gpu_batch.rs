@@ -25,6 +25,7 @@ fn rows(slot: u32, start: u32, tokens: &[u32], out: RowOutput) -> Vec<BatchRow> 
             pos: start + i as u32,
             token: TokenIn::Id(t),
             output: if i + 1 == n { out } else { RowOutput::None },
+            adapter: None,
         })
         .collect()
 }
@@ -137,6 +138,7 @@ fn rows_of_several_sequences_match_each_sequence_alone() {
             pos: seq.len() as u32,
             token: TokenIn::Id(*next),
             output: RowOutput::Sample(greedy()),
+            adapter: None,
         })
         .collect();
     let step4: Vec<BatchRow> = tails
@@ -146,6 +148,7 @@ fn rows_of_several_sequences_match_each_sequence_alone() {
             pos: seq.len() as u32 + 1,
             token: TokenIn::Sampled,
             output: RowOutput::Logits,
+            adapter: None,
         })
         .collect();
     b.submit(&step3).unwrap();
@@ -203,6 +206,7 @@ fn bad_steps_are_clear_errors() {
         pos,
         token,
         output: RowOutput::None,
+        adapter: None,
     };
     let err = |b: &mut octoflow_model::gpu::GpuBatch, rows: &[BatchRow]| {
         b.submit(rows).unwrap_err().to_string()
@@ -224,6 +228,7 @@ fn bad_steps_are_clear_errors() {
     };
     let unsupported = [BatchRow {
         output: RowOutput::Sample(hot),
+        adapter: None,
         ..row(0, 0, TokenIn::Id(1))
     }];
     assert!(err(&mut b, &unsupported).contains("top_k"));

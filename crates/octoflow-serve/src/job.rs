@@ -33,6 +33,8 @@ pub struct Job {
     pub prompt: Arc<[u32]>,
     /// Generation parameters.
     pub params: GenParams,
+    /// The LoRA adapter it runs with (`None`: the base model).
+    pub adapter: Option<u32>,
     /// Where the scheduler sends this request's events; closed when the client went away.
     pub events: UnboundedSender<Event>,
     /// When the request was queued (for the time-to-first-token metric).

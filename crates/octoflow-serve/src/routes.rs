@@ -25,6 +25,8 @@ use crate::respond::{self, Kind, Meta};
 pub struct AppState {
     /// The served model's name (`/v1/models`, the `model` field).
     pub model_id: String,
+    /// The LoRA adapters served beside it, by name (a request's `model` picks one).
+    pub adapters: Vec<String>,
     pub tokenizer: Arc<Tokenizer>,
     /// The chat template (`None`: chat completions are refused).
     pub template: Option<Arc<ChatTemplate>>,
@@ -71,17 +73,24 @@ fn unix_now() -> u64 {
 }
 
 async fn models(State(st): State<Arc<AppState>>) -> Response {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": st.model_id,
+    let mut data = vec![json!({
+        "id": st.model_id,
+        "object": "model",
+        "created": st.created,
+        "owned_by": "octoflow",
+        "max_model_len": st.n_ctx,
+    })];
+    data.extend(st.adapters.iter().map(|a| {
+        json!({
+            "id": a,
             "object": "model",
             "created": st.created,
             "owned_by": "octoflow",
             "max_model_len": st.n_ctx,
-        }],
-    }))
-    .into_response()
+            "parent": st.model_id,
+        })
+    }));
+    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
@@ -137,10 +146,18 @@ async fn detokenize(
     Ok(Json(json!({"content": st.tokenizer.decode(&req.tokens)})).into_response())
 }
 
-fn check_model(st: &AppState, model: &Option<String>) -> Result<(), ApiError> {
+/// What a request's `model` field picks: the base model (`None`, also when absent) or adapter
+/// `i`, and the name answered back.
+fn check_model(st: &AppState, model: &Option<String>) -> Result<(Option<u32>, String), ApiError> {
     match model {
-        Some(m) if m != &st.model_id => Err(ApiError::model_not_found(m)),
-        _ => Ok(()),
+        None => Ok((None, st.model_id.clone())),
+        Some(m) if m == &st.model_id => Ok((None, m.clone())),
+        Some(m) => st
+            .adapters
+            .iter()
+            .position(|a| a == m)
+            .map(|i| (Some(i as u32), m.clone()))
+            .ok_or_else(|| ApiError::model_not_found(m)),
     }
 }
 
@@ -182,6 +199,7 @@ async fn dispatch(
     kind: Kind,
     prompt: Vec<u32>,
     params: crate::job::GenParams,
+    (adapter, model): (Option<u32>, String),
     stream: bool,
     include_usage: bool,
 ) -> Result<Response, ApiError> {
@@ -192,6 +210,7 @@ async fn dispatch(
     let job = Job {
         prompt: prompt.into(),
         params,
+        adapter,
         events: tx,
         enqueued: Instant::now(),
     };
@@ -211,7 +230,7 @@ async fn dispatch(
             st.next_id.fetch_add(1, Ordering::Relaxed)
         ),
         created: unix_now(),
-        model: st.model_id.clone(),
+        model,
         n,
         prompt_tokens,
         logprobs,
@@ -249,7 +268,7 @@ fn finish(st: &AppState, r: Result<Response, ApiError>) -> Response {
 
 async fn chat_inner(st: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let req: ChatRequest = api::parse(&body(st, b)?)?;
-    check_model(st, &req.common.model)?;
+    let picked = check_model(st, &req.common.model)?;
     if req.messages.is_empty() {
         return Err(ApiError::invalid(
             "messages".to_string(),
@@ -302,7 +321,16 @@ async fn chat_inner(st: &AppState, b: Result<Bytes, BytesRejection>) -> Result<R
         .stream_options
         .as_ref()
         .is_some_and(|o| o.include_usage);
-    dispatch(st, Kind::Chat, prompt, params, req.common.stream, usage).await
+    dispatch(
+        st,
+        Kind::Chat,
+        prompt,
+        params,
+        picked,
+        req.common.stream,
+        usage,
+    )
+    .await
 }
 
 async fn completions_inner(
@@ -310,7 +338,7 @@ async fn completions_inner(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = api::parse(&body(st, b)?)?;
-    check_model(st, &req.common.model)?;
+    let picked = check_model(st, &req.common.model)?;
     if req.echo {
         return Err(ApiError::invalid(
             "echo".to_string(),
@@ -347,6 +375,7 @@ async fn completions_inner(
         Kind::Completion,
         prompt,
         params,
+        picked,
         req.common.stream,
         usage,
     )

@@ -300,6 +300,7 @@ impl<'t> Loop<'_, 't> {
                 pos: seq.next_pos as u32,
                 token,
                 output,
+                adapter: seq.adapter,
             });
             seq.next_pos += 1;
             seq.requested += 1;
@@ -342,6 +343,7 @@ impl<'t> Loop<'_, 't> {
                     pos: i as u32,
                     token: TokenIn::Id(seq.prompt[i]),
                     output,
+                    adapter: seq.adapter,
                 });
             }
             seq.fed += take;

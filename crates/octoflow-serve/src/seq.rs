@@ -23,6 +23,8 @@ pub struct Seq<'t> {
     /// Choice index within the request.
     pub index: usize,
     pub prompt: Arc<[u32]>,
+    /// The LoRA adapter its rows run with (`None`: the base model).
+    pub adapter: Option<u32>,
     /// Prompt tokens submitted so far.
     pub fed: usize,
     /// Position of the next row to submit.
@@ -77,6 +79,7 @@ impl<'t> Seq<'t> {
             id,
             index,
             prompt: job.prompt.clone(),
+            adapter: job.adapter,
             fed: 0,
             next_pos: 0,
             device: false,

@@ -22,6 +22,8 @@ pub struct ModelInfo {
     pub tokenizer: Arc<Tokenizer>,
     /// The chat template; `None` refuses chat completions.
     pub template: Option<Arc<ChatTemplate>>,
+    /// Names of the LoRA adapters served beside the base, in the engine's adapter order.
+    pub adapters: Vec<String>,
 }
 
 /// Server settings.
@@ -106,6 +108,7 @@ impl Server {
             .map_or(0, |d| d.as_secs());
         let state = Arc::new(AppState {
             model_id: model.id,
+            adapters: model.adapters,
             tokenizer: model.tokenizer,
             template: model.template,
             queue,
@@ -147,8 +150,13 @@ impl Server {
             .listener
             .local_addr()
             .map_or_else(|_| "?".into(), |a| a.to_string());
+        let adapters = if self.state.adapters.is_empty() {
+            String::new()
+        } else {
+            format!(" + LoRA {}", self.state.adapters.join(", "))
+        };
         format!(
-            "octoflow serve: model {} | {} instances x {} positions, {} rows/step | device {} | \
+            "octoflow serve: model {}{adapters} | {} instances x {} positions, {} rows/step | device {} | \
              {memory} | queue {} | listening on http://{addr}",
             self.state.model_id,
             r.n_slots,

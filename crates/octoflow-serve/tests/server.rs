@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{start, streamed_text, Shape, MODEL};
+use common::{start, streamed_text, Shape, ADAPTER, MODEL};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
@@ -190,6 +190,84 @@ async fn on_the_gpu_engine_32_concurrent_clients_get_what_each_gets_alone() {
         "GPU engine: 32 clients x 4 tokens: {:.1} s",
         t0.elapsed().as_secs_f64()
     );
+    s.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn base_and_adapter_requests_share_batches_and_each_gets_what_it_gets_alone() {
+    if octoflow_vk::testing::gpu_or_skip("serve_lora").is_none() {
+        return;
+    }
+    let Some(s) = start(Shape {
+        instances: 4,
+        max_rows: 64,
+        gpu: true,
+        adapter: true,
+        ..Shape::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let r = s
+        .client
+        .get(s.url("/v1/models"))
+        .send()
+        .await
+        .expect("models");
+    let v: Value = r.json().await.expect("models JSON");
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert_eq!(ids, [MODEL, ADAPTER], "{v}");
+    let prompts = ["The capital of France is", "One, two, three,"];
+    let body =
+        |p: &str, m: &str| json!({"prompt": p, "max_tokens": 6, "temperature": 0, "model": m});
+    let cases: Vec<(&str, &str)> = prompts
+        .iter()
+        .flat_map(|&p| [(p, MODEL), (p, ADAPTER)])
+        .collect();
+    // each alone first
+    let mut wants = Vec::new();
+    for &(p, m) in &cases {
+        let (status, v) = s.post("/v1/completions", &body(p, m)).await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["model"], m, "{v}");
+        wants.push(
+            v["choices"][0]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        );
+    }
+    assert!(
+        wants[0] != wants[1] || wants[2] != wants[3],
+        "the adapter changes nothing: {wants:?}"
+    );
+    // then all at once, twice over: base and adapter rows share the batched steps
+    let requests = (0..2 * cases.len()).map(|i| {
+        let (p, m) = cases[i % cases.len()];
+        let b = body(p, m);
+        let s = &s;
+        async move { (i, s.post("/v1/completions", &b).await) }
+    });
+    for (i, (status, v)) in futures_util::future::join_all(requests).await {
+        assert_eq!(status, 200, "client {i}: {v}");
+        let want = wants[i % cases.len()].as_str();
+        assert_eq!(
+            v["choices"][0]["text"],
+            want,
+            "client {i} ({:?})",
+            cases[i % cases.len()]
+        );
+    }
+    // an unknown model is a 404 in OpenAI's shape
+    let (status, v) = s.post("/v1/completions", &body("x", "nope")).await;
+    assert_eq!(status, 404, "{v}");
+    assert_eq!(v["error"]["code"], "model_not_found", "{v}");
     s.stop().await.expect("clean stop");
 }
 

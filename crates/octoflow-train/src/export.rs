@@ -9,37 +9,28 @@
 
 use octoflow_gguf::value::Value;
 use octoflow_gguf::{GgmlType, GgufFile, GgufWriter};
+use octoflow_model::adapter::Adapter;
 
 use crate::error::{Result, TrainError};
-use crate::lora::{LoraConfig, LoraLayout};
 
-/// The adapters `params` (laid out by `layout`, trained with `cfg`) as a llama.cpp LoRA GGUF for
-/// a base of architecture `arch`, tensors in F32.
-pub fn adapter_gguf(
-    arch: &str,
-    cfg: &LoraConfig,
-    layout: &LoraLayout,
-    params: &[f32],
-) -> Result<GgufWriter<'static>> {
-    if params.len() != layout.n_params {
-        return Err(TrainError::Config(format!(
-            "adapter has {} values, its layout needs {}",
-            params.len(),
-            layout.n_params
-        )));
-    }
+/// `adapter` as a llama.cpp LoRA GGUF for a base of architecture `arch`, tensors in F32.
+pub fn adapter_gguf(arch: &str, adapter: &Adapter) -> Result<GgufWriter<'static>> {
     let mut w = GgufWriter::new();
     w.set("general.architecture", Value::String(arch.into()));
     w.set("general.type", Value::String("adapter".into()));
     w.set("adapter.type", Value::String("lora".into()));
-    w.set("adapter.lora.alpha", Value::F32(cfg.alpha));
-    for (name, [rows, cols], at) in layout.tensors() {
-        let data: Vec<u8> = params[at..at + rows * cols]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        w.add_tensor(name, GgmlType::F32, &[cols as u64, rows as u64], data)
-            .map_err(|e| TrainError::Config(format!("adapter GGUF: {e}")))?;
+    w.set("adapter.lora.alpha", Value::F32(adapter.alpha));
+    let f32_bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    for t in &adapter.tensors {
+        let stem = format!("blk.{}.{}.weight", t.layer, t.target.gguf_stem());
+        let (r, n_in, n_out) = (t.rank as u64, t.n_in as u64, t.n_out as u64);
+        for (name, dims, data) in [
+            (format!("{stem}.lora_a"), [n_in, r], &t.a),
+            (format!("{stem}.lora_b"), [r, n_out], &t.b),
+        ] {
+            w.add_tensor(name, GgmlType::F32, &dims, f32_bytes(data))
+                .map_err(|e| TrainError::Config(format!("adapter GGUF: {e}")))?;
+        }
     }
     Ok(w)
 }
@@ -74,16 +65,15 @@ impl std::str::FromStr for MergeQuant {
     }
 }
 
-/// `base` with the adapters merged in, each merged matrix stored per `quant`; metadata and
-/// tokenizer carried over.
+/// `base` with `adapters` (each at `mult` times its scale) merged in, each merged matrix
+/// stored per `quant`; metadata and tokenizer carried over.
 pub fn merged_gguf<'f>(
     base: &'f GgufFile,
-    layout: &LoraLayout,
-    params: &[f32],
+    adapters: &[(&Adapter, f32)],
     quant: MergeQuant,
 ) -> Result<GgufWriter<'f>> {
     match quant {
-        MergeQuant::To(ty) => crate::merge::merge(base, layout, params, 1.0, Some(ty)),
-        MergeQuant::Same => crate::merge::merge_same_types(base, layout, params),
+        MergeQuant::To(ty) => Ok(crate::merge::merge(base, adapters, Some(ty))?),
+        MergeQuant::Same => Ok(crate::merge::merge_same_types(base, adapters)?),
     }
 }

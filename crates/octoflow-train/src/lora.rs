@@ -6,110 +6,13 @@
 //! A drawn like PEFT's default (`kaiming_uniform(a = sqrt(5))`, i.e. `U(-1/sqrt(n_in),
 //! 1/sqrt(n_in))`) and B zero, so training starts from the base model exactly.
 
-use std::fmt;
-
+use octoflow_model::adapter::{Adapter, LoraTensor};
 use octoflow_model::ModelConfig;
 use rand::{Rng, SeedableRng};
 
 use crate::error::{Result, TrainError};
 
-/// A projection that can carry an adapter.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Target {
-    Q,
-    K,
-    V,
-    O,
-    Gate,
-    Up,
-    Down,
-}
-
-impl Target {
-    /// Every target, in the order adapters are laid out within a layer.
-    pub const ALL: [Target; 7] = [
-        Target::Q,
-        Target::K,
-        Target::V,
-        Target::O,
-        Target::Gate,
-        Target::Up,
-        Target::Down,
-    ];
-
-    /// The short name used on the command line (`q`, `k`, `v`, `o`, `gate`, `up`, `down`).
-    pub fn short(self) -> &'static str {
-        match self {
-            Target::Q => "q",
-            Target::K => "k",
-            Target::V => "v",
-            Target::O => "o",
-            Target::Gate => "gate",
-            Target::Up => "up",
-            Target::Down => "down",
-        }
-    }
-
-    /// The GGUF tensor stem (`blk.N.<stem>.weight`).
-    pub fn gguf_stem(self) -> &'static str {
-        match self {
-            Target::Q => "attn_q",
-            Target::K => "attn_k",
-            Target::V => "attn_v",
-            Target::O => "attn_output",
-            Target::Gate => "ffn_gate",
-            Target::Up => "ffn_up",
-            Target::Down => "ffn_down",
-        }
-    }
-
-    /// Parses a comma-separated list (`q,k,v,o,gate,up,down`; `all` for every target).
-    pub fn parse_list(s: &str) -> Result<Vec<Target>> {
-        if s.trim() == "all" {
-            return Ok(Target::ALL.to_vec());
-        }
-        let mut out = Vec::new();
-        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let t = Target::ALL
-                .into_iter()
-                .find(|t| t.short() == part || t.gguf_stem() == part)
-                .ok_or_else(|| {
-                    TrainError::Config(format!(
-                        "unknown LoRA target '{part}' (expected q, k, v, o, gate, up, down or all)"
-                    ))
-                })?;
-            if !out.contains(&t) {
-                out.push(t);
-            }
-        }
-        if out.is_empty() {
-            return Err(TrainError::Config("no LoRA targets given".into()));
-        }
-        out.sort();
-        Ok(out)
-    }
-
-    /// `(n_in, n_out)` of this projection in a model.
-    pub fn dims(self, c: &ModelConfig) -> (usize, usize) {
-        match self {
-            Target::Q => (c.n_embd, c.q_dim()),
-            Target::K => (c.n_embd, c.k_dim()),
-            Target::V => (c.n_embd, c.v_dim()),
-            Target::O => (c.n_head * c.head_dim_v, c.n_embd),
-            Target::Gate | Target::Up => (c.n_embd, c.n_ff),
-            Target::Down => (c.n_ff, c.n_embd),
-        }
-    }
-}
-
-impl fmt::Display for Target {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.short())
-    }
-}
+pub use octoflow_model::adapter::Target;
 
 /// The adapter hyper-parameters of a run.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -239,19 +142,35 @@ impl LoraLayout {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn target_lists_parse_and_reject_unknown_names() {
-        assert_eq!(Target::parse_list("all").unwrap(), Target::ALL.to_vec());
-        assert_eq!(
-            Target::parse_list("down, q,attn_k,q").unwrap(),
-            vec![Target::Q, Target::K, Target::Down]
-        );
-        let e = Target::parse_list("q,foo").unwrap_err().to_string();
-        assert!(e.contains("foo"), "{e}");
-        assert!(Target::parse_list("").is_err());
+impl LoraLayout {
+    /// The adapters `params` (laid out by `self`, trained with `alpha`) as an [`Adapter`]
+    /// named `name`: what inference, export and merging take.
+    pub fn adapter(&self, params: &[f32], alpha: f32, name: &str) -> Result<Adapter> {
+        if params.len() != self.n_params {
+            return Err(TrainError::Config(format!(
+                "adapter has {} values, its layout needs {}",
+                params.len(),
+                self.n_params
+            )));
+        }
+        let r = self.rank;
+        let tensors = self
+            .entries
+            .iter()
+            .map(|e| LoraTensor {
+                layer: e.layer,
+                target: e.target,
+                rank: r,
+                n_in: e.n_in,
+                n_out: e.n_out,
+                a: params[e.a..e.a + r * e.n_in].to_vec(),
+                b: params[e.b..e.b + e.n_out * r].to_vec(),
+            })
+            .collect();
+        Ok(Adapter {
+            name: name.to_string(),
+            alpha,
+            tensors,
+        })
     }
 }

@@ -19,6 +19,7 @@ use crate::gpu::{Rows, Trainer};
 use crate::log::LossLog;
 use crate::lora::LoraConfig;
 use crate::schedule::{lr_at, Schedule};
+use octoflow_model::adapter::Adapter;
 
 /// Every option of a run (saved with each checkpoint; a resume must match it).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -229,6 +230,16 @@ pub fn load_adapters(dir: &Path) -> Result<(TrainConfig, Vec<f32>)> {
         .map_err(|e| TrainError::Config(format!("{}: bad run config: {e}", dir.display())))?;
     let p = take(&ck, "lora.params", dir)?;
     Ok((cfg, p))
+}
+
+/// The adapters of the run in `dir` on a model of config `c`, named after the directory.
+pub fn load_adapter(dir: &Path, c: &octoflow_model::ModelConfig) -> Result<Adapter> {
+    let (cfg, params) = load_adapters(dir)?;
+    let layout = crate::lora::LoraLayout::new(&cfg.lora, c);
+    let name = dir
+        .file_name()
+        .map_or_else(|| "lora".into(), |s| s.to_string_lossy().into_owned());
+    layout.adapter(&params, cfg.lora.alpha, &name)
 }
 
 fn take(ck: &Checkpoint, name: &str, dir: &Path) -> Result<Vec<f32>> {

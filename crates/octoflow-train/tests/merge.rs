@@ -28,7 +28,8 @@ fn merged_model_equals_base_plus_adapters() {
         let p: Vec<f32> = (0..layout.n_params)
             .map(|_| rng.gen_range(-0.5..0.5))
             .collect();
-        let merged: GgufFile = merged_file(&base, &layout, &p, 1.0).unwrap();
+        let adapter = layout.adapter(&p, cfg.alpha, "t").unwrap();
+        let merged: GgufFile = merged_file(&base, &[(&adapter, 1.0)]).unwrap();
         let merged = Model::from_gguf(Arc::new(merged)).unwrap();
         let n = 12;
         let rows = Rows {
@@ -60,6 +61,6 @@ fn merged_model_equals_base_plus_adapters() {
             "{arch}: base+adapters {with} vs merged {without} ({rel:.2e})"
         );
         // an adapter of the wrong size is an error, not a panic
-        assert!(merged_file(&base, &layout, &p[1..], 1.0).is_err());
+        assert!(layout.adapter(&p[1..], cfg.alpha, "t").is_err());
     }
 }

@@ -25,6 +25,7 @@ use octoflow_vk::{summarize, Buffer, Chain, LabelTime, MemoryKind};
 use crate::batch::{BatchForward, BatchRow, RowOutput, RowResult, TokenIn, MAX_IN_FLIGHT};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
+use crate::gpu::adapters::MixSource;
 use crate::gpu::graph::{Graph, PosSource, TokenSource};
 use crate::gpu::scratch::{Scratch, SAMPLER_WORDS};
 use crate::gpu::GpuModel;
@@ -47,6 +48,8 @@ struct IoSet {
     src_ids: Buffer,
     /// `[max_out]` u32: the rows whose logits are computed.
     out_rows: Buffer,
+    /// `[max_rows]` u32: each row's adapter mix (`GpuAdapters::mix_of`).
+    mix: Buffer,
     /// `[max_out]` sampler states.
     states: Buffer,
     /// `[max_out]` u32: tokens sampled per output row.
@@ -102,7 +105,7 @@ impl GpuModel {
             .checked_mul(n_ctx)
             .ok_or_else(|| too_big("slots × context"))?;
         let ctx = self.context();
-        let s = Scratch::new(ctx, &self.config, kv_rows, max_rows, 1)?;
+        let s = Scratch::new(ctx, &self.config, kv_rows, max_rows, 1, self.lora_r())?;
         let max_out = s.t_logits.min(max_rows);
         let host = |name: &str, words: u32, kind: MemoryKind| {
             Buffer::new(ctx, name, 4 * u64::from(words.max(1)), kind)
@@ -116,6 +119,7 @@ impl GpuModel {
                 )?,
                 src_ids: host(&format!("batch_ids.{i}"), max_rows, MemoryKind::Upload)?,
                 out_rows: host(&format!("batch_out_rows.{i}"), max_out, MemoryKind::Upload)?,
+                mix: host(&format!("batch_mix.{i}"), max_rows, MemoryKind::Upload)?,
                 states: host(
                     &format!("batch_states.{i}"),
                     max_out * SAMPLER_WORDS as u32,
@@ -151,10 +155,17 @@ impl GpuBatch<'_> {
             .sets
             .iter()
             .map(|s| {
-                [&s.table, &s.src_ids, &s.out_rows, &s.states, &s.tokens]
-                    .iter()
-                    .map(|b| b.size())
-                    .sum::<u64>()
+                [
+                    &s.table,
+                    &s.src_ids,
+                    &s.out_rows,
+                    &s.mix,
+                    &s.states,
+                    &s.tokens,
+                ]
+                .iter()
+                .map(|b| b.size())
+                .sum::<u64>()
                     + s.logits.as_ref().map_or(0, |b| b.size())
             })
             .sum();
@@ -226,6 +237,11 @@ impl GpuBatch<'_> {
                 mode: Positions::Table,
                 seq_rows: self.n_ctx,
             },
+            lora: m.graph_lora(|_| MixSource {
+                ids: io.mix.whole(),
+                offset: 0,
+                stride: 1,
+            }),
         };
         graph.layers(&mut chain, n, &TokenSource::Slice(ids))?;
         if n_out > 0 {
@@ -277,6 +293,7 @@ impl GpuBatch<'_> {
             )));
         }
         let n_vocab = self.model.config.n_vocab;
+        let n_adapters = self.model.adapters().map_or(0, |a| a.n_adapters());
         let mut cached = self.cached.clone();
         let mut last: HashMap<u32, u32> = HashMap::new();
         for (i, r) in rows.iter().enumerate() {
@@ -329,6 +346,11 @@ impl GpuBatch<'_> {
                 }
                 _ => {}
             }
+            if let Some(a) = r.adapter {
+                if a as usize >= n_adapters {
+                    return Err(bad(i, format!("adapter {a}, {n_adapters} are loaded")));
+                }
+            }
             if let RowOutput::Sample(d) = r.output {
                 if !d.supported() {
                     return Err(bad(
@@ -379,6 +401,7 @@ impl BatchForward for GpuBatch<'_> {
         let trash = self.n_slots * self.n_ctx;
         let mut table = vec![0u32; 2 * nb as usize];
         let mut src = vec![0u32; nb as usize];
+        let mut mix = vec![0u32; nb as usize];
         let mut out_rows = Vec::new();
         let mut states = Vec::new();
         let mut outputs = Vec::with_capacity(rows.len());
@@ -386,6 +409,7 @@ impl BatchForward for GpuBatch<'_> {
         for (i, r) in rows.iter().enumerate() {
             table[2 * i] = r.pos;
             table[2 * i + 1] = r.slot * self.n_ctx;
+            mix[i] = r.adapter.map_or(0, |a| 1 + a);
             src[i] = match r.token {
                 TokenIn::Id(id) => id,
                 // validated: the slot sampled in the last step
@@ -427,6 +451,7 @@ impl BatchForward for GpuBatch<'_> {
         }
         io.table.write(0, &table)?;
         io.src_ids.write(0, &src)?;
+        io.mix.write(0, &mix)?;
         if ob > 0 {
             io.out_rows.write(0, &out_rows)?;
             io.states.write(0, &states)?;

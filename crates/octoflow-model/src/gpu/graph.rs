@@ -14,9 +14,11 @@ use octoflow_kernels::{
 };
 use octoflow_vk::{Buffer, BufferSlice, Chain};
 
+use crate::adapter::Target;
 use crate::config::{Activation, ModelConfig, RopeType};
 use crate::error::{ModelError, Result};
 use crate::forward::Logits;
+use crate::gpu::adapters::{GpuAdapters, MixSource};
 use crate::gpu::kernels::Kernels;
 use crate::gpu::scratch::Scratch;
 use crate::gpu::weights::{GpuMatrix, GpuWeights};
@@ -45,13 +47,22 @@ pub struct PosSource {
     pub seq_rows: u32,
 }
 
-/// What a recording needs: the kernels, the model, its weights, the buffers and the positions.
+/// LoRA adapters applied on the fly, and where each token's mix id is read.
+#[derive(Clone)]
+pub struct GraphLora<'a> {
+    pub ad: &'a GpuAdapters,
+    pub mix: MixSource,
+}
+
+/// What a recording needs: the kernels, the model, its weights, the buffers, the positions and
+/// the adapters (if any).
 pub struct Graph<'a> {
     pub k: &'a Kernels,
     pub c: &'a ModelConfig,
     pub w: &'a GpuWeights,
     pub s: &'a Scratch,
     pub pos: PosSource,
+    pub lora: Option<GraphLora<'a>>,
 }
 
 /// The first `n_floats` f32 of `b`.
@@ -137,6 +148,16 @@ impl Graph<'_> {
         self.linear(chain, &lw.attn_q, &input, &q, n, bq, false, norm)?;
         self.linear(chain, &lw.attn_k, &input, &kk, n, bk, false, norm)?;
         self.linear(chain, &lw.attn_v, &input, &v, n, bv, false, norm)?;
+        self.adapt(
+            chain,
+            il,
+            n,
+            &[
+                (Target::Q, &input, &q),
+                (Target::K, &input, &kk),
+                (Target::V, &input, &v),
+            ],
+        )?;
         chain.compute_barrier()?;
         if let (Some(qn), Some(kn)) = (&lw.attn_q_norm, &lw.attn_k_norm) {
             let hd = c.head_dim as u32;
@@ -222,6 +243,7 @@ impl Graph<'_> {
         chain.compute_barrier()?;
         self.project_residual(
             chain,
+            (il, Target::O),
             &lw.attn_output,
             &att,
             lw.post_attention_norm.as_ref(),
@@ -242,6 +264,12 @@ impl Graph<'_> {
         let norm = fused.as_ref().map(|g| (g, c.rms_eps));
         self.linear(chain, &lw.ffn_gate, &input, &gate, n, None, false, norm)?;
         self.linear(chain, &lw.ffn_up, &input, &up, n, None, false, norm)?;
+        self.adapt(
+            chain,
+            il,
+            n,
+            &[(Target::Gate, &input, &gate), (Target::Up, &input, &up)],
+        )?;
         chain.compute_barrier()?;
         let op = match c.activation {
             Activation::Silu => GluOp::Silu,
@@ -250,13 +278,22 @@ impl Graph<'_> {
         k.glu
             .record(chain, &gate, &up, &gate, (rows * c.n_ff) as u32, op)?;
         chain.compute_barrier()?;
-        self.project_residual(chain, &lw.ffn_down, &gate, lw.post_ffw_norm.as_ref(), n)
+        self.project_residual(
+            chain,
+            (il, Target::Down),
+            &lw.ffn_down,
+            &gate,
+            lw.post_ffw_norm.as_ref(),
+            n,
+        )
     }
 
-    /// `x += post_norm(m · a)`; without a post-norm the projection adds straight into `x`.
+    /// `x += post_norm(m · a)` (with `which`'s adapters); without a post-norm the projection
+    /// adds straight into `x`.
     fn project_residual(
         &self,
         chain: &mut Chain,
+        which: (usize, Target),
         m: &GpuMatrix,
         a: &BufferSlice,
         post_norm: Option<&BufferSlice>,
@@ -266,10 +303,14 @@ impl Graph<'_> {
         let width = n as usize * c.n_embd;
         let x = f32s(&s.x, width)?;
         match post_norm {
-            None => self.linear(chain, m, a, &x, n, None, true, None)?,
+            None => {
+                self.linear(chain, m, a, &x, n, None, true, None)?;
+                self.adapt(chain, which.0, n, &[(which.1, a, &x)])?;
+            }
             Some(norm) => {
                 let o = f32s(&s.o, width)?;
                 self.linear(chain, m, a, &o, n, None, false, None)?;
+                self.adapt(chain, which.0, n, &[(which.1, a, &o)])?;
                 chain.compute_barrier()?;
                 k.rms_norm
                     .record(chain, &o, norm, &o, n, c.n_embd as u32, c.rms_eps)?;
@@ -377,7 +418,8 @@ impl Graph<'_> {
         weight: &BufferSlice,
         small: bool,
     ) -> Result<(BufferSlice, Option<BufferSlice>)> {
-        if small && n == 1 && self.k.linear.fuses_norm(n) {
+        // adapters read the normed input, so with them the norm is never fused
+        if small && n == 1 && self.lora.is_none() && self.k.linear.fuses_norm(n) {
             return Ok((x.clone(), Some(weight.clone())));
         }
         let c = self.c;
@@ -386,6 +428,54 @@ impl Graph<'_> {
             .record(chain, x, weight, h, n, c.n_embd as u32, c.rms_eps)?;
         chain.compute_barrier()?;
         Ok((h.clone(), None))
+    }
+
+    /// Adds the adapters' products of layer `il` to projections whose base products were
+    /// recorded since the last barrier: for each `(target, x, y)`, `y += Σ s · B (A x)`. Records
+    /// the shrinks (reading `x`), a barrier, then the expands (adding into `y`); the caller
+    /// records the barrier after. Nothing without adapters on these projections.
+    fn adapt(
+        &self,
+        chain: &mut Chain,
+        il: usize,
+        n: u32,
+        jobs: &[(Target, &BufferSlice, &BufferSlice)],
+    ) -> Result<()> {
+        let Some(l) = &self.lora else {
+            return Ok(());
+        };
+        let active: Vec<_> = jobs
+            .iter()
+            .filter_map(|&(t, x, y)| l.ad.stack(il, t).map(|st| (st, x, y)))
+            .collect();
+        if active.is_empty() {
+            return Ok(());
+        }
+        let tb = self.s.lora_t.as_ref().ok_or_else(|| {
+            ModelError::Gpu("the session was made without room for adapters".into())
+        })?;
+        let part = self.s.lora_part;
+        let scales = l.ad.scales_slice();
+        let mix = l.mix.kernel_mix(l.ad, &scales);
+        let ts = active
+            .iter()
+            .enumerate()
+            .map(|(i, (st, ..))| tb.slice(i as u64 * part, 4 * u64::from(n * st.r_total)))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        for ((st, x, _), t) in active.iter().zip(&ts) {
+            let ks = l.ad.kernel_stack(st);
+            self.k
+                .lora
+                .record_shrink(chain, &ks, &mix, x, st.n_in, t, n)?;
+        }
+        chain.compute_barrier()?;
+        for ((st, _, y), t) in active.iter().zip(&ts) {
+            let ks = l.ad.kernel_stack(st);
+            self.k
+                .lora
+                .record_expand(chain, &ks, &mix, t, y, st.n_out, 0, n)?;
+        }
+        Ok(())
     }
 
     /// `y (+)= x · mᵀ (+ bias)` over `n` tokens, one dispatch per piece of `m`; with `norm`

@@ -4,7 +4,7 @@ use octoflow_kernels::add::Add;
 use octoflow_kernels::advance::Advance;
 use octoflow_kernels::gate::Gate;
 use octoflow_kernels::{
-    Argmax, Attention, GetRows, Glu, Linear, PickIds, RmsNorm, Rope, Sample, SetRows,
+    Argmax, Attention, GetRows, Glu, Linear, Lora, PickIds, RmsNorm, Rope, Sample, SetRows,
 };
 use octoflow_vk::Context;
 
@@ -25,6 +25,7 @@ pub struct Kernels {
     pub gate: Gate,
     pub advance: Advance,
     pub pick_ids: PickIds,
+    pub lora: Lora,
 }
 
 impl Kernels {
@@ -44,6 +45,7 @@ impl Kernels {
             gate: Gate::new(ctx)?,
             advance: Advance::new(ctx)?,
             pick_ids: PickIds::new(ctx)?,
+            lora: Lora::new(ctx)?,
         })
     }
 }

@@ -2,12 +2,14 @@
 //! token step recorded as one dispatch chain and replayed.
 //!
 //! - [`weights`]: tensors on the device (split by rows where one binding is too small).
+//! - [`adapters`]: LoRA adapters on the device, applied on the fly (several, per-token mixes).
 //! - [`kernels`]: the pipelines (`octoflow-kernels`), built once per model.
 //! - [`scratch`]: a session's buffers: control block, activations, logits, KV cache.
 //! - [`graph`]: recording one forward pass of `n` tokens (the GPU twin of `forward.rs`).
 //! - [`session`]: [`GpuModel`] and [`GpuSession`]: batch chains for prompts and scoring, and
 //!   multi-step decode chains whose sampled tokens never leave the GPU between steps.
 
+pub mod adapters;
 pub mod batch;
 pub mod graph;
 pub mod kernels;
@@ -15,5 +17,6 @@ pub mod scratch;
 pub mod session;
 pub mod weights;
 
+pub use adapters::{GpuAdapters, MixSource};
 pub use batch::GpuBatch;
 pub use session::{GpuDraw, GpuModel, GpuSession, GpuStop, Steps, BATCH_TOKENS};

@@ -56,17 +56,23 @@ pub struct Scratch {
     pub out_tokens: Buffer,
     /// Indirect-dispatch arguments of a gated decode step.
     pub args: Buffer,
+    /// With adapters: three parts of [`Self::lora_part`] bytes, each `[t_max, r_max]` f32, for
+    /// the adapters' intermediate products of up to three projections at once.
+    pub lora_t: Option<Buffer>,
+    /// Bytes per part of `lora_t` (aligned for a binding offset).
+    pub lora_part: u64,
 }
 
 impl Scratch {
     /// Allocates a session's buffers: batches of up to `t_max` tokens, `n_ctx` cached positions,
-    /// `out_len` decode steps per submit.
+    /// `out_len` decode steps per submit, adapters of stacked rank up to `lora_r` (0: none).
     pub fn new(
         ctx: &Context,
         c: &ModelConfig,
         n_ctx: u32,
         t_max: u32,
         out_len: u32,
+        lora_r: u32,
     ) -> Result<Self> {
         let limit = ctx.caps().max_buffer_bytes();
         let t_logits = (limit / (4 * c.n_vocab as u64)).min(u64::from(t_max)) as u32;
@@ -102,7 +108,20 @@ impl Scratch {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
+        let lora_part = (4 * u64::from(t_max) * u64::from(lora_r)).next_multiple_of(256);
+        let lora_t = if lora_r > 0 {
+            Some(Buffer::new(
+                ctx,
+                "lora_t",
+                3 * lora_part,
+                MemoryKind::DeviceLocal,
+            )?)
+        } else {
+            None
+        };
         Ok(Self {
+            lora_t,
+            lora_part,
             t_max,
             t_logits,
             n_ctx,
@@ -154,6 +173,7 @@ impl Scratch {
             all.push(k);
             all.push(v);
         }
+        all.extend(&self.lora_t);
         all.iter().map(|b| b.size()).sum()
     }
 }

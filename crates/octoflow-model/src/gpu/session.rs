@@ -11,11 +11,13 @@ use octoflow_kernels::advance::ctl;
 use octoflow_kernels::{Positions, SamplerState};
 use octoflow_vk::{gate_words, summarize, Chain, Context, LabelTime};
 
+use crate::adapter::Adapter;
 use crate::backend::{check_batch, Forward};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::forward::Logits;
-use crate::gpu::graph::{Graph, PosSource, TokenSource};
+use crate::gpu::adapters::{GpuAdapters, MixSource};
+use crate::gpu::graph::{Graph, GraphLora, PosSource, TokenSource};
 use crate::gpu::kernels::Kernels;
 use crate::gpu::scratch::Scratch;
 use crate::gpu::weights::GpuWeights;
@@ -30,6 +32,7 @@ pub struct GpuModel {
     pub(crate) ctx: Context,
     pub(crate) weights: GpuWeights,
     pub(crate) kernels: Kernels,
+    pub(crate) adapters: Option<GpuAdapters>,
 }
 
 impl GpuModel {
@@ -47,7 +50,47 @@ impl GpuModel {
             kernels: Kernels::new(ctx)?,
             weights: GpuWeights::upload(ctx, model)?,
             ctx: ctx.clone(),
+            adapters: None,
         })
+    }
+
+    /// Applies `adapters` at user `scales` (one each) on the fly in every session and batch made
+    /// from now on (llama.cpp's `--lora-scaled`): a session uses all of them together, a batch
+    /// row the one it names ([`crate::BatchRow::adapter`]). Replaces any adapters set before.
+    pub fn set_adapters(&mut self, adapters: &[Adapter], scales: &[f32]) -> Result<()> {
+        self.adapters = None;
+        self.adapters = Some(GpuAdapters::upload(
+            &self.ctx,
+            &self.config,
+            adapters,
+            scales,
+        )?);
+        Ok(())
+    }
+
+    /// The adapters applied, if any.
+    pub fn adapters(&self) -> Option<&GpuAdapters> {
+        self.adapters.as_ref()
+    }
+
+    /// The adapters applied, to change their scales (no session may exist).
+    pub fn adapters_mut(&mut self) -> Option<&mut GpuAdapters> {
+        self.adapters.as_mut()
+    }
+
+    /// The stacked rank sessions must make room for.
+    pub(crate) fn lora_r(&self) -> u32 {
+        self.adapters.as_ref().map_or(0, |a| a.r_max)
+    }
+
+    /// The adapters as a chain applies them, each token reading its mix from `mix`.
+    pub(crate) fn graph_lora(
+        &self,
+        mix: impl FnOnce(&GpuAdapters) -> MixSource,
+    ) -> Option<GraphLora<'_>> {
+        self.adapters
+            .as_ref()
+            .map(|ad| GraphLora { ad, mix: mix(ad) })
     }
     /// The uploaded weights (read by other chains over the same copy, e.g. the trainer's).
     pub fn weights(&self) -> &GpuWeights {
@@ -78,7 +121,7 @@ impl GpuModel {
         let steps = steps_per_submit.clamp(1, 1024) as u32;
         Ok(GpuSession {
             model: self,
-            s: Scratch::new(&self.ctx, &self.config, n_ctx, t_max, steps)?,
+            s: Scratch::new(&self.ctx, &self.config, n_ctx, t_max, steps, self.lora_r())?,
             n_past: 0,
             batch_chains: HashMap::new(),
             step_chains: HashMap::new(),
@@ -217,6 +260,11 @@ impl GpuSession<'_> {
                 mode: Positions::Run,
                 seq_rows: self.s.n_ctx,
             },
+            lora: self.model.graph_lora(|ad| MixSource {
+                ids: ad.all_slice(),
+                offset: 0,
+                stride: 0,
+            }),
         }
     }
 

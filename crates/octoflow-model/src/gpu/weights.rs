@@ -67,14 +67,14 @@ pub struct GpuWeights {
 }
 
 /// Collects every tensor's bytes, then places and uploads them in one go.
-struct Uploader<'a> {
+pub(crate) struct Uploader<'a> {
     arrays: Vec<&'a [u8]>,
     limit: u64,
 }
 
 /// Where an array went: index into the uploader's list.
 #[derive(Clone, Copy)]
-struct Slot(usize);
+pub(crate) struct Slot(pub usize);
 
 /// A matrix as planned: its pieces' slots.
 struct PlannedMatrix<'a> {
@@ -83,12 +83,20 @@ struct PlannedMatrix<'a> {
 }
 
 impl<'a> Uploader<'a> {
-    fn add(&mut self, bytes: &'a [u8]) -> Slot {
+    /// An empty upload for `ctx`'s device.
+    pub(crate) fn new(ctx: &Context) -> Self {
+        Uploader {
+            arrays: Vec::new(),
+            limit: ctx.caps().max_buffer_bytes(),
+        }
+    }
+
+    pub(crate) fn add(&mut self, bytes: &'a [u8]) -> Slot {
         self.arrays.push(bytes);
         Slot(self.arrays.len() - 1)
     }
 
-    fn vector(&mut self, v: &'a [f32]) -> Slot {
+    pub(crate) fn vector(&mut self, v: &'a [f32]) -> Slot {
         self.add(octoflow_vk::as_bytes(v))
     }
 
@@ -113,7 +121,7 @@ impl<'a> Uploader<'a> {
     }
 
     /// Allocates the buffers, uploads every array and returns each array's binding.
-    fn upload(self, ctx: &Context) -> Result<(Vec<BufferSlice>, u64)> {
+    pub(crate) fn upload(self, ctx: &Context) -> Result<(Vec<BufferSlice>, u64)> {
         let sizes: Vec<u64> = self
             .arrays
             .iter()
@@ -164,10 +172,7 @@ impl GpuWeights {
     /// Uploads `model`'s weights to `ctx`'s device.
     pub fn upload(ctx: &Context, model: &Model) -> Result<Self> {
         let w = &model.weights;
-        let mut up = Uploader {
-            arrays: Vec::new(),
-            limit: ctx.caps().max_buffer_bytes(),
-        };
+        let mut up = Uploader::new(ctx);
         let token_embd = up.matrix(&w.token_embd)?;
         let output = if w.output_is_tied {
             None

@@ -73,6 +73,43 @@ pub struct Shape {
     pub max_rows: usize,
     /// The batched GPU engine (`GpuBatch`, lavapipe in CI) instead of `CpuBatch`.
     pub gpu: bool,
+    /// Serve a random LoRA adapter named [`ADAPTER`] beside the base (GPU engine only).
+    pub adapter: bool,
+}
+
+/// The served adapter's name (with `Shape::adapter`).
+pub const ADAPTER: &str = "tuned";
+
+/// A random rank-4 adapter on q, v, o and down of every layer (seed printed), big enough to
+/// change greedy continuations.
+pub fn random_adapter(c: &octoflow_model::ModelConfig) -> octoflow_model::Adapter {
+    use octoflow_model::{Adapter, LoraTensor, Target};
+    use rand::{Rng, SeedableRng};
+    let seed: u64 = rand::random();
+    eprintln!("random_adapter seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let rank = 4;
+    let mut tensors = Vec::new();
+    for layer in 0..c.n_layer {
+        for target in [Target::Q, Target::V, Target::O, Target::Down] {
+            let (n_in, n_out) = target.dims(c);
+            let mut v = |n: usize, r: f32| (0..n).map(|_| rng.gen_range(-r..r)).collect();
+            tensors.push(LoraTensor {
+                layer,
+                target,
+                rank,
+                n_in,
+                n_out,
+                a: v(rank * n_in, 1.0 / (n_in as f32).sqrt()),
+                b: v(n_out * rank, 0.3),
+            });
+        }
+    }
+    Adapter {
+        name: ADAPTER.into(),
+        alpha: rank as f32,
+        tensors,
+    }
 }
 
 impl Default for Shape {
@@ -85,6 +122,7 @@ impl Default for Shape {
             body_limit: 1 << 20,
             max_rows: 512,
             gpu: false,
+            adapter: false,
         }
     }
 }
@@ -96,6 +134,11 @@ pub async fn start(shape: Shape) -> Option<Running> {
         id: MODEL.into(),
         tokenizer: text.tokenizer.clone(),
         template: Some(text.template.clone()),
+        adapters: if shape.adapter {
+            vec![ADAPTER.to_string()]
+        } else {
+            Vec::new()
+        },
     };
     let opts = ServeOptions {
         queue: shape.queue,
@@ -111,7 +154,10 @@ pub async fn start(shape: Shape) -> Option<Running> {
             let model = Model::open(&path)?;
             if shape.gpu {
                 let ctx = octoflow_vk::Context::new(octoflow_vk::DeviceChoice::Auto)?;
-                let gpu = octoflow_model::gpu::GpuModel::load(&ctx, &model)?;
+                let mut gpu = octoflow_model::gpu::GpuModel::load(&ctx, &model)?;
+                if shape.adapter {
+                    gpu.set_adapters(&[random_adapter(&model.config)], &[1.0])?;
+                }
                 let mut engine = gpu.batch(shape.instances, shape.n_ctx, shape.max_rows)?;
                 let info = EngineInfo {
                     device: ctx.caps().name.clone(),

@@ -51,6 +51,7 @@ fn prefill(
                 } else {
                     RowOutput::None
                 },
+                adapter: None,
             });
         }
     }
@@ -93,6 +94,7 @@ fn generate(b: &mut GpuBatch<'_>, first: &[u32], npp: usize, ntg: usize) -> anyh
                     TokenIn::Sampled
                 },
                 output: RowOutput::Sample(GREEDY),
+                adapter: None,
             })
             .collect();
         if b.pending() == octoflow_model::MAX_IN_FLIGHT {

@@ -62,6 +62,96 @@ impl AnySession<'_> {
     }
 }
 
+/// LoRA flags of `run` and `perplexity` (llama.cpp's `--lora`, `--lora-scaled`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct LoraArgs {
+    /// A LoRA adapter applied at scale 1 (repeatable): a llama.cpp adapter GGUF or an
+    /// `octoflow train` run directory. On the GPU adapters are applied on the fly; the CPU
+    /// reference merges them into its weights at load.
+    #[arg(long = "lora", value_name = "PATH")]
+    pub lora: Vec<PathBuf>,
+    /// A LoRA adapter with a user scale (repeatable).
+    #[arg(long = "lora-scaled", num_args = 2, value_names = ["PATH", "SCALE"])]
+    pub lora_scaled: Vec<String>,
+}
+
+impl LoraArgs {
+    /// Reads every adapter named, for a model of config `c`, with its scale.
+    pub fn load(
+        &self,
+        c: &octoflow_model::ModelConfig,
+    ) -> anyhow::Result<Vec<(octoflow_model::Adapter, f32)>> {
+        let mut specs: Vec<(PathBuf, f32)> = self.lora.iter().map(|p| (p.clone(), 1.0)).collect();
+        for pair in self.lora_scaled.chunks(2) {
+            let [path, scale] = pair else {
+                anyhow::bail!("--lora-scaled takes a path and a scale");
+            };
+            let s: f32 = scale
+                .parse()
+                .ok()
+                .filter(|s: &f32| s.is_finite())
+                .with_context(|| format!("--lora-scaled {path} {scale}: bad scale"))?;
+            specs.push((PathBuf::from(path), s));
+        }
+        specs
+            .into_iter()
+            .map(|(path, scale)| {
+                let ad = load_adapter(&path, c)?;
+                eprintln!(
+                    "octoflow: LoRA {} ({} projections, alpha {}) at scale {scale}",
+                    path.display(),
+                    ad.tensors.len(),
+                    ad.alpha
+                );
+                Ok((ad, scale))
+            })
+            .collect()
+    }
+}
+
+/// An adapter GGUF, or the adapters of a training run directory.
+pub fn load_adapter(
+    path: &std::path::Path,
+    c: &octoflow_model::ModelConfig,
+) -> anyhow::Result<octoflow_model::Adapter> {
+    if path.is_dir() {
+        octoflow_train::run::load_adapter(path, c)
+            .with_context(|| format!("loading the adapters of run {}", path.display()))
+    } else {
+        octoflow_model::Adapter::open(path, c)
+            .with_context(|| format!("loading LoRA adapter {}", path.display()))
+    }
+}
+
+/// Binds `gguf` as a model and loads it where `device` says, with `adapters` (each with its
+/// scale): applied on the fly on the GPU, merged into F32 weights on the CPU reference.
+pub fn load_model(
+    gguf: std::sync::Arc<octoflow_gguf::GgufFile>,
+    adapters: &[(octoflow_model::Adapter, f32)],
+    device: &DeviceArgs,
+) -> anyhow::Result<(octoflow_model::Model, Loaded)> {
+    let base = octoflow_model::Model::from_gguf(gguf.clone()).context("loading the model")?;
+    if adapters.is_empty() {
+        let loaded = Loaded::new(&base, device)?;
+        return Ok((base, loaded));
+    }
+    if device.device == Device::Cpu {
+        let pairs: Vec<_> = adapters.iter().map(|(a, s)| (a, *s)).collect();
+        let merged =
+            octoflow_train::merge::merged_file(&gguf, &pairs).context("merging the adapters")?;
+        let model = octoflow_model::Model::from_gguf(std::sync::Arc::new(merged))
+            .context("loading the merged model")?;
+        return Ok((model, Loaded::Cpu));
+    }
+    let mut loaded = Loaded::new(&base, device)?;
+    if let Loaded::Gpu(g) = &mut loaded {
+        let (ads, scales): (Vec<_>, Vec<_>) = adapters.iter().cloned().unzip();
+        g.set_adapters(&ads, &scales)
+            .context("loading the adapters onto the GPU")?;
+    }
+    Ok((base, loaded))
+}
+
 impl Loaded {
     /// Loads `model` where `args` say; prints the device and memory to stderr.
     pub fn new(model: &octoflow_model::Model, args: &DeviceArgs) -> anyhow::Result<Self> {

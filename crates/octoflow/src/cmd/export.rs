@@ -3,16 +3,14 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use octoflow_gguf::GgufFile;
 use octoflow_model::ModelConfig;
 use octoflow_train::export::{adapter_gguf, merged_gguf, MergeQuant};
-use octoflow_train::LoraLayout;
 
 /// Arguments of `octoflow export`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The training run directory (`octoflow train -o DIR`).
+    /// The adapters: a training run directory (`octoflow train -o DIR`) or an adapter GGUF.
     #[arg(long)]
     lora: PathBuf,
     /// The base model the adapters were trained on.
@@ -34,29 +32,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let path = super::common::model_path(args.model.as_deref())?;
     let base = GgufFile::open(&path)?;
     let config = ModelConfig::from_gguf(&base)?;
-    let (cfg, params) = octoflow_train::run::load_adapters(&args.lora)
-        .with_context(|| format!("loading adapters from {}", args.lora.display()))?;
-    let layout = LoraLayout::new(&cfg.lora, &config);
+    let adapter = super::common::load_adapter(&args.lora, &config)?;
     if args.merge {
         let quant: MergeQuant = args.quant.parse()?;
-        let w = merged_gguf(&base, &layout, &params, quant)?;
+        let w = merged_gguf(&base, &[(&adapter, 1.0)], quant)?;
         w.write_file(&args.output)?;
         eprintln!(
-            "octoflow: {} + {} ({} adapters) merged into {} ({:?})",
+            "octoflow: {} + {} ({} projections) merged into {} ({:?})",
             path.display(),
             args.lora.display(),
-            layout.entries.len(),
+            adapter.tensors.len(),
             args.output.display(),
             quant
         );
     } else {
-        let w = adapter_gguf(config.arch.name(), &cfg.lora, &layout, &params)?;
+        let w = adapter_gguf(config.arch.name(), &adapter)?;
         w.write_file(&args.output)?;
         eprintln!(
-            "octoflow: LoRA adapter ({} tensors, rank {}, alpha {}) written to {}",
-            2 * layout.entries.len(),
-            cfg.lora.rank,
-            cfg.lora.alpha,
+            "octoflow: LoRA adapter ({} tensors, alpha {}) written to {}",
+            2 * adapter.tensors.len(),
+            adapter.alpha,
             args.output.display()
         );
     }

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use octoflow_model::Model;
 use octoflow_text::Tokenizer;
 use serde_json::json;
 
@@ -27,6 +26,8 @@ pub struct Args {
     json: bool,
     #[command(flatten)]
     device: super::common::DeviceArgs,
+    #[command(flatten)]
+    lora: super::common::LoraArgs,
 }
 
 /// Runs `octoflow perplexity`.
@@ -36,7 +37,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("reading {}", args.file.display()))?;
     let gguf = Arc::new(octoflow_gguf::GgufFile::open(&path)?);
     let tokenizer = Tokenizer::from_gguf(&gguf)?;
-    let model = Model::from_gguf(gguf).context("loading the model")?;
+    let config = octoflow_model::ModelConfig::from_gguf(&gguf)?;
+    let adapters = args.lora.load(&config)?;
     let mut ids = tokenizer.encode(&text, true, false);
     if args.tokens < 2 {
         bail!("--tokens must be at least 2 (one context token and one scored token)");
@@ -45,7 +47,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("{} has fewer than 2 tokens", args.file.display());
     }
     ids.truncate(args.tokens);
-    let loaded = super::common::Loaded::new(&model, &args.device)?;
+    let (model, loaded) = super::common::load_model(gguf, &adapters, &args.device)?;
     let mut session = loaded.session(&model, ids.len(), 1)?;
     let started = std::time::Instant::now();
     let nll = octoflow_model::mean_nll_with(session.as_dyn(), &ids)?;

@@ -6,11 +6,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use octoflow_model::Model;
 use octoflow_text::sampling::{Sampler, SamplingParams};
 use octoflow_text::{ChatTemplate, Message, Tokenizer};
 
-use super::common::{AnySession, DeviceArgs, Loaded};
+use super::common::{AnySession, DeviceArgs};
 use super::generate::{generate, report, Limits};
 
 /// Arguments of `octoflow run`.
@@ -76,13 +75,8 @@ pub struct Args {
     /// A Jinja chat template file overriding the model's.
     #[arg(long)]
     chat_template: Option<PathBuf>,
-    /// Apply the LoRA adapters of a training run directory (`octoflow train -o DIR`), merged
-    /// into the weights at load.
-    #[arg(long)]
-    lora: Option<PathBuf>,
-    /// Multiplier on the adapters' trained scale (alpha / rank).
-    #[arg(long, default_value_t = 1.0)]
-    lora_scale: f32,
+    #[command(flatten)]
+    lora: super::common::LoraArgs,
     #[command(flatten)]
     device: DeviceArgs,
     /// Decode steps per GPU submit (the sampled token of each step feeds the next on the GPU).
@@ -93,39 +87,15 @@ pub struct Args {
     profile: bool,
 }
 
-/// The base model with a training run's adapters merged in.
-fn with_lora(
-    gguf: &octoflow_gguf::GgufFile,
-    dir: &std::path::Path,
-    scale: f32,
-) -> anyhow::Result<Model> {
-    let (cfg, params) = octoflow_train::run::load_adapters(dir)
-        .with_context(|| format!("loading adapters from {}", dir.display()))?;
-    let config = octoflow_model::ModelConfig::from_gguf(gguf)?;
-    let layout = octoflow_train::LoraLayout::new(&cfg.lora, &config);
-    let merged = octoflow_train::merge::merged_file(gguf, &layout, &params, scale)
-        .context("merging the adapters")?;
-    eprintln!(
-        "octoflow: LoRA {} (rank {}, alpha {}, {} adapters) merged at scale {scale}",
-        dir.display(),
-        cfg.lora.rank,
-        cfg.lora.alpha,
-        layout.entries.len()
-    );
-    Model::from_gguf(Arc::new(merged)).context("loading the merged model")
-}
-
 /// Runs `octoflow run`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let params = sampling_params(&args)?;
     let path = super::common::model_path(args.model.as_deref())?;
     let gguf = Arc::new(octoflow_gguf::GgufFile::open(&path)?);
     let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
-    let model = match &args.lora {
-        None => Model::from_gguf(gguf.clone()).context("loading the model")?,
-        Some(dir) => with_lora(&gguf, dir, args.lora_scale)?,
-    };
-    let loaded = Loaded::new(&model, &args.device)?;
+    let config = octoflow_model::ModelConfig::from_gguf(&gguf)?;
+    let adapters = args.lora.load(&config)?;
+    let (model, loaded) = super::common::load_model(gguf.clone(), &adapters, &args.device)?;
     let n_ctx = if args.ctx_size > 0 {
         args.ctx_size
     } else {

@@ -49,6 +49,11 @@ pub struct Args {
     /// On SIGTERM, seconds running requests may go on before they are cancelled.
     #[arg(long, default_value_t = 30)]
     grace: u64,
+    /// Serve a LoRA adapter beside the base (repeatable): NAME=PATH (an adapter GGUF or an
+    /// `octoflow train` run directory), or PATH (named after the file). A request's `model`
+    /// field picks it; requests for different adapters share the batched steps. GPU only.
+    #[arg(long = "lora", value_name = "NAME=PATH")]
+    lora: Vec<String>,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -66,6 +71,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => ChatTemplate::from_gguf(&gguf)?,
     };
     let model = Model::from_gguf(gguf.clone()).context("loading the model")?;
+    let mut adapters = Vec::new();
+    for spec in &args.lora {
+        let (name, file) = match spec.split_once('=') {
+            Some((n, p)) if !n.is_empty() => (Some(n.to_string()), PathBuf::from(p)),
+            _ => (None, PathBuf::from(spec)),
+        };
+        let mut ad = super::common::load_adapter(&file, &model.config)?;
+        if let Some(n) = name {
+            ad.name = n;
+        }
+        if adapters
+            .iter()
+            .any(|a: &octoflow_model::Adapter| a.name == ad.name)
+        {
+            bail!("--lora: two adapters are named {}", ad.name);
+        }
+        adapters.push(ad);
+    }
+    if !adapters.is_empty() && args.device.device == Device::Cpu {
+        bail!("--lora: serving adapters needs the GPU path (the CPU reference merges adapters at load: use `run --device cpu --lora`)");
+    }
     let n_ctx = if args.ctx_size > 0 {
         args.ctx_size
     } else {
@@ -85,7 +111,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .context("the host resolves to no address")
         })
         .with_context(|| format!("--host {} --port {}", args.host, args.port))?;
+    if adapters.iter().any(|a| a.name == id) {
+        bail!("--lora: an adapter is named like the model ({id})");
+    }
     let info = ModelInfo {
+        adapters: adapters.iter().map(|a| a.name.clone()).collect(),
         id,
         tokenizer,
         template: Some(Arc::new(template)),
@@ -102,7 +132,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_rows: args.max_rows,
     };
     let device = args.device.clone();
-    let factory = move |driver: Driver| run_engine(driver, model, &device, shape);
+    let factory = move |driver: Driver| run_engine(driver, model, &adapters, &device, shape);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -126,7 +156,13 @@ struct Shape {
 
 /// Runs on the scheduler thread: builds the batch engine on the chosen device (it borrows the
 /// model, which this frame owns) and serves with it until shutdown.
-fn run_engine(driver: Driver, model: Model, device: &DeviceArgs, s: Shape) -> anyhow::Result<()> {
+fn run_engine(
+    driver: Driver,
+    model: Model,
+    adapters: &[octoflow_model::Adapter],
+    device: &DeviceArgs,
+    s: Shape,
+) -> anyhow::Result<()> {
     match device.device {
         Device::Cpu => {
             let mut engine = CpuBatch::new(&model, s.instances, s.n_ctx, s.max_rows);
@@ -137,9 +173,13 @@ fn run_engine(driver: Driver, model: Model, device: &DeviceArgs, s: Shape) -> an
             driver.run(&mut engine, info)
         }
         Device::Gpu => {
-            let Loaded::Gpu(gpu) = Loaded::new(&model, device)? else {
+            let Loaded::Gpu(mut gpu) = Loaded::new(&model, device)? else {
                 bail!("the GPU was not opened");
             };
+            if !adapters.is_empty() {
+                gpu.set_adapters(adapters, &vec![1.0; adapters.len()])
+                    .context("loading the adapters onto the GPU")?;
+            }
             let mut engine = gpu
                 .batch(s.instances, s.n_ctx, s.max_rows)
                 .context("allocating the instances' KV caches and buffers on the GPU")?;
@@ -147,7 +187,7 @@ fn run_engine(driver: Driver, model: Model, device: &DeviceArgs, s: Shape) -> an
             let info = EngineInfo {
                 device: format!("{} ({} {})", caps.name, caps.driver_name, caps.driver_info),
                 memory: Some((
-                    gpu.weight_bytes() + engine.bytes(),
+                    gpu.weight_bytes() + gpu.adapters().map_or(0, |a| a.bytes) + engine.bytes(),
                     caps.device_local_bytes(),
                 )),
             };

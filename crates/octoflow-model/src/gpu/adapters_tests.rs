@@ -1,0 +1,246 @@
+//! Adapters applied on the fly on the GPU give the logits of the CPU reference running the base
+//! with the same adapters merged into its weights (tiny random models of every architecture):
+//! several adapters with their scales in a session, and per-row adapters in one batched step.
+
+use std::sync::Arc;
+
+use octoflow_vk::testing::gpu_or_skip;
+use rand::rngs::StdRng;
+use rand::Rng;
+
+use crate::adapter::{merged_file, Adapter, LoraTensor, Target};
+use crate::gpu::{GpuDraw, GpuModel};
+use crate::testing::{open, rng, tiny_writer, TINY};
+use crate::{
+    BatchForward, BatchRow, Forward, Logits, Model, ModelConfig, RowOutput, RowResult, TokenIn,
+};
+
+/// A random adapter of `rank` on `targets` of every layer in `layers`.
+fn random_adapter(
+    name: &str,
+    c: &ModelConfig,
+    rank: usize,
+    alpha: f32,
+    targets: &[Target],
+    layers: &[usize],
+    rng: &mut StdRng,
+) -> Adapter {
+    let mut tensors = Vec::new();
+    for &layer in layers {
+        for &target in targets {
+            let (n_in, n_out) = target.dims(c);
+            let mut v = |n: usize| (0..n).map(|_| rng.gen_range(-0.4..0.4)).collect();
+            tensors.push(LoraTensor {
+                layer,
+                target,
+                rank,
+                n_in,
+                n_out,
+                a: v(rank * n_in),
+                b: v(n_out * rank),
+            });
+        }
+    }
+    Adapter {
+        name: name.into(),
+        alpha,
+        tensors,
+    }
+}
+
+/// Largest |got - want| relative to the largest |want|; NaN fails.
+fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+    got.iter().zip(want).fold(0f32, |m, (g, w)| {
+        let d = (g - w).abs();
+        assert!(d.is_finite(), "non-finite logit {g} vs {w}");
+        m.max(d / scale)
+    })
+}
+
+/// The CPU reference over `base` with `adapters` merged (F32).
+fn merged_model(base: &Arc<octoflow_gguf::GgufFile>, adapters: &[(&Adapter, f32)]) -> Model {
+    Model::from_gguf(Arc::new(merged_file(base, adapters).expect("merge"))).expect("merged model")
+}
+
+// f32 math on both sides, different summation orders, ~1e-6 per product; the logits of a
+// 2-layer model stay within 1e-4 of their largest value (the adapters move them by > 1e-2).
+const REL: f32 = 1e-4;
+
+#[test]
+fn adapters_on_the_fly_match_the_merged_model() {
+    let Some(ctx) = gpu_or_skip("adapters_on_the_fly") else {
+        return;
+    };
+    for arch in ["llama", "qwen2", "gemma3"] {
+        let mut rng = rng(&format!("adapters_on_the_fly_{arch}"));
+        let base = Arc::new(open(&tiny_writer(arch, TINY, &mut rng)).expect("tiny model"));
+        let model = Model::from_gguf(base.clone()).expect("model");
+        let c = model.config.clone();
+        let a1 = random_adapter("a1", &c, 3, 6.0, &Target::ALL, &[0, 1], &mut rng);
+        // no alpha (scale = user scale), a subset of targets, one layer only
+        let a2 = random_adapter(
+            "a2",
+            &c,
+            5,
+            0.0,
+            &[Target::Q, Target::O, Target::Down],
+            &[1],
+            &mut rng,
+        );
+        let scales = [0.7f32, -1.3];
+        let cpu = merged_model(&base, &[(&a1, scales[0]), (&a2, scales[1])]);
+        let mut gm = GpuModel::load(&ctx, &model).expect("gpu model");
+        let tokens: Vec<u32> = (0..12)
+            .map(|_| rng.gen_range(0..TINY.n_vocab as u32))
+            .collect();
+
+        let base_gpu = {
+            let mut s = gm.session(32, 4).expect("session");
+            s.forward(&tokens, 0, Logits::All).expect("base forward")
+        };
+        gm.set_adapters(&[a1.clone(), a2.clone()], &scales)
+            .expect("adapters");
+        let mut s = gm.session(32, 4).expect("session");
+        // a prompt batch, then single-token steps (the decode shape)
+        let mut got = s.forward(&tokens[..9], 0, Logits::All).expect("forward");
+        for (i, &t) in tokens[9..].iter().enumerate() {
+            got.extend(s.forward(&[t], 9 + i, Logits::All).expect("step"));
+        }
+        let want = cpu
+            .session(32)
+            .forward(&tokens, 0, Logits::All)
+            .expect("cpu");
+        let e = rel_err(&got, &want);
+        assert!(e < REL, "{arch}: on the fly vs merged: {e:.2e}");
+        let moved = rel_err(&base_gpu, &want);
+        assert!(
+            moved > 1e-2,
+            "{arch}: the adapters barely change the logits ({moved:.2e})"
+        );
+
+        // GPU decode steps (tokens sampled on the device) follow the merged model's greedy path
+        let mut steps = gm.session(32, 4).expect("session");
+        steps
+            .forward(&tokens[..5], 0, Logits::None)
+            .expect("prompt");
+        let draw = GpuDraw {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 1,
+            step: 0,
+        };
+        let out = steps
+            .decode_steps(tokens[5], &draw, 4, &[])
+            .expect("decode");
+        let mut cs = cpu.session(32);
+        let mut logits = cs.forward(&tokens[..6], 0, Logits::Last).expect("cpu");
+        for &t in &out.tokens {
+            let best = crate::ops::argmax(&logits).map(|(i, _)| i as u32);
+            // a near-tie may flip the choice; then the paths part and the check ends
+            let mut sorted = logits.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            if best != Some(t) && sorted[0] - sorted[1] < 1e-3 {
+                break;
+            }
+            assert_eq!(Some(t), best, "{arch}: greedy token differs");
+            let p = cs.n_past();
+            logits = cs.forward(&[t], p, Logits::Last).expect("cpu step");
+        }
+
+        // scale 0 for both: the base model again
+        drop((s, steps));
+        gm.adapters_mut()
+            .expect("adapters")
+            .set_scales(&[0.0, 0.0])
+            .expect("scales");
+        let mut s = gm.session(32, 4).expect("session");
+        let zero = s.forward(&tokens, 0, Logits::All).expect("forward");
+        let e = rel_err(&zero, &base_gpu);
+        assert!(e < 1e-6, "{arch}: scale 0 is not the base ({e:.2e})");
+    }
+}
+
+#[test]
+fn batch_rows_use_their_own_adapter() {
+    let Some(ctx) = gpu_or_skip("batch_rows_use_their_own_adapter") else {
+        return;
+    };
+    let mut rng = rng("batch_rows_use_their_own_adapter");
+    let base = Arc::new(open(&tiny_writer("qwen2", TINY, &mut rng)).expect("tiny model"));
+    let model = Model::from_gguf(base.clone()).expect("model");
+    let c = model.config.clone();
+    let a0 = random_adapter("a0", &c, 4, 8.0, &Target::ALL, &[0, 1], &mut rng);
+    let a1 = random_adapter("a1", &c, 2, 2.0, &[Target::V, Target::Up], &[0], &mut rng);
+    let scales = [1.0f32, 1.5];
+    let cpu = [
+        model.clone(),
+        merged_model(&base, &[(&a0, scales[0])]),
+        merged_model(&base, &[(&a1, scales[1])]),
+    ];
+    let mut gm = GpuModel::load(&ctx, &model).expect("gpu model");
+    gm.set_adapters(&[a0, a1], &scales).expect("adapters");
+    let mut b = gm.batch(3, 32, 64).expect("batch");
+    let adapters = [None, Some(0), Some(1)];
+    let prompts: Vec<Vec<u32>> = (0..3)
+        .map(|i| {
+            (0..5 + i)
+                .map(|_| rng.gen_range(0..TINY.n_vocab as u32))
+                .collect()
+        })
+        .collect();
+    // every slot's prompt in one step, rows interleaved so neighbouring rows use different adapters
+    let mut rows = Vec::new();
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    for p in 0..longest {
+        for (slot, prompt) in prompts.iter().enumerate() {
+            if p < prompt.len() {
+                rows.push(BatchRow {
+                    slot: slot as u32,
+                    pos: p as u32,
+                    token: TokenIn::Id(prompt[p]),
+                    output: if p + 1 == prompt.len() {
+                        RowOutput::Logits
+                    } else {
+                        RowOutput::None
+                    },
+                    adapter: adapters[slot],
+                });
+            }
+        }
+    }
+    b.submit(&rows).expect("submit");
+    let results = b.collect().expect("collect");
+    let mut seen = 0;
+    for (r, res) in rows.iter().zip(&results) {
+        let RowResult::Logits(got) = res else {
+            continue;
+        };
+        let slot = r.slot as usize;
+        let want = cpu[slot]
+            .session(32)
+            .forward(&prompts[slot], 0, Logits::Last)
+            .expect("cpu");
+        let e = rel_err(got, &want);
+        assert!(
+            e < REL,
+            "slot {slot} (adapter {:?}): {e:.2e}",
+            adapters[slot]
+        );
+        seen += 1;
+    }
+    assert_eq!(seen, 3);
+    // an adapter index past the loaded ones is a clear error
+    let bad = [BatchRow {
+        slot: 0,
+        pos: prompts[0].len() as u32,
+        token: TokenIn::Id(1),
+        output: RowOutput::Logits,
+        adapter: Some(2),
+    }];
+    let e = b.submit(&bad).expect_err("bad adapter").to_string();
+    assert!(e.contains("adapter 2"), "{e}");
+}
