@@ -37,6 +37,7 @@ fn prefill(
     streams: usize,
     npp: usize,
     vocab: u64,
+    n_adapters: usize,
 ) -> anyhow::Result<Vec<u32>> {
     let mut all = Vec::with_capacity(streams * npp);
     for s in 0..streams {
@@ -51,7 +52,7 @@ fn prefill(
                 } else {
                     RowOutput::None
                 },
-                adapter: None,
+                adapter: adapter_of(s, n_adapters),
             });
         }
     }
@@ -79,8 +80,20 @@ fn prefill(
     Ok(first)
 }
 
+/// With adapters loaded, stream `s` runs adapter `s mod n` (every stream adapted, the adapters
+/// mixed in every step: multi-LoRA serving).
+fn adapter_of(stream: usize, n_adapters: usize) -> Option<u32> {
+    (n_adapters > 0).then(|| (stream % n_adapters) as u32)
+}
+
 /// Runs `ntg` decode steps over all streams, two in flight.
-fn generate(b: &mut GpuBatch<'_>, first: &[u32], npp: usize, ntg: usize) -> anyhow::Result<()> {
+fn generate(
+    b: &mut GpuBatch<'_>,
+    first: &[u32],
+    npp: usize,
+    ntg: usize,
+    n_adapters: usize,
+) -> anyhow::Result<()> {
     for k in 0..ntg {
         let rows: Vec<BatchRow> = first
             .iter()
@@ -94,7 +107,7 @@ fn generate(b: &mut GpuBatch<'_>, first: &[u32], npp: usize, ntg: usize) -> anyh
                     TokenIn::Sampled
                 },
                 output: RowOutput::Sample(GREEDY),
-                adapter: None,
+                adapter: adapter_of(s, n_adapters),
             })
             .collect();
         if b.pending() == octoflow_model::MAX_IN_FLIGHT {
@@ -120,6 +133,7 @@ pub fn measure(
         bail!("--stream-prompt and --stream-gen must be at least 1");
     }
     let vocab = gpu.config.n_vocab as u64;
+    let n_adapters = gpu.adapters().map_or(0, |a| a.n_adapters());
     let mut out = Vec::new();
     for &n in streams {
         if n == 0 {
@@ -139,9 +153,9 @@ pub fn measure(
         b.set_profiling(profile)?;
         for rep in 0..2 {
             let t0 = Instant::now();
-            let first = prefill(&mut b, n, npp, vocab)?;
+            let first = prefill(&mut b, n, npp, vocab, n_adapters)?;
             let t1 = Instant::now();
-            generate(&mut b, &first, npp, ntg)?;
+            generate(&mut b, &first, npp, ntg, n_adapters)?;
             let t2 = Instant::now();
             if rep == 1 {
                 best = Some(StreamRow {

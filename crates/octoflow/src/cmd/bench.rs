@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use octoflow_model::gpu::GpuDraw;
-use octoflow_model::{Forward, Logits, Model};
+use octoflow_model::{Forward, Logits};
 use serde_json::json;
 
 use super::common::{AnySession, DeviceArgs, Loaded};
@@ -51,6 +51,9 @@ pub struct Args {
     profile: bool,
     #[command(flatten)]
     device: DeviceArgs,
+    /// Adapters applied on the fly while measuring (`--lora`, `--lora-scaled`).
+    #[command(flatten)]
+    lora: super::common::LoraArgs,
 }
 
 /// One test's result.
@@ -82,8 +85,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let path = super::common::model_path(args.model.as_deref())?;
     let gguf = Arc::new(octoflow_gguf::GgufFile::open(&path)?);
-    let model = Model::from_gguf(gguf.clone()).context("loading the model")?;
-    let loaded = Loaded::new(&model, &args.device)?;
+    let config = octoflow_model::ModelConfig::from_gguf(&gguf)?;
+    let adapters = args.lora.load(&config)?;
+    let (model, loaded) = super::common::load_model(gguf.clone(), &adapters, &args.device)?;
     if !args.streams.is_empty() {
         let Loaded::Gpu(gpu) = &loaded else {
             bail!("--streams runs on the GPU (not with --device cpu)");
