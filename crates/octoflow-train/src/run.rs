@@ -413,8 +413,7 @@ impl<'a> Run<'a> {
     pub fn submit_micro(&mut self, t: &mut Trainer) -> Result<bool> {
         if self.cur.is_none() {
             loop {
-                if self.step >= self.plan.total || self.epoch as usize >= self.plan.epochs.len()
-                {
+                if self.step >= self.plan.total || self.epoch as usize >= self.plan.epochs.len() {
                     return Ok(false);
                 }
                 if self.in_epoch >= self.plan.steps_per_epoch[self.epoch as usize] {
