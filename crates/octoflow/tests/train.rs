@@ -294,6 +294,7 @@ fn concurrent_runs_log_what_each_logs_alone_in_their_own_dirs() {
         .expect("train runs");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
+    println!("{err}");
     assert!(
         err.contains("weights") && err.contains("(once) + runs") && err.contains("together"),
         "{err}"

@@ -151,7 +151,7 @@ pub fn parse(path: &Path, text: &str, defaults: &RunOpts) -> anyhow::Result<RunO
                 .map(str::to_string)
                 .ok_or_else(|| bad("a string"))
         };
-        let path = || -> anyhow::Result<PathBuf> { Ok(dir.join(string()?)) };
+        let path = || -> anyhow::Result<PathBuf> { Ok(normalize(&dir.join(string()?))) };
         match key.as_str() {
             "data" => o.data = Some(path()?),
             "eval" => o.eval = Some(path()?),
@@ -186,6 +186,24 @@ pub fn parse(path: &Path, text: &str, defaults: &RunOpts) -> anyhow::Result<RunO
         }
     }
     Ok(o)
+}
+
+/// `p` with `.` and `name/..` removed lexically (`cfg/../runs/a` → `runs/a`), for messages.
+fn normalize(p: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir
+                if matches!(out.components().next_back(), Some(Component::Normal(_))) =>
+            {
+                out.pop();
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -243,6 +261,12 @@ mod tests {
             eval_every = 5
         "#;
         let o = parse(Path::new("/cfg/run-a.toml"), text, &defaults()).unwrap();
+        let up = parse(
+            Path::new("/cfg/x.toml"),
+            "data = \"../d/./t.jsonl\"",
+            &defaults(),
+        );
+        assert_eq!(up.unwrap().data.as_deref(), Some(Path::new("/d/t.jsonl")));
         assert_eq!(o.name, "run-a");
         assert_eq!(o.data.as_deref(), Some(Path::new("/cfg/a/train.jsonl")));
         assert_eq!(o.eval.as_deref(), Some(Path::new("/abs/eval.jsonl")));
