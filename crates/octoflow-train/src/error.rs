@@ -54,6 +54,14 @@ pub enum TrainError {
     /// The trainer's chain was not recorded (a previous error left it unusable).
     #[error("the training chain is not recorded")]
     NoChain,
+    /// An error of one of several concurrent runs ([`crate::run::train_many`]).
+    #[error("run {}: {source}", dir.display())]
+    Run {
+        /// The run's directory.
+        dir: PathBuf,
+        /// What went wrong in it.
+        source: Box<TrainError>,
+    },
     /// The Vulkan runtime failed (device lost, out of device memory, ...).
     #[error(transparent)]
     Vk(#[from] octoflow_vk::VkError),

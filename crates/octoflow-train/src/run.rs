@@ -6,6 +6,14 @@
 //! the shuffling and dropout seeds are derived from `(seed, epoch)` and `(seed, step)`, so a run
 //! killed at any point and resumed from its last checkpoint reproduces the uninterrupted
 //! run's losses.
+//!
+//! [`Run`] is that loop as a resumable state machine (start, one optimizer step at a time or one
+//! micro-step at a time, finish); [`train`] drives one run, [`train_many`] interleaves several
+//! runs over one shared base model (see `many.rs`).
+
+mod many;
+
+pub use many::{train_many, RunSlot};
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -261,106 +269,234 @@ pub struct RunInputs<'a> {
     pub resume: bool,
 }
 
-/// Trains `t` per `cfg` (see the module doc).
+/// Trains `t` per `cfg` (see the module doc): [`Run::start`], [`Run::step`] until it returns
+/// false, [`Run::finish`].
 pub fn train(
     t: &mut Trainer,
     cfg: &TrainConfig,
     inp: &RunInputs,
     obs: &mut dyn Observer,
 ) -> Result<Summary> {
-    let dir = &inp.run_dir;
-    std::fs::create_dir_all(dir)
-        .map_err(|e| TrainError::Config(format!("cannot create {}: {e}", dir.display())))?;
-    let plan = plan(cfg, inp.train, inp.pad)?;
-    let (mut step, mut epoch, mut in_epoch, mut tokens) = (0u64, 0u64, 0u64, 0u64);
-    if inp.resume {
-        let ck = checkpoint::load(dir)?.ok_or_else(|| {
-            TrainError::Config(format!("--resume: {} holds no checkpoint", dir.display()))
-        })?;
-        let saved: TrainConfig = serde_json::from_str(&ck.config_json)
-            .map_err(|e| TrainError::Config(format!("checkpoint config: {e}")))?;
-        if &saved != cfg {
-            return Err(TrainError::Config(format!(
-                "--resume: the options differ from the checkpoint's ({})",
-                ck.config_json
-            )));
-        }
-        t.set_params(&take(&ck, "lora.params", dir)?)?;
-        t.set_moments(&take(&ck, "adam.m", dir)?, &take(&ck, "adam.v", dir)?)?;
-        (step, epoch, in_epoch, tokens) = (ck.step, ck.epoch, ck.batch_in_epoch, ck.tokens);
-        obs.note(&format!(
-            "resumed at step {step} (epoch {epoch}, step {in_epoch} of it)"
-        ));
-    } else {
-        t.set_params(&t.layout().init(cfg.seed))?;
-        let z = vec![0f32; t.layout().n_params];
-        t.set_moments(&z, &z)?;
-    }
-    let mut log = LossLog::open(dir, inp.resume.then_some(step))?;
-    let mut sum = Summary {
-        steps: step,
-        first_loss: None,
-        last_loss: None,
-        first_eval: None,
-        last_eval: None,
-        tokens,
-        tok_per_s: 0.0,
-        peak_device_bytes: t.device_bytes(),
-    };
-    let start = Instant::now();
-    let tokens_at_start = tokens;
-    let per_step = cfg.batch * cfg.grad_accum;
-    let rows = (cfg.batch * cfg.seq_len) as u64;
-    let do_eval = |t: &mut Trainer,
-                   step: u64,
-                   log: &mut LossLog,
-                   sum: &mut Summary,
-                   obs: &mut dyn Observer|
-     -> Result<()> {
-        if let Some(ev) = inp.eval {
-            let l = evaluate(t, cfg, ev, inp.pad)?;
-            log.append(&serde_json::json!({"step": step, "eval_loss": l}))?;
-            sum.first_eval.get_or_insert(l);
-            sum.last_eval = Some(l);
-            obs.eval(step, l);
-        }
-        Ok(())
-    };
-    if !inp.resume && cfg.eval_every > 0 {
-        do_eval(t, 0, &mut log, &mut sum, obs)?;
-    }
-    while step < plan.total && (epoch as usize) < plan.epochs.len() {
-        if in_epoch >= plan.steps_per_epoch[epoch as usize] {
-            (epoch, in_epoch) = (epoch + 1, 0);
-            continue;
-        }
-        let seqs = &plan.epochs[epoch as usize];
-        let first = in_epoch as usize * per_step;
-        let group: Vec<&Sequence> = seqs[first..(first + per_step).min(seqs.len())]
-            .iter()
-            .collect();
-        let n_trained = trained(&group);
-        let t0 = Instant::now();
-        let mut loss = 0.0;
-        let weight = if n_trained > 0 {
-            1.0 / n_trained as f32
+    let mut run = Run::start(t, cfg, inp, obs)?;
+    while run.step(t, obs)? {}
+    run.finish(t, obs)
+}
+
+/// The optimizer step in progress: its sequences and the micro-steps done so far.
+struct Current {
+    /// Index of the step's first sequence in its epoch.
+    first: usize,
+    /// Sequences in the step (`batch × grad_accum`, fewer at an epoch's end).
+    len: usize,
+    /// Loss weight of each trained row (1 / trained rows of the step).
+    weight: f32,
+    /// Micro-steps submitted.
+    submitted: usize,
+    /// Micro-steps finished.
+    finished: usize,
+    loss: f64,
+    t0: Instant,
+}
+
+/// One run as a state machine over a trainer it does not own: the data plan, the position, the
+/// log and the running summary. The trainer passed to every call must be the one `start` got.
+pub struct Run<'a> {
+    cfg: TrainConfig,
+    inp: &'a RunInputs<'a>,
+    plan: Plan,
+    step: u64,
+    epoch: u64,
+    in_epoch: u64,
+    tokens: u64,
+    tokens_at_start: u64,
+    log: LossLog,
+    sum: Summary,
+    start: Instant,
+    cur: Option<Current>,
+}
+
+impl<'a> Run<'a> {
+    /// Creates the run directory, plans the epochs, resumes from the checkpoint (`inp.resume`)
+    /// or initializes the adapters, opens the log and runs the step-0 evaluation (fresh runs
+    /// with `eval_every > 0`).
+    pub fn start(
+        t: &mut Trainer,
+        cfg: &TrainConfig,
+        inp: &'a RunInputs<'a>,
+        obs: &mut dyn Observer,
+    ) -> Result<Self> {
+        let dir = &inp.run_dir;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| TrainError::Config(format!("cannot create {}: {e}", dir.display())))?;
+        let plan = plan(cfg, inp.train, inp.pad)?;
+        let (mut step, mut epoch, mut in_epoch, mut tokens) = (0u64, 0u64, 0u64, 0u64);
+        if inp.resume {
+            let ck = checkpoint::load(dir)?.ok_or_else(|| {
+                TrainError::Config(format!("--resume: {} holds no checkpoint", dir.display()))
+            })?;
+            let saved: TrainConfig = serde_json::from_str(&ck.config_json)
+                .map_err(|e| TrainError::Config(format!("checkpoint config: {e}")))?;
+            if &saved != cfg {
+                return Err(TrainError::Config(format!(
+                    "--resume: the options differ from the checkpoint's ({})",
+                    ck.config_json
+                )));
+            }
+            t.set_params(&take(&ck, "lora.params", dir)?)?;
+            t.set_moments(&take(&ck, "adam.m", dir)?, &take(&ck, "adam.v", dir)?)?;
+            (step, epoch, in_epoch, tokens) = (ck.step, ck.epoch, ck.batch_in_epoch, ck.tokens);
+            obs.note(&format!(
+                "resumed at step {step} (epoch {epoch}, step {in_epoch} of it)"
+            ));
         } else {
-            0.0
-        };
-        for (mi, micro) in group.chunks(cfg.batch).enumerate() {
-            let r = rows_of(micro, cfg.batch, cfg.seq_len, inp.pad, weight);
-            loss += t.micro_step(&r, micro_seed(cfg.seed, step, mi))?;
-            tokens += rows;
+            t.set_params(&t.layout().init(cfg.seed))?;
+            let z = vec![0f32; t.layout().n_params];
+            t.set_moments(&z, &z)?;
         }
-        let micro_count = group.len().div_ceil(cfg.batch) as u64;
-        let lr = lr_at(cfg.schedule, cfg.lr, cfg.warmup, plan.total, step);
+        let log = LossLog::open(dir, inp.resume.then_some(step))?;
+        let sum = Summary {
+            steps: step,
+            first_loss: None,
+            last_loss: None,
+            first_eval: None,
+            last_eval: None,
+            tokens,
+            tok_per_s: 0.0,
+            peak_device_bytes: t.device_bytes(),
+        };
+        let mut run = Run {
+            cfg: cfg.clone(),
+            inp,
+            plan,
+            step,
+            epoch,
+            in_epoch,
+            tokens,
+            tokens_at_start: tokens,
+            log,
+            sum,
+            start: Instant::now(),
+            cur: None,
+        };
+        if !inp.resume && cfg.eval_every > 0 {
+            run.eval(t, 0, obs)?;
+        }
+        Ok(run)
+    }
+
+    /// Optimizer steps completed (resumed ones included).
+    pub fn steps_done(&self) -> u64 {
+        self.step
+    }
+
+    /// Optimizer steps the whole run takes.
+    pub fn total_steps(&self) -> u64 {
+        self.plan.total
+    }
+
+    /// The run's options.
+    pub fn config(&self) -> &TrainConfig {
+        &self.cfg
+    }
+
+    /// The run directory.
+    pub fn dir(&self) -> &Path {
+        &self.inp.run_dir
+    }
+
+    /// One optimizer step with its micro-steps, log line, evaluation and checkpoint when due.
+    /// Returns false (doing nothing) when the run has no step left.
+    pub fn step(&mut self, t: &mut Trainer, obs: &mut dyn Observer) -> Result<bool> {
+        if !self.submit_micro(t)? {
+            return Ok(false);
+        }
+        loop {
+            self.finish_micro(t, obs)?;
+            if self.cur.is_none() || !self.submit_micro(t)? {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Starts the next optimizer step if none is in progress, then submits its next micro-step
+    /// without waiting ([`Trainer::submit_micro`]). Returns false, submitting nothing, when the
+    /// run has no step left. Follow with [`Run::finish_micro`].
+    pub fn submit_micro(&mut self, t: &mut Trainer) -> Result<bool> {
+        if self.cur.is_none() {
+            loop {
+                if self.step >= self.plan.total || self.epoch as usize >= self.plan.epochs.len() {
+                    return Ok(false);
+                }
+                if self.in_epoch >= self.plan.steps_per_epoch[self.epoch as usize] {
+                    (self.epoch, self.in_epoch) = (self.epoch + 1, 0);
+                    continue;
+                }
+                break;
+            }
+            let per_step = self.cfg.batch * self.cfg.grad_accum;
+            let seqs = &self.plan.epochs[self.epoch as usize];
+            let first = self.in_epoch as usize * per_step;
+            let len = per_step.min(seqs.len() - first);
+            let group: Vec<&Sequence> = seqs[first..first + len].iter().collect();
+            let n_trained = trained(&group);
+            self.cur = Some(Current {
+                first,
+                len,
+                weight: if n_trained > 0 {
+                    1.0 / n_trained as f32
+                } else {
+                    0.0
+                },
+                submitted: 0,
+                finished: 0,
+                loss: 0.0,
+                t0: Instant::now(),
+            });
+        }
+        let cfg = &self.cfg;
+        let cur = self.cur.as_mut().ok_or(TrainError::NoChain)?;
+        let seqs = &self.plan.epochs[self.epoch as usize];
+        let mi = cur.submitted;
+        let a = cur.first + mi * cfg.batch;
+        let b = (a + cfg.batch).min(cur.first + cur.len);
+        let micro: Vec<&Sequence> = seqs[a..b].iter().collect();
+        let r = rows_of(&micro, cfg.batch, cfg.seq_len, self.inp.pad, cur.weight);
+        t.submit_micro(&r, micro_seed(cfg.seed, self.step, mi))?;
+        cur.submitted += 1;
+        Ok(true)
+    }
+
+    /// Waits for the micro-step [`Run::submit_micro`] submitted; after the step's last one, runs
+    /// the optimizer step, logs it, and evaluates and checkpoints when due.
+    pub fn finish_micro(&mut self, t: &mut Trainer, obs: &mut dyn Observer) -> Result<()> {
+        let loss = t.finish_micro()?;
+        let rows = (self.cfg.batch * self.cfg.seq_len) as u64;
+        let cur = self.cur.as_mut().ok_or_else(|| {
+            TrainError::Config("finish_micro: no optimizer step in progress".into())
+        })?;
+        cur.loss += loss;
+        cur.finished += 1;
+        self.tokens += rows;
+        if cur.finished < cur.len.div_ceil(self.cfg.batch) {
+            return Ok(());
+        }
+        let cur = self.cur.take().ok_or(TrainError::NoChain)?;
+        self.end_step(t, obs, &cur)
+    }
+
+    /// The optimizer step after the last micro-step of `cur`.
+    fn end_step(&mut self, t: &mut Trainer, obs: &mut dyn Observer, cur: &Current) -> Result<()> {
+        let cfg = &self.cfg;
+        let rows = (cfg.batch * cfg.seq_len) as u64;
+        let micro_count = cur.len.div_ceil(cfg.batch) as u64;
+        let lr = lr_at(cfg.schedule, cfg.lr, cfg.warmup, self.plan.total, self.step);
         let grad_norm = t.optimizer_step(&AdamWStep {
             lr,
             beta1: cfg.beta1,
             beta2: cfg.beta2,
             eps: cfg.adam_eps,
             weight_decay: cfg.weight_decay,
-            step: (step + 1) as u32,
+            step: (self.step + 1) as u32,
             max_grad_norm: cfg.max_grad_norm,
             grad_scale: 1.0,
             zero_grads: true,
@@ -368,43 +504,75 @@ pub fn train(
         if !grad_norm.is_finite() {
             return Err(TrainError::NonFinite(format!(
                 "gradient norm {grad_norm} at step {}",
-                step + 1
+                self.step + 1
             )));
         }
-        step += 1;
-        in_epoch += 1;
-        let dt = t0.elapsed().as_secs_f64();
+        self.step += 1;
+        self.in_epoch += 1;
+        let (step, loss) = (self.step, cur.loss);
+        let dt = cur.t0.elapsed().as_secs_f64();
         let report = StepReport {
             step,
-            total_steps: plan.total,
-            epoch,
+            total_steps: self.plan.total,
+            epoch: self.epoch,
             loss,
             lr,
             grad_norm,
             tokens: micro_count * rows,
             tok_per_s: (micro_count * rows) as f64 / dt.max(1e-9),
-            elapsed_s: start.elapsed().as_secs_f64(),
+            elapsed_s: self.start.elapsed().as_secs_f64(),
         };
-        log.append(&serde_json::json!({
-            "step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-            "tokens": tokens, "tok_per_s": report.tok_per_s, "elapsed_s": report.elapsed_s,
+        self.log.append(&serde_json::json!({
+            "step": step, "epoch": self.epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+            "tokens": self.tokens, "tok_per_s": report.tok_per_s, "elapsed_s": report.elapsed_s,
         }))?;
-        sum.first_loss.get_or_insert(loss);
-        sum.last_loss = Some(loss);
-        sum.peak_device_bytes = sum.peak_device_bytes.max(t.device_bytes());
+        self.sum.first_loss.get_or_insert(loss);
+        self.sum.last_loss = Some(loss);
+        self.sum.peak_device_bytes = self.sum.peak_device_bytes.max(t.device_bytes());
         obs.step(&report);
-        if cfg.eval_every > 0 && step % cfg.eval_every == 0 && step < plan.total {
-            do_eval(t, step, &mut log, &mut sum, obs)?;
+        let (total, eval_every, save_every) = (self.plan.total, cfg.eval_every, cfg.save_every);
+        if eval_every > 0 && step % eval_every == 0 && step < total {
+            self.eval(t, step, obs)?;
         }
-        if cfg.save_every > 0 && step % cfg.save_every == 0 && step < plan.total {
-            save(t, cfg, dir, step, (epoch, in_epoch), tokens)?;
+        if save_every > 0 && step % save_every == 0 && step < total {
+            self.save(t)?;
         }
+        Ok(())
     }
-    do_eval(t, step, &mut log, &mut sum, obs)?;
-    save(t, cfg, dir, step, (epoch, in_epoch), tokens)?;
-    let secs = start.elapsed().as_secs_f64();
-    sum.steps = step;
-    sum.tokens = tokens;
-    sum.tok_per_s = (tokens - tokens_at_start) as f64 / secs.max(1e-9);
-    Ok(sum)
+
+    fn eval(&mut self, t: &mut Trainer, step: u64, obs: &mut dyn Observer) -> Result<()> {
+        if let Some(ev) = self.inp.eval {
+            let l = evaluate(t, &self.cfg, ev, self.inp.pad)?;
+            self.log
+                .append(&serde_json::json!({"step": step, "eval_loss": l}))?;
+            self.sum.first_eval.get_or_insert(l);
+            self.sum.last_eval = Some(l);
+            obs.eval(step, l);
+        }
+        Ok(())
+    }
+
+    fn save(&self, t: &Trainer) -> Result<()> {
+        let pos = (self.epoch, self.in_epoch);
+        save(t, &self.cfg, &self.inp.run_dir, self.step, pos, self.tokens)
+    }
+
+    /// The final evaluation and checkpoint; the run's summary. Errors while an optimizer step
+    /// is half done (call it once [`Run::step`] returned false or [`Run::submit_micro`]
+    /// submitted nothing).
+    pub fn finish(mut self, t: &mut Trainer, obs: &mut dyn Observer) -> Result<Summary> {
+        if self.cur.is_some() {
+            return Err(TrainError::Config(
+                "finish: an optimizer step is in progress".into(),
+            ));
+        }
+        let step = self.step;
+        self.eval(t, step, obs)?;
+        self.save(t)?;
+        let secs = self.start.elapsed().as_secs_f64();
+        self.sum.steps = step;
+        self.sum.tokens = self.tokens;
+        self.sum.tok_per_s = (self.tokens - self.tokens_at_start) as f64 / secs.max(1e-9);
+        Ok(self.sum)
+    }
 }

@@ -42,6 +42,8 @@ pub struct Chain {
     pub(crate) dispatches: usize,
     pub(crate) scope: Option<String>,
     pub(crate) gate: Option<crate::gate::Gate>,
+    /// Index of the queue `submit` uses (modulo the context's queue count).
+    queue: usize,
     /// Last field: dropped after the pools and kept resources above, so the device outlives them.
     pub(crate) ctx: Context,
 }
@@ -87,6 +89,7 @@ impl Chain {
             dispatches: 0,
             scope: None,
             gate: None,
+            queue: 0,
             ctx: ctx.clone(),
         };
         let alloc = vk::CommandBufferAllocateInfo::default()
@@ -107,6 +110,21 @@ impl Chain {
     /// The device this chain records for.
     pub fn context(&self) -> &Context {
         &self.ctx
+    }
+
+    /// Submits go to queue `i` of the context from now on (`i` modulo
+    /// [`Context::queue_count`], so with a single queue everything stays on queue 0). Chains on
+    /// different queues may run at the same time; they must not write buffers another running
+    /// chain reads or writes. Waits for a pending submit first.
+    pub fn set_queue(&mut self, i: usize) -> Result<()> {
+        self.wait()?;
+        self.queue = i % self.ctx.queue_count();
+        Ok(())
+    }
+
+    /// The queue index submits go to (already reduced modulo the queue count).
+    pub fn queue(&self) -> usize {
+        self.queue
     }
 
     /// Number of dispatches recorded.
@@ -160,7 +178,7 @@ impl Chain {
         let dev = &self.ctx.inner;
         let cmds = [self.cmd];
         let submit = [vk::SubmitInfo::default().command_buffers(&cmds)];
-        let queue = dev.queue();
+        let queue = dev.queue_at(self.queue);
         // SAFETY: the command buffer is executable and idle (state Ready); the queue is locked.
         unsafe { dev.device.queue_submit(*queue, &submit, self.fence) }
             .map_err(vk_err("vkQueueSubmit"))?;

@@ -110,11 +110,16 @@ pub(crate) fn select(
         .ok_or(VkError::NoDevice)
 }
 
+/// Compute queues opened at most (when the compute family has that many): enough for a few
+/// concurrent training runs or chains to overlap on the device.
+pub const MAX_QUEUES: usize = 4;
+
 /// The device state shared by every resource (`Arc`), so the device outlives them all.
 pub(crate) struct DeviceInner {
     pub instance: Arc<Instance>,
     pub device: ash::Device,
-    pub queue: Mutex<vk::Queue>,
+    /// The compute queues (at least one); queue 0 also serves transfers.
+    pub queues: Vec<Mutex<vk::Queue>>,
     pub queue_family: u32,
     pub caps: DeviceCaps,
     pub allocator: ManuallyDrop<Mutex<Allocator>>,
@@ -128,9 +133,16 @@ impl DeviceInner {
         self.allocator.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The queue, locked for a submit.
+    /// Queue 0, locked for a submit.
     pub fn queue(&self) -> MutexGuard<'_, vk::Queue> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+        self.queue_at(0)
+    }
+
+    /// Queue `i` modulo the queue count, locked for a submit.
+    pub fn queue_at(&self, i: usize) -> MutexGuard<'_, vk::Queue> {
+        self.queues[i % self.queues.len()]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -157,7 +169,8 @@ pub struct Context {
 }
 
 impl Context {
-    /// Opens the chosen device with one compute queue and every feature we use that it has.
+    /// Opens the chosen device with up to [`MAX_QUEUES`] queues of its compute family and every
+    /// feature we use that it has.
     pub fn new(choice: DeviceChoice) -> Result<Self> {
         let instance = Instance::shared()?;
         let mut probes = enumerate(&instance)?;
@@ -174,18 +187,22 @@ impl Context {
             device: probe.caps.name.clone(),
             reason: "no compute queue".into(),
         })?;
-        Self::open(instance, pdev, family, probe.caps)
+        let queues = (probe.queue_count as usize).clamp(1, MAX_QUEUES) as u32;
+        Self::open(instance, pdev, family, queues, probe.caps)
     }
 
     fn open(
         instance: Arc<Instance>,
         pdev: vk::PhysicalDevice,
         family: u32,
+        queue_count: u32,
         caps: DeviceCaps,
     ) -> Result<Self> {
-        let device = create_device(&instance, pdev, family, &caps)?;
-        // SAFETY: the queue family was requested with one queue at device creation.
-        let queue = unsafe { device.get_device_queue(family, 0) };
+        let device = create_device(&instance, pdev, family, queue_count, &caps)?;
+        // SAFETY: the queue family was requested with `queue_count` queues at device creation.
+        let queues = (0..queue_count)
+            .map(|i| Mutex::new(unsafe { device.get_device_queue(family, i) }))
+            .collect();
         let allocator = Allocator::new(&AllocatorCreateDesc {
             instance: instance.raw.clone(),
             device: device.clone(),
@@ -228,14 +245,14 @@ impl Context {
             }
         };
         tracing::info!(
-            "opened Vulkan device {:?} ({})",
+            "opened Vulkan device {:?} ({}) with {queue_count} compute queue(s)",
             caps.name,
             caps.driver_info
         );
         let inner = DeviceInner {
             instance,
             device,
-            queue: Mutex::new(queue),
+            queues,
             queue_family: family,
             caps,
             allocator: ManuallyDrop::new(Mutex::new(allocator)),
@@ -269,10 +286,19 @@ impl Context {
         (report.total_allocated_bytes, report.total_capacity_bytes)
     }
 
+    /// Compute queues this context opened (1 ..= [`MAX_QUEUES`]). Chains submit to queue 0
+    /// unless [`crate::Chain::set_queue`] picks another; work on different queues may overlap.
+    pub fn queue_count(&self) -> usize {
+        self.inner.queues.len()
+    }
+
     /// Blocks until the device is idle.
     pub fn wait_idle(&self) -> Result<()> {
-        let _queue = self.inner.queue();
-        // SAFETY: the queue lock is held, so no submit races with the wait.
+        let _queues: Vec<_> = (0..self.queue_count())
+            .map(|i| self.inner.queue_at(i))
+            .collect();
+        // SAFETY: every queue's lock is held (in index order, so two waits cannot deadlock),
+        // so no submit races with the wait.
         unsafe { self.inner.device.device_wait_idle() }.map_err(vk_err("vkDeviceWaitIdle"))
     }
 }

@@ -9,13 +9,14 @@ use crate::error::{vk_err, Result};
 use crate::instance::Instance;
 use crate::probe::COOPMAT_EXT;
 
-/// Creates a device with one compute queue from `family`, enabling (when `caps` says they exist)
+/// Creates a device with `queue_count` (≥ 1) compute queues from `family`, enabling (when `caps` says they exist)
 /// 8/16-bit storage, float16/int8/int16 arithmetic, subgroup size control, integer dot product,
 /// buffer device address, timeline semaphores and cooperative matrices.
 pub(crate) fn create_device(
     instance: &Instance,
     pdev: vk::PhysicalDevice,
     family: u32,
+    queue_count: u32,
     caps: &DeviceCaps,
 ) -> Result<ash::Device> {
     let v12 = caps.api_version_raw.min(instance.api_version) >= vk::API_VERSION_1_2;
@@ -52,7 +53,7 @@ pub(crate) fn create_device(
         extensions.push(COOPMAT_EXT.as_ptr());
     }
 
-    let priorities = [1.0f32];
+    let priorities = vec![1.0f32; queue_count.max(1) as usize];
     let queues = [vk::DeviceQueueCreateInfo::default()
         .queue_family_index(family)
         .queue_priorities(&priorities)];

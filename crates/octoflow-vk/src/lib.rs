@@ -9,6 +9,9 @@
 //! - [`Pipeline`]: a compute pipeline from an embedded [`Shader`] ([`PipelineDesc`]).
 //! - [`Chain`]: dispatches, barriers, fills and copies recorded once and replayed with
 //!   [`Chain::submit`]/[`Chain::wait`]; per-dispatch GPU times with [`Chain::with_profiling`].
+//!   A context opens up to [`MAX_QUEUES`] compute queues ([`Context::queue_count`]);
+//!   [`Chain::set_queue`] spreads independent chains over them so they can overlap (transfers
+//!   use queue 0).
 //!
 //! Ownership: every object holds an `Arc` to the device, so the device is destroyed last;
 //! chains hold clones of the buffers and pipelines they use. Transfers are synchronous and must
@@ -39,7 +42,7 @@ pub use buffer::{Buffer, BufferSlice, MemoryKind};
 pub use caps::{CoopMatShape, DeviceCaps, DeviceKind, Heap, SubgroupCaps};
 pub use chain::Chain;
 pub use chunked::{pack_plan, split_plan, ChunkedBuffer, Placement};
-pub use context::{choose_device, list_devices, Context, DeviceChoice, GPU_ENV};
+pub use context::{choose_device, list_devices, Context, DeviceChoice, GPU_ENV, MAX_QUEUES};
 pub use error::{Result, VkError};
 pub use gate::gate_words;
 pub use grid::groups_1d;

@@ -16,6 +16,8 @@ pub(crate) const COOPMAT2_EXT: &CStr = c"VK_NV_cooperative_matrix2";
 pub(crate) struct Probe {
     pub caps: DeviceCaps,
     pub queue_family: Option<u32>,
+    /// Queues in `queue_family` (0 without one).
+    pub queue_count: u32,
 }
 
 /// Probes physical device `pdev`, listed at `index`.
@@ -60,7 +62,7 @@ pub(crate) fn probe(instance: &Instance, pdev: vk::PhysicalDevice, index: usize)
     let core = feats.features;
     let limits = props.properties.limits;
     let v13 = api >= vk::API_VERSION_1_3;
-    let (queue_family, timestamp_bits) = compute_queue(inst, pdev);
+    let (queue_family, timestamp_bits, queue_count) = compute_queue(inst, pdev);
     let cooperative_matrix = if has_coopmat && fcm.cooperative_matrix == vk::TRUE {
         Some(coopmat_shapes(instance, pdev)?)
     } else {
@@ -112,7 +114,11 @@ pub(crate) fn probe(instance: &Instance, pdev: vk::PhysicalDevice, index: usize)
         timestamps: timestamp_bits > 0 && queue_family.is_some(),
         timestamp_bits,
     };
-    Ok(Probe { caps, queue_family })
+    Ok(Probe {
+        caps,
+        queue_family,
+        queue_count,
+    })
 }
 
 fn cstr(s: std::result::Result<&CStr, std::ffi::FromBytesUntilNulError>) -> String {
@@ -175,9 +181,9 @@ fn subgroup_caps(
     }
 }
 
-/// The queue family we submit compute work to and its timestamp valid bits: the first compute
-/// family with timestamps, else the first compute family.
-fn compute_queue(inst: &ash::Instance, pdev: vk::PhysicalDevice) -> (Option<u32>, u32) {
+/// The queue family we submit compute work to, its timestamp valid bits and its queue count:
+/// the first compute family with timestamps, else the first compute family.
+fn compute_queue(inst: &ash::Instance, pdev: vk::PhysicalDevice) -> (Option<u32>, u32, u32) {
     // SAFETY: read-only query on a valid physical device.
     let families = unsafe { inst.get_physical_device_queue_family_properties(pdev) };
     let compute = |f: &vk::QueueFamilyProperties| f.queue_flags.contains(vk::QueueFlags::COMPUTE);
@@ -186,8 +192,12 @@ fn compute_queue(inst: &ash::Instance, pdev: vk::PhysicalDevice) -> (Option<u32>
         .position(|f| compute(f) && f.timestamp_valid_bits > 0)
         .or_else(|| families.iter().position(compute));
     match pick {
-        Some(i) => (Some(i as u32), families[i].timestamp_valid_bits),
-        None => (None, 0),
+        Some(i) => (
+            Some(i as u32),
+            families[i].timestamp_valid_bits,
+            families[i].queue_count,
+        ),
+        None => (None, 0, 0),
     }
 }
 

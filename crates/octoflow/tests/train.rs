@@ -229,3 +229,219 @@ fn train_learns_resumes_after_sigkill_and_run_loads_the_adapters() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("checkpoint"), "{err}");
 }
+
+/// Writes lines `range` of the training set to `dir/name`.
+fn subset(dir: &Path, name: &str, range: std::ops::Range<usize>) -> PathBuf {
+    let text = std::fs::read_to_string(data("train.jsonl")).expect("train.jsonl");
+    let lines: Vec<&str> = text.lines().collect();
+    let p = dir.join(name);
+    std::fs::write(&p, lines[range].join("\n") + "\n").expect("write subset");
+    p
+}
+
+/// Flags every run of the concurrent-runs test shares (the defaults of its config files).
+const SHARED: &[&str] = &[
+    "--quiet",
+    "--seq-len",
+    "64",
+    "--batch",
+    "2",
+    "--warmup",
+    "1",
+    "--save-every",
+    "2",
+];
+
+fn octoflow_train(model: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_octoflow"));
+    c.arg("train").arg("-m").arg(model).args(SHARED);
+    c
+}
+
+#[test]
+fn concurrent_runs_log_what_each_logs_alone_in_their_own_dirs() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let model = tiny_model(dir);
+    subset(dir, "a.jsonl", 0..200);
+    subset(dir, "b.jsonl", 200..400);
+    short_eval(dir, 4);
+    // run a: 5 steps with evaluations; run b: other data, rank, lr, seed, dropout and
+    // accumulation, 2 steps (it finishes first); paths relative to the config files
+    std::fs::create_dir_all(dir.join("cfg")).expect("cfg dir");
+    let a_toml = dir.join("cfg/a.toml");
+    std::fs::write(
+        &a_toml,
+        "data = \"../a.jsonl\"\neval = \"../eval-short.jsonl\"\nrank = 4\nlr = 1e-2\nseed = 3\n\
+         max_steps = 5\neval_every = 2\n",
+    )
+    .expect("a.toml");
+    let b_toml = dir.join("cfg/b.toml");
+    std::fs::write(
+        &b_toml,
+        "data = \"../b.jsonl\"\noutput = \"../runs/b\"\nrank = 8\nalpha = 8\nlr = 5e-3\n\
+         seed = 11\nmax_steps = 2\ngrad_accum = 2\ndropout = 0.1\ntargets = [\"q\", \"v\", \"down\"]\n",
+    )
+    .expect("b.toml");
+    let out = octoflow_train(&model)
+        .arg("--config")
+        .arg(&a_toml)
+        .arg("--config")
+        .arg(&b_toml)
+        .arg("-o")
+        .arg(dir.join("runs"))
+        .output()
+        .expect("train runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    println!("{err}");
+    assert!(
+        err.contains("weights") && err.contains("(once) + runs") && err.contains("together"),
+        "{err}"
+    );
+    assert!(
+        err.contains("[a] step 5/5") && err.contains("[b] step 2/2"),
+        "{err}"
+    );
+    let (run_a, run_b) = (dir.join("runs/a"), dir.join("runs/b"));
+    // the same runs alone, with flags instead of config files
+    let alone_a = dir.join("alone-a");
+    let alone_b = dir.join("alone-b");
+    for (args, data, out_dir) in [
+        (
+            &[
+                "--rank",
+                "4",
+                "--lr",
+                "1e-2",
+                "--seed",
+                "3",
+                "--max-steps",
+                "5",
+            ][..],
+            "a.jsonl",
+            &alone_a,
+        ),
+        (
+            &[
+                "--rank",
+                "8",
+                "--alpha",
+                "8",
+                "--lr",
+                "5e-3",
+                "--seed",
+                "11",
+                "--max-steps",
+                "2",
+                "--grad-accum",
+                "2",
+                "--dropout",
+                "0.1",
+                "--targets",
+                "q,v,down",
+            ][..],
+            "b.jsonl",
+            &alone_b,
+        ),
+    ] {
+        let mut c = octoflow_train(&model);
+        c.args(args).arg("--data").arg(dir.join(data));
+        if data == "a.jsonl" {
+            c.args(["--eval-every", "2", "--eval"])
+                .arg(dir.join("eval-short.jsonl"));
+        }
+        let o = c.arg("-o").arg(out_dir).output().expect("train alone");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    for (together, alone, steps) in [(&run_a, &alone_a, 5u64), (&run_b, &alone_b, 2)] {
+        assert!(together.join("checkpoint.gguf").exists(), "{together:?}");
+        let (tt, et) = log(together);
+        let (ta, ea) = log(alone);
+        assert_eq!(
+            tt.iter().map(|x| x.0).collect::<Vec<_>>(),
+            (1..=steps).collect::<Vec<_>>(),
+            "{together:?}"
+        );
+        assert_eq!(tt.len(), ta.len());
+        assert_eq!(et.len(), ea.len());
+        for ((s, l), (_, m)) in tt.iter().chain(&et).zip(ta.iter().chain(&ea)) {
+            // the same kernels on the same inputs: only a difference in the runs' isolation
+            // (a shared buffer, a race between queues) could move a loss
+            assert!(
+                (l - m).abs() <= 1e-6 * m.abs(),
+                "{together:?} step {s}: {l} together vs {m} alone"
+            );
+        }
+    }
+    let (_, ea) = log(&run_a);
+    assert_eq!(ea.iter().map(|x| x.0).collect::<Vec<_>>(), [0, 2, 4, 5]);
+    // runs differ from each other (different adapters, data and seeds)
+    assert_ne!(log(&run_a).0[0].1, log(&run_b).0[0].1);
+
+    // --resume continues every run (both are complete: nothing left to train)
+    let out = octoflow_train(&model)
+        .arg("--config")
+        .arg(&a_toml)
+        .arg("--config")
+        .arg(&b_toml)
+        .arg("-o")
+        .arg(dir.join("runs"))
+        .arg("--resume")
+        .output()
+        .expect("resume runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("[a] resumed at step 5") && err.contains("[b] resumed at step 2"),
+        "{err}"
+    );
+    assert_eq!(log(&run_a).0.len(), 5);
+}
+
+#[test]
+fn bad_run_configs_are_clear_errors() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let model = tiny_model(dir);
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "rank = 4\nlearning_rate = 1e-3\n").expect("bad.toml");
+    let out = octoflow_train(&model)
+        .arg("--config")
+        .arg(&bad)
+        .arg("--data")
+        .arg(data("train.jsonl"))
+        .arg("-o")
+        .arg(dir.join("runs"))
+        .output()
+        .expect("train runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("bad.toml") && err.contains("unknown key \"learning_rate\""),
+        "{err}"
+    );
+    // two runs writing to one directory
+    let (x, y) = (dir.join("x.toml"), dir.join("y.toml"));
+    for p in [&x, &y] {
+        std::fs::write(p, "output = \"same\"\n").expect("toml");
+    }
+    let out = octoflow_train(&model)
+        .arg("--config")
+        .arg(&x)
+        .arg("--config")
+        .arg(&y)
+        .arg("--data")
+        .arg(data("train.jsonl"))
+        .output()
+        .expect("train runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("both write to"),
+        "{err}"
+    );
+    // without --config, --data and --output are required
+    let out = octoflow_train(&model).output().expect("train runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--output"), "{err}");
+}

@@ -7,6 +7,11 @@
 //! optimizer step (global gradient norm, clipping, AdamW) is a second, three-dispatch chain
 //! recorded per optimizer step because its learning rate is a push constant.
 //!
+//! Several trainers can share one upload of the base: each holds an `Arc<GpuModel>` (read
+//! only) next to its own adapters, optimizer state and scratch, and submits to its own queue
+//! ([`Trainer::set_queue`]); [`Trainer::submit_micro`] / [`Trainer::finish_micro`] let a
+//! scheduler keep several trainers' micro-steps in flight at once.
+//!
 //! Memory: the residual stream entering every layer is kept (`(n_layer + 1) × T × n_embd`); the
 //! rest of a layer's activations are recomputed from it during the backward (one layer at a
 //! time), so activation memory is one layer's worth plus the saved residuals. The vocabulary
@@ -16,6 +21,8 @@
 mod block;
 mod layer;
 mod ops;
+
+use std::sync::Arc;
 
 use octoflow_kernels::{
     AdamW, AdamWStep, CrossEntropy, Dropout, Gemm, GluBack, LinearT, MaskedSoftmax, RmsNormBack,
@@ -165,9 +172,10 @@ pub struct Rows {
     pub pos: Vec<u32>,
 }
 
-/// A LoRA trainer over one GPU copy of the frozen model.
+/// A LoRA trainer over one GPU copy of the frozen model (shared: several trainers may hold
+/// the same `Arc<GpuModel>`).
 pub struct Trainer {
-    pub(crate) gm: GpuModel,
+    pub(crate) gm: Arc<GpuModel>,
     pub(crate) c: ModelConfig,
     pub(crate) tk: TrainKernels,
     pub(crate) layout: LoraLayout,
@@ -181,6 +189,11 @@ pub struct Trainer {
     pub(crate) b: Bufs,
     step_chain: Option<Chain>,
     eval_chain: Option<Chain>,
+    /// The queue every chain of this trainer submits to.
+    queue: usize,
+    /// A micro-step was submitted and not yet finished.
+    pending: bool,
+    state_bytes: u64,
 }
 
 fn buffer(ctx: &Context, name: &str, floats: usize) -> Result<Buffer> {
@@ -193,8 +206,10 @@ fn buffer(ctx: &Context, name: &str, floats: usize) -> Result<Buffer> {
 }
 
 impl Trainer {
-    /// Allocates every buffer for `opts` and builds the training pipelines.
-    pub fn new(gm: GpuModel, opts: &TrainerOptions) -> Result<Self> {
+    /// Allocates every buffer for `opts` and builds the training pipelines. `gm` is a
+    /// `GpuModel` or an `Arc` of one that other trainers share (the weights are only read).
+    pub fn new(gm: impl Into<Arc<GpuModel>>, opts: &TrainerOptions) -> Result<Self> {
+        let gm: Arc<GpuModel> = gm.into();
         opts.lora.validate()?;
         let c = gm.config.clone();
         if opts.batch == 0 || opts.seq_len < 2 {
@@ -217,6 +232,7 @@ impl Trainer {
         let sc = opts.batch * c.n_head * opts.seq_len * opts.seq_len;
         let r = opts.lora.rank;
         let bf = |name: &str, n: usize| buffer(&ctx, name, n);
+        let before = ctx.memory_usage().0;
         let b = Bufs {
             io: Buffer::new(&ctx, "train.io", 4 * io.words as u64, MemoryKind::Upload)?,
             loss: Buffer::new(&ctx, "train.loss", 4 * rows as u64, MemoryKind::Readback)?,
@@ -265,6 +281,7 @@ impl Trainer {
         for buf in [&b.grads, &b.m, &b.v2] {
             ctx.fill(buf, 0, n, 0)?;
         }
+        let state_bytes = ctx.memory_usage().0.saturating_sub(before);
         let tk = TrainKernels::new(&ctx)?;
         let mut t = Trainer {
             gm,
@@ -280,6 +297,9 @@ impl Trainer {
             b,
             step_chain: None,
             eval_chain: None,
+            queue: 0,
+            pending: false,
+            state_bytes,
         };
         let init = t.layout.init(0);
         t.set_params(&init)?;
@@ -291,6 +311,36 @@ impl Trainer {
     /// The device.
     pub fn context(&self) -> &Context {
         self.gm.context()
+    }
+
+    /// The shared base model.
+    pub fn model(&self) -> &Arc<GpuModel> {
+        &self.gm
+    }
+
+    /// Submits every chain of this trainer to queue `i` (modulo the device's queue count, see
+    /// `octoflow_vk::Context::queue_count`), so trainers on different queues overlap on the GPU.
+    pub fn set_queue(&mut self, i: usize) -> Result<()> {
+        self.finish_pending()?;
+        for c in [&mut self.step_chain, &mut self.eval_chain]
+            .into_iter()
+            .flatten()
+        {
+            c.set_queue(i)?;
+        }
+        self.queue = i % self.context().queue_count();
+        Ok(())
+    }
+
+    /// The queue this trainer submits to.
+    pub fn queue(&self) -> usize {
+        self.queue
+    }
+
+    /// Device bytes this trainer allocated itself: activations, adapters, gradients, optimizer
+    /// state and I/O (not the shared weights).
+    pub fn state_bytes(&self) -> u64 {
+        self.state_bytes
     }
 
     /// The adapters' layout.
@@ -395,16 +445,62 @@ impl Trainer {
 
     /// Forward and backward of one micro-batch: gradients accumulate, the weighted loss sum
     /// (Σ weight × token loss) comes back. `seed` drives the dropout masks.
+    /// [`Trainer::submit_micro`] then [`Trainer::finish_micro`].
     pub fn micro_step(&mut self, r: &Rows, seed: u32) -> Result<f64> {
+        self.submit_micro(r, seed)?;
+        self.finish_micro()
+    }
+
+    /// Writes a micro-batch and submits its forward and backward without waiting. Finish it
+    /// with [`Trainer::finish_micro`] before touching this trainer's buffers (parameters,
+    /// moments); `eval`, `optimizer_step` and `set_queue` wait for it themselves.
+    pub fn submit_micro(&mut self, r: &Rows, seed: u32) -> Result<()> {
+        if self.pending {
+            return Err(TrainError::Config(
+                "submit_micro: the previous micro-step was not finished".into(),
+            ));
+        }
         self.write_rows(r, seed)?;
         let chain = self.step_chain.as_mut().ok_or(TrainError::NoChain)?;
-        chain.run()?;
+        chain.submit()?;
+        self.pending = true;
+        Ok(())
+    }
+
+    /// Waits for the micro-step [`Trainer::submit_micro`] started and returns its weighted
+    /// loss sum.
+    pub fn finish_micro(&mut self) -> Result<f64> {
+        if !self.pending {
+            return Err(TrainError::Config(
+                "finish_micro: no micro-step was submitted".into(),
+            ));
+        }
+        let chain = self.step_chain.as_mut().ok_or(TrainError::NoChain)?;
+        self.pending = false;
+        chain.wait()?;
         self.loss_sum()
+    }
+
+    /// Whether a submitted micro-step awaits [`Trainer::finish_micro`].
+    pub fn is_pending(&self) -> bool {
+        self.pending
+    }
+
+    /// Waits for (and discards) an unfinished micro-step, so the buffers are idle.
+    fn finish_pending(&mut self) -> Result<()> {
+        if self.pending {
+            self.pending = false;
+            if let Some(c) = self.step_chain.as_mut() {
+                c.wait()?;
+            }
+        }
+        Ok(())
     }
 
     /// The weighted loss sum of a micro-batch without touching the gradients (evaluation; no
     /// dropout).
     pub fn eval(&mut self, r: &Rows) -> Result<f64> {
+        self.finish_pending()?;
         self.write_rows(r, 0)?;
         let chain = self.eval_chain.as_mut().ok_or(TrainError::NoChain)?;
         chain.run()?;
@@ -414,9 +510,11 @@ impl Trainer {
     /// One AdamW step over the accumulated gradients (which it zeroes); returns the global
     /// gradient norm before clipping.
     pub fn optimizer_step(&mut self, step: &AdamWStep) -> Result<f32> {
+        self.finish_pending()?;
         let ctx = self.context().clone();
         let n = self.layout.n_params as u32;
         let mut chain = Chain::new(&ctx)?;
+        chain.set_queue(self.queue)?;
         let stats = self.b.stats.whole();
         self.tk
             .sum_squares
@@ -457,8 +555,11 @@ impl Trainer {
                 self.context().caps().name
             )));
         }
+        self.finish_pending()?;
         self.write_rows(r, seed)?;
-        let mut chain = self.record_with(true, Chain::with_profiling(self.context())?)?;
+        let mut chain = Chain::with_profiling(self.context())?;
+        chain.set_queue(self.queue)?;
+        let mut chain = self.record_with(true, chain)?;
         chain.run()?;
         let times = chain.timings()?.unwrap_or_default();
         Ok(summarize(&times))

@@ -283,3 +283,54 @@ fn a_gated_span_larger_than_its_args_buffer_is_a_clear_error() {
     assert!(err.to_string().contains("tiny-args"), "{err}");
     assert!(chain.finish().is_err(), "an open span cannot be finished");
 }
+
+#[test]
+fn chains_on_different_queues_are_both_in_flight_and_give_their_own_results() {
+    let Some(ctx) = gpu_or_skip("chains_on_different_queues") else {
+        return;
+    };
+    let count = ctx.queue_count();
+    assert!((1..=crate::MAX_QUEUES).contains(&count), "{count} queues");
+    let (seed, mut r) = rng();
+    let n = 777;
+    let p = control_add(&ctx);
+    let groups = ctx.groups_1d(n as u64, 64).unwrap();
+    // three chains on queues 0, 1, 2 (modulo the count: lavapipe has one queue)
+    let mut runs = Vec::new();
+    for q in 0..3 {
+        let x = random_f32(&mut r, n);
+        let (xb, yb) = (f32_buffer(&ctx, "x", n), f32_buffer(&ctx, "y", n));
+        ctx.upload(&xb, 0, &x).unwrap();
+        ctx.fill(&yb, 0, yb.size(), f32::NAN.to_bits()).unwrap();
+        let ctrl = Buffer::new(&ctx, "ctrl", 8, MemoryKind::Upload).unwrap();
+        let c = random_f32(&mut r, 2);
+        ctrl.write(0, &c).unwrap();
+        let mut chain = Chain::new(&ctx).unwrap();
+        chain.set_queue(q).unwrap();
+        assert_eq!(chain.queue(), q % count);
+        chain
+            .dispatch(
+                &p,
+                &[xb.whole(), yb.whole(), ctrl.whole()],
+                &Push::new().u32(n as u32).u32(0),
+                groups,
+            )
+            .unwrap();
+        runs.push((chain, x, c[0], yb, ctrl, xb));
+    }
+    for run in &mut runs {
+        run.0.submit().unwrap();
+    }
+    for (q, (chain, x, c, yb, _, _)) in runs.iter_mut().enumerate() {
+        chain.wait().unwrap();
+        let mut y = vec![0f32; n];
+        ctx.download(yb, 0, &mut y).unwrap();
+        for (i, (&yi, &xi)) in y.iter().zip(x.iter()).enumerate() {
+            let want = xi + *c;
+            let ok = (yi - want).abs() <= 1e-6 * want.abs().max(1.0);
+            assert!(ok, "queue {q} element {i}: {yi} vs {want} (seed {seed})");
+        }
+    }
+    ctx.wait_idle().unwrap();
+    assert_no_validation_errors(&ctx);
+}

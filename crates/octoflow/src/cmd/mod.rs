@@ -14,3 +14,4 @@ pub mod run;
 pub mod serve;
 pub mod tokenize;
 pub mod train;
+pub mod train_config;

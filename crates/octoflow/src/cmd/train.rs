@@ -1,19 +1,26 @@
 //! `octoflow train`: QLoRA fine-tuning of a GGUF model on the GPU (the base stays in its
 //! quantization; LoRA adapters, AdamW state and the training chain live on the device).
+//!
+//! With `--config a.toml --config b.toml` several runs train at once over one upload of the
+//! base, each with its own adapters, optimizer state, run directory and log (per-run options
+//! in TOML: `train_config.rs`; scheduling: `octoflow_train::run::train_many`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::Context;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use octoflow_model::gpu::GpuModel;
 use octoflow_model::Model;
 use octoflow_text::{ChatTemplate, Tokenizer};
-use octoflow_train::data::load_jsonl;
-use octoflow_train::lora::{LoraConfig, Target};
-use octoflow_train::run::{train, Observer, RunInputs, StepReport, TrainConfig};
-use octoflow_train::schedule::Schedule;
+use octoflow_train::data::{load_jsonl, Example};
+use octoflow_train::run::{
+    train, train_many, Observer, RunInputs, RunSlot, StepReport, Summary, TrainConfig,
+};
 use octoflow_train::{Trainer, TrainerOptions};
+
+use super::train_config::{self, RunOpts};
 
 /// Arguments of `octoflow train`.
 #[derive(clap::Args)]
@@ -21,16 +28,23 @@ pub struct Args {
     /// Base model: a .gguf path, a known name or a URL.
     #[arg(short = 'm', long)]
     model: Option<String>,
-    /// Training data: JSONL of {"text"}, {"prompt","completion"} or {"messages":[...]} records.
+    /// Training data: JSONL of {"text"}, {"prompt","completion"} or {"messages":[...]} records
+    /// (required without --config).
     #[arg(long)]
-    data: PathBuf,
+    data: Option<PathBuf>,
     /// Evaluation data (same formats).
     #[arg(long)]
     eval: Option<PathBuf>,
-    /// Run directory: checkpoint.gguf, log.jsonl.
+    /// Run directory: checkpoint.gguf, log.jsonl (required without --config; with --config, a
+    /// run file without `output` gets OUTPUT/<file stem>).
     #[arg(short = 'o', long = "output")]
-    output: PathBuf,
-    /// Continue the run in --output from its last checkpoint (the options must be the same).
+    output: Option<PathBuf>,
+    /// A run's options as TOML (keys: the long flags' names, `lr = 1e-3`; paths relative to
+    /// the file). Repeat to train several runs at once over one copy of the base; the flags
+    /// are every run's defaults.
+    #[arg(long = "config", value_name = "FILE.toml")]
+    config: Vec<PathBuf>,
+    /// Continue the run(s) from their last checkpoint (the options must be the same).
     #[arg(long)]
     resume: bool,
     /// LoRA rank.
@@ -98,12 +112,46 @@ pub struct Args {
     profile: bool,
 }
 
+impl Args {
+    /// The per-run options the flags give (every `--config` file's defaults).
+    fn run_opts(&self) -> RunOpts {
+        RunOpts {
+            name: "train".into(),
+            data: self.data.clone(),
+            eval: self.eval.clone(),
+            output: self.output.clone(),
+            rank: self.rank,
+            alpha: self.alpha,
+            dropout: self.dropout,
+            targets: self.targets.clone(),
+            lr: self.lr,
+            weight_decay: self.weight_decay,
+            schedule: self.schedule.clone(),
+            warmup: self.warmup,
+            epochs: self.epochs,
+            max_steps: self.max_steps,
+            batch: self.batch,
+            grad_accum: self.grad_accum,
+            seq_len: self.seq_len,
+            max_grad_norm: self.max_grad_norm,
+            seed: self.seed,
+            save_every: self.save_every,
+            eval_every: self.eval_every,
+        }
+    }
+}
+
+/// Progress of one run: a bar (or lines on stderr with `--quiet`), and the tokens it trained.
 struct Bar {
     bar: Option<ProgressBar>,
+    /// `[name] ` before quiet lines when several runs share stderr.
+    tag: String,
+    tokens: u64,
 }
 
 impl Observer for Bar {
     fn step(&mut self, r: &StepReport) {
+        self.tokens += r.tokens;
         let msg = format!(
             "loss {:.4} | lr {:.2e} | |g| {:.3} | {:.0} tok/s",
             r.loss, r.lr, r.grad_norm, r.tok_per_s
@@ -114,7 +162,7 @@ impl Observer for Bar {
                 b.set_position(r.step);
                 b.set_message(msg);
             }
-            None => eprintln!("step {}/{} {msg}", r.step, r.total_steps),
+            None => eprintln!("{}step {}/{} {msg}", self.tag, r.step, r.total_steps),
         }
     }
     fn eval(&mut self, step: u64, loss: f64) {
@@ -122,10 +170,36 @@ impl Observer for Bar {
     }
     fn note(&mut self, msg: &str) {
         match &self.bar {
-            Some(b) => b.println(msg),
-            None => eprintln!("{msg}"),
+            Some(b) => b.println(format!("{}{msg}", self.tag)),
+            None => eprintln!("{}{msg}", self.tag),
         }
     }
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1 << 20) as f64
+}
+
+/// One summary line.
+fn summary_line(s: &Summary) -> String {
+    let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
+    format!(
+        "{} steps | loss {} → {} | eval {} → {} | {:.0} tok/s",
+        s.steps,
+        f(s.first_loss),
+        f(s.last_loss),
+        f(s.first_eval),
+        f(s.last_eval),
+        s.tok_per_s
+    )
+}
+
+/// A run's options, data and training config, checked before the model is loaded.
+struct Prepared {
+    opts: RunOpts,
+    cfg: TrainConfig,
+    train: Vec<Example>,
+    eval: Option<Vec<Example>>,
 }
 
 /// Runs `octoflow train`.
@@ -137,78 +211,140 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(file) => Some(ChatTemplate::from_file_for_model(file, &gguf)?),
         None => ChatTemplate::from_gguf(&gguf).ok(),
     };
-    let cfg = TrainConfig {
-        lora: LoraConfig {
-            rank: args.rank,
-            alpha: args.alpha,
-            dropout: args.dropout,
-            targets: Target::parse_list(&args.targets)?,
-        },
-        lr: args.lr,
-        weight_decay: args.weight_decay,
-        schedule: args.schedule.parse::<Schedule>()?,
-        warmup: args.warmup,
-        epochs: args.epochs,
-        max_steps: args.max_steps,
-        batch: args.batch,
-        grad_accum: args.grad_accum.max(1),
-        seq_len: args.seq_len,
-        max_grad_norm: args.max_grad_norm,
-        seed: args.seed,
-        save_every: args.save_every,
-        eval_every: args.eval_every,
-        beta1: 0.9,
-        beta2: 0.999,
-        adam_eps: 1e-8,
+    let multi = !args.config.is_empty();
+    if multi && args.profile {
+        anyhow::bail!("--profile times a single run: use it without --config");
+    }
+    let defaults = args.run_opts();
+    let runs: Vec<RunOpts> = if multi {
+        args.config
+            .iter()
+            .map(|p| train_config::load(p, &defaults))
+            .collect::<anyhow::Result<_>>()?
+    } else {
+        if args.data.is_none() || args.output.is_none() {
+            anyhow::bail!("--data and --output are required (or give runs with --config FILE)");
+        }
+        vec![defaults]
     };
-    cfg.lora.validate()?;
-    let train_set = load_jsonl(&args.data, &tokenizer, template.as_ref())?;
-    let eval_set = match &args.eval {
-        Some(p) => Some(load_jsonl(p, &tokenizer, template.as_ref())?),
-        None => None,
-    };
+    let mut prepared = Vec::with_capacity(runs.len());
+    for opts in runs {
+        let name = opts.name.clone();
+        let p = (|| -> anyhow::Result<Prepared> {
+            let cfg = opts.to_config()?;
+            opts.output()?;
+            let train = load_jsonl(opts.data()?, &tokenizer, template.as_ref())?;
+            let eval = match &opts.eval {
+                Some(p) => Some(load_jsonl(p, &tokenizer, template.as_ref())?),
+                None => None,
+            };
+            Ok(Prepared {
+                opts,
+                cfg,
+                train,
+                eval,
+            })
+        })();
+        prepared.push(if multi {
+            p.with_context(|| format!("run {name}"))?
+        } else {
+            p?
+        });
+    }
+    for (i, a) in prepared.iter().enumerate() {
+        if let Some(b) = prepared[..i]
+            .iter()
+            .find(|b| b.opts.output == a.opts.output)
+        {
+            anyhow::bail!(
+                "runs {} and {} both write to {}: give each its own output",
+                b.opts.name,
+                a.opts.name,
+                a.opts.output()?.display()
+            );
+        }
+    }
     let model = Model::from_gguf(gguf.clone()).context("loading the model")?;
-    if args.seq_len > model.config.n_ctx_train {
-        anyhow::bail!(
-            "--seq-len {} exceeds the model's training context ({})",
-            args.seq_len,
-            model.config.n_ctx_train
-        );
+    for p in &prepared {
+        if p.cfg.seq_len > model.config.n_ctx_train {
+            anyhow::bail!(
+                "{}--seq-len {} exceeds the model's training context ({})",
+                if multi {
+                    format!("run {}: ", p.opts.name)
+                } else {
+                    String::new()
+                },
+                p.cfg.seq_len,
+                model.config.n_ctx_train
+            );
+        }
     }
     let choice = args.gpu.map_or(
         octoflow_vk::DeviceChoice::Auto,
         octoflow_vk::DeviceChoice::Index,
     );
     let ctx = octoflow_vk::Context::new(choice).context("opening a Vulkan device")?;
-    let gm = GpuModel::load(&ctx, &model).context("loading the model onto the GPU")?;
+    let gm = Arc::new(GpuModel::load(&ctx, &model).context("loading the model onto the GPU")?);
     let weights = gm.weight_bytes();
-    let mut trainer = Trainer::new(
-        gm,
-        &TrainerOptions {
-            batch: cfg.batch,
-            seq_len: cfg.seq_len,
-            lora: cfg.lora.clone(),
-        },
-    )
-    .context("building the training chain")?;
+    let mut trainers = Vec::with_capacity(prepared.len());
+    for p in &prepared {
+        let opts = TrainerOptions {
+            batch: p.cfg.batch,
+            seq_len: p.cfg.seq_len,
+            lora: p.cfg.lora.clone(),
+        };
+        let t = Trainer::new(gm.clone(), &opts)
+            .with_context(|| format!("building the training chain of run {}", p.opts.name))?;
+        trainers.push(t);
+    }
     let caps = ctx.caps();
-    eprintln!(
-        "octoflow: train {} on {} ({}) | {} examples{} | {} adapters, {} parameters | weights {:.1} MiB, total {:.1} MiB",
-        path.display(),
-        caps.name,
-        caps.driver_name,
-        train_set.len(),
-        eval_set.as_ref().map_or(String::new(), |e| format!(" (+{} eval)", e.len())),
-        trainer.layout().entries.len(),
-        trainer.layout().n_params,
-        weights as f64 / (1 << 20) as f64,
-        trainer.device_bytes() as f64 / (1 << 20) as f64,
-    );
+    if multi {
+        let state: u64 = trainers.iter().map(Trainer::state_bytes).sum();
+        eprintln!(
+            "octoflow: train {} on {} ({}) | {} runs over one copy of the weights, {} queue(s) | weights {:.1} MiB + runs {:.1} MiB",
+            path.display(),
+            caps.name,
+            caps.driver_name,
+            prepared.len(),
+            ctx.queue_count(),
+            mib(weights),
+            mib(state),
+        );
+        for (p, t) in prepared.iter().zip(&trainers) {
+            eprintln!(
+                "  {}: {} examples{} | rank {} | {} parameters | {:.1} MiB | {}",
+                p.opts.name,
+                p.train.len(),
+                p.eval
+                    .as_ref()
+                    .map_or(String::new(), |e| format!(" (+{} eval)", e.len())),
+                p.cfg.lora.rank,
+                t.layout().n_params,
+                mib(t.state_bytes()),
+                p.opts.output()?.display()
+            );
+        }
+    } else {
+        let (p, trainer) = (&prepared[0], &trainers[0]);
+        eprintln!(
+            "octoflow: train {} on {} ({}) | {} examples{} | {} adapters, {} parameters | weights {:.1} MiB, total {:.1} MiB",
+            path.display(),
+            caps.name,
+            caps.driver_name,
+            p.train.len(),
+            p.eval.as_ref().map_or(String::new(), |e| format!(" (+{} eval)", e.len())),
+            trainer.layout().entries.len(),
+            trainer.layout().n_params,
+            mib(weights),
+            mib(trainer.device_bytes()),
+        );
+    }
     let pad = tokenizer.special().eos.unwrap_or(0);
     if args.profile {
-        let rows = octoflow_train::run::first_rows(&cfg, &train_set, pad)?;
+        let (p, trainer) = (&prepared[0], &mut trainers[0]);
+        let rows = octoflow_train::run::first_rows(&p.cfg, &p.train, pad)?;
         trainer.micro_step(&rows, 1)?; // warm-up
-        let t0 = std::time::Instant::now();
+        let t0 = Instant::now();
         trainer.micro_step(&rows, 1)?;
         let wall = t0.elapsed().as_secs_f64();
         let prof = trainer.profile_step(&rows, 1)?;
@@ -232,45 +368,108 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let bar = if args.quiet {
-        None
-    } else {
-        let b = ProgressBar::new(0);
-        b.set_style(
-            ProgressStyle::with_template(
-                "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        Some(b)
+    let style = |multi: bool| {
+        let prefix = if multi { "{prefix:>12} " } else { "" };
+        ProgressStyle::with_template(&format!(
+            "{prefix}{{bar:30}} {{pos}}/{{len}} [{{elapsed_precise}}<{{eta_precise}}] {{msg}}"
+        ))
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
     };
-    let mut obs = Bar { bar };
-    let sum = train(
-        &mut trainer,
-        &cfg,
-        &RunInputs {
-            train: &train_set,
-            eval: eval_set.as_deref(),
-            pad,
-            run_dir: args.output.clone(),
-            resume: args.resume,
-        },
-        &mut obs,
-    )?;
-    if let Some(b) = &obs.bar {
-        b.finish();
+    let inputs: Vec<RunInputs> = prepared
+        .iter()
+        .map(|p| {
+            Ok(RunInputs {
+                train: &p.train,
+                eval: p.eval.as_deref(),
+                pad,
+                run_dir: p.opts.output()?.to_path_buf(),
+                resume: args.resume,
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    if !multi {
+        let bar = (!args.quiet).then(|| {
+            let b = ProgressBar::new(0);
+            b.set_style(style(false));
+            b
+        });
+        let mut obs = Bar {
+            bar,
+            tag: String::new(),
+            tokens: 0,
+        };
+        let sum = train(&mut trainers[0], &prepared[0].cfg, &inputs[0], &mut obs)?;
+        if let Some(b) = &obs.bar {
+            b.finish();
+        }
+        eprintln!(
+            "octoflow: {} | peak device memory {:.1} MiB | {}",
+            summary_line(&sum),
+            mib(sum.peak_device_bytes),
+            inputs[0].run_dir.display()
+        );
+        return Ok(());
     }
-    let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
+    let mp = MultiProgress::new();
+    let mut observers: Vec<Bar> = prepared
+        .iter()
+        .map(|p| {
+            let bar = (!args.quiet).then(|| {
+                let b = mp.add(ProgressBar::new(0));
+                b.set_style(style(true));
+                b.set_prefix(p.opts.name.clone());
+                b
+            });
+            Bar {
+                tag: if bar.is_some() {
+                    String::new()
+                } else {
+                    format!("[{}] ", p.opts.name)
+                },
+                bar,
+                tokens: 0,
+            }
+        })
+        .collect();
+    let slots: Vec<RunSlot> = trainers
+        .iter_mut()
+        .zip(&prepared)
+        .zip(&inputs)
+        .zip(observers.iter_mut())
+        .map(|(((trainer, p), inputs), observer)| RunSlot {
+            trainer,
+            cfg: &p.cfg,
+            inputs,
+            observer,
+        })
+        .collect();
+    let t0 = Instant::now();
+    let sums = train_many(slots)?;
+    let wall = t0.elapsed().as_secs_f64();
+    for o in &observers {
+        if let Some(b) = &o.bar {
+            b.finish();
+        }
+    }
+    for ((p, s), i) in prepared.iter().zip(&sums).zip(&inputs) {
+        eprintln!(
+            "octoflow: {}: {} | {}",
+            p.opts.name,
+            summary_line(s),
+            i.run_dir.display()
+        );
+    }
+    let tokens: u64 = observers.iter().map(|o| o.tokens).sum();
+    let state: u64 = trainers.iter().map(Trainer::state_bytes).sum();
+    let measured = sums.iter().map(|s| s.peak_device_bytes).max().unwrap_or(0);
     eprintln!(
-        "octoflow: {} steps | loss {} → {} | eval {} → {} | {:.0} tok/s | peak device memory {:.1} MiB | {}",
-        sum.steps,
-        f(sum.first_loss),
-        f(sum.last_loss),
-        f(sum.first_eval),
-        f(sum.last_eval),
-        sum.tok_per_s,
-        sum.peak_device_bytes as f64 / (1 << 20) as f64,
-        args.output.display()
+        "octoflow: {} runs | {tokens} tokens in {wall:.1} s: {:.0} tok/s together | peak device memory {:.1} MiB = weights {:.1} MiB (once) + runs {:.1} MiB (measured {:.1} MiB)",
+        sums.len(),
+        tokens as f64 / wall.max(1e-9),
+        mib(weights + state),
+        mib(weights),
+        mib(state),
+        mib(measured),
     );
     Ok(())
 }
