@@ -3,7 +3,8 @@
 # models): issue #8's H100 numbers. `lora.sh check`: the adapter kernels' and the on-the-fly
 # adapters' GPU tests. `lora.sh bench`: the pirate fine-tune exported as a llama.cpp adapter and
 # applied on the fly (held-out prompts), decode/prefill and batched-stream throughput with and
-# without adapters, and two fine-tunes trained one after the other vs concurrently. Output in $OUT.
+# without adapters; then (also `lora.sh multi` alone) two fine-tunes trained one after the other vs
+# concurrently. Output in $OUT.
 repo=$PWD
 cd ~/dev && source ./setup.sh >/dev/null 2>&1
 Q=qwen2.5-coder-0.5b-instruct-q4_k_m
@@ -16,6 +17,7 @@ if [ "$1" = check ]; then
   } 2>&1 | tee $OUT/tests.log
   exit 0
 fi
+if [ "$1" = bench ]; then
 # the pirate adapter, exported in llama.cpp's format and applied on the fly
 timeout 200 ./octoflow train -m $Q --data $D/train.jsonl --eval $D/eval.jsonl -o ~/pirate --seq-len 256 --batch 4 --epochs 2 --lr 5e-4 --warmup 5 --eval-every 0 --save-every 0 --quiet 2>&1 | tail -6 | tee $OUT/pirate.log
 ./octoflow export --lora ~/pirate -m $Q -o ~/pirate.gguf 2>&1 | tee -a $OUT/pirate.log
@@ -32,6 +34,7 @@ grep -c "^Arr" $OUT/heldout.log | sed 's/^/held-out answers starting with Arr: /
   echo "== streams base"; timeout 120 ./octoflow bench -m $Q --streams 1,8,32,64 2>&1 | tail -7
   echo "== streams, two adapters mixed (stream s: adapter s mod 2)"; timeout 120 ./octoflow bench -m $Q --streams 1,8,32,64 --lora ~/pirate.gguf --lora-scaled ~/pirate.gguf 0.5 2>&1 | tail -7
 } 2>&1 | tee $OUT/bench.log
+fi
 # two fine-tunes: one after the other, then concurrently over one copy of the base
 mkdir -p /tmp/cfg
 cat > /tmp/cfg/a.toml <<T

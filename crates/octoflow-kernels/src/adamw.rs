@@ -177,9 +177,11 @@ mod tests {
     /// Every quantity is a handful of f32 operations per step on the same inputs in the same
     /// order; they differ only where the device may use a 2.5-ulp division, a ~3-ulp sqrt or
     /// fused multiply-adds (~1e-6 relative per step on the moments and the update, and the update
-    /// is lr-sized next to O(1) parameters). Over a few steps 1e-5 relative is ample; a wrong
-    /// formula (bias correction, clipping, decay) is off by far more.
-    const REL: f32 = 1e-5;
+    /// is lr-sized next to O(1) parameters). With clipping, the clip factor (a division by a
+    /// square root) scales every gradient, and `m = β1·m + (1-β1)·g` may nearly cancel: the H100
+    /// measured 1.1e-5 there (2026-11-23), so the bound is 5e-5; a wrong formula (bias
+    /// correction, clipping, decay) is off by far more.
+    const REL: f32 = 5e-5;
 
     fn base_step(rng: &mut impl Rng) -> AdamWStep {
         AdamWStep {

@@ -45,9 +45,11 @@ pub struct MatmulCoop {
     tile: [u32; 3],
     /// Adds split-K pieces into y.
     sum: SplitSum,
-    /// Split-K partial sums, grown on first need (shared by every dispatch of this kernel:
-    /// each one is fenced by barriers before and after its sum).
-    scratch: Mutex<Option<Buffer>>,
+    /// Split-K partial sums per queue, grown on first need: shared by every dispatch of this
+    /// kernel recorded for that queue (each one is fenced by barriers before and after its sum;
+    /// submissions to one queue are ordered by those barriers); chains on different queues may
+    /// run at once and get their own (a chain's queue must be set before recording).
+    scratch: Mutex<Vec<Option<Buffer>>>,
 }
 
 impl MatmulCoop {
@@ -97,7 +99,7 @@ impl MatmulCoop {
             pipelines,
             tile,
             sum: SplitSum::new(ctx)?,
-            scratch: Mutex::new(None),
+            scratch: Mutex::new(Vec::new()),
         })
     }
 
@@ -165,14 +167,18 @@ impl MatmulCoop {
         let outputs = u64::from(a.n_tokens) * u64::from(a.w.n_rows);
         let bytes = 4 * u64::from(split) * outputs;
         let part = {
-            let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-            match scratch.as_ref() {
+            let mut all = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            let q = chain.queue();
+            if all.len() <= q {
+                all.resize(q + 1, None);
+            }
+            match all[q].as_ref() {
                 Some(b) if b.size() >= bytes => b.clone(),
                 _ => {
                     let size = bytes.next_power_of_two().max(1 << 16);
                     let ctx = chain.context().clone();
                     let b = Buffer::new(&ctx, "matmul_split", size, MemoryKind::DeviceLocal)?;
-                    *scratch = Some(b.clone());
+                    all[q] = Some(b.clone());
                     b
                 }
             }

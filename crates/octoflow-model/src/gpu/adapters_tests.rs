@@ -64,9 +64,17 @@ fn merged_model(base: &Arc<octoflow_gguf::GgufFile>, adapters: &[(&Adapter, f32)
     Model::from_gguf(Arc::new(merged_file(base, adapters).expect("merge"))).expect("merged model")
 }
 
-// f32 math on both sides, different summation orders, ~1e-6 per product; the logits of a
-// 2-layer model stay within 1e-4 of their largest value (the adapters move them by > 1e-2).
-const REL: f32 = 1e-4;
+/// The bound on the logits' error relative to their largest value (the adapters move them by
+/// more than 1e-2). f32 math on both sides, different summation orders: ~1e-6 per product, 1e-4
+/// bound; where batches run on cooperative matrices (H100), the base products are of
+/// f16-rounded operands (~5e-4 per product; 1.5e-3 measured): 5e-3.
+fn bound(gm: &GpuModel) -> f32 {
+    if gm.kernels().linear.uses_coop(16) {
+        5e-3
+    } else {
+        1e-4
+    }
+}
 
 #[test]
 fn adapters_on_the_fly_match_the_merged_model() {
@@ -113,7 +121,7 @@ fn adapters_on_the_fly_match_the_merged_model() {
             .forward(&tokens, 0, Logits::All)
             .expect("cpu");
         let e = rel_err(&got, &want);
-        assert!(e < REL, "{arch}: on the fly vs merged: {e:.2e}");
+        assert!(e < bound(&gm), "{arch}: on the fly vs merged: {e:.2e}");
         let moved = rel_err(&base_gpu, &want);
         assert!(
             moved > 1e-2,
@@ -183,6 +191,7 @@ fn batch_rows_use_their_own_adapter() {
     ];
     let mut gm = GpuModel::load(&ctx, &model).expect("gpu model");
     gm.set_adapters(&[a0, a1], &scales).expect("adapters");
+    let rel = bound(&gm);
     let mut b = gm.batch(3, 32, 64).expect("batch");
     let adapters = [None, Some(0), Some(1)];
     let prompts: Vec<Vec<u32>> = (0..3)
@@ -226,7 +235,7 @@ fn batch_rows_use_their_own_adapter() {
             .expect("cpu");
         let e = rel_err(got, &want);
         assert!(
-            e < REL,
+            e < rel,
             "slot {slot} (adapter {:?}): {e:.2e}",
             adapters[slot]
         );

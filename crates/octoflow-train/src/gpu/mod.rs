@@ -320,15 +320,15 @@ impl Trainer {
 
     /// Submits every chain of this trainer to queue `i` (modulo the device's queue count, see
     /// `octoflow_vk::Context::queue_count`), so trainers on different queues overlap on the GPU.
+    /// The chains are recorded again: kernels may bind per-queue scratch (the split-K partial
+    /// sums of `MatmulCoop`), which chains running at once on different queues must not share.
     pub fn set_queue(&mut self, i: usize) -> Result<()> {
         self.finish_pending()?;
-        for c in [&mut self.step_chain, &mut self.eval_chain]
-            .into_iter()
-            .flatten()
-        {
-            c.set_queue(i)?;
-        }
         self.queue = i % self.context().queue_count();
+        self.step_chain = None;
+        self.eval_chain = None;
+        self.step_chain = Some(self.record(true)?);
+        self.eval_chain = Some(self.record(false)?);
         Ok(())
     }
 
@@ -567,7 +567,9 @@ impl Trainer {
 
     /// Records the micro-step chain (`train`: forward, loss, backward) or the evaluation one.
     fn record(&self, train: bool) -> Result<Chain> {
-        self.record_with(train, Chain::new(self.context())?)
+        let mut chain = Chain::new(self.context())?;
+        chain.set_queue(self.queue)?;
+        self.record_with(train, chain)
     }
 
     fn record_with(&self, train: bool, mut chain: Chain) -> Result<Chain> {
