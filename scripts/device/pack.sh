@@ -4,7 +4,7 @@
 set -euo pipefail
 mkdir -p .dev
 grep -qxF "/.dev/" .git/info/exclude || echo "/.dev/" >> .git/info/exclude
-for t in octoflow_vk octoflow_kernels octoflow_model gpu_chain gpu_batch gpu_agreement gradients; do
+for t in octoflow_vk octoflow_kernels octoflow_model gpu_chain gpu_batch gpu_agreement gradients shared_model; do
   bin=$(ls -t target/debug/deps/$t-* | grep -v '\.d$' | head -1)
   strip -o ".dev/$t" "$bin"
 done
