@@ -176,7 +176,7 @@ fn train_learns_resumes_after_sigkill_and_run_loads_the_adapters() {
         .expect("run --lora");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert!(err.contains("LoRA") && err.contains("merged"), "{err}");
+    assert!(err.contains("LoRA") && err.contains("at scale 1"), "{err}");
     // 4. export: a llama.cpp LoRA adapter GGUF and a merged model
     let adapter = tmp.path().join("adapter.gguf");
     let merged = tmp.path().join("merged.gguf");

@@ -80,7 +80,7 @@ pub struct Shape {
 /// The served adapter's name (with `Shape::adapter`).
 pub const ADAPTER: &str = "tuned";
 
-/// A random rank-4 adapter on q, v, o and down of every layer (seed printed), big enough to
+/// A random rank-4 adapter on every projection of every layer (seed printed), big enough to
 /// change greedy continuations.
 pub fn random_adapter(c: &octoflow_model::ModelConfig) -> octoflow_model::Adapter {
     use octoflow_model::{Adapter, LoraTensor, Target};
@@ -91,7 +91,7 @@ pub fn random_adapter(c: &octoflow_model::ModelConfig) -> octoflow_model::Adapte
     let rank = 4;
     let mut tensors = Vec::new();
     for layer in 0..c.n_layer {
-        for target in [Target::Q, Target::V, Target::O, Target::Down] {
+        for target in Target::ALL {
             let (n_in, n_out) = target.dims(c);
             let mut v = |n: usize, r: f32| (0..n).map(|_| rng.gen_range(-r..r)).collect();
             tensors.push(LoraTensor {
@@ -101,7 +101,7 @@ pub fn random_adapter(c: &octoflow_model::ModelConfig) -> octoflow_model::Adapte
                 n_in,
                 n_out,
                 a: v(rank * n_in, 1.0 / (n_in as f32).sqrt()),
-                b: v(n_out * rank, 0.3),
+                b: v(n_out * rank, 1.0),
             });
         }
     }
