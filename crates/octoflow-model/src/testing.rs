@@ -186,3 +186,43 @@ pub fn add_tiny_tokenizer(w: &mut GgufWriter, chat_template: Option<&str>) -> us
     }
     n
 }
+
+/// A random LoRA adapter named `name` of `rank` on `targets` of every layer in `layers` (all
+/// layers when empty): A uniform in `±1/sqrt(n_in)` (PEFT's initialisation), B uniform in
+/// `±b_bound` (a trained B; PEFT starts it at 0).
+#[allow(clippy::too_many_arguments)]
+pub fn random_adapter(
+    name: &str,
+    c: &crate::ModelConfig,
+    rank: usize,
+    alpha: f32,
+    targets: &[crate::Target],
+    layers: &[usize],
+    b_bound: f32,
+    rng: &mut StdRng,
+) -> crate::Adapter {
+    let all: Vec<usize> = (0..c.n_layer).collect();
+    let layers = if layers.is_empty() { &all[..] } else { layers };
+    let mut tensors = Vec::new();
+    for &layer in layers {
+        for &target in targets {
+            let (n_in, n_out) = target.dims(c);
+            let a_bound = 1.0 / (n_in as f32).sqrt();
+            let mut v = |n: usize, r: f32| (0..n).map(|_| rng.gen_range(-r..r)).collect();
+            tensors.push(crate::LoraTensor {
+                layer,
+                target,
+                rank,
+                n_in,
+                n_out,
+                a: v(rank * n_in, a_bound),
+                b: v(n_out * rank, b_bound),
+            });
+        }
+    }
+    crate::Adapter {
+        name: name.into(),
+        alpha,
+        tensors,
+    }
+}

@@ -194,37 +194,16 @@ fn export_merged(base: &Path, lora: &Path, quant: &str, out: &Path) {
 
 /// Rank 8 on every projection (seed printed); B large enough to move the NLL by several percent.
 fn random_adapter(c: &octoflow_model::ModelConfig) -> octoflow_model::Adapter {
-    use octoflow_model::{Adapter, LoraTensor, Target};
-    use rand::{Rng, SeedableRng};
-    let seed: u64 = rand::random();
-    eprintln!("random adapter seed {seed}");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let rank = 8;
-    let mut tensors = Vec::new();
-    for layer in 0..c.n_layer {
-        for target in Target::ALL {
-            let (n_in, n_out) = target.dims(c);
-            let bound = 1.0 / (n_in as f32).sqrt();
-            let a = (0..rank * n_in)
-                .map(|_| rng.gen_range(-bound..bound))
-                .collect();
-            let b = (0..n_out * rank)
-                .map(|_| rng.gen_range(-0.3..0.3))
-                .collect();
-            tensors.push(LoraTensor {
-                layer,
-                target,
-                rank,
-                n_in,
-                n_out,
-                a,
-                b,
-            });
-        }
-    }
-    Adapter {
-        name: "random".into(),
-        alpha: 16.0,
-        tensors,
-    }
+    use octoflow_model::testing::{random_adapter, rng};
+    let mut rng = rng("llama_cpp_random_adapter");
+    random_adapter(
+        "random",
+        c,
+        8,
+        16.0,
+        &octoflow_model::Target::ALL,
+        &[],
+        0.3,
+        &mut rng,
+    )
 }

@@ -5,48 +5,12 @@
 use std::sync::Arc;
 
 use octoflow_vk::testing::gpu_or_skip;
-use rand::rngs::StdRng;
 use rand::Rng;
 
-use crate::adapter::{merged_file, Adapter, LoraTensor, Target};
+use crate::adapter::{merged_file, Adapter, Target};
 use crate::gpu::{GpuDraw, GpuModel};
-use crate::testing::{open, rng, tiny_writer, TINY};
-use crate::{
-    BatchForward, BatchRow, Forward, Logits, Model, ModelConfig, RowOutput, RowResult, TokenIn,
-};
-
-/// A random adapter of `rank` on `targets` of every layer in `layers`.
-fn random_adapter(
-    name: &str,
-    c: &ModelConfig,
-    rank: usize,
-    alpha: f32,
-    targets: &[Target],
-    layers: &[usize],
-    rng: &mut StdRng,
-) -> Adapter {
-    let mut tensors = Vec::new();
-    for &layer in layers {
-        for &target in targets {
-            let (n_in, n_out) = target.dims(c);
-            let mut v = |n: usize| (0..n).map(|_| rng.gen_range(-0.4..0.4)).collect();
-            tensors.push(LoraTensor {
-                layer,
-                target,
-                rank,
-                n_in,
-                n_out,
-                a: v(rank * n_in),
-                b: v(n_out * rank),
-            });
-        }
-    }
-    Adapter {
-        name: name.into(),
-        alpha,
-        tensors,
-    }
-}
+use crate::testing::{open, random_adapter, rng, tiny_writer, TINY};
+use crate::{BatchForward, BatchRow, Forward, Logits, Model, RowOutput, RowResult, TokenIn};
 
 /// Largest |got - want| relative to the largest |want|; NaN fails.
 fn rel_err(got: &[f32], want: &[f32]) -> f32 {
@@ -86,7 +50,7 @@ fn adapters_on_the_fly_match_the_merged_model() {
         let base = Arc::new(open(&tiny_writer(arch, TINY, &mut rng)).expect("tiny model"));
         let model = Model::from_gguf(base.clone()).expect("model");
         let c = model.config.clone();
-        let a1 = random_adapter("a1", &c, 3, 6.0, &Target::ALL, &[0, 1], &mut rng);
+        let a1 = random_adapter("a1", &c, 3, 6.0, &Target::ALL, &[0, 1], 0.4, &mut rng);
         // no alpha (scale = user scale), a subset of targets, one layer only
         let a2 = random_adapter(
             "a2",
@@ -95,6 +59,7 @@ fn adapters_on_the_fly_match_the_merged_model() {
             0.0,
             &[Target::Q, Target::O, Target::Down],
             &[1],
+            0.4,
             &mut rng,
         );
         let scales = [0.7f32, -1.3];
@@ -181,8 +146,17 @@ fn batch_rows_use_their_own_adapter() {
     let base = Arc::new(open(&tiny_writer("qwen2", TINY, &mut rng)).expect("tiny model"));
     let model = Model::from_gguf(base.clone()).expect("model");
     let c = model.config.clone();
-    let a0 = random_adapter("a0", &c, 4, 8.0, &Target::ALL, &[0, 1], &mut rng);
-    let a1 = random_adapter("a1", &c, 2, 2.0, &[Target::V, Target::Up], &[0], &mut rng);
+    let a0 = random_adapter("a0", &c, 4, 8.0, &Target::ALL, &[0, 1], 0.4, &mut rng);
+    let a1 = random_adapter(
+        "a1",
+        &c,
+        2,
+        2.0,
+        &[Target::V, Target::Up],
+        &[0],
+        0.4,
+        &mut rng,
+    );
     let scales = [1.0f32, 1.5];
     let cpu = [
         model.clone(),

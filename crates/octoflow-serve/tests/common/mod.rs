@@ -83,33 +83,18 @@ pub const ADAPTER: &str = "tuned";
 /// A random rank-4 adapter on every projection of every layer (seed printed), big enough to
 /// change greedy continuations.
 pub fn random_adapter(c: &octoflow_model::ModelConfig) -> octoflow_model::Adapter {
-    use octoflow_model::{Adapter, LoraTensor, Target};
-    use rand::{Rng, SeedableRng};
-    let seed: u64 = rand::random();
-    eprintln!("random_adapter seed {seed}");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let rank = 4;
-    let mut tensors = Vec::new();
-    for layer in 0..c.n_layer {
-        for target in Target::ALL {
-            let (n_in, n_out) = target.dims(c);
-            let mut v = |n: usize, r: f32| (0..n).map(|_| rng.gen_range(-r..r)).collect();
-            tensors.push(LoraTensor {
-                layer,
-                target,
-                rank,
-                n_in,
-                n_out,
-                a: v(rank * n_in, 1.0 / (n_in as f32).sqrt()),
-                b: v(n_out * rank, 1.0),
-            });
-        }
-    }
-    Adapter {
-        name: ADAPTER.into(),
-        alpha: rank as f32,
-        tensors,
-    }
+    use octoflow_model::testing::{random_adapter, rng};
+    let mut rng = rng("serve_random_adapter");
+    random_adapter(
+        ADAPTER,
+        c,
+        4,
+        4.0,
+        &octoflow_model::Target::ALL,
+        &[],
+        1.0,
+        &mut rng,
+    )
 }
 
 impl Default for Shape {
