@@ -5,12 +5,12 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use octoflow_vk::{
-    Buffer, BufferSlice, Chain, Context, DeviceCaps, DeviceKind, MemoryKind, Pipeline,
-    PipelineDesc, Push,
+    BufferSlice, Chain, Context, DeviceCaps, DeviceKind, Pipeline, PipelineDesc, Push,
 };
 
 use crate::error::Result;
 use crate::operand::{bad, need, Positions};
+use crate::scratch::QueueScratch;
 use crate::shaders;
 
 /// Largest `head_dim` / `head_dim_v` (`MAX_D` in `attention.comp`).
@@ -73,12 +73,12 @@ pub(crate) struct Plan {
 type PipelineCache = HashMap<[u32; 7], Pipeline>;
 
 /// The attention kernel, built once per device. Pipelines for each head shape are specialized
-/// on first use; split-K scratch memory is allocated on first use and grows as needed (it is
-/// shared by all dispatches of this `Attention`: chains using it run on one queue, in order).
+/// on first use; split-K scratch memory is allocated on first use, per queue, and grows as needed
+/// (see `scratch.rs`).
 pub struct Attention {
     pipelines: Mutex<PipelineCache>,
     merge: Pipeline,
-    scratch: Mutex<Option<Buffer>>,
+    scratch: QueueScratch,
 }
 
 impl Attention {
@@ -90,7 +90,7 @@ impl Attention {
                 ctx,
                 &PipelineDesc::new(shaders::ATTENTION_MERGE, 2, 12).label("attention_merge"),
             )?,
-            scratch: Mutex::new(None),
+            scratch: QueueScratch::new("attention_split"),
         })
     }
 
@@ -147,16 +147,7 @@ impl Attention {
         let part = if p.split > 1 {
             let floats = rows * u64::from(p.split) * (u64::from(a.head_dim_v) + 2);
             let bytes = 4 * floats;
-            let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-            let buf = match scratch.as_ref() {
-                Some(b) if b.size() >= bytes => b.clone(),
-                _ => {
-                    let size = bytes.next_power_of_two().max(1 << 16);
-                    let b = Buffer::new(&ctx, "attention_split", size, MemoryKind::DeviceLocal)?;
-                    *scratch = Some(b.clone());
-                    b
-                }
-            };
+            let buf = self.scratch.get(chain, bytes)?;
             buf.slice(0, bytes.next_multiple_of(16))?
         } else {
             a.out.clone()

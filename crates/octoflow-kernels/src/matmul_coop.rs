@@ -14,16 +14,15 @@
 
 use octoflow_gguf::quant::QuantError;
 use octoflow_gguf::GgmlType;
-use std::sync::Mutex;
 
 use octoflow_vk::{
-    Buffer, BufferSlice, Chain, Context, DeviceCaps, MemoryKind, Pipeline, PipelineDesc, Push,
-    Shader, VkError,
+    BufferSlice, Chain, Context, DeviceCaps, Pipeline, PipelineDesc, Push, Shader, VkError,
 };
 
 use crate::error::{KernelError, Result};
 use crate::linear::{check_args, linear_ref, LinearArgs, PUSH_BYTES};
 use crate::qweight::{variant, QOp, TYPES};
+use crate::scratch::QueueScratch;
 use crate::split_sum::{SplitSum, SumTarget};
 
 /// Rows, tokens and columns per workgroup step (`BM`, `BN`, `BK` in `matmul_coop.comp`).
@@ -49,7 +48,7 @@ pub struct MatmulCoop {
     /// kernel recorded for that queue (each one is fenced by barriers before and after its sum;
     /// submissions to one queue are ordered by those barriers); chains on different queues may
     /// run at once and get their own (a chain's queue must be set before recording).
-    scratch: Mutex<Vec<Option<Buffer>>>,
+    scratch: QueueScratch,
 }
 
 impl MatmulCoop {
@@ -99,7 +98,7 @@ impl MatmulCoop {
             pipelines,
             tile,
             sum: SplitSum::new(ctx)?,
-            scratch: Mutex::new(Vec::new()),
+            scratch: QueueScratch::new("matmul_split"),
         })
     }
 
@@ -166,23 +165,7 @@ impl MatmulCoop {
         }
         let outputs = u64::from(a.n_tokens) * u64::from(a.w.n_rows);
         let bytes = 4 * u64::from(split) * outputs;
-        let part = {
-            let mut all = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-            let q = chain.queue();
-            if all.len() <= q {
-                all.resize(q + 1, None);
-            }
-            match all[q].as_ref() {
-                Some(b) if b.size() >= bytes => b.clone(),
-                _ => {
-                    let size = bytes.next_power_of_two().max(1 << 16);
-                    let ctx = chain.context().clone();
-                    let b = Buffer::new(&ctx, "matmul_split", size, MemoryKind::DeviceLocal)?;
-                    all[q] = Some(b.clone());
-                    b
-                }
-            }
-        };
+        let part = self.scratch.get(chain, bytes)?;
         let part = part.slice(0, bytes)?;
         let all = [w, x, y.clone(), bias.clone(), part.clone()];
         chain.dispatch(&self.pipelines[ti], &all, &push, groups)?;

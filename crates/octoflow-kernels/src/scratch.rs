@@ -1,0 +1,45 @@
+//! Device scratch a kernel keeps between dispatches (split-K partial sums), one buffer per queue:
+//! dispatches recorded for one queue share it (the caller's barriers order them, and submissions
+//! to one queue are ordered by those barriers); chains on different queues may run at once, so
+//! each queue gets its own. A chain's queue must be set before it is recorded.
+
+use std::sync::Mutex;
+
+use octoflow_vk::{Buffer, Chain, MemoryKind};
+
+use crate::error::Result;
+
+/// Per-queue scratch buffers, grown on need.
+pub(crate) struct QueueScratch {
+    name: &'static str,
+    bufs: Mutex<Vec<Option<Buffer>>>,
+}
+
+impl QueueScratch {
+    /// No buffer yet; `name` labels the buffers.
+    pub(crate) fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            bufs: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A buffer of at least `bytes` for `chain`'s queue (a larger one replaces a smaller one;
+    /// chains recorded earlier keep theirs alive).
+    pub(crate) fn get(&self, chain: &Chain, bytes: u64) -> Result<Buffer> {
+        let mut all = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
+        let q = chain.queue();
+        if all.len() <= q {
+            all.resize(q + 1, None);
+        }
+        match all[q].as_ref() {
+            Some(b) if b.size() >= bytes => Ok(b.clone()),
+            _ => {
+                let size = bytes.next_power_of_two().max(1 << 16);
+                let b = Buffer::new(chain.context(), self.name, size, MemoryKind::DeviceLocal)?;
+                all[q] = Some(b.clone());
+                Ok(b)
+            }
+        }
+    }
+}
