@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Here: collects the binaries and scripts the device needs into .dev/ (run from the repo root
-# after `cargo test --workspace --no-run` and `cargo build -p octoflow`).
+# Here: collects the binaries and scripts the device needs into .dev/ (run from the repo root;
+# builds the workspace's test executables and `octoflow` first if they are stale). The test
+# executables are the ones cargo names for this checkout (other worktrees sharing the target
+# folder build executables of the same names).
 set -euo pipefail
 mkdir -p .dev
 grep -qxF "/.dev/" .git/info/exclude || echo "/.dev/" >> .git/info/exclude
+cargo build --quiet -p octoflow
+exes=$(cargo test --workspace --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
 for t in octoflow_vk octoflow_kernels octoflow_model gpu_chain gpu_batch gpu_agreement gradients shared_model; do
-  bin=$(ls -t target/debug/deps/$t-* | grep -v '\.d$' | head -1)
+  bin=$(echo "$exes" | grep "/$t-" | head -1)
   strip -o ".dev/$t" "$bin"
 done
 strip -o .dev/octoflow target/debug/octoflow

@@ -3,19 +3,37 @@
 use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
 
 use crate::error::{KernelError, Result};
+use crate::scratch::QueueScratch;
 use crate::shaders;
 
-/// The argmax kernel, built once per device. One workgroup scans the whole row.
+/// Logits one workgroup scans at least (the row is cut into slices of this size or more).
+const MIN_SLICE: u32 = 4096;
+/// Most slices per row (the merging workgroup's 256 invocations take one each).
+const MAX_SPLIT: u32 = 256;
+
+/// The argmax kernel, built once per device. A long row is cut into slices scanned by separate
+/// workgroups in one dispatch; the last to finish merges their candidates (see `argmax.comp`).
+/// Like every split-K kernel here, argmax dispatches recorded for one queue share their scratch:
+/// the caller puts a barrier between two of them.
 pub struct Argmax {
     pipeline: Pipeline,
+    part: QueueScratch,
+    counts: QueueScratch,
 }
 
 impl Argmax {
     /// Builds the pipeline.
     pub fn new(ctx: &Context) -> Result<Self> {
         Ok(Argmax {
-            pipeline: Pipeline::new(ctx, &PipelineDesc::new(shaders::ARGMAX, 2, 8))?,
+            pipeline: Pipeline::new(ctx, &PipelineDesc::new(shaders::ARGMAX, 4, 16))?,
+            part: QueueScratch::new("argmax_part"),
+            counts: QueueScratch::zeroed("argmax_counts"),
         })
+    }
+
+    /// Slices per row for `n_vocab` logits.
+    fn split(n_vocab: u32) -> u32 {
+        n_vocab.div_ceil(MIN_SLICE).clamp(1, MAX_SPLIT)
     }
 
     /// Records `out[out_offset] = argmax_ref(logits[..n_vocab])`: the index of the largest logit
@@ -33,7 +51,7 @@ impl Argmax {
     }
 
     /// [`Argmax::record`] of each row of `logits` (`[n_rows, n_vocab]`) into
-    /// `out[out_offset + r]`; one workgroup per row.
+    /// `out[out_offset + r]`, all rows in one dispatch.
     pub fn record_rows(
         &self,
         chain: &mut Chain,
@@ -45,11 +63,30 @@ impl Argmax {
     ) -> Result<()> {
         check_rows("argmax", logits, n_vocab, n_rows)?;
         check_out("argmax", out, out_offset, n_rows)?;
+        let n_split = Self::split(n_vocab);
+        let slice = n_vocab.div_ceil(n_split);
+        let part = self
+            .part
+            .get(chain, 8 * u64::from(n_split) * u64::from(n_rows))?;
+        let counts = self.counts.get(chain, 4 * u64::from(n_rows))?;
+        let groups = [n_split, n_rows, 1];
+        let max = chain.context().caps().max_workgroup_count;
+        if groups[1] > max[1] {
+            let detail = format!("{n_rows} rows exceed the device's {} workgroups", max[1]);
+            return Err(KernelError::Shape {
+                op: "argmax",
+                detail,
+            });
+        }
         chain.dispatch(
             &self.pipeline,
-            &[logits.clone(), out.clone()],
-            &Push::new().u32(n_vocab).u32(out_offset),
-            [n_rows, 1, 1],
+            &[logits.clone(), out.clone(), part.whole(), counts.whole()],
+            &Push::new()
+                .u32(n_vocab)
+                .u32(out_offset)
+                .u32(n_split)
+                .u32(slice),
+            groups,
         )?;
         Ok(())
     }
@@ -171,7 +208,12 @@ mod tests {
                     i as u32,
                 )
                 .unwrap();
+            // argmax dispatches of one queue share their scratch
+            chain.compute_barrier().unwrap();
         }
+        chain.run().unwrap();
+        // A replay of the chain (its counters back at zero) gives the same answers.
+        ctx.fill(&out, 0, out.size(), 0xFFFF_FFFF).unwrap();
         chain.run().unwrap();
         let mut got = vec![0u32; rows.len()];
         ctx.download(&out, 0, &mut got).unwrap();

@@ -313,3 +313,116 @@ fn tile_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
         }
     }
 }
+
+/// What one dependent stage of a decode chain costs (`cargo test -p octoflow-kernels
+/// dispatch_overhead -- --ignored --nocapture`): host wall time per dispatch over a chain of
+/// 2,000 replayed dispatches (the second of two runs) — a 32-element `add` with a
+/// compute-to-compute barrier after each, with none, with a full barrier; single-token matvecs at
+/// qwen2.5-0.5B shapes with compute barriers; and, on discrete GPUs, a grid-wide barrier inside
+/// one dispatch (`grid_sync.comp`, one workgroup per SM at most) — the alternative to a
+/// pipeline barrier for a persistent decode kernel.
+#[test]
+#[ignore]
+fn dispatch_overhead() {
+    use crate::add::Add;
+    use octoflow_vk::{DeviceKind, Pipeline, PipelineDesc, Push};
+    let Some(ctx) = gpu_or_skip("dispatch_overhead") else {
+        return;
+    };
+    println!("device: {}", ctx.caps().name);
+    let per_dispatch = |n: usize, rec: &dyn Fn(&mut Chain)| -> f64 {
+        let mut chain = Chain::new(&ctx).unwrap();
+        for _ in 0..n {
+            rec(&mut chain);
+        }
+        chain.run().unwrap();
+        let t = std::time::Instant::now();
+        chain.run().unwrap();
+        t.elapsed().as_secs_f64() * 1e6 / n as f64
+    };
+    let add = Add::new(&ctx).unwrap();
+    let a = buffer_with(&ctx, "a", &[0u8; 4096]);
+    let b = buffer_with(&ctx, "b", &[0u8; 4096]);
+    let (sa, sb) = (a.whole(), b.whole());
+    let cpu = ctx.caps().kind == DeviceKind::Cpu;
+    let n = if cpu { 20 } else { 2000 };
+    let us = per_dispatch(n, &|c| {
+        add.record(c, &sa, &sa, &sb, 32).unwrap();
+        c.compute_barrier().unwrap();
+    });
+    println!("add x32 + compute barrier      {us:7.2} us per dispatch");
+    let us = per_dispatch(n, &|c| add.record(c, &sa, &sa, &sb, 32).unwrap());
+    println!("add x32, no barrier            {us:7.2} us per dispatch");
+    let us = per_dispatch(n, &|c| {
+        add.record(c, &sa, &sa, &sb, 32).unwrap();
+        c.barrier().unwrap();
+    });
+    println!("add x32 + full barrier         {us:7.2} us per dispatch");
+
+    let lin = Linear::new(&ctx).unwrap();
+    let mut rng = StdRng::seed_from_u64(3);
+    for (ty, n_rows, n_cols) in [
+        (GgmlType::Q5_0, 896, 896),
+        (GgmlType::Q5_0, 128, 896),
+        (GgmlType::Q5_0, 4864, 896),
+        (GgmlType::Q4_K, 896, 4864),
+        (GgmlType::Q8_0, 151936, 896),
+    ] {
+        let wb = buffer_with(&ctx, "w", &random_weights(&mut rng, ty, n_rows, n_cols));
+        let x: Vec<f32> = (0..n_cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let xb = buffer_with(&ctx, "x", octoflow_vk::as_bytes(&x));
+        let yb = Buffer::new(&ctx, "y", 4 * n_rows as u64, MemoryKind::DeviceLocal).unwrap();
+        let args = LinearArgs {
+            w: QWeightRef {
+                ty,
+                data: &wb.whole(),
+                n_rows: n_rows as u32,
+                n_cols: n_cols as u32,
+            },
+            x: &xb.whole(),
+            y: &yb.whole(),
+            n_tokens: 1,
+            y_stride: n_rows as u32,
+            y_col: 0,
+            bias: None,
+            accumulate: false,
+            norm: None,
+        };
+        let reps = if n_rows > 100_000 { n / 20 + 1 } else { n };
+        let us = per_dispatch(reps, &|c| {
+            lin.record(c, &args).unwrap();
+            c.compute_barrier().unwrap();
+        });
+        let gbs = wb.size() as f64 / us / 1e3;
+        println!("matvec {ty} {n_rows}x{n_cols} x1 + barrier {us:7.2} us ({gbs:6.0} GB/s)");
+    }
+
+    if cpu {
+        println!("grid barrier: skipped on a CPU device (workgroups are not all resident)");
+        return;
+    }
+    let pipe = Pipeline::new(&ctx, &PipelineDesc::new(crate::shaders::GRID_SYNC, 1, 4)).unwrap();
+    let count = Buffer::new(&ctx, "count", 4, MemoryKind::DeviceLocal).unwrap();
+    for groups in [1u32, 16, 66, 132] {
+        let time = |iters: u32| {
+            let mut chain = Chain::new(&ctx).unwrap();
+            chain.fill(&count.whole(), 0).unwrap();
+            chain.barrier().unwrap();
+            chain
+                .dispatch(
+                    &pipe,
+                    &[count.whole()],
+                    &Push::new().u32(iters),
+                    [groups, 1, 1],
+                )
+                .unwrap();
+            chain.run().unwrap();
+            let t = std::time::Instant::now();
+            chain.run().unwrap();
+            t.elapsed().as_secs_f64()
+        };
+        let iters = 20_000;
+        let us = (time(iters) - time(0)) * 1e6 / f64::from(iters);
+        println!("grid barrier, {groups:3} workgroups     {us:7.3} us per barrier");
+    }
+}

@@ -12,6 +12,7 @@ use crate::error::Result;
 /// Per-queue scratch buffers, grown on need.
 pub(crate) struct QueueScratch {
     name: &'static str,
+    zeroed: bool,
     bufs: Mutex<Vec<Option<Buffer>>>,
 }
 
@@ -20,7 +21,17 @@ impl QueueScratch {
     pub(crate) fn new(name: &'static str) -> Self {
         Self {
             name,
+            zeroed: false,
             bufs: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Buffers that start as zeros: counters a kernel puts back to zero itself when it is done
+    /// with them (the "last workgroup merges" pattern), so replayed chains find them at zero.
+    pub(crate) fn zeroed(name: &'static str) -> Self {
+        Self {
+            zeroed: true,
+            ..Self::new(name)
         }
     }
 
@@ -37,6 +48,9 @@ impl QueueScratch {
             _ => {
                 let size = bytes.next_power_of_two().max(1 << 16);
                 let b = Buffer::new(chain.context(), self.name, size, MemoryKind::DeviceLocal)?;
+                if self.zeroed {
+                    chain.context().fill(&b, 0, size, 0)?;
+                }
                 all[q] = Some(b.clone());
                 Ok(b)
             }

@@ -85,9 +85,11 @@ fn truncated_or_corrupt_checkpoint_is_an_error_naming_the_file() {
         let e = load_error(dir.path());
         assert!(e.contains("checkpoint.gguf"), "cut {cut}: {e}");
     }
-    // one flipped bit in the tensor data
+    // one flipped bit in the tensor data: the last tensor ("vector", 13 f32 = 52 bytes) ends
+    // the file, padded to the 32-byte alignment (the padding is not data)
     let mut flipped = bytes.clone();
-    let at = rng.gen_range(bytes.len() - 4 * 13..bytes.len());
+    let start = bytes.len() - 52usize.next_multiple_of(32);
+    let at = rng.gen_range(start..start + 52);
     flipped[at] ^= 0x10;
     std::fs::write(&path, &flipped).expect("corrupt");
     let e = load_error(dir.path());

