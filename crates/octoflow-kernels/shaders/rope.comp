@@ -5,14 +5,13 @@
 // RoPE's backward) with p = pos[pos_offset] + t (table mode: pos[pos_offset + 2t]) and
 // r = base^(-2/n_rot) (given by the host in double-float). Dims >= n_rot are not touched.
 //
-// Accuracy: theta reaches ~3e4 rad, where an f32 angle is off by ~1e-3. The angle is computed
-// in double-float (pairs of f32, ~44 bits), reduced to a fraction of a turn in [-1/2, 1/2] and
-// only then turned into radians for f32 sin/cos, whose argument is now within [-pi, pi].
+// Accuracy: see rope.glsl (double-float angle, reduced to a fraction of a turn).
 #extension GL_GOOGLE_include_directive : require
 
 layout(local_size_x = 256) in;
 
 #include "common.glsl"
+#include "rope.glsl"
 
 layout(std430, binding = 0) buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer P { uint pos[]; };
@@ -33,49 +32,6 @@ layout(push_constant) uniform Push {
     uint inverse; // 1: rotate by -theta (the transpose: RoPE's backward)
 } pc;
 
-// Double-float helpers: vec2(hi, lo) with |lo| <= ulp(hi)/2. `precise` forbids contraction and
-// reassociation, which would break the error-free transformations.
-vec2 quick_two_sum(float a, float b) {
-    precise float s = a + b;
-    precise float e = b - (s - a);
-    return vec2(s, e);
-}
-
-vec2 split(float a) {
-    precise float t = 4097.0 * a;
-    precise float hi = t - (t - a);
-    precise float lo = a - hi;
-    return vec2(hi, lo);
-}
-
-vec2 two_prod(float a, float b) {
-    precise float p = a * b;
-    vec2 sa = split(a);
-    vec2 sb = split(b);
-    precise float e = ((sa.x * sb.x - p) + sa.x * sb.y + sa.y * sb.x) + sa.y * sb.y;
-    return vec2(p, e);
-}
-
-vec2 dd_mul(vec2 a, vec2 b) {
-    vec2 p = two_prod(a.x, b.x);
-    precise float lo = p.y + (a.x * b.y + a.y * b.x);
-    return quick_two_sum(p.x, lo);
-}
-
-vec2 dd_mul_f(vec2 a, float b) {
-    vec2 p = two_prod(a.x, b);
-    precise float lo = p.y + a.y * b;
-    return quick_two_sum(p.x, lo);
-}
-
-vec2 dd_div_f(vec2 a, float b) {
-    precise float q1 = a.x / b;
-    vec2 r = two_prod(q1, b);
-    precise float rem = ((a.x - r.x) - r.y) + a.y;
-    precise float q2 = rem / b;
-    return quick_two_sum(q1, q2);
-}
-
 void main() {
     uint half_rot = pc.n_rot / 2u;
     uint idx = global_index();
@@ -87,27 +43,10 @@ void main() {
     uint t = head / pc.n_heads;
     uint p = pc.table != 0u ? pos[pc.pos_offset + 2u * t] : pos[pc.pos_offset] + t;
 
-    // c = r^i by binary powering
-    vec2 c = vec2(1.0, 0.0);
-    vec2 b = vec2(pc.r_hi, pc.r_lo);
-    for (uint e = i; e != 0u; e >>= 1) {
-        if ((e & 1u) != 0u) {
-            c = dd_mul(c, b);
-        }
-        b = dd_mul(b, b);
-    }
-    c = dd_mul_f(c, pc.scale);
-    if (pc.has_ff != 0u) {
-        c = dd_div_f(c, ff[i]);
-    }
-    // float(p) is exact for p < 2^24
-    vec2 theta = dd_mul_f(c, float(p));
-    vec2 turns = dd_mul(theta, vec2(uintBitsToFloat(0x3e22f983u), uintBitsToFloat(0x31dc9c88u)));
-    precise float f = (turns.x - floor(turns.x)) + turns.y;
-    f = f - round(f); // [-1/2, 1/2]
-    float ang = f * 6.2831853;
-    float cs = cos(ang);
-    float sn = pc.inverse != 0u ? -sin(ang) : sin(ang);
+    vec2 r = vec2(pc.r_hi, pc.r_lo);
+    vec2 cossin = rope_cos_sin(i, p, r, pc.scale, pc.has_ff != 0u, pc.has_ff != 0u ? ff[i] : 1.0);
+    float cs = cossin.x;
+    float sn = pc.inverse != 0u ? -cossin.y : cossin.y;
 
     uint base = head * pc.head_dim;
     uint a = pc.neox != 0u ? base + i : base + 2u * i;

@@ -38,12 +38,14 @@ pub mod pick_ids;
 mod qweight;
 pub mod sample;
 
-// Per-token transformer ops (norm, rope, KV write, attention, activations, softmax).
+// Per-token transformer ops (norm, rope, KV write, rope fused with the KV write, attention,
+// activations, softmax).
 pub mod attention;
 pub mod glu;
 mod operand;
 pub mod rms_norm;
 pub mod rope;
+pub mod rope_store;
 pub mod set_rows;
 pub mod soft_max;
 pub mod split_sum;
@@ -66,6 +68,7 @@ pub use operand::Positions;
 pub use pick_ids::{pick_ids_ref, PickIds, FROM_PREV};
 pub use rms_norm::{rms_norm_ref, RmsNorm};
 pub use rope::{rope_ref, Rope, RopeArgs, RopeMode};
+pub use rope_store::{rope_store_ref, RopeStore, RopeStoreArgs, RopeStoreShape};
 pub use sample::{sample_ref, uniform_ref, Sample, SamplerState, MAX_TOP_K};
 pub use set_rows::{set_rows_ref, SetRows};
 pub use soft_max::{soft_max_ref, SoftMax};

@@ -10,7 +10,7 @@
 use octoflow_gguf::GgmlType;
 use octoflow_kernels::advance::ctl;
 use octoflow_kernels::{
-    AttentionArgs, GetRowsArgs, GluOp, LinearArgs, Positions, QWeightRef, RopeArgs, RopeMode,
+    AttentionArgs, GetRowsArgs, GluOp, LinearArgs, Positions, QWeightRef, RopeMode, RopeStoreArgs,
 };
 use octoflow_vk::{Buffer, BufferSlice, Chain};
 
@@ -168,56 +168,37 @@ impl Graph<'_> {
             chain.compute_barrier()?;
         }
 
-        // rotary embedding at the batch's positions, then the keys and values into the cache
+        // rotary embedding at the batch's positions (q in place, k straight into the cache, the
+        // k scratch left unrotated) and the values into the cache: one dispatch
         let ps = &self.pos;
         let mode = match c.rope_type {
             RopeType::Normal => RopeMode::Normal,
             RopeType::Neox => RopeMode::Neox,
         };
-        for (t, n_heads) in [(&q, c.n_head), (&kk, c.n_head_kv)] {
-            k.rope.record(
-                chain,
-                &RopeArgs {
-                    x: t,
-                    n_tokens: n,
-                    n_heads: n_heads as u32,
-                    head_dim: c.head_dim as u32,
-                    n_rot: c.n_rot as u32,
-                    mode,
-                    base: lc.rope_base,
-                    scale: lc.rope_scale,
-                    freq_factors: self.w.rope_freqs.as_ref(),
-                    pos: &ps.buf,
-                    pos_offset: ps.offset,
-                    positions: ps.mode,
-                    inverse: false,
-                },
-            )?;
-        }
-        chain.compute_barrier()?;
         let (kc, vc) = &s.kv[il];
-        let n_ctx = s.n_ctx;
-        k.set_rows.record(
+        k.rope_store.record(
             chain,
-            &kk,
-            &kc.whole(),
-            n,
-            c.k_dim() as u32,
-            n_ctx,
-            &ps.buf,
-            ps.offset,
-            ps.mode,
-        )?;
-        k.set_rows.record(
-            chain,
-            &v,
-            &vc.whole(),
-            n,
-            c.v_dim() as u32,
-            n_ctx,
-            &ps.buf,
-            ps.offset,
-            ps.mode,
+            &RopeStoreArgs {
+                q: &q,
+                k: &kk,
+                v: &v,
+                k_cache: &kc.whole(),
+                v_cache: &vc.whole(),
+                n_ctx: s.n_ctx,
+                n_tokens: n,
+                n_head: c.n_head as u32,
+                n_head_kv: c.n_head_kv as u32,
+                head_dim: c.head_dim as u32,
+                head_dim_v: c.head_dim_v as u32,
+                n_rot: c.n_rot as u32,
+                mode,
+                base: lc.rope_base,
+                scale: lc.rope_scale,
+                freq_factors: self.w.rope_freqs.as_ref(),
+                pos: &ps.buf,
+                pos_offset: ps.offset,
+                positions: ps.mode,
+            },
         )?;
         chain.compute_barrier()?;
         k.attention.record(

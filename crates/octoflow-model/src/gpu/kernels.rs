@@ -4,7 +4,8 @@ use octoflow_kernels::add::Add;
 use octoflow_kernels::advance::Advance;
 use octoflow_kernels::gate::Gate;
 use octoflow_kernels::{
-    Argmax, Attention, GetRows, Glu, Linear, Lora, PickIds, RmsNorm, Rope, Sample, SetRows,
+    Argmax, Attention, GetRows, Glu, Linear, Lora, PickIds, RmsNorm, Rope, RopeStore, Sample,
+    SetRows,
 };
 use octoflow_vk::Context;
 
@@ -16,6 +17,7 @@ pub struct Kernels {
     pub get_rows: GetRows,
     pub rms_norm: RmsNorm,
     pub rope: Rope,
+    pub rope_store: RopeStore,
     pub set_rows: SetRows,
     pub attention: Attention,
     pub glu: Glu,
@@ -36,6 +38,7 @@ impl Kernels {
             get_rows: GetRows::new(ctx)?,
             rms_norm: RmsNorm::new(ctx)?,
             rope: Rope::new(ctx)?,
+            rope_store: RopeStore::new(ctx)?,
             set_rows: SetRows::new(ctx)?,
             attention: Attention::new(ctx)?,
             glu: Glu::new(ctx)?,

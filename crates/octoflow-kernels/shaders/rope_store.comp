@@ -1,0 +1,129 @@
+#version 450
+// RoPE of q and k plus the KV-cache write, f32, in one dispatch (the decode step's rope(q),
+// rope(k), barrier, set_rows(k), set_rows(v)):
+//   q  [n_tokens, n_head, head_dim]       rotated in place;
+//   k  [n_tokens, n_head_kv, head_dim]    read only: its rotated row goes to kc, k is unchanged;
+//   v  [n_tokens, v_width]                read only, copied to vc;
+//   kc [n_ctx, n_head_kv * head_dim], vc [n_ctx, v_width]: row `row(t)` of each is written.
+// Token t is at position p(t) = pos[pos_offset] + t, cache row row(t) = p(t) (run mode), or
+// p(t) = pos[pos_offset + 2t], row(t) = pos[pos_offset + 2t + 1] + p(t) (table mode: the second
+// word is the first cache row of t's sequence). Rows at or past n_ctx are not written (q is still
+// rotated). Rotation as in rope.comp: pair i < n_rot/2 of a head is (2i, 2i+1) (normal) or
+// (i, i + n_rot/2) (neox), rotated by theta_i = p * scale * r^i / ff[i] with r = base^(-2/n_rot)
+// (see rope.glsl); dims >= n_rot pass through (to kc for k). q, k, v, kc, vc must not overlap.
+//
+// One invocation per work item, the three ranges one after the other in the flat index:
+//   [0, nq)           q pairs:   (t, h, i), nq = n_tokens * n_head * n_rot/2;
+//   [nq, nq + nk)     k items:   (t, h, j), j < n_rot/2 a rotated pair, else pass-through dim
+//                                n_rot + j - n_rot/2; nk = n_tokens * n_head_kv * (head_dim - n_rot/2);
+//   [nq + nk, + nv)   v values:  nv = n_tokens * v_width.
+#extension GL_GOOGLE_include_directive : require
+
+layout(local_size_x = 256) in;
+
+#include "common.glsl"
+#include "rope.glsl"
+
+layout(std430, binding = 0) buffer Q { float q[]; };
+layout(std430, binding = 1) readonly buffer K { float k[]; };
+layout(std430, binding = 2) readonly buffer V { float v[]; };
+layout(std430, binding = 3) writeonly buffer KC { float kc[]; };
+layout(std430, binding = 4) writeonly buffer VC { float vc[]; };
+layout(std430, binding = 5) readonly buffer P { uint pos[]; };
+layout(std430, binding = 6) readonly buffer F { float ff[]; };
+
+layout(push_constant) uniform Push {
+    uint n_tokens;
+    uint n_head;
+    uint n_head_kv;
+    uint head_dim;
+    uint n_rot;
+    uint v_width;
+    uint n_ctx;
+    uint neox;
+    uint has_ff;
+    uint pos_offset;
+    float scale;
+    float r_hi;
+    float r_lo;
+    uint table; // 1: per-token (position, first cache row) pairs from pos[pos_offset]
+} pc;
+
+uint position(uint t) {
+    return pc.table != 0u ? pos[pc.pos_offset + 2u * t] : pos[pc.pos_offset] + t;
+}
+
+// The cache row of token t, or n_ctx when it lands at or past the end (never wraps around).
+uint cache_row(uint t) {
+    uint first = pc.table != 0u ? pos[pc.pos_offset + 2u * t + 1u] : pos[pc.pos_offset];
+    uint dt = pc.table != 0u ? pos[pc.pos_offset + 2u * t] : t;
+    return (first < pc.n_ctx && dt < pc.n_ctx - first) ? first + dt : pc.n_ctx;
+}
+
+vec2 cos_sin(uint i, uint t) {
+    vec2 r = vec2(pc.r_hi, pc.r_lo);
+    return rope_cos_sin(i, position(t), r, pc.scale, pc.has_ff != 0u,
+                        pc.has_ff != 0u ? ff[i] : 1.0);
+}
+
+// Offsets of pair i's two dims within a head.
+uvec2 pair(uint i) {
+    uint half_rot = pc.n_rot / 2u;
+    return pc.neox != 0u ? uvec2(i, i + half_rot) : uvec2(2u * i, 2u * i + 1u);
+}
+
+void main() {
+    uint half_rot = pc.n_rot / 2u;
+    uint idx = global_index();
+
+    uint nq = pc.n_tokens * pc.n_head * half_rot;
+    if (idx < nq) {
+        uint i = idx % half_rot;
+        uint head = idx / half_rot; // t * n_head + h
+        uint t = head / pc.n_head;
+        vec2 cs = cos_sin(i, t);
+        uvec2 ab = pair(i) + head * pc.head_dim;
+        float x0 = q[ab.x];
+        float x1 = q[ab.y];
+        q[ab.x] = x0 * cs.x - x1 * cs.y;
+        q[ab.y] = x0 * cs.y + x1 * cs.x;
+        return;
+    }
+    idx -= nq;
+
+    uint per_head = pc.head_dim - half_rot;
+    uint nk = pc.n_tokens * pc.n_head_kv * per_head;
+    if (idx < nk) {
+        uint j = idx % per_head;
+        uint head = idx / per_head; // t * n_head_kv + h
+        uint t = head / pc.n_head_kv;
+        uint row = cache_row(t);
+        if (row >= pc.n_ctx) {
+            return;
+        }
+        uint src = head * pc.head_dim;
+        // row t of kc starts at row * n_head_kv * head_dim, head h at + h * head_dim
+        uint dst = (row * pc.n_head_kv + (head - t * pc.n_head_kv)) * pc.head_dim;
+        if (j < half_rot) {
+            vec2 cs = cos_sin(j, t);
+            uvec2 ab = pair(j);
+            float x0 = k[src + ab.x];
+            float x1 = k[src + ab.y];
+            kc[dst + ab.x] = x0 * cs.x - x1 * cs.y;
+            kc[dst + ab.y] = x0 * cs.y + x1 * cs.x;
+        } else {
+            uint d = pc.n_rot + (j - half_rot);
+            kc[dst + d] = k[src + d];
+        }
+        return;
+    }
+    idx -= nk;
+
+    if (idx < pc.n_tokens * pc.v_width) {
+        uint t = idx / pc.v_width;
+        uint row = cache_row(t);
+        if (row < pc.n_ctx) {
+            vc[row * pc.v_width + (idx - t * pc.v_width)] = v[idx];
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! RoPE of q and k and the KV-cache write in one dispatch (shader `rope_store.comp`): what
+//! [`Rope`](crate::Rope) on q, [`Rope`](crate::Rope) on k, a barrier and two
+//! [`SetRows`](crate::SetRows) do, for the forward pass (no `inverse`: training rotates with
+//! [`Rope`](crate::Rope)).
+//!
+//! q is rotated in place; k is only read (the rotated key goes straight into the K cache, the
+//! `k` scratch keeps the unrotated key); v is copied into the V cache. Rows are addressed as by
+//! [`SetRows`](crate::SetRows) with the same [`Positions`].
+
+use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
+
+use crate::error::Result;
+use crate::operand::{bad, need, Positions};
+use crate::rope::{rope_ref, RopeMode};
+use crate::set_rows::set_rows_ref;
+use crate::shaders;
+
+/// Invocations per workgroup (`local_size_x` in `rope_store.comp`).
+const LOCAL_SIZE: u32 = 256;
+
+/// Operands of one rope-and-store dispatch.
+pub struct RopeStoreArgs<'a> {
+    /// `[n_tokens, n_head, head_dim]` f32 queries, rotated in place.
+    pub q: &'a BufferSlice,
+    /// `[n_tokens, n_head_kv, head_dim]` f32 keys, read only (left unrotated).
+    pub k: &'a BufferSlice,
+    /// `[n_tokens, n_head_kv * head_dim_v]` f32 values, read only.
+    pub v: &'a BufferSlice,
+    /// Key cache `[n_ctx, n_head_kv * head_dim]` f32: token `t`'s rotated key goes to its row.
+    pub k_cache: &'a BufferSlice,
+    /// Value cache `[n_ctx, n_head_kv * head_dim_v]` f32: token `t`'s value goes to its row.
+    pub v_cache: &'a BufferSlice,
+    /// Rows of each cache; tokens whose row lands at or past it are not stored.
+    pub n_ctx: u32,
+    /// Tokens.
+    pub n_tokens: u32,
+    /// Query heads per token.
+    pub n_head: u32,
+    /// Key/value heads per token.
+    pub n_head_kv: u32,
+    /// Width of a query/key head.
+    pub head_dim: u32,
+    /// Width of a value head.
+    pub head_dim_v: u32,
+    /// Rotated dimensions (even, at most `head_dim`); dims `>= n_rot` pass through.
+    pub n_rot: u32,
+    /// Pair layout.
+    pub mode: RopeMode,
+    /// `theta_i = pos * scale * base^(-2i/n_rot) / freq_factors[i]` (radians).
+    pub base: f32,
+    /// Linear position scale (1 for none).
+    pub scale: f32,
+    /// `[n_rot/2]` f32 divisors of the frequencies (`rope_freqs`), or none.
+    pub freq_factors: Option<&'a BufferSlice>,
+    /// u32 buffer: with [`Positions::Run`], token `t` is at position and cache row
+    /// `pos[pos_offset] + t`; with [`Positions::Table`], at position `pos[pos_offset + 2t]` and
+    /// cache row `pos[pos_offset + 2t + 1] + pos[pos_offset + 2t]` (positions below 2^24).
+    pub pos: &'a BufferSlice,
+    /// Index of the first word read in `pos`.
+    pub pos_offset: u32,
+    /// How `pos` is read.
+    pub positions: Positions,
+}
+
+/// The rope-and-store kernel, built once per device.
+pub struct RopeStore {
+    pipeline: Pipeline,
+}
+
+impl RopeStore {
+    /// Builds the pipeline.
+    pub fn new(ctx: &Context) -> Result<Self> {
+        Ok(RopeStore {
+            pipeline: Pipeline::new(ctx, &PipelineDesc::new(shaders::ROPE_STORE, 7, 56))?,
+        })
+    }
+
+    /// Records the rotation of `a.q` in place and the store of the rotated `a.k` and of `a.v`
+    /// into the caches (angles as in [`Rope::record`](crate::Rope::record)). The operands
+    /// written (q and the caches) must not overlap any other operand.
+    pub fn record(&self, chain: &mut Chain, a: &RopeStoreArgs) -> Result<()> {
+        const OP: &str = "rope_store";
+        if a.n_rot == 0 || !a.n_rot.is_multiple_of(2) || a.n_rot > a.head_dim {
+            return Err(bad(
+                OP,
+                format!(
+                    "n_rot {} must be even, in 2..=head_dim {}",
+                    a.n_rot, a.head_dim
+                ),
+            ));
+        }
+        if !(a.base > 0.0 && a.base.is_finite() && a.scale.is_finite()) {
+            return Err(bad(OP, format!("base {} / scale {}", a.base, a.scale)));
+        }
+        let n = u128::from(a.n_tokens);
+        let k_width = u128::from(a.n_head_kv) * u128::from(a.head_dim);
+        let v_width = u128::from(a.n_head_kv) * u128::from(a.head_dim_v);
+        let q_len = n * u128::from(a.n_head) * u128::from(a.head_dim);
+        let half = u128::from(a.n_rot / 2);
+        // work items: q pairs, k pairs plus pass-through dims, v values (see the shader)
+        let items = n * u128::from(a.n_head) * half
+            + n * u128::from(a.n_head_kv) * (u128::from(a.head_dim) - half)
+            + n * v_width;
+        let cache = u128::from(a.n_ctx) * k_width.max(v_width);
+        let max = u128::from(u32::MAX);
+        if q_len == 0 || k_width == 0 || v_width == 0 || a.n_ctx == 0 {
+            return Err(bad(
+                OP,
+                format!(
+                    "empty shape: {} tokens, {} heads, {} kv heads of {} / {}, {} cache rows",
+                    a.n_tokens, a.n_head, a.n_head_kv, a.head_dim, a.head_dim_v, a.n_ctx
+                ),
+            ));
+        }
+        if q_len.max(items).max(cache) > max {
+            return Err(bad(OP, format!("shape too large: {items} work items")));
+        }
+        need(OP, "q", a.q, q_len)?;
+        need(OP, "k", a.k, n * k_width)?;
+        need(OP, "v", a.v, n * v_width)?;
+        need(OP, "k_cache", a.k_cache, u128::from(a.n_ctx) * k_width)?;
+        need(OP, "v_cache", a.v_cache, u128::from(a.n_ctx) * v_width)?;
+        need(
+            OP,
+            "pos",
+            a.pos,
+            u128::from(a.pos_offset) + a.positions.words(a.n_tokens),
+        )?;
+        if let Some(f) = a.freq_factors {
+            need(OP, "freq_factors", f, half)?;
+        }
+        let mut operands = vec![
+            ("q", a.q),
+            ("k", a.k),
+            ("v", a.v),
+            ("k_cache", a.k_cache),
+            ("v_cache", a.v_cache),
+            ("pos", a.pos),
+        ];
+        if let Some(f) = a.freq_factors {
+            operands.push(("freq_factors", f));
+        }
+        for (i, (wn, w)) in operands.iter().enumerate() {
+            if !matches!(*wn, "q" | "k_cache" | "v_cache") {
+                continue;
+            }
+            for (j, (on, o)) in operands.iter().enumerate() {
+                if i != j && overlap(w, o) {
+                    return Err(bad(OP, format!("{wn} overlaps {on}")));
+                }
+            }
+        }
+        // r = base^(-2/n_rot) in f64, handed over as a double-float (hi + lo)
+        let r = f64::from(a.base).powf(-2.0 / f64::from(a.n_rot));
+        let r_hi = r as f32;
+        let r_lo = (r - f64::from(r_hi)) as f32;
+        let groups = chain.context().groups_1d(items as u64, LOCAL_SIZE)?;
+        let ff = a.freq_factors.unwrap_or(a.k);
+        let push = Push::new()
+            .u32(a.n_tokens)
+            .u32(a.n_head)
+            .u32(a.n_head_kv)
+            .u32(a.head_dim)
+            .u32(a.n_rot)
+            .u32(v_width as u32)
+            .u32(a.n_ctx)
+            .u32(u32::from(a.mode == RopeMode::Neox))
+            .u32(u32::from(a.freq_factors.is_some()))
+            .u32(a.pos_offset)
+            .f32(a.scale)
+            .f32(r_hi)
+            .f32(r_lo)
+            .u32(a.positions.flag());
+        chain.dispatch(
+            &self.pipeline,
+            &[
+                a.q.clone(),
+                a.k.clone(),
+                a.v.clone(),
+                a.k_cache.clone(),
+                a.v_cache.clone(),
+                a.pos.clone(),
+                ff.clone(),
+            ],
+            &push,
+            groups,
+        )?;
+        Ok(())
+    }
+}
+
+/// Whether two slices share bytes of one buffer.
+fn overlap(a: &BufferSlice, b: &BufferSlice) -> bool {
+    a.buffer.raw() == b.buffer.raw() && a.offset < b.offset + b.size && b.offset < a.offset + a.size
+}
+
+/// Shape and RoPE parameters of [`rope_store_ref`] (as in [`RopeStoreArgs`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RopeStoreShape {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub head_dim_v: usize,
+    pub n_rot: usize,
+    pub mode: RopeMode,
+    pub base: f32,
+    pub scale: f32,
+}
+
+/// CPU reference, the composition of [`rope_ref`] and [`set_rows_ref`]: for token `t` at
+/// `(position, cache row) = rows[t]`, rotates row `t` of `q` (`[n, n_head, head_dim]`) in place
+/// at `position`, rotates a copy of row `t` of `k` (`[n, n_head_kv, head_dim]`) at `position`
+/// and writes it to row `cache row` of `k_cache`, and writes row `t` of `v`
+/// (`[n, n_head_kv * head_dim_v]`) to that row of `v_cache` (rows past a cache's end skipped).
+/// `k` is not modified.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_store_ref(
+    q: &mut [f32],
+    k: &[f32],
+    v: &[f32],
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    s: &RopeStoreShape,
+    freq_factors: Option<&[f32]>,
+    rows: &[(usize, usize)],
+) {
+    let (q_width, k_width) = (s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
+    let v_width = s.n_head_kv * s.head_dim_v;
+    let rope = |x: &mut [f32], n_heads: usize, at: usize| {
+        let (hd, r, m) = (s.head_dim, s.n_rot, s.mode);
+        rope_ref(x, n_heads, hd, r, m, s.base, s.scale, freq_factors, at);
+    };
+    for (t, &(position, row)) in rows.iter().enumerate() {
+        rope(&mut q[t * q_width..(t + 1) * q_width], s.n_head, position);
+        let mut key = k[t * k_width..(t + 1) * k_width].to_vec();
+        rope(&mut key, s.n_head_kv, position);
+        set_rows_ref(&key, k_cache, k_width, row);
+        set_rows_ref(&v[t * v_width..(t + 1) * v_width], v_cache, v_width, row);
+    }
+}
+
+/// The `(position, cache row)` of each of `n` tokens of a [`Positions::Run`] from `start`.
+pub fn run_rows(start: usize, n: usize) -> Vec<(usize, usize)> {
+    (start..start + n).map(|p| (p, p)).collect()
+}
+
+#[cfg(test)]
+#[path = "rope_store_tests.rs"]
+mod tests;
