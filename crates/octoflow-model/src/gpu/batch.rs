@@ -105,7 +105,15 @@ impl GpuModel {
             .checked_mul(n_ctx)
             .ok_or_else(|| too_big("slots × context"))?;
         let ctx = self.context();
-        let s = Scratch::new(ctx, &self.config, kv_rows, max_rows, 1, self.lora_r())?;
+        let s = Scratch::new(
+            ctx,
+            &self.config,
+            kv_rows,
+            max_rows,
+            max_rows,
+            1,
+            self.lora_r(),
+        )?;
         let max_out = s.t_logits.min(max_rows);
         let host = |name: &str, words: u32, kind: MemoryKind| {
             Buffer::new(ctx, name, 4 * u64::from(words.max(1)), kind)

@@ -13,6 +13,10 @@ pub const MAX_GATED_DISPATCHES: u64 = 8192;
 
 /// Words of the sampler state (`octoflow_kernels::SamplerState`).
 pub const SAMPLER_WORDS: u64 = 8;
+/// Most rows of logits a session's batch chain produces at once (all of a chunk's logits, for
+/// perplexity, come back in pieces of this many rows): `rows × n_vocab` f32 is the largest
+/// scratch buffer (qwen2.5: 39 MB for 64 rows, 311 MB for a whole 512-token chunk).
+pub const SESSION_LOGIT_ROWS: u32 = 64;
 
 /// Buffers of one session. Activations are f32 row-major, one row per token.
 pub struct Scratch {
@@ -64,18 +68,22 @@ pub struct Scratch {
 }
 
 impl Scratch {
-    /// Allocates a session's buffers: batches of up to `t_max` tokens, `n_ctx` cached positions,
-    /// `out_len` decode steps per submit, adapters of stacked rank up to `lora_r` (0: none).
+    /// Allocates a session's buffers: batches of up to `t_max` tokens with logits for up to
+    /// `logit_rows` of them, `n_ctx` cached positions, `out_len` decode steps per submit, adapters
+    /// of stacked rank up to `lora_r` (0: none).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         ctx: &Context,
         c: &ModelConfig,
         n_ctx: u32,
         t_max: u32,
+        logit_rows: u32,
         out_len: u32,
         lora_r: u32,
     ) -> Result<Self> {
         let limit = ctx.caps().max_buffer_bytes();
-        let t_logits = (limit / (4 * c.n_vocab as u64)).min(u64::from(t_max)) as u32;
+        let t_logits =
+            (limit / (4 * c.n_vocab as u64)).min(u64::from(t_max.min(logit_rows))) as u32;
         if t_logits == 0 {
             return Err(ModelError::Gpu(format!(
                 "one row of {} logits does not fit in one binding ({limit} bytes) of {}",

@@ -19,12 +19,14 @@ use crate::forward::Logits;
 use crate::gpu::adapters::{GpuAdapters, MixSource};
 use crate::gpu::graph::{Graph, GraphLora, PosSource, TokenSource};
 use crate::gpu::kernels::Kernels;
-use crate::gpu::scratch::Scratch;
+use crate::gpu::scratch::{Scratch, SESSION_LOGIT_ROWS};
 use crate::gpu::weights::GpuWeights;
 use crate::model::Model;
 
-/// Tokens per batch chain (prompt chunks); longer batches run as several submits.
-pub const BATCH_TOKENS: u32 = 256;
+/// Tokens per batch chain (prompt chunks, llama.cpp's default ubatch); longer batches run as
+/// several submits. The prefill products cost nearly the same per dispatch for 256 or 512
+/// tokens on an H100 (the coopmat kernel's per-dispatch floor), so bigger chunks pay.
+pub const BATCH_TOKENS: u32 = 512;
 
 /// A model loaded on a Vulkan device.
 pub struct GpuModel {
@@ -121,7 +123,15 @@ impl GpuModel {
         let steps = steps_per_submit.clamp(1, 1024) as u32;
         Ok(GpuSession {
             model: self,
-            s: Scratch::new(&self.ctx, &self.config, n_ctx, t_max, steps, self.lora_r())?,
+            s: Scratch::new(
+                &self.ctx,
+                &self.config,
+                n_ctx,
+                t_max,
+                SESSION_LOGIT_ROWS,
+                steps,
+                self.lora_r(),
+            )?,
             n_past: 0,
             batch_chains: HashMap::new(),
             step_chains: HashMap::new(),
