@@ -166,7 +166,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             rates,
         });
     }
+    if let Loaded::Gpu(gpu) = &loaded {
+        report_memory(gpu, n_ctx);
+    }
     print(&args, &path, &gguf, &loaded, &rows)
+}
+
+/// Prints the device memory the process holds against the floor of weights + KV cache.
+fn report_memory(gpu: &octoflow_model::gpu::GpuModel, n_ctx: usize) {
+    let c = &gpu.config;
+    let (in_buffers, reserved) = gpu.context().memory_usage();
+    let weights = gpu.weight_bytes();
+    let kv = (c.n_layer * n_ctx * (c.k_dim() + c.v_dim()) * 4) as u64;
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    eprintln!(
+        "octoflow: device memory {:.1} MiB reserved ({:.1} MiB in buffers) = weights {:.1} MiB + KV cache {:.1} MiB ({n_ctx} positions, f32) + {:.1} MiB other ({:.1}% over weights + KV)",
+        mib(reserved),
+        mib(in_buffers),
+        mib(weights),
+        mib(kv),
+        mib(reserved.saturating_sub(weights + kv)),
+        100.0 * reserved.saturating_sub(weights + kv) as f64 / (weights + kv) as f64
+    );
 }
 
 /// Runs `test` once, then again until `seconds` have passed since the start.
