@@ -1,11 +1,12 @@
 #version 450
 // Gated linear unit, f32: o[i] = act(gate[i]) * up[i] for i < n; act = SiLU (op 0) or the
-// tanh approximation of GELU (op 1). o may be the same memory as gate or up.
+// tanh approximation of GELU (op 1) (glu.glsl). o may be the same memory as gate or up.
 #extension GL_GOOGLE_include_directive : require
 
 layout(local_size_x = 256) in;
 
 #include "common.glsl"
+#include "glu.glsl"
 
 layout(std430, binding = 0) readonly buffer G { float gate[]; };
 layout(std430, binding = 1) readonly buffer U { float up[]; };
@@ -18,14 +19,5 @@ void main() {
     if (i >= pc.n) {
         return;
     }
-    float g = gate[i];
-    float a;
-    if (pc.op == 0u) {
-        a = g / (1.0 + exp(-g));
-    } else {
-        // 0.5 g (1 + tanh(u)) == g * sigmoid(2u): no tanh overflow, no cancellation for g < 0.
-        float u = 0.7978846 * (g + 0.044715 * g * g * g);
-        a = g / (1.0 + exp(-2.0 * u));
-    }
-    o[i] = a * up[i];
+    o[i] = glu_act(gate[i], pc.op) * up[i];
 }

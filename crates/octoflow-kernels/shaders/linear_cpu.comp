@@ -14,6 +14,12 @@
 // is reused for TN tokens. R x TN sums live in registers (constant-trip, unrolled loops); no
 // shared memory, no barriers. Workgroup (x, y) = (WG * R rows, TN tokens); TN comes from the
 // variant's defines.
+//
+// GLU variants (GLU defined: matvec_glu_cpu_<type>), as matvec.comp's without the fused norm:
+//   y[t * y_stride + y_col + r] = act(dot(W row r, x[t])) * dot(W2 row r, x[t]),
+// W the gate matrix, W2 the up matrix (binding 5, same type and shape), act from the push
+// constant `act` (glu.glsl); bias and accumulate do not apply. Each broadcast x value feeds both
+// products.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -30,6 +36,9 @@ layout(std430, binding = 1) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
 layout(std430, binding = 2) buffer Y { float y[]; };
 layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
+#ifdef GLU
+layout(std430, binding = 5) readonly buffer W2 { uint w2[]; };
+#endif
 
 layout(push_constant) uniform Push {
     uint n_rows;
@@ -39,10 +48,21 @@ layout(push_constant) uniform Push {
     uint y_col;
     uint row_bytes;
     uint flags; // bit 0: add bias, bit 1: accumulate into y
+#ifdef GLU
+    float eps;  // matvec.comp's push-constant layout: eps and norm unused here (no fused norm)
+    uint norm;
+    uint act;   // glu.glsl's op: 0 SiLU, 1 GELU-tanh
+#endif
 } pc;
 
 #define QCPU 1
 #include "quant.glsl"
+#ifdef GLU
+#define QSECOND
+#include "quant.glsl" // dequant_chunk_2 reads w2
+#undef QSECOND
+#include "glu.glsl"
+#endif
 
 void main() {
     uint lane = gl_SubgroupInvocationID;
@@ -53,10 +73,16 @@ void main() {
     // Rows row0 + WG k; lanes past the last row decode the last row and store nothing.
     uint rb[R];
     float acc[R][TN];
+#ifdef GLU
+    float acc2[R][TN];
+#endif
     [[unroll]] for (uint k = 0u; k < R; k++) {
         rb[k] = min(row0 + WG * k, pc.n_rows - 1u) * pc.row_bytes;
         [[unroll]] for (uint t = 0u; t < TN; t++) {
             acc[k][t] = 0.0;
+#ifdef GLU
+            acc2[k][t] = 0.0;
+#endif
         }
     }
 
@@ -66,6 +92,12 @@ void main() {
         [[unroll]] for (uint k = 0u; k < R; k++) {
             dequant_chunk(rb[k], c, pc.n_cols, v[k]);
         }
+#ifdef GLU
+        float v2[R][32];
+        [[unroll]] for (uint k = 0u; k < R; k++) {
+            dequant_chunk_2(rb[k], c, pc.n_cols, v2[k]);
+        }
+#endif
         uint xb = tok0 * pc.n_cols + 32u * c;
 #ifdef QDENSE
         // A partial last chunk: v is 0 past the row's end; x is read clamped to it.
@@ -88,6 +120,12 @@ void main() {
                         acc[k][t] += v[k][4u * q + 1u] * b.y;
                         acc[k][t] += v[k][4u * q + 2u] * b.z;
                         acc[k][t] += v[k][4u * q + 3u] * b.w;
+#ifdef GLU
+                        acc2[k][t] += v2[k][4u * q] * b.x;
+                        acc2[k][t] += v2[k][4u * q + 1u] * b.y;
+                        acc2[k][t] += v2[k][4u * q + 2u] * b.z;
+                        acc2[k][t] += v2[k][4u * q + 3u] * b.w;
+#endif
                     }
                 }
             }
@@ -97,6 +135,14 @@ void main() {
     [[unroll]] for (uint k = 0u; k < R; k++) {
         uint r = row0 + WG * k;
         if (r < pc.n_rows) {
+#ifdef GLU
+            [[unroll]] for (uint t = 0u; t < TN; t++) {
+                if (t < nt) {
+                    uint o = (tok0 + t) * pc.y_stride + pc.y_col + r;
+                    y[o] = glu_act(acc[k][t], pc.act) * acc2[k][t];
+                }
+            }
+#else
             float bv = (pc.flags & 1u) != 0u ? bias[r] : 0.0;
             [[unroll]] for (uint t = 0u; t < TN; t++) {
                 if (t < nt) {
@@ -108,6 +154,7 @@ void main() {
                     y[o] = s;
                 }
             }
+#endif
         }
     }
 }

@@ -11,6 +11,13 @@
 // read as vec4s (a chunk of x is 16-byte aligned: n_cols is a multiple of 32 for every block
 // type) take the kernel from ~110 to ~215 GB/s on qwen's 4864x896 Q5_0 and from 167 to ~800 GB/s
 // on its 151936x896 Q8_0 output matrix.
+//
+// GLU variants (GLU defined: matvec_glu_<type>): the gated linear unit of an FFN in one dispatch,
+//   y[t * y_stride + y_col + r] = act(dot(W row r, x[t])) * dot(W2 row r, x[t]),
+// W the gate matrix (binding 0), W2 the up matrix (binding 5, same type and shape), act = SiLU
+// or GELU-tanh (push constant `act`, glu.glsl). Each chunk of x is read once for both rows; both
+// chunks are dequantized. Bias and accumulate do not apply (flags ignored); the fused norm does
+// (both products are of rms_norm(x[t]) * g).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -34,6 +41,9 @@ layout(std430, binding = 2) buffer Y { float y[]; };
 layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 4) readonly buffer G { float g[]; };
 layout(std430, binding = 4) readonly buffer G4 { vec4 g4[]; };
+#ifdef GLU
+layout(std430, binding = 5) readonly buffer W2 { uint w2[]; };
+#endif
 
 layout(push_constant) uniform Push {
     uint n_rows;
@@ -46,13 +56,27 @@ layout(push_constant) uniform Push {
     float eps;
     uint norm;  // 1: the input is rms_norm(x[t]) * g (RMSNorm fused: x scaled by g here, by
                 // 1/rms at the end)
+#ifdef GLU
+    uint act;   // glu.glsl's op: 0 SiLU, 1 GELU-tanh
+#endif
 } pc;
 
 #include "quant.glsl"
+#ifdef GLU
+#define QSECOND
+#include "quant.glsl" // dequant_chunk_2 reads w2
+#undef QSECOND
+#include "glu.glsl"
+// Partial sums per row and token: the gate product, the sum of squares (fused norm), the up
+// product.
+#define NSUMS 3u
+#else
+#define NSUMS 2u
+#endif
 
 // Per-subgroup partial sums, [MAXT][WG] (at most WG subgroups), then (fused norm) the partial
-// sums of squares of x, [MAXT][WG] after them.
-shared float partial[2u * MAXT * WG];
+// sums of squares of x, [MAXT][WG] after them, then (GLU) the partial up products, [MAXT][WG].
+shared float partial[NSUMS * MAXT * WG];
 
 void main() {
     uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
@@ -66,6 +90,12 @@ void main() {
     for (uint t = 0u; t < MAXT; t++) {
         acc[t] = 0.0;
     }
+#ifdef GLU
+    float acc2[MAXT];
+    for (uint t = 0u; t < MAXT; t++) {
+        acc2[t] = 0.0;
+    }
+#endif
     // Fused norm: the lanes of a row read all of x[t] between them, so each row sums x[t]^2 in
     // the same loop as its dot product (no extra pass, no barrier) and scales by 1/rms at the end.
     bool norm = pc.norm != 0u;
@@ -79,10 +109,17 @@ void main() {
         for (uint c = lane; c < nc; c += TPR) {
             float v[32];
             dequant_chunk(rb, c, pc.n_cols, v);
+#ifdef GLU
+            float v2[32];
+            dequant_chunk_2(rb, c, pc.n_cols, v2);
+#endif
             uint len = chunk_len(c, pc.n_cols);
             for (uint t = 0u; t < nt; t++) {
                 uint xb = t * pc.n_cols + 32u * c;
                 float s = 0.0;
+#ifdef GLU
+                float s2 = 0.0;
+#endif
                 if (len == 32u && (pc.n_cols & 3u) == 0u) {
                     // xb is a multiple of 4: the chunk is 8 aligned vec4s
                     [[unroll]] for (uint i = 0u; i < 8u; i++) {
@@ -92,6 +129,9 @@ void main() {
                             xv *= g4[8u * c + i];
                         }
                         s += dot(vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]), xv);
+#ifdef GLU
+                        s2 += dot(vec4(v2[4u * i], v2[4u * i + 1u], v2[4u * i + 2u], v2[4u * i + 3u]), xv);
+#endif
                     }
                 } else {
                     for (uint i = 0u; i < len; i++) {
@@ -101,9 +141,15 @@ void main() {
                             xv *= g[32u * c + i];
                         }
                         s += v[i] * xv;
+#ifdef GLU
+                        s2 += v2[i] * xv;
+#endif
                     }
                 }
                 acc[t] += s;
+#ifdef GLU
+                acc2[t] += s2;
+#endif
             }
         }
     }
@@ -112,9 +158,15 @@ void main() {
     for (uint t = 0u; t < nt; t++) {
         float s = subgroupAdd(acc[t]);
         float q = norm ? subgroupAdd(ssq[t]) : 0.0;
+#ifdef GLU
+        float s2 = subgroupAdd(acc2[t]);
+#endif
         if (subgroupElect()) {
             partial[t * WG + gl_SubgroupID] = s;
             partial[(MAXT + t) * WG + gl_SubgroupID] = q;
+#ifdef GLU
+            partial[(2u * MAXT + t) * WG + gl_SubgroupID] = s2;
+#endif
         }
     }
     barrier();
@@ -128,8 +180,16 @@ void main() {
                 s += partial[t * WG + first + k];
                 ss += partial[(MAXT + t) * WG + first + k];
             }
+            float inv = norm ? 1.0 / sqrt(ss / float(pc.n_cols) + pc.eps) : 1.0;
+#ifdef GLU
+            float s2 = 0.0;
+            for (uint k = 0u; k < per_row; k++) {
+                s2 += partial[(2u * MAXT + t) * WG + first + k];
+            }
+            y[t * pc.y_stride + pc.y_col + r] = glu_act(s * inv, pc.act) * (s2 * inv);
+#else
             if (norm) {
-                s *= 1.0 / sqrt(ss / float(pc.n_cols) + pc.eps);
+                s *= inv;
             }
             if ((pc.flags & 1u) != 0u) {
                 s += bias[r];
@@ -139,6 +199,7 @@ void main() {
                 s += y[o];
             }
             y[o] = s;
+#endif
         }
     }
 }

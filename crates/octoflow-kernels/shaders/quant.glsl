@@ -14,6 +14,26 @@
 // (n not a multiple of 32): dequant_chunk zero-fills past n and chunk_len() says how many are real.
 //
 // Products are formed as the CPU codecs form them (scale times code, minus the min last).
+//
+// A shader that reads a second matrix of the same type (matvec.comp's GLU variants: the up
+// matrix next to the gate matrix) includes this file again with QSECOND defined: that copy reads
+// the buffer member `uint w2[]` and every function in it carries the suffix _2 (dequant_chunk_2,
+// ...); the layout constants are defined again, identically.
+#ifdef QSECOND
+#define w w2
+#define qw_u8 qw_u8_2
+#define qw_u16 qw_u16_2
+#define qw_u32 qw_u32_2
+#define qw_f16 qw_f16_2
+#define byte_of byte_of_2
+#define win_load win_load_2
+#define qmad qmad_2
+#define chunk_count chunk_count_2
+#define chunk_len chunk_len_2
+#define nibbles32 nibbles32_2
+#define scale_min_k4 scale_min_k4_2
+#define dequant_chunk dequant_chunk_2
+#endif
 
 // ---- byte access ---------------------------------------------------------------------------
 
@@ -367,3 +387,19 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
     }
 #endif
 }
+
+#ifdef QSECOND
+#undef w
+#undef qw_u8
+#undef qw_u16
+#undef qw_u32
+#undef qw_f16
+#undef byte_of
+#undef win_load
+#undef qmad
+#undef chunk_count
+#undef chunk_len
+#undef nibbles32
+#undef scale_min_k4
+#undef dequant_chunk
+#endif

@@ -18,6 +18,16 @@ pub enum GluOp {
     GeluTanh,
 }
 
+impl GluOp {
+    /// The shaders' code of the activation (`op` in `glu.glsl`).
+    pub(crate) fn code(self) -> u32 {
+        match self {
+            GluOp::Silu => 0,
+            GluOp::GeluTanh => 1,
+        }
+    }
+}
+
 /// The GLU kernel, built once per device.
 pub struct Glu {
     pipeline: Pipeline,
@@ -45,15 +55,11 @@ impl Glu {
         for (name, s) in [("gate", gate), ("up", up), ("out", out)] {
             need("glu", name, s, u128::from(n))?;
         }
-        let code = match op {
-            GluOp::Silu => 0,
-            GluOp::GeluTanh => 1,
-        };
         let groups = chain.context().groups_1d(u64::from(n), LOCAL_SIZE)?;
         chain.dispatch(
             &self.pipeline,
             &[gate.clone(), up.clone(), out.clone()],
-            &Push::new().u32(n).u32(code),
+            &Push::new().u32(n).u32(op.code()),
             groups,
         )?;
         Ok(())

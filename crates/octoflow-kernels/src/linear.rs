@@ -9,12 +9,18 @@
 //!
 //! On CPU drivers (lavapipe) both products use `linear_cpu.comp` instead, a layout without
 //! shared memory whose x reads are subgroup-uniform (see the shader's header).
+//!
+//! [`Linear::record_glu`] fuses an FFN's gated linear unit for a few tokens: both products of
+//! the gate and up matrices and `act(gate) * up` in one dispatch (the `GLU` variants of
+//! `matvec.comp` and `linear_cpu.comp`), one barrier stage and two dispatches fewer per layer
+//! than two matvecs, a barrier and [`crate::Glu`].
 
 use octoflow_gguf::quant::QuantError;
 use octoflow_gguf::GgmlType;
 use octoflow_vk::{BufferSlice, Chain, Context, DeviceKind, Pipeline, PipelineDesc, Push, VkError};
 
 use crate::error::{KernelError, Result};
+use crate::glu::{glu_ref, GluOp};
 use crate::matmul_coop::MatmulCoop;
 use crate::qweight::{check_words, row_bytes, type_index, variant, word_slice, QOp, TYPES};
 
@@ -39,6 +45,11 @@ const CPU_MATVEC_TN: u32 = 4;
 const CPU_MATMUL_TN: u32 = 8;
 /// Push-constant bytes of every linear shader (7 u32).
 pub(crate) const PUSH_BYTES: u32 = 28;
+/// Push-constant bytes of the GLU variants: those 7, eps, norm and the activation.
+const GLU_PUSH_BYTES: u32 = PUSH_BYTES + 12;
+/// Storage-buffer bindings of the GLU variants: weights, x, y, bias (unused), norm weight, up
+/// weights.
+const GLU_BINDINGS: u32 = 6;
 /// Batches of at least this many tokens use the cooperative-matrix kernel where the device has
 /// it (its products are of f16-rounded operands: see [`crate::matmul_coop`]). On the H100 it
 /// beats `matmul.comp` from 5 tokens up (~1.7x at 5..64 tokens), but has a floor of ~44 us per
@@ -47,6 +58,7 @@ pub(crate) const PUSH_BYTES: u32 = 28;
 pub const COOP_MIN_TOKENS: u32 = MATVEC_MAX_TOKENS + 1;
 
 /// A weight matrix on the device in its GGUF encoding: `n_rows` rows of `n_cols` elements.
+#[derive(Clone, Copy)]
 pub struct QWeightRef<'a> {
     /// Element type of the encoding.
     pub ty: GgmlType,
@@ -81,10 +93,33 @@ pub struct LinearArgs<'a> {
     pub norm: Option<(&'a BufferSlice, f32)>,
 }
 
+/// `y[t * n_rows + r] = act(dot(gate row r, x[t])) * dot(up row r, x[t])` for t < n_tokens,
+/// r < n_rows: an FFN's gated linear unit in one dispatch ([`Linear::record_glu`]), where
+/// [`Linear::fuses_glu`] says so.
+pub struct LinearGluArgs<'a> {
+    /// The gate matrix.
+    pub gate: QWeightRef<'a>,
+    /// The up matrix: the gate's type and shape.
+    pub up: QWeightRef<'a>,
+    /// `[n_tokens, n_cols]` f32, contiguous rows.
+    pub x: &'a BufferSlice,
+    /// `[n_tokens, n_rows]` f32, contiguous rows; must not alias `x` or the weights.
+    pub y: &'a BufferSlice,
+    /// Tokens in the batch, 1 ..= [`MATVEC_MAX_TOKENS`].
+    pub n_tokens: u32,
+    /// The activation of the gate (as [`crate::Glu`]).
+    pub op: GluOp,
+    /// RMSNorm fused on the input, as [`LinearArgs::norm`] (both products are of
+    /// `rms_norm(x[t]) * weight`). Only where [`Linear::fuses_norm`] says so.
+    pub norm: Option<(&'a BufferSlice, f32)>,
+}
+
 /// The linear-layer kernels, a matvec and a matmul pipeline per weight type (and the
 /// cooperative-matrix matmul where the device has it), built once.
 pub struct Linear {
     matvec: Vec<Pipeline>,
+    /// The fused-GLU matvec per weight type.
+    matvec_glu: Vec<Pipeline>,
     matmul: Vec<Pipeline>,
     /// The pipelines are the `linear_cpu.comp` variants.
     cpu: bool,
@@ -105,13 +140,23 @@ impl Linear {
     /// Builds the CPU-driver variants when `cpu`, else the GPU ones (tests run both anywhere).
     pub(crate) fn with_layout(ctx: &Context, cpu: bool) -> Result<Self> {
         let mut matvec = Vec::with_capacity(TYPES.len());
+        let mut matvec_glu = Vec::with_capacity(TYPES.len());
         let mut matmul = Vec::with_capacity(TYPES.len());
         if cpu {
             let sg = &ctx.caps().subgroup;
             let required = (sg.size != CPU_SUBGROUP).then_some(CPU_SUBGROUP);
             for i in 0..TYPES.len() {
-                for (op, list) in [(QOp::MatvecCpu, &mut matvec), (QOp::MatmulCpu, &mut matmul)] {
-                    let mut desc = PipelineDesc::new(variant(op, i), 4, PUSH_BYTES);
+                for (op, list, bindings, push) in [
+                    (QOp::MatvecCpu, &mut matvec, 4, PUSH_BYTES),
+                    (
+                        QOp::MatvecGluCpu,
+                        &mut matvec_glu,
+                        GLU_BINDINGS,
+                        GLU_PUSH_BYTES,
+                    ),
+                    (QOp::MatmulCpu, &mut matmul, 4, PUSH_BYTES),
+                ] {
+                    let mut desc = PipelineDesc::new(variant(op, i), bindings, push);
                     if let Some(size) = required {
                         desc = desc.subgroup_size(size);
                     }
@@ -120,6 +165,7 @@ impl Linear {
             }
             return Ok(Linear {
                 matvec,
+                matvec_glu,
                 matmul,
                 cpu,
                 coop: None,
@@ -146,6 +192,12 @@ impl Linear {
                 desc = desc.subgroup_size(size);
             }
             matvec.push(Pipeline::new(ctx, &desc)?);
+            let mut desc =
+                PipelineDesc::new(variant(QOp::MatvecGlu, i), GLU_BINDINGS, GLU_PUSH_BYTES);
+            if let Some(size) = required {
+                desc = desc.subgroup_size(size);
+            }
+            matvec_glu.push(Pipeline::new(ctx, &desc)?);
             let desc = PipelineDesc::new(variant(QOp::Matmul, i), 4, PUSH_BYTES);
             matmul.push(Pipeline::new(ctx, &desc)?);
         }
@@ -156,6 +208,7 @@ impl Linear {
         };
         Ok(Linear {
             matvec,
+            matvec_glu,
             matmul,
             cpu,
             coop,
@@ -178,6 +231,13 @@ impl Linear {
     /// Whether a batch of `n_tokens` can take [`LinearArgs::norm`] (the GPU matvec kernel).
     pub fn fuses_norm(&self, n_tokens: u32) -> bool {
         !self.cpu && n_tokens <= MATVEC_MAX_TOKENS
+    }
+
+    /// Whether [`Linear::record_glu`] takes a batch of `n_tokens` with gate and up matrices of
+    /// these types: 1 ..= [`MATVEC_MAX_TOKENS`] tokens (the matvec path) and one supported type
+    /// for both. The matrices must also have the same shape (`record_glu` checks it).
+    pub fn fuses_glu(&self, n_tokens: u32, gate_ty: GgmlType, up_ty: GgmlType) -> bool {
+        (1..=MATVEC_MAX_TOKENS).contains(&n_tokens) && gate_ty == up_ty && Self::supports(gate_ty)
     }
 
     /// Whether the kernels read weights of type `ty`.
@@ -217,7 +277,6 @@ impl Linear {
         if let Some(coop) = self.coop.as_ref().filter(|_| self.uses_coop(a.n_tokens)) {
             return coop.dispatch(chain, ti, a, &bindings, &push);
         }
-        let shape = |detail: String| KernelError::Shape { op: OP, detail };
         let small = a.n_tokens <= MATVEC_MAX_TOKENS;
         let pipeline = if small {
             &self.matvec[ti]
@@ -226,14 +285,7 @@ impl Linear {
         };
         if self.cpu {
             let tn = if small { CPU_MATVEC_TN } else { CPU_MATMUL_TN };
-            let groups = [w.n_rows.div_ceil(CPU_ROWS), a.n_tokens.div_ceil(tn), 1];
-            let max = chain.context().caps().max_workgroup_count;
-            if groups[0] > max[0] || groups[1] > max[1] {
-                return Err(shape(format!(
-                    "{} rows x {} tokens need {}x{} workgroups, over {}x{}",
-                    w.n_rows, a.n_tokens, groups[0], groups[1], max[0], max[1]
-                )));
-            }
+            let groups = cpu_groups(chain, w.n_rows, a.n_tokens, tn)?;
             chain.dispatch(pipeline, &bindings, &push, groups)?;
         } else if small {
             let groups = chain
@@ -253,6 +305,100 @@ impl Linear {
         }
         Ok(())
     }
+}
+
+impl Linear {
+    /// Records `y[t, r] = act(dot(gate row r, x[t])) * dot(up row r, x[t])` (see
+    /// [`LinearGluArgs`]) as one dispatch: the matvec kernel's GLU variant. Errors unless
+    /// [`Linear::fuses_glu`] holds and gate and up have the same shape, and on any operand's
+    /// size (as [`Linear::record`]).
+    pub fn record_glu(&self, chain: &mut Chain, a: &LinearGluArgs) -> Result<()> {
+        let shape = |detail: String| KernelError::Shape { op: OP, detail };
+        let (g, u) = (&a.gate, &a.up);
+        if g.ty != u.ty {
+            return Err(shape(format!(
+                "fused GLU: gate is {} and up {}: both must have one type",
+                g.ty, u.ty
+            )));
+        }
+        if (g.n_rows, g.n_cols) != (u.n_rows, u.n_cols) {
+            return Err(shape(format!(
+                "fused GLU: gate is {}x{} and up {}x{}: both must have one shape",
+                g.n_rows, g.n_cols, u.n_rows, u.n_cols
+            )));
+        }
+        // type, shapes, x and y (as one product of the gate)
+        let Checked { ti, push, bindings } = check_args(&LinearArgs {
+            w: *g,
+            x: a.x,
+            y: a.y,
+            n_tokens: a.n_tokens,
+            y_stride: g.n_rows,
+            y_col: 0,
+            bias: None,
+            accumulate: false,
+            norm: None,
+        })?;
+        if !self.fuses_glu(a.n_tokens, g.ty, u.ty) {
+            return Err(shape(format!(
+                "fused GLU: {} tokens; it takes 1..={MATVEC_MAX_TOKENS} (the matvec kernel)",
+                a.n_tokens
+            )));
+        }
+        let rb = row_bytes(OP, u.ty, u.n_cols)?;
+        let up = word_slice(
+            OP,
+            "up weights",
+            u.data,
+            u64::from(u.n_rows) * u64::from(rb),
+        )?;
+        let [wb, x, y, bias] = bindings;
+        let norm = match a.norm {
+            Some((nw, eps)) => {
+                if !self.fuses_norm(a.n_tokens) {
+                    return Err(shape(format!(
+                        "a fused norm needs the matvec kernel (at most {MATVEC_MAX_TOKENS} tokens, GPU layout)"
+                    )));
+                }
+                check_words(OP, "norm", nw, u64::from(g.n_cols), "floats")?;
+                Some((nw.clone(), eps))
+            }
+            None => None,
+        };
+        let push = push
+            .f32(norm.as_ref().map_or(0.0, |n| n.1))
+            .u32(u32::from(norm.is_some()))
+            .u32(a.op.code());
+        // no norm: x stands in for its binding (never read)
+        let nw = norm.map_or_else(|| x.clone(), |n| n.0);
+        let pipeline = &self.matvec_glu[ti];
+        let groups = if self.cpu {
+            cpu_groups(chain, g.n_rows, a.n_tokens, CPU_MATVEC_TN)?
+        } else {
+            chain
+                .context()
+                .groups_1d(u64::from(g.n_rows), MATVEC_ROWS)?
+        };
+        chain.dispatch(pipeline, &[wb, x, y, bias, nw, up], &push, groups)?;
+        Ok(())
+    }
+}
+
+/// The workgroup grid of the CPU-driver kernels for `n_rows` x `n_tokens` (`tn` tokens per
+/// workgroup), or a shape error past the device's limits.
+fn cpu_groups(chain: &Chain, n_rows: u32, n_tokens: u32, tn: u32) -> Result<[u32; 3]> {
+    let groups = [n_rows.div_ceil(CPU_ROWS), n_tokens.div_ceil(tn), 1];
+    let max = chain.context().caps().max_workgroup_count;
+    if groups[0] > max[0] || groups[1] > max[1] {
+        return Err(KernelError::Shape {
+            op: OP,
+            detail: format!(
+                "{n_rows} rows x {n_tokens} tokens need {}x{} workgroups, over {}x{}",
+                groups[0], groups[1], max[0], max[1]
+            ),
+        });
+    }
+    Ok(groups)
 }
 
 /// What [`check_args`] derives from valid arguments.
@@ -358,6 +504,33 @@ pub fn linear_ref(
             *o = s as f32;
         }
     }
+    Ok(())
+}
+
+/// CPU reference of [`Linear::record_glu`]: the gate and up products as [`linear_ref`], then
+/// [`glu_ref`]: `y[t * n_rows + r] = act(gate_t[r]) * up_t[r]`. `gate`, `up`: `n_rows` rows of
+/// `quantized_size(ty, n_cols)` bytes; `x`: `[n_tokens, n_cols]`; `y`: `[n_tokens, n_rows]`. (A
+/// fused norm is the product of `rms_norm_ref(x)`.)
+#[allow(clippy::too_many_arguments)]
+pub fn linear_glu_ref(
+    ty: GgmlType,
+    gate: &[u8],
+    up: &[u8],
+    n_rows: usize,
+    n_cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+    op: GluOp,
+) -> Result<(), QuantError> {
+    let n = n_tokens * n_rows;
+    let (mut g, mut u) = (vec![0f32; n], vec![0f32; n]);
+    for (w, out) in [(gate, &mut g), (up, &mut u)] {
+        linear_ref(
+            ty, w, n_rows, n_cols, x, n_tokens, out, n_rows, 0, None, false,
+        )?;
+    }
+    glu_ref(&g, &u, &mut y[..n], op);
     Ok(())
 }
 
@@ -567,6 +740,197 @@ pub(crate) mod tests {
         gpu_linear_q8_0 => Q8_0, gpu_linear_q4_k => Q4_K, gpu_linear_q5_k => Q5_K,
         gpu_linear_q6_k => Q6_K
     );
+
+    /// The worst `check_close` error of `got` against `want` (the measure its bound applies to).
+    fn worst_rel(got: &[f32], want: &[f32]) -> f32 {
+        let scale = want.iter().fold(0f32, |m, w| m.max(w.abs()));
+        got.iter()
+            .zip(want)
+            .map(|(&g, &w)| (g - w).abs() / w.abs().max(0.01 * scale).max(f32::MIN_POSITIVE))
+            .fold(0f32, f32::max)
+    }
+
+    /// The fused GLU of `ty` through both layouts: 1, 3 and 8 tokens, both activations, with
+    /// and without a fused norm (GPU layout: the CPU-driver one has none).
+    fn check_glu_type(ty: GgmlType) {
+        for cpu in [false, true] {
+            check_glu_layout(ty, cpu);
+        }
+    }
+
+    /// Random gate and up matrices of `ty` and random inputs through the GPU (`cpu` false) or
+    /// CPU-driver kernels, against [`linear_glu_ref`]; y poisoned with NaN, past its end too.
+    /// The activation is applied to a product of ~1e-6 relative error and multiplies another:
+    /// the linear bound [`REL`] holds (SiLU/GELU have derivatives of at most ~1.1 in magnitude).
+    fn check_glu_layout(ty: GgmlType, cpu: bool) {
+        use crate::operand::test_bufs::{poisoned, read, with};
+        let Some(ctx) = gpu_or_skip(&format!("linear_glu_{ty}")) else {
+            return;
+        };
+        if cpu && !cpu_layout_runs(&ctx) {
+            println!("linear_glu_{ty}: CPU-driver layout skipped (no 8-wide subgroups)");
+            return;
+        }
+        let seed: u64 = rand::random();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let lin = Linear::with_layout(&ctx, cpu).unwrap();
+        let n_rows = rng.gen_range(96..300usize);
+        let n_cols = random_cols(&mut rng, ty);
+        let gq = random_weights(&mut rng, ty, n_rows, n_cols);
+        let uq = random_weights(&mut rng, ty, n_rows, n_cols);
+        let (gb, ub) = (buffer_with(&ctx, "gate", &gq), buffer_with(&ctx, "up", &uq));
+        let nw: Vec<f32> = (0..n_cols).map(|_| rng.gen_range(0.5..1.5)).collect();
+        let nb = with(&ctx, "norm", &nw);
+        let eps = 1e-6f32;
+        let mut worst = 0f32;
+        for n_tokens in [1usize, 3, 8] {
+            assert!(lin.fuses_glu(n_tokens as u32, ty, ty));
+            let x: Vec<f32> = (0..n_tokens * n_cols)
+                .map(|_| rng.gen_range(-1.0..1.0))
+                .collect();
+            let xb = with(&ctx, "x", &x);
+            let len = n_tokens * n_rows;
+            for op in [GluOp::Silu, GluOp::GeluTanh] {
+                for fused in [false, true] {
+                    if fused && !lin.fuses_norm(n_tokens as u32) {
+                        continue;
+                    }
+                    // 5 floats past y's end must stay NaN
+                    let yb = poisoned(&ctx, "y", len + 5);
+                    let ns = nb.whole();
+                    let args = LinearGluArgs {
+                        gate: QWeightRef {
+                            ty,
+                            data: &gb.whole(),
+                            n_rows: n_rows as u32,
+                            n_cols: n_cols as u32,
+                        },
+                        up: QWeightRef {
+                            ty,
+                            data: &ub.whole(),
+                            n_rows: n_rows as u32,
+                            n_cols: n_cols as u32,
+                        },
+                        x: &xb.whole(),
+                        y: &yb.slice(0, 4 * len as u64).unwrap(),
+                        n_tokens: n_tokens as u32,
+                        op,
+                        norm: fused.then_some((&ns, eps)),
+                    };
+                    let mut chain = Chain::new(&ctx).unwrap();
+                    lin.record_glu(&mut chain, &args).unwrap();
+                    chain.run().unwrap();
+                    let got = read(&ctx, &yb, len + 5);
+                    let x_in = if fused {
+                        let mut h = vec![0f32; x.len()];
+                        crate::rms_norm_ref(&x, &nw, &mut h, n_cols, eps);
+                        h
+                    } else {
+                        x.clone()
+                    };
+                    let mut want = vec![0f32; len];
+                    linear_glu_ref(ty, &gq, &uq, n_rows, n_cols, &x_in, n_tokens, &mut want, op)
+                        .unwrap();
+                    let what = format!(
+                        "fused GLU {ty} {op:?} (cpu layout {cpu}, fused norm {fused}) \
+                        {n_rows}x{n_cols}, {n_tokens} tokens, seed {seed}"
+                    );
+                    if let Err(e) = check_close(&got[..len], &want, REL) {
+                        panic!("{what}: {e}");
+                    }
+                    assert!(
+                        got[len..].iter().all(|v| v.is_nan()),
+                        "{what}: written past y's end"
+                    );
+                    worst = worst.max(worst_rel(&got[..len], &want));
+                }
+            }
+        }
+        println!(
+            "linear_glu_{ty} (cpu layout {cpu}) {n_rows}x{n_cols}: worst relative error {worst:.2e}"
+        );
+        assert_no_validation_errors(&ctx);
+    }
+
+    macro_rules! glu_type_tests {
+        ($($name:ident => $ty:ident),*) => {$(
+            #[test]
+            fn $name() {
+                check_glu_type(GgmlType::$ty);
+            }
+        )*};
+    }
+
+    glu_type_tests!(
+        gpu_linear_glu_f32 => F32, gpu_linear_glu_f16 => F16, gpu_linear_glu_q4_0 => Q4_0,
+        gpu_linear_glu_q4_1 => Q4_1, gpu_linear_glu_q5_0 => Q5_0, gpu_linear_glu_q5_1 => Q5_1,
+        gpu_linear_glu_q8_0 => Q8_0, gpu_linear_glu_q4_k => Q4_K, gpu_linear_glu_q5_k => Q5_K,
+        gpu_linear_glu_q6_k => Q6_K
+    );
+
+    #[test]
+    fn fused_glu_mismatches_are_clear_errors() {
+        let Some(ctx) = gpu_or_skip("linear_glu_mismatches") else {
+            return;
+        };
+        let big = Buffer::new(&ctx, "big", 1 << 20, MemoryKind::DeviceLocal).unwrap();
+        let small = Buffer::new(&ctx, "small", 64, MemoryKind::DeviceLocal).unwrap();
+        let (bw, sw) = (big.whole(), small.whole());
+        let w = |ty, n_rows, data| QWeightRef {
+            ty,
+            data,
+            n_rows,
+            n_cols: 64,
+        };
+        let layouts = if cpu_layout_runs(&ctx) {
+            vec![false, true]
+        } else {
+            vec![false]
+        };
+        for cpu in layouts {
+            let lin = Linear::with_layout(&ctx, cpu).unwrap();
+            let run = |gate, up, n_tokens, norm| {
+                let a = LinearGluArgs {
+                    gate,
+                    up,
+                    x: &bw,
+                    y: &bw,
+                    n_tokens,
+                    op: GluOp::Silu,
+                    norm,
+                };
+                let mut chain = Chain::new(&ctx).unwrap();
+                lin.record_glu(&mut chain, &a).unwrap_err().to_string()
+            };
+            let q8 = GgmlType::Q8_0;
+            let e = run(w(q8, 8, &bw), w(q8, 16, &bw), 1, None);
+            assert!(e.contains("gate is 8x64 and up 16x64"), "{e}");
+            let e = run(w(q8, 8, &bw), w(GgmlType::Q4_0, 8, &bw), 1, None);
+            assert!(e.contains("gate is Q8_0 and up Q4_0"), "{e}");
+            let e = run(w(q8, 8, &bw), w(q8, 8, &bw), 9, None);
+            assert!(e.contains("9 tokens") && e.contains("1..=8"), "{e}");
+            let e = run(w(q8, 8, &bw), w(q8, 8, &sw), 2, None);
+            assert!(e.contains("up weights (small)"), "{e}");
+            let e = run(
+                w(GgmlType::Q2_K, 8, &bw),
+                w(GgmlType::Q2_K, 8, &bw),
+                2,
+                None,
+            );
+            assert!(e.contains("Q2_K") && e.contains("not supported"), "{e}");
+            if cpu {
+                let e = run(w(q8, 8, &bw), w(q8, 8, &bw), 2, Some((&bw, 1e-6)));
+                assert!(e.contains("fused norm"), "{e}");
+            } else {
+                let e = run(w(q8, 8, &bw), w(q8, 8, &bw), 2, Some((&sw, 1e-6)));
+                assert!(e.contains("norm (small)"), "{e}");
+            }
+            assert!(lin.fuses_glu(8, q8, q8) && lin.fuses_glu(1, q8, q8));
+            assert!(!lin.fuses_glu(9, q8, q8) && !lin.fuses_glu(0, q8, q8));
+            assert!(!lin.fuses_glu(1, q8, GgmlType::Q4_0));
+            assert!(!lin.fuses_glu(1, GgmlType::Q2_K, GgmlType::Q2_K));
+        }
+    }
 
     #[test]
     fn bad_shapes_and_types_are_clear_errors() {

@@ -426,3 +426,110 @@ fn dispatch_overhead() {
         println!("grid barrier, {groups:3} workgroups     {us:7.3} us per barrier");
     }
 }
+
+/// Wall time per FFN gated linear unit of few-token steps, fused ([`Linear::record_glu`], one
+/// dispatch, one barrier) against the separate path (gate and up matvecs, a barrier,
+/// [`crate::Glu`], a barrier), each repeated in one long chain so that launch and barrier costs
+/// count (`cargo test -p octoflow-kernels glu_timing -- --ignored --nocapture --test-threads
+/// 1`; filter with `LINEAR_BENCH=q8_0`). Shapes: qwen2.5-0.5B's 4864 x 896 and smollm2-135M's
+/// 1536 x 576 (K-quants: 1024 and 768 columns).
+#[test]
+#[ignore]
+fn glu_timing() {
+    use crate::glu::{Glu, GluOp};
+    use crate::linear::LinearGluArgs;
+    let Some(ctx) = gpu_or_skip("glu_timing") else {
+        return;
+    };
+    let filter = std::env::var("LINEAR_BENCH").unwrap_or_default();
+    let lin = Linear::new(&ctx).unwrap();
+    let glu = Glu::new(&ctx).unwrap();
+    let mut rng = StdRng::seed_from_u64(1);
+    use GgmlType::*;
+    for ty in [Q8_0, Q5_0, Q4_K, Q6_K, F16] {
+        for (n_ff, n_embd) in [(4864u32, 896u32), (1536, 576)] {
+            let n_cols = if ty.block_size() == 256 {
+                n_embd.next_multiple_of(256)
+            } else {
+                n_embd
+            };
+            let name = format!("{ty} {n_ff}x{n_cols}");
+            if !name.to_lowercase().contains(&filter) {
+                continue;
+            }
+            let (rows, cols) = (n_ff as usize, n_cols as usize);
+            let gq = random_weights(&mut rng, ty, rows, cols);
+            let uq = random_weights(&mut rng, ty, rows, cols);
+            let (gb, ub) = (buffer_with(&ctx, "gate", &gq), buffer_with(&ctx, "up", &uq));
+            let x: Vec<f32> = (0..8 * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let xb = buffer_with(&ctx, "x", octoflow_vk::as_bytes(&x));
+            let bytes = 4 * 8 * u64::from(n_ff);
+            let g_out = Buffer::new(&ctx, "g", bytes, MemoryKind::DeviceLocal).unwrap();
+            let u_out = Buffer::new(&ctx, "u", bytes, MemoryKind::DeviceLocal).unwrap();
+            let w = |data| QWeightRef {
+                ty,
+                data,
+                n_rows: n_ff,
+                n_cols,
+            };
+            let (gw, uw) = (gb.whole(), ub.whole());
+            for n_tokens in [1u32, 4, 8] {
+                let fused = |chain: &mut Chain| {
+                    let args = LinearGluArgs {
+                        gate: w(&gw),
+                        up: w(&uw),
+                        x: &xb.whole(),
+                        y: &g_out.whole(),
+                        n_tokens,
+                        op: GluOp::Silu,
+                        norm: None,
+                    };
+                    lin.record_glu(chain, &args).unwrap();
+                    chain.compute_barrier().unwrap();
+                };
+                let separate = |chain: &mut Chain| {
+                    for (m, out) in [(w(&gw), &g_out), (w(&uw), &u_out)] {
+                        let args = LinearArgs {
+                            w: m,
+                            x: &xb.whole(),
+                            y: &out.whole(),
+                            n_tokens,
+                            y_stride: n_ff,
+                            y_col: 0,
+                            bias: None,
+                            accumulate: false,
+                            norm: None,
+                        };
+                        lin.record(chain, &args).unwrap();
+                    }
+                    chain.compute_barrier().unwrap();
+                    let (g, u) = (g_out.whole(), u_out.whole());
+                    glu.record(chain, &g, &u, &g, n_tokens * n_ff, GluOp::Silu)
+                        .unwrap();
+                    chain.compute_barrier().unwrap();
+                };
+                let wall = |rec: &dyn Fn(&mut Chain), reps: usize| {
+                    let mut chain = Chain::new(&ctx).unwrap();
+                    for _ in 0..reps {
+                        rec(&mut chain);
+                    }
+                    let t = std::time::Instant::now();
+                    chain.run().unwrap();
+                    t.elapsed().as_secs_f64() * 1e6 / reps as f64
+                };
+                // size the chain to ~0.3 s, then the best of 3
+                let reps = (0.3e6 / wall(&separate, 1)).clamp(1.0, 2000.0) as usize;
+                let best = |rec: &dyn Fn(&mut Chain)| {
+                    (0..3)
+                        .map(|_| wall(rec, reps))
+                        .fold(f64::INFINITY, f64::min)
+                };
+                let (f, s) = (best(&fused), best(&separate));
+                println!(
+                    "{name:<18} x{n_tokens}: fused {f:8.1} us, separate {s:8.1} us ({:.2}x)",
+                    s / f
+                );
+            }
+        }
+    }
+}

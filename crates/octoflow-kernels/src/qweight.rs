@@ -25,9 +25,13 @@ pub(crate) const TYPES: [GgmlType; 10] = [
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum QOp {
     Matvec,
+    /// `matvec` with the gated linear unit fused (`matvec.comp` with `GLU`).
+    MatvecGlu,
     Matmul,
     /// `matvec` for CPU drivers (`linear_cpu.comp`, 4 tokens per workgroup).
     MatvecCpu,
+    /// `matvec_glu` for CPU drivers (`linear_cpu.comp` with `GLU`).
+    MatvecGluCpu,
     /// `matmul` for CPU drivers (`linear_cpu.comp`, 16 tokens per workgroup).
     MatmulCpu,
     /// `matmul` on cooperative matrices (`matmul_coop.comp`).
@@ -50,6 +54,18 @@ pub(crate) fn variant(op: QOp, i: usize) -> Shader {
             s::MATVEC_Q4_K,
             s::MATVEC_Q5_K,
             s::MATVEC_Q6_K,
+        ],
+        QOp::MatvecGlu => [
+            s::MATVEC_GLU_F32,
+            s::MATVEC_GLU_F16,
+            s::MATVEC_GLU_Q4_0,
+            s::MATVEC_GLU_Q4_1,
+            s::MATVEC_GLU_Q5_0,
+            s::MATVEC_GLU_Q5_1,
+            s::MATVEC_GLU_Q8_0,
+            s::MATVEC_GLU_Q4_K,
+            s::MATVEC_GLU_Q5_K,
+            s::MATVEC_GLU_Q6_K,
         ],
         QOp::Matmul => [
             s::MATMUL_F32,
@@ -74,6 +90,18 @@ pub(crate) fn variant(op: QOp, i: usize) -> Shader {
             s::MATVEC_CPU_Q4_K,
             s::MATVEC_CPU_Q5_K,
             s::MATVEC_CPU_Q6_K,
+        ],
+        QOp::MatvecGluCpu => [
+            s::MATVEC_GLU_CPU_F32,
+            s::MATVEC_GLU_CPU_F16,
+            s::MATVEC_GLU_CPU_Q4_0,
+            s::MATVEC_GLU_CPU_Q4_1,
+            s::MATVEC_GLU_CPU_Q5_0,
+            s::MATVEC_GLU_CPU_Q5_1,
+            s::MATVEC_GLU_CPU_Q8_0,
+            s::MATVEC_GLU_CPU_Q4_K,
+            s::MATVEC_GLU_CPU_Q5_K,
+            s::MATVEC_GLU_CPU_Q6_K,
         ],
         QOp::MatmulCpu => [
             s::MATMUL_CPU_F32,

@@ -1,6 +1,8 @@
 //! Adapters applied on the fly on the GPU give the logits of the CPU reference running the base
 //! with the same adapters merged into its weights (tiny random models of every architecture):
 //! several adapters with their scales in a session, and per-row adapters in one batched step.
+//! Also the fused FFN of few-token steps (gate, up and activation in one dispatch), which layers
+//! with adapters on gate or up must not take.
 
 use std::sync::Arc;
 
@@ -226,4 +228,63 @@ fn batch_rows_use_their_own_adapter() {
     }];
     let e = b.submit(&bad).expect_err("bad adapter").to_string();
     assert!(e.contains("adapter 2"), "{e}");
+}
+
+/// Steps of at most 8 tokens record each layer's gate, up and activation as one dispatch
+/// ([`octoflow_kernels::Linear::record_glu`]) unless adapters touch that layer's gate or up. The
+/// base model (fused in every layer) and the base with an adapter on layer 1's gate and up only
+/// (layer 0 fused, layer 1 not) give the CPU reference's logits over a 9-token prompt (the
+/// matrix path), then steps of 3 and 1 tokens.
+#[test]
+fn fused_ffn_steps_match_the_cpu_reference() {
+    let Some(ctx) = gpu_or_skip("fused_ffn_steps") else {
+        return;
+    };
+    for arch in ["llama", "qwen2", "gemma3"] {
+        let mut rng = rng(&format!("fused_ffn_steps_{arch}"));
+        let base = Arc::new(open(&tiny_writer(arch, TINY, &mut rng)).expect("tiny model"));
+        let model = Model::from_gguf(base.clone()).expect("model");
+        let c = model.config.clone();
+        let a = random_adapter(
+            "gate_up",
+            &c,
+            3,
+            6.0,
+            &[Target::Gate, Target::Up],
+            &[1],
+            0.4,
+            &mut rng,
+        );
+        let scale = 0.8f32;
+        let mut gm = GpuModel::load(&ctx, &model).expect("gpu model");
+        let tokens: Vec<u32> = (0..13)
+            .map(|_| rng.gen_range(0..TINY.n_vocab as u32))
+            .collect();
+        let mut runs = Vec::new();
+        for adapted in [false, true] {
+            let cpu = if adapted {
+                gm.set_adapters(std::slice::from_ref(&a), &[scale])
+                    .expect("adapters");
+                merged_model(&base, &[(&a, scale)])
+            } else {
+                model.clone()
+            };
+            let mut s = gm.session(32, 4).expect("session");
+            let mut got = s.forward(&tokens[..9], 0, Logits::All).expect("prompt");
+            got.extend(s.forward(&tokens[9..12], 9, Logits::All).expect("3 tokens"));
+            got.extend(s.forward(&tokens[12..], 12, Logits::All).expect("1 token"));
+            let want = cpu
+                .session(32)
+                .forward(&tokens, 0, Logits::All)
+                .expect("cpu");
+            let e = rel_err(&got, &want);
+            assert!(e < bound(&gm), "{arch} (adapter {adapted}): {e:.2e}");
+            runs.push(got);
+        }
+        let moved = rel_err(&runs[1], &runs[0]);
+        assert!(
+            moved > 1e-2,
+            "{arch}: the adapter barely changes the logits ({moved:.2e})"
+        );
+    }
 }
