@@ -252,12 +252,15 @@ impl Graph<'_> {
         let h = f32s(&s.h, rows * c.n_embd)?;
         let gate = f32s(&s.ffn_gate, rows * c.n_ff)?;
         let up = f32s(&s.ffn_up, rows * c.n_ff)?;
-        let (input, fused) = self.normed(chain, n, &x, &h, &lw.ffn_norm, false)?;
-        let norm = fused.as_ref().map(|g| (g, c.rms_eps));
         let op = match c.activation {
             Activation::Silu => GluOp::Silu,
             Activation::GeluTanh => GluOp::GeluTanh,
         };
+        // the norm is fused into single-token steps whose gate, up and activation are one
+        // dispatch: one barrier stage less per layer
+        let one_dispatch = self.fused_glu(il, n, &x, &gate, op, None).is_some();
+        let (input, fused) = self.normed(chain, n, &x, &h, &lw.ffn_norm, one_dispatch)?;
+        let norm = fused.as_ref().map(|g| (g, c.rms_eps));
         if let Some(args) = self.fused_glu(il, n, &input, &gate, op, norm) {
             k.linear.record_glu(chain, &args)?;
         } else {
@@ -447,10 +450,11 @@ impl Graph<'_> {
     }
 
     /// The input of a block's projections: `x` itself when the norm is fused into them
-    /// (returned: its weight), else `rms_norm(x)` recorded into `h`. Fused only for single-token
-    /// steps of the attention block, whose projections are small and latency-bound (H100 tg128:
-    /// qwen 403 → 412, smollm2 475 → 493, gemma3 481 → 476 tok/s); fusing the FFN's large
-    /// gate/up matvecs too cost qwen 2% and 8-token steps 22% (docs/BENCHMARKS.md).
+    /// (returned: its weight), else `rms_norm(x)` recorded into `h`. Fused (`small`) for
+    /// single-token steps of the attention block, whose projections are small and latency-bound
+    /// (H100 tg128: qwen 403 → 412, smollm2 475 → 493, gemma3 481 → 476 tok/s), and of the FFN
+    /// where gate, up and the activation are one dispatch (H100 tg128 -p 0: qwen 482 → 475,
+    /// smollm2 579 → 612, gemma3 572 → 593 tok/s; docs/BENCHMARKS.md).
     fn normed(
         &self,
         chain: &mut Chain,
