@@ -1,4 +1,5 @@
-//! Device scratch a kernel keeps between dispatches (split-K partial sums), one buffer per queue:
+//! Device scratch a kernel keeps between dispatches (split-K partial sums, the decode attention's
+//! arrival counters), one buffer per queue:
 //! dispatches recorded for one queue share it (the caller's barriers order them, and submissions
 //! to one queue are ordered by those barriers); chains on different queues may run at once, so
 //! each queue gets its own. A chain's queue must be set before it is recorded.
@@ -12,6 +13,8 @@ use crate::error::Result;
 /// Per-queue scratch buffers, grown on need.
 pub(crate) struct QueueScratch {
     name: &'static str,
+    /// New buffers are filled with zeros (counters that the kernel returns to zero itself).
+    zeroed: bool,
     bufs: Mutex<Vec<Option<Buffer>>>,
 }
 
@@ -20,7 +23,17 @@ impl QueueScratch {
     pub(crate) fn new(name: &'static str) -> Self {
         Self {
             name,
+            zeroed: false,
             bufs: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Like [`QueueScratch::new`], but every buffer starts out all zeros (filled when it is
+    /// created, before any chain records it).
+    pub(crate) fn zeroed(name: &'static str) -> Self {
+        Self {
+            zeroed: true,
+            ..Self::new(name)
         }
     }
 
@@ -37,6 +50,9 @@ impl QueueScratch {
             _ => {
                 let size = bytes.next_power_of_two().max(1 << 16);
                 let b = Buffer::new(chain.context(), self.name, size, MemoryKind::DeviceLocal)?;
+                if self.zeroed {
+                    chain.context().fill(&b, 0, size, 0)?;
+                }
                 all[q] = Some(b.clone());
                 Ok(b)
             }
