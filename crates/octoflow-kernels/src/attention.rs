@@ -1,5 +1,7 @@
 //! Causal attention over a KV cache (shader `attention.comp`): grouped KV heads, optional sliding
-//! window, positions read from a GPU buffer, streaming (online) softmax over the keys.
+//! window, positions read from a GPU buffer, streaming (online) softmax over the keys. Decode
+//! steps (few query tokens per sequence) take `attention_decode.comp` instead (see
+//! `attention_decode.rs`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -8,6 +10,7 @@ use octoflow_vk::{
     BufferSlice, Chain, Context, DeviceCaps, DeviceKind, Pipeline, PipelineDesc, Push,
 };
 
+use crate::attention_decode::{self, Decode};
 use crate::error::Result;
 use crate::operand::{bad, need, Positions};
 use crate::scratch::QueueScratch;
@@ -79,6 +82,8 @@ pub struct Attention {
     pipelines: Mutex<PipelineCache>,
     merge: Pipeline,
     scratch: QueueScratch,
+    /// The one-dispatch decode kernel.
+    pub(crate) decode: Decode,
 }
 
 impl Attention {
@@ -91,15 +96,24 @@ impl Attention {
                 &PipelineDesc::new(shaders::ATTENTION_MERGE, 2, 12).label("attention_merge"),
             )?,
             scratch: QueueScratch::new("attention_split"),
+            decode: Decode::new(),
         })
     }
 
     /// Records attention of every query token and head, keys streamed with an online softmax,
-    /// so any context length works. When there are few queries (decode), the key range is
-    /// split across workgroups and a second dispatch, after an internal barrier, merges the
-    /// pieces (flash decoding).
+    /// so any context length works. Decode steps (a position table, or a run of at most
+    /// [`attention_decode::DECODE_MAX_TOKENS`] tokens) take one dispatch of the decode kernel,
+    /// which splits the key range across workgroups and merges the pieces in the same dispatch
+    /// (flash decoding); longer runs (prefill) take `attention.comp`, whose clusters share
+    /// every key and value row among several tokens, with a merge dispatch after an internal
+    /// barrier when it splits the keys.
     pub fn record(&self, chain: &mut Chain, a: &AttentionArgs) -> Result<()> {
-        let plan = plan(chain.context().caps(), a);
+        let caps = chain.context().caps();
+        if attention_decode::applies(a) {
+            let p = attention_decode::plan(caps, a);
+            return self.decode.record(chain, a, p);
+        }
+        let plan = plan(caps, a);
         self.record_plan(chain, a, plan)
     }
 
@@ -139,10 +153,6 @@ impl Attention {
                 "a position table needs one token per cluster".to_string(),
             ));
         }
-        // rows the caches hold (the bound on table-mode reads)
-        let kv_total = (a.k.size / (4 * u64::from(a.n_head_kv) * u64::from(a.head_dim)))
-            .min(a.v.size / (4 * u64::from(a.n_head_kv) * u64::from(a.head_dim_v)))
-            .min(u64::from(u32::MAX)) as u32;
         let rows = u64::from(a.n_tokens) * u64::from(a.n_head);
         let part = if p.split > 1 {
             let floats = rows * u64::from(p.split) * (u64::from(a.head_dim_v) + 2);
@@ -164,7 +174,7 @@ impl Attention {
             .f32(a.scale)
             .u32(p.split)
             .u32(a.positions.flag())
-            .u32(kv_total);
+            .u32(kv_total(a));
         let group = a.n_head / a.n_head_kv;
         let clusters = u64::from(a.n_tokens.div_ceil(p.tpl))
             * u64::from(group.div_ceil(p.hpl))
@@ -193,8 +203,15 @@ impl Attention {
     }
 }
 
+/// Rows the caches hold (the bound on table-mode reads).
+pub(crate) fn kv_total(a: &AttentionArgs) -> u32 {
+    (a.k.size / (4 * u64::from(a.n_head_kv) * u64::from(a.head_dim)))
+        .min(a.v.size / (4 * u64::from(a.n_head_kv) * u64::from(a.head_dim_v)))
+        .min(u64::from(u32::MAX)) as u32
+}
+
 /// A 2-D grid of at least `groups` workgroups (x at most 65535).
-fn grid(groups: u64, op: &'static str) -> Result<[u32; 3]> {
+pub(crate) fn grid(groups: u64, op: &'static str) -> Result<[u32; 3]> {
     let x = groups.clamp(1, 65535);
     let y = groups.div_ceil(x);
     if y > 65535 {
@@ -247,7 +264,7 @@ pub(crate) fn plan(caps: &DeviceCaps, a: &AttentionArgs) -> Plan {
 }
 
 /// Shape and slice checks.
-fn validate(a: &AttentionArgs) -> Result<()> {
+pub(crate) fn validate(a: &AttentionArgs) -> Result<()> {
     const OP: &str = "attention";
     if a.n_tokens == 0 || a.n_head == 0 || a.n_head_kv == 0 || a.n_kv_rows == 0 {
         return Err(bad(

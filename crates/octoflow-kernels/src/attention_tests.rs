@@ -213,9 +213,13 @@ fn attention_timing() {
             let gpu: f64 = chain.timings().unwrap().unwrap().iter().map(|d| d.ns).sum();
             best_gpu = best_gpu.min(gpu * 1e-9 / reps as f64);
         }
-        let p = plan(ctx.caps(), &args);
+        let layout = if crate::attention_decode::applies(&args) {
+            format!("{:?}", crate::attention_decode::plan(ctx.caps(), &args))
+        } else {
+            format!("{:?}", plan(ctx.caps(), &args))
+        };
         println!(
-            "{label:>18}: {:9.1} us wall {:9.1} us GPU  {p:?}",
+            "{label:>18}: {:9.1} us wall {:9.1} us GPU  {layout}",
             best * 1e6,
             best_gpu * 1e6
         );
@@ -331,9 +335,6 @@ fn position_table_attends_each_query_to_its_own_sequence() {
             pos_offset: 1,
             positions: Positions::Table,
         };
-        let mut chain = Chain::new(&ctx).unwrap();
-        k.record(&mut chain, &args).unwrap();
-        chain.run().unwrap();
         let mut want = vec![0f32; n_tok * n_head * hv];
         let (kw, vw) = (n_kv * hd, n_kv * hv);
         for (t, &(p, base)) in table.iter().enumerate() {
@@ -343,11 +344,25 @@ fn position_table_attends_each_query_to_its_own_sequence() {
             let out = &mut want[t * n_head * hv..(t + 1) * n_head * hv];
             attention_ref(&s, qt, ks, vs, p, out);
         }
-        if let Err(e) = check_close(&read(&ctx, &ob, want.len()), &want, REL) {
-            panic!(
-                "attention table {n_head}/{n_kv} heads {hd}/{hv}, {n_seq} sequences of {rows}, \
-                 window {window}, {n_tok} queries, seed {seed}: {e}"
-            );
+        // Attention::record (the decode kernel for position tables), then attention.comp
+        for old in [false, true] {
+            let bytes = 4 * want.len() as u64;
+            ctx.fill(&ob, 0, bytes, f32::NAN.to_bits()).unwrap();
+            let mut chain = Chain::new(&ctx).unwrap();
+            if old {
+                k.record_plan(&mut chain, &args, plan(ctx.caps(), &args))
+                    .unwrap();
+            } else {
+                k.record(&mut chain, &args).unwrap();
+            }
+            chain.run().unwrap();
+            if let Err(e) = check_close(&read(&ctx, &ob, want.len()), &want, REL) {
+                panic!(
+                    "attention table {n_head}/{n_kv} heads {hd}/{hv}, {n_seq} sequences of \
+                     {rows}, window {window}, {n_tok} queries, attention.comp {old}, seed \
+                     {seed}: {e}"
+                );
+            }
         }
     }
 }

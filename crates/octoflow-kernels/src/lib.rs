@@ -41,6 +41,7 @@ pub mod sample;
 // Per-token transformer ops (norm, rope, KV write, rope fused with the KV write, attention,
 // activations, softmax).
 pub mod attention;
+mod attention_decode;
 pub mod glu;
 mod operand;
 pub mod rms_norm;
@@ -56,6 +57,7 @@ pub mod linear_t;
 
 pub use argmax::{argmax_ref, Argmax};
 pub use attention::{attention_ref, Attention, AttentionArgs, AttentionShape};
+pub use attention_decode::DECODE_MAX_TOKENS;
 pub use check::check_close;
 pub use cross_entropy::{cross_entropy_ref, CrossEntropy, CrossEntropyArgs, IGNORE};
 pub use error::{KernelError, Result};

@@ -1,4 +1,5 @@
-//! Device scratch a kernel keeps between dispatches (split-K partial sums), one buffer per queue:
+//! Device scratch a kernel keeps between dispatches (split-K partial sums, the decode attention's
+//! arrival counters), one buffer per queue:
 //! dispatches recorded for one queue share it (the caller's barriers order them, and submissions
 //! to one queue are ordered by those barriers); chains on different queues may run at once, so
 //! each queue gets its own. A chain's queue must be set before it is recorded.
@@ -12,6 +13,7 @@ use crate::error::Result;
 /// Per-queue scratch buffers, grown on need.
 pub(crate) struct QueueScratch {
     name: &'static str,
+    /// New buffers are filled with zeros (counters that the kernel returns to zero itself).
     zeroed: bool,
     bufs: Mutex<Vec<Option<Buffer>>>,
 }

@@ -1,0 +1,358 @@
+#version 450
+// Decode attention (few queries per sequence), f32, in ONE dispatch: the same operands and
+// semantics as attention.comp (read its header: q, k, v, o, pos layouts, run and table position
+// modes, sliding window, n_kv_rows and kv_total bounds, GQA), each query token handled alone.
+//
+// Workgroup layout: one workgroup per (token t, KV head, chunk of HB of its GQA query heads,
+// key piece). The token's visible keys [first, end) are cut into `n_live` pieces of `chunk`
+// keys, chunk = max(ceil(len / n_split), min_chunk) (so short contexts take one piece);
+// workgroups of pieces past `n_live` exit at once. A workgroup walks its piece in tiles of
+// T = WG / LPK keys, one barrier per tile; the K and V rows of the next tile are loaded while
+// one tile is computed:
+//   scores   clusters of LPK adjacent lanes own one key each: lane c holds dims
+//            (r * LPK + c) * 4 .. + 4 of the key (NK4 vec4s) and dots them with the same dims of
+//            the HB query rows (held in registers); a log2(LPK)-step xor butterfly finishes
+//            each dot product. All keys of a tile are scored at once: no per-key serial chain.
+//            The scaled scores go to shared memory (two buffers used in turn).
+//   P.V      lanes (d, g), d < NVL = ceil(head_dim_v / 4), g < KG: lane (d, g) owns dims
+//            d * 4 .. + 4 of every head's accumulator over the keys g, g + KG, ... of each tile,
+//            with its own online softmax: running max m, running sum l, accumulators rescaled
+//            by exp(m_old - m_new) once per tile. No cross-lane reduction per tile.
+//   merge    at the end the KG key groups of a dim (adjacent lanes of one subgroup) take their
+//            common max and add their rescaled (l, acc) with xor shuffles.
+// One piece: o = acc / l directly. Several pieces: each writes its unnormalized (m, l, acc) to
+// `part` ([rows * n_split, NVL * 4] acc (rows padded to vec4s), then [rows * n_split] (m, l)
+// pairs, row = t * n_head + h), makes it visible device-wide (memoryBarrierBuffer, barrier),
+// then bumps the (t, KV head, head chunk) counter in `cnt` (zero-initialized, per queue); the
+// workgroup that sees n_live - 1 (the last one done) merges every piece into o (coherent reads)
+// and puts the counter back to 0 for the next replay of the chain. No workgroup ever waits for
+// another, so nothing assumes that workgroups run concurrently.
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_EXT_control_flow_attributes : require
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const uint LPK = 4;   // lanes per key when scoring (power of two <= subgroup)
+layout(constant_id = 2) const uint NK4 = 4;   // vec4s of a q/k row per lane: ceil(head_dim / (4 LPK))
+layout(constant_id = 3) const uint NVL = 16;  // lanes per v row: ceil(head_dim_v / 4)
+layout(constant_id = 4) const uint HB = 7;    // query heads per workgroup
+layout(constant_id = 5) const uint KG = 8;    // key groups of P.V (power of two <= subgroup, KG * NVL <= WG)
+layout(constant_id = 6) const bool ALIGNED = true; // head_dim and head_dim_v multiples of 4
+
+const uint WG = gl_WorkGroupSize.x;
+const uint T = WG / LPK;              // keys per tile
+const uint KPL = (T + KG - 1u) / KG;  // keys per P.V lane per tile
+const uint PB = 8;                    // pieces merged per batch of loads
+const float NEG_BIG = -1.0e30;        // "nothing seen yet": finite, so exp(NEG_BIG - NEG_BIG) = 1
+
+layout(std430, binding = 0) readonly buffer Q { float q[]; };
+layout(std430, binding = 1) readonly buffer K { float k[]; };
+layout(std430, binding = 2) readonly buffer V { float v[]; };
+layout(std430, binding = 3) writeonly buffer O { float o[]; };
+layout(std430, binding = 4) readonly buffer P { uint pos[]; };
+// coherent: the merging workgroup reads what other workgroups wrote in this dispatch
+layout(std430, binding = 5) coherent buffer Part { float part[]; };
+layout(std430, binding = 6) coherent buffer Cnt { uint cnt[]; };
+layout(std430, binding = 5) coherent buffer Part4 { vec4 part4[]; };
+layout(std430, binding = 0) readonly buffer Q4 { vec4 q4[]; };
+layout(std430, binding = 1) readonly buffer K4 { vec4 k4[]; };
+layout(std430, binding = 2) readonly buffer V4 { vec4 v4[]; };
+layout(std430, binding = 3) writeonly buffer O4 { vec4 o4[]; };
+
+layout(push_constant) uniform Push {
+    uint n_tokens;
+    uint n_head;
+    uint n_head_kv;
+    uint head_dim;
+    uint head_dim_v;
+    uint n_kv_rows;
+    uint window;
+    uint pos_offset;
+    float scale;
+    uint n_split;   // key pieces (workgroups) per (token, KV head, head chunk)
+    uint table;     // 1: per-token (position, first cache row) pairs in pos
+    uint kv_total;  // rows in the k and v buffers
+    uint min_chunk; // fewest keys in a piece
+} pc;
+
+shared float sc[2 * HB * T]; // scaled scores of a tile, two tiles in turn
+shared uint last;            // this workgroup merges
+
+vec4 ld_q(uint base, uint e) {
+    if (ALIGNED) {
+        return e < pc.head_dim ? q4[(base + e) >> 2] : vec4(0.0);
+    }
+    vec4 r = vec4(0.0);
+    [[unroll]] for (uint i = 0; i < 4u; i++) {
+        if (e + i < pc.head_dim) r[i] = q[base + e + i];
+    }
+    return r;
+}
+
+vec4 ld_k(uint base, uint e) {
+    if (ALIGNED) {
+        return e < pc.head_dim ? k4[(base + e) >> 2] : vec4(0.0);
+    }
+    vec4 r = vec4(0.0);
+    [[unroll]] for (uint i = 0; i < 4u; i++) {
+        if (e + i < pc.head_dim) r[i] = k[base + e + i];
+    }
+    return r;
+}
+
+vec4 ld_v(uint base, uint e) {
+    if (ALIGNED) {
+        return e < pc.head_dim_v ? v4[(base + e) >> 2] : vec4(0.0);
+    }
+    vec4 r = vec4(0.0);
+    [[unroll]] for (uint i = 0; i < 4u; i++) {
+        if (e + i < pc.head_dim_v) r[i] = v[base + e + i];
+    }
+    return r;
+}
+
+// 4 floats of o from element e of row base (zeros past head_dim_v are not written)
+void st_o(uint base, uint e, vec4 val) {
+    if (ALIGNED) {
+        if (e < pc.head_dim_v) o4[(base + e) >> 2] = val;
+        return;
+    }
+    [[unroll]] for (uint i = 0; i < 4u; i++) {
+        if (e + i < pc.head_dim_v) o[base + e + i] = val[i];
+    }
+}
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint wid = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    uint group = pc.n_head / pc.n_head_kv;
+    uint n_hc = (group + HB - 1u) / HB;
+    uint piece = wid % pc.n_split;
+    uint rest = wid / pc.n_split;
+    uint hc = rest % n_hc;
+    rest /= n_hc;
+    uint kvh = rest % pc.n_head_kv;
+    uint t = rest / pc.n_head_kv;
+    if (t >= pc.n_tokens) {
+        return; // grid rounding: whole workgroup
+    }
+    uint h0 = kvh * group + hc * HB; // first query head
+    uint n_h = min(HB, group - hc * HB);
+    uint c = tid % LPK;
+    // this lane's dims (r * LPK + c) * 4 .. + 4 of the queries (they do not depend on the
+    // positions: loaded first); heads past the chunk repeat its last one and are never written
+    vec4 qr[HB][NK4];
+    [[unroll]] for (uint h = 0; h < HB; h++) {
+        uint qb = (t * pc.n_head + h0 + min(h, n_h - 1u)) * pc.head_dim;
+        [[unroll]] for (uint r = 0; r < NK4; r++) {
+            qr[h][r] = ld_q(qb, (r * LPK + c) * 4u);
+        }
+    }
+
+    // the token's keys [first, end) and this piece's share of them
+    uint p = pos[pc.pos_offset] + t;
+    uint kbase = 0u; // cache row of key 0
+    if (pc.table != 0u) {
+        p = pos[pc.pos_offset + 2u * t];
+        kbase = pos[pc.pos_offset + 2u * t + 1u];
+    }
+    uint first = (pc.window != 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u;
+    uint end = min(p + 1u, pc.n_kv_rows);
+    end = min(end, kbase < pc.kv_total ? pc.kv_total - kbase : 0u);
+    uint len = end > first ? end - first : 0u;
+    uint chunk = max((len + pc.n_split - 1u) / pc.n_split, max(pc.min_chunk, 1u));
+    uint n_live = max((len + chunk - 1u) / chunk, 1u);
+    if (piece >= n_live) {
+        return; // whole workgroup
+    }
+    uint js = first + piece * chunk;
+    uint je = max(min(js + chunk, end), js);
+
+    uint kc = tid / LPK; // key of this lane in a tile (scores)
+    uint g = tid % KG;   // key group (P.V)
+    uint d = tid / KG;   // vec4 of the output dims (P.V)
+    uint k_stride = pc.n_head_kv * pc.head_dim;
+    uint v_stride = pc.n_head_kv * pc.head_dim_v;
+    float m[HB];  // running max of the scores of this lane's key group
+    float l[HB];  // running sum of exp(s - m)
+    vec4 acc[HB]; // running sum of exp(s - m) v
+    [[unroll]] for (uint h = 0; h < HB; h++) {
+        m[h] = NEG_BIG;
+        l[h] = 0.0;
+        acc[h] = vec4(0.0);
+    }
+
+    // tile loads: key j0 + kc's slice for the scores, keys j0 + g + i * KG's V rows for P.V
+    // (zeros past the piece); each tile's loads are issued before the previous tile's math
+    vec4 kn[NK4];
+    vec4 vn[KPL];
+    [[unroll]] for (uint r = 0; r < NK4; r++) {
+        kn[r] = vec4(0.0);
+        if (js + kc < je) kn[r] = ld_k((kbase + js + kc) * k_stride + kvh * pc.head_dim, (r * LPK + c) * 4u);
+    }
+    [[unroll]] for (uint i = 0; i < KPL; i++) {
+        uint kk = g + i * KG;
+        vn[i] = vec4(0.0);
+        if (kk < T && js + kk < je && d < NVL) {
+            vn[i] = ld_v((kbase + js + kk) * v_stride + kvh * pc.head_dim_v, d * 4u);
+        }
+    }
+    uint buf = 0u; // double-buffered scores: one barrier per tile
+    for (uint j0 = js; j0 < je; j0 += T) {
+        vec4 kr[NK4];
+        vec4 vr[KPL];
+        [[unroll]] for (uint r = 0; r < NK4; r++) kr[r] = kn[r];
+        [[unroll]] for (uint i = 0; i < KPL; i++) vr[i] = vn[i];
+        uint j1 = j0 + T; // next tile
+        [[unroll]] for (uint r = 0; r < NK4; r++) {
+            kn[r] = vec4(0.0);
+            if (j1 + kc < je) kn[r] = ld_k((kbase + j1 + kc) * k_stride + kvh * pc.head_dim, (r * LPK + c) * 4u);
+        }
+        [[unroll]] for (uint i = 0; i < KPL; i++) {
+            uint kk = g + i * KG;
+            vn[i] = vec4(0.0);
+            if (kk < T && j1 + kk < je && d < NVL) {
+                vn[i] = ld_v((kbase + j1 + kk) * v_stride + kvh * pc.head_dim_v, d * 4u);
+            }
+        }
+        // scores of key j0 + kc for every head
+        bool live = j0 + kc < je;
+        float s[HB];
+        [[unroll]] for (uint h = 0; h < HB; h++) {
+            float dt = 0.0;
+            [[unroll]] for (uint r = 0; r < NK4; r++) {
+                dt += dot(qr[h][r], kr[r]);
+            }
+            s[h] = dt;
+        }
+        [[unroll]] for (uint off = LPK / 2u; off > 0u; off >>= 1) {
+            [[unroll]] for (uint h = 0; h < HB; h++) {
+                s[h] += subgroupShuffleXor(s[h], off);
+            }
+        }
+        if (c == 0u) {
+            [[unroll]] for (uint h = 0; h < HB; h++) {
+                sc[(buf * HB + h) * T + kc] = live ? pc.scale * s[h] : NEG_BIG;
+            }
+        }
+        barrier();
+        // online softmax over this lane's keys g, g + KG, ... of the tile, then P.V
+        [[unroll]] for (uint h = 0; h < HB; h++) {
+            float sk[KPL];
+            float mx = m[h];
+            [[unroll]] for (uint i = 0; i < KPL; i++) {
+                uint kk = g + i * KG;
+                sk[i] = kk < T ? sc[(buf * HB + h) * T + kk] : NEG_BIG;
+                mx = max(mx, sk[i]);
+            }
+            float alpha = exp(m[h] - mx);
+            m[h] = mx;
+            float lh = l[h] * alpha;
+            vec4 ah = acc[h] * alpha;
+            [[unroll]] for (uint i = 0; i < KPL; i++) {
+                uint kk = g + i * KG;
+                float pj = (kk < T && j0 + kk < je) ? exp(sk[i] - mx) : 0.0;
+                lh += pj;
+                ah += pj * vr[i];
+            }
+            l[h] = lh;
+            acc[h] = ah;
+        }
+        buf ^= 1u; // the next tile writes the other half: this one is read until its barrier
+    }
+    // merge the key groups (adjacent lanes of one subgroup): common max, then sums
+    [[unroll]] for (uint h = 0; h < HB; h++) {
+        float mx = m[h];
+        [[unroll]] for (uint off = KG / 2u; off > 0u; off >>= 1) {
+            mx = max(mx, subgroupShuffleXor(mx, off));
+        }
+        float f = exp(m[h] - mx);
+        m[h] = mx;
+        l[h] *= f;
+        acc[h] *= f;
+    }
+    [[unroll]] for (uint off = KG / 2u; off > 0u; off >>= 1) {
+        [[unroll]] for (uint h = 0; h < HB; h++) {
+            l[h] += subgroupShuffleXor(l[h], off);
+            acc[h] += subgroupShuffleXor(acc[h], off);
+        }
+    }
+    bool owner = g == 0u && d < NVL; // holds output dims d * 4 .. + 4
+    uint hv = pc.head_dim_v;
+    if (n_live == 1u) {
+        if (owner) {
+            [[unroll]] for (uint h = 0; h < HB; h++) {
+                if (h < n_h) {
+                    float f = l[h] > 0.0 ? 1.0 / l[h] : 0.0;
+                    st_o((t * pc.n_head + h0 + h) * hv, d * 4u, acc[h] * f);
+                }
+            }
+        }
+        return;
+    }
+
+    // several pieces: the partial result, then the last workgroup done merges
+    uint rows = pc.n_tokens * pc.n_head;
+    uint ml0 = rows * pc.n_split * NVL * 4u; // start of the (m, l) pairs
+    [[unroll]] for (uint h = 0; h < HB; h++) {
+        if (h >= n_h) continue;
+        uint slot = (t * pc.n_head + h0 + h) * pc.n_split + piece;
+        if (owner) {
+            part4[slot * NVL + d] = acc[h];
+        }
+        if (tid == 0u) {
+            part[ml0 + 2u * slot] = m[h];
+            part[ml0 + 2u * slot + 1u] = l[h];
+        }
+    }
+    memoryBarrierBuffer();
+    barrier();
+    uint ci = (t * pc.n_head_kv + kvh) * n_hc + hc;
+    if (tid == 0u) {
+        last = atomicAdd(cnt[ci], 1u) == n_live - 1u ? 1u : 0u;
+    }
+    barrier();
+    if (last == 0u) {
+        return; // whole workgroup
+    }
+    memoryBarrierBuffer();
+    if (tid == 0u) {
+        atomicExchange(cnt[ci], 0u); // every piece has counted: ready for the next replay
+    }
+    // lane x: vec4 x % NVL of head x / NVL; the pieces in batches of PB whose loads are all
+    // issued at once (clamped indices: no branch), merged with a running max
+    for (uint x = tid; x < n_h * NVL; x += WG) {
+        uint h = x / NVL;
+        uint dv = x % NVL;
+        uint slot0 = (t * pc.n_head + h0 + h) * pc.n_split;
+        float mx = NEG_BIG;
+        float ls = 0.0;
+        vec4 a = vec4(0.0);
+        for (uint s0 = 0; s0 < n_live; s0 += PB) {
+            vec4 av[PB];
+            float mv[PB];
+            float lv[PB];
+            [[unroll]] for (uint i = 0; i < PB; i++) {
+                uint slot = slot0 + min(s0 + i, n_live - 1u);
+                av[i] = part4[slot * NVL + dv];
+                mv[i] = part[ml0 + 2u * slot];
+                lv[i] = part[ml0 + 2u * slot + 1u];
+            }
+            float mb = mx;
+            [[unroll]] for (uint i = 0; i < PB; i++) {
+                mb = max(mb, mv[i]); // clamped duplicates do not change the max
+            }
+            float f = exp(mx - mb);
+            mx = mb;
+            ls *= f;
+            a *= f;
+            [[unroll]] for (uint i = 0; i < PB; i++) {
+                float w = s0 + i < n_live ? exp(mv[i] - mx) : 0.0;
+                ls += w * lv[i];
+                a += w * av[i];
+            }
+        }
+        st_o((t * pc.n_head + h0 + h) * hv, dv * 4u, ls > 0.0 ? a / ls : vec4(0.0));
+    }
+}

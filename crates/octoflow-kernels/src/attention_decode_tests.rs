@@ -1,0 +1,726 @@
+//! Device tests of `attention_decode.rs` against `attention_ref`.
+
+use octoflow_vk::testing::gpu_or_skip;
+use octoflow_vk::{Buffer, Context};
+use rand::{Rng, SeedableRng};
+
+use super::*;
+use crate::attention::{attention_ref, Attention, AttentionShape};
+use crate::check_close;
+use crate::operand::test_bufs::{poisoned, read, with};
+
+/// f32 dot products over up to 256 dims (vec4 pieces, then a butterfly across lanes), an online
+/// softmax over tiles of keys and up to 64 merged pieces, against an f64 reference: up to ~4e-5
+/// measured (lavapipe and H100; outputs near zero are judged against 1% of the largest), 1e-4
+/// bound.
+const REL: f32 = 1e-4;
+
+/// The largest relative error as [`check_close`] measures it (for the report; NaN gives inf).
+fn max_rel(got: &[f32], want: &[f32]) -> f32 {
+    let scale = want.iter().fold(0f32, |m, w| m.max(w.abs()));
+    got.iter().zip(want).fold(0f32, |e, (&g, &w)| {
+        let d = (g - w).abs() / w.abs().max(0.01 * scale).max(f32::MIN_POSITIVE);
+        if d.is_finite() {
+            e.max(d)
+        } else {
+            f32::INFINITY
+        }
+    })
+}
+
+/// One attention problem: cache contents, queries and where they sit.
+struct Problem {
+    s: AttentionShape,
+    n_tok: usize,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    /// Run mode: start position. Table mode: per token (position, first cache row).
+    start: usize,
+    table: Option<Vec<(usize, usize)>>,
+}
+
+impl Problem {
+    /// Fresh random inputs for `n_tok` tokens over `cache_rows` rows of cache.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        rng: &mut impl Rng,
+        n_tok: usize,
+        (n_head, n_kv): (usize, usize),
+        (hd, hv): (usize, usize),
+        rows: usize,
+        cache_rows: usize,
+        window: usize,
+    ) -> Self {
+        let s = AttentionShape {
+            n_head,
+            n_head_kv: n_kv,
+            head_dim: hd,
+            head_dim_v: hv,
+            n_kv_rows: rows,
+            window,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        let mut gen = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect() };
+        Problem {
+            s,
+            n_tok,
+            q: gen(n_tok * n_head * hd),
+            k: gen(cache_rows * n_kv * hd),
+            v: gen(cache_rows * n_kv * hv),
+            start: 0,
+            table: None,
+        }
+    }
+
+    /// The reference output.
+    fn want(&self) -> Vec<f32> {
+        let s = &self.s;
+        let mut want = vec![0f32; self.n_tok * s.n_head * s.head_dim_v];
+        match &self.table {
+            None => attention_ref(s, &self.q, &self.k, &self.v, self.start, &mut want),
+            Some(table) => {
+                let (kw, vw) = (s.n_head_kv * s.head_dim, s.n_head_kv * s.head_dim_v);
+                let (qw, ow) = (s.n_head * s.head_dim, s.n_head * s.head_dim_v);
+                for (t, &(p, base)) in table.iter().enumerate() {
+                    // the sequence's rows: its capacity, cut at the end of the cache
+                    let n = s.n_kv_rows.min(self.k.len() / kw - base);
+                    let sh = AttentionShape { n_kv_rows: n, ..*s };
+                    attention_ref(
+                        &sh,
+                        &self.q[t * qw..][..qw],
+                        &self.k[base * kw..][..n * kw],
+                        &self.v[base * vw..][..n * vw],
+                        p,
+                        &mut want[t * ow..][..ow],
+                    );
+                }
+            }
+        }
+        want
+    }
+
+    /// The `pos` words (offset 1) for this problem.
+    fn pos_words(&self) -> Vec<u32> {
+        let mut words = vec![7u32];
+        match &self.table {
+            None => words.push(self.start as u32),
+            Some(t) => {
+                for &(p, base) in t {
+                    words.extend([p as u32, base as u32]);
+                }
+            }
+        }
+        words
+    }
+}
+
+/// Device buffers of a problem.
+struct Bufs {
+    q: Buffer,
+    k: Buffer,
+    v: Buffer,
+    out: Buffer,
+    pos: Buffer,
+}
+
+impl Bufs {
+    fn new(ctx: &Context, pr: &Problem) -> Self {
+        Bufs {
+            q: with(ctx, "q", &pr.q),
+            k: with(ctx, "k", &pr.k),
+            v: with(ctx, "v", &pr.v),
+            out: poisoned(ctx, "out", pr.n_tok * pr.s.n_head * pr.s.head_dim_v),
+            pos: with(ctx, "pos", &pr.pos_words()),
+        }
+    }
+}
+
+/// Records attention of `pr` into `chain`: with `plan` through the decode kernel, else through
+/// [`Attention::record`] (which must pick the decode kernel for these shapes).
+fn record(chain: &mut Chain, k: &Attention, pr: &Problem, b: &Bufs, plan: Option<DecodePlan>) {
+    let s = &pr.s;
+    let args = AttentionArgs {
+        q: &b.q.whole(),
+        k: &b.k.whole(),
+        v: &b.v.whole(),
+        out: &b.out.whole(),
+        n_tokens: pr.n_tok as u32,
+        n_head: s.n_head as u32,
+        n_head_kv: s.n_head_kv as u32,
+        head_dim: s.head_dim as u32,
+        head_dim_v: s.head_dim_v as u32,
+        n_kv_rows: s.n_kv_rows as u32,
+        window: s.window as u32,
+        scale: s.scale,
+        pos: &b.pos.whole(),
+        pos_offset: 1,
+        positions: if pr.table.is_some() {
+            Positions::Table
+        } else {
+            Positions::Run
+        },
+    };
+    assert!(applies(&args), "not a decode shape");
+    let before = chain.dispatch_count();
+    match plan {
+        Some(p) => k.decode.record(chain, &args, p).unwrap(),
+        None => k.record(chain, &args).unwrap(),
+    }
+    assert_eq!(chain.dispatch_count(), before + 1, "one dispatch");
+}
+
+/// Runs `pr` once; the largest relative error, or the mismatch naming `what`.
+fn run(
+    ctx: &Context,
+    k: &Attention,
+    pr: &Problem,
+    plan: Option<DecodePlan>,
+    what: &str,
+) -> std::result::Result<f32, String> {
+    let b = Bufs::new(ctx, pr);
+    let mut chain = Chain::new(ctx).unwrap();
+    record(&mut chain, k, pr, &b, plan);
+    chain.run().unwrap();
+    let want = pr.want();
+    let got = read(ctx, &b.out, want.len());
+    check_close(&got, &want, REL).map_err(|e| format!("{what}, plan {plan:?}: {e}"))?;
+    Ok(max_rel(&got, &want))
+}
+
+/// (n_tokens, (n_head, n_head_kv), (head_dim, head_dim_v), n_kv_rows, window, start)
+type Case = (usize, (usize, usize), (usize, usize), usize, usize, usize);
+
+fn run_case(
+    ctx: &Context,
+    k: &Attention,
+    rng: &mut impl Rng,
+    c: Case,
+    plan: Option<DecodePlan>,
+) -> std::result::Result<f32, String> {
+    let (n_tok, heads, dims, rows, window, start) = c;
+    let mut pr = Problem::new(rng, n_tok, heads, dims, rows, rows, window);
+    pr.start = start;
+    run(ctx, k, &pr, plan, &format!("decode case {c:?}"))
+}
+
+#[test]
+fn decode_attention_matches_the_reference_on_random_inputs() {
+    let Some(ctx) = gpu_or_skip("decode_attention_matches_the_reference") else {
+        return;
+    };
+    let seed: u64 = rand::random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let k = Attention::new(&ctx).unwrap();
+    let cases: [Case; 22] = [
+        // contexts 1, 7, 33, 600, 2000 at qwen2.5-0.5B's shape (GQA 7)
+        (1, (14, 2), (64, 64), 4096, 0, 0),
+        (1, (14, 2), (64, 64), 4096, 0, 6),
+        (1, (14, 2), (64, 64), 4096, 0, 32),
+        (1, (14, 2), (64, 64), 4096, 0, 599),
+        (1, (14, 2), (64, 64), 4096, 0, 1999),
+        // no grouping, and one KV head for 8 query heads
+        (1, (4, 4), (64, 64), 2048, 0, 32),
+        (1, (4, 4), (64, 64), 2048, 0, 1999),
+        (1, (8, 1), (64, 64), 2048, 0, 599),
+        (1, (8, 1), (256, 256), 2048, 0, 6),
+        // gemma3: head_dim 256, sliding window
+        (1, (4, 1), (256, 256), 2048, 0, 599),
+        (1, (4, 1), (256, 256), 2048, 512, 1999),
+        (1, (4, 1), (256, 256), 2048, 512, 300), // window longer than the context
+        (1, (14, 2), (64, 64), 4096, 33, 1999),
+        // several tokens of one run (speculative decoding, short prompts)
+        (4, (14, 2), (64, 64), 1024, 0, 597),
+        (8, (8, 1), (256, 256), 700, 100, 650),
+        (8, (14, 2), (64, 64), 64, 0, 0),
+        // last queries past the cache end (they see up to row n_kv_rows - 1)
+        (5, (9, 3), (64, 64), 200, 0, 197),
+        // odd widths, other value width
+        (3, (6, 2), (38, 22), 60, 0, 30),
+        (1, (4, 1), (128, 96), 2000, 0, 1999),
+        // GQA groups cut into head chunks (16 -> 2 x 8, 10 -> 2 x 5)
+        (2, (32, 2), (64, 64), 600, 0, 500),
+        (1, (20, 2), (64, 64), 300, 0, 299),
+        (1, (12, 1), (256, 256), 1000, 0, 999),
+    ];
+    let mut worst = 0f32;
+    for c in cases {
+        match run_case(&ctx, &k, &mut rng, c, None) {
+            Ok(e) => worst = worst.max(e),
+            Err(e) => panic!("{e}, seed {seed}"),
+        }
+    }
+    println!("decode attention: max relative error {worst:.2e}");
+}
+
+#[test]
+fn every_decode_layout_matches_the_reference() {
+    let Some(ctx) = gpu_or_skip("decode_attention_layouts") else {
+        return;
+    };
+    let seed: u64 = rand::random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let k = Attention::new(&ctx).unwrap();
+    let sg = ctx.caps().subgroup.size;
+    let cases: [Case; 5] = [
+        (1, (14, 2), (64, 64), 700, 0, 650),
+        (2, (4, 1), (256, 256), 400, 40, 350),
+        (3, (6, 2), (38, 22), 60, 0, 40),
+        (1, (8, 2), (128, 96), 300, 0, 299),
+        (1, (4, 4), (64, 64), 100, 0, 0),
+    ];
+    // (wg, lanes per key, heads per workgroup (0: the whole group), key groups, split, min
+    // chunk): one-lane keys, partial head chunks, one and many pieces, pieces of one key, pieces
+    // of many tiles, odd splits
+    let layouts = [
+        (128, 4, 0, 8, 1, 32),
+        (128, 1, 3, 4, 5, 1),
+        (64, 2, 1, 2, 64, 1),
+        (128, 8, 0, 1, 7, 200),
+        (256, 4, 2, 8, 3, 16),
+        (64, 8, 5, 8, 2, 1),
+        (128, 16, 0, 16, 9, 20),
+        (256, 32, 4, 32, 4, 64),
+    ];
+    let mut worst = 0f32;
+    let mut ran = 0;
+    for c in cases {
+        let (_, (n_head, n_kv), (_, hv), ..) = c;
+        for (wg, lpk, hb, kg, split, min_chunk) in layouts {
+            let group = (n_head / n_kv) as u32;
+            let p = DecodePlan {
+                wg,
+                lpk,
+                hb: if hb == 0 { group } else { hb.min(group) },
+                kg,
+                split,
+                min_chunk,
+            };
+            if lpk > sg || kg > sg || wg < sg || kg as usize * hv.div_ceil(4) > wg as usize {
+                continue;
+            }
+            match run_case(&ctx, &k, &mut rng, c, Some(p)) {
+                Ok(e) => worst = worst.max(e),
+                Err(e) => panic!("{e}, seed {seed}"),
+            }
+            ran += 1;
+        }
+    }
+    assert!(ran >= 15, "only {ran} layouts fit subgroups of {sg}");
+    println!("decode attention layouts ({ran} runs): max relative error {worst:.2e}");
+}
+
+/// Table mode: several sequences in one cache, each token its own sequence and position.
+fn table_problem(
+    rng: &mut impl Rng,
+    heads: (usize, usize),
+    dims: (usize, usize),
+    rows: usize,
+    window: usize,
+    n_seq: usize,
+    n_tok: usize,
+) -> Problem {
+    let mut pr = Problem::new(rng, n_tok, heads, dims, rows, n_seq * rows, window);
+    let table = (0..n_tok)
+        .map(|t| {
+            let seq = rng.gen_range(0..n_seq);
+            let p = match t % 4 {
+                0 => 0,
+                1 => rows - 1,
+                _ => rng.gen_range(0..rows),
+            };
+            (p, seq * rows)
+        })
+        .collect();
+    pr.table = Some(table);
+    pr
+}
+
+#[test]
+fn decode_position_table_attends_each_token_to_its_own_sequence() {
+    let Some(ctx) = gpu_or_skip("decode_attention_position_table") else {
+        return;
+    };
+    let seed: u64 = rand::random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let k = Attention::new(&ctx).unwrap();
+    let sg = ctx.caps().subgroup.size;
+    // ((n_head, n_head_kv), (head_dim, head_dim_v), rows per sequence, window, sequences, tokens)
+    let cases = [
+        ((14, 2), (64, 64), 2000, 0, 4, 6),
+        ((4, 1), (256, 256), 700, 64, 3, 5),
+        ((8, 1), (64, 64), 100, 0, 5, 40), // a wide batch: one piece each
+        ((6, 2), (38, 22), 40, 0, 4, 9),
+        ((4, 4), (64, 64), 3000, 0, 2, 3),
+    ];
+    let mut worst = 0f32;
+    for (heads, dims, rows, window, n_seq, n_tok) in cases {
+        let pr = table_problem(&mut rng, heads, dims, rows, window, n_seq, n_tok);
+        let what = format!(
+            "decode table {heads:?} heads {dims:?} dims, {n_seq} sequences of {rows}, \
+             window {window}, {n_tok} tokens"
+        );
+        // the device's own layout, then many small pieces merged (each token its own count)
+        let many = DecodePlan {
+            wg: 128.max(sg),
+            lpk: 2.min(sg),
+            hb: 3.min((heads.0 / heads.1) as u32),
+            kg: 2.min(sg),
+            split: 13,
+            min_chunk: 3,
+        };
+        for plan in [None, Some(many)] {
+            match run(&ctx, &k, &pr, plan, &what) {
+                Ok(e) => worst = worst.max(e),
+                Err(e) => panic!("{e}, seed {seed}"),
+            }
+        }
+    }
+    println!("decode attention, position tables: max relative error {worst:.2e}");
+}
+
+/// A recorded chain replayed: the counters that elect the merging workgroup must be back at zero
+/// after each run, or the next replay merges nothing (the output stays NaN) or too early.
+#[test]
+fn a_replayed_decode_chain_merges_every_time() {
+    let Some(ctx) = gpu_or_skip("decode_attention_replay") else {
+        return;
+    };
+    let seed: u64 = rand::random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let k = Attention::new(&ctx).unwrap();
+    let sg = ctx.caps().subgroup.size;
+    let mut run_pr = Problem::new(&mut rng, 2, (14, 2), (64, 64), 1500, 1500, 0);
+    run_pr.start = 1200;
+    let table_pr = table_problem(&mut rng, (4, 1), (256, 256), 900, 0, 3, 4);
+    for mut pr in [run_pr, table_pr] {
+        let pr = &mut pr;
+        let b = Bufs::new(&ctx, pr);
+        let plan = DecodePlan {
+            wg: 128.max(sg),
+            lpk: 4.min(sg),
+            hb: 2,
+            kg: (128 / pr.s.head_dim_v.div_ceil(4) as u32).min(4).min(sg),
+            split: 11,
+            min_chunk: 16,
+        };
+        let mut chain = Chain::new(&ctx).unwrap();
+        record(&mut chain, &k, pr, &b, Some(plan));
+        // the device's own layout too, after a barrier (its own counters and partials)
+        chain.barrier().unwrap();
+        let b2 = Bufs::new(&ctx, pr);
+        record(&mut chain, &k, pr, &b2, None);
+        let n = pr.n_tok * pr.s.n_head * pr.s.head_dim_v;
+        let mut first: Option<(Vec<f32>, Vec<f32>)> = None;
+        for replay in 0..3 {
+            for out in [&b.out, &b2.out] {
+                ctx.fill(out, 0, 4 * n as u64, f32::NAN.to_bits()).unwrap();
+            }
+            chain.run().unwrap();
+            let got = (read(&ctx, &b.out, n), read(&ctx, &b2.out, n));
+            match &first {
+                None => {
+                    let want = pr.want();
+                    for g in [&got.0, &got.1] {
+                        if let Err(e) = check_close(g, &want, REL) {
+                            panic!("replay {replay}: {e}, seed {seed}");
+                        }
+                    }
+                    first = Some(got);
+                }
+                Some(f) => {
+                    let same = |a: &[f32], b: &[f32]| {
+                        a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+                    };
+                    assert!(
+                        same(&f.0, &got.0) && same(&f.1, &got.1),
+                        "replay {replay} differs from the first run, seed {seed}"
+                    );
+                }
+            }
+        }
+        // new positions and queries, same chain: still right
+        if pr.table.is_none() {
+            pr.start = 733;
+            pr.q = (0..pr.q.len()).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            ctx.upload(&b.pos, 0, &pr.pos_words()).unwrap();
+            ctx.upload(&b.q, 0, &pr.q).unwrap();
+            ctx.upload(&b2.pos, 0, &pr.pos_words()).unwrap();
+            ctx.upload(&b2.q, 0, &pr.q).unwrap();
+            chain.run().unwrap();
+            let want = pr.want();
+            for out in [&b.out, &b2.out] {
+                if let Err(e) = check_close(&read(&ctx, out, n), &want, REL) {
+                    panic!("replay at a new position: {e}, seed {seed}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_decode_kernel_takes_decode_steps_and_bad_layouts_are_errors() {
+    let Some(ctx) = gpu_or_skip("decode_attention_choice") else {
+        return;
+    };
+    let b = poisoned(&ctx, "b", 1 << 16);
+    let pb = with(&ctx, "pos", &[0u32; 64]);
+    let mut args = AttentionArgs {
+        q: &b.whole(),
+        k: &b.whole(),
+        v: &b.whole(),
+        out: &b.whole(),
+        n_tokens: DECODE_MAX_TOKENS,
+        n_head: 14,
+        n_head_kv: 2,
+        head_dim: 64,
+        head_dim_v: 64,
+        n_kv_rows: 32,
+        window: 0,
+        scale: 0.125,
+        pos: &pb.whole(),
+        pos_offset: 0,
+        positions: Positions::Run,
+    };
+    assert!(applies(&args));
+    // whole GQA groups on a CPU; on a GPU cut into even chunks when there are few pairs
+    let p = plan(ctx.caps(), &args);
+    if ctx.caps().kind == octoflow_vk::DeviceKind::Cpu {
+        assert_eq!(p.hb, 7);
+    } else {
+        assert_eq!(
+            p.hb, 4,
+            "16 (token, KV head) pairs: 2 chunks of the group of 7"
+        );
+        args.n_tokens = 1;
+        assert_eq!(
+            plan(ctx.caps(), &args).hb,
+            1,
+            "one token: one head per workgroup"
+        );
+    }
+    args.n_tokens = DECODE_MAX_TOKENS + 1;
+    assert!(!applies(&args), "prefill keeps attention.comp");
+    args.positions = Positions::Table;
+    assert!(applies(&args));
+    // a short cache: one piece; a long one on a big device: pieces of at least a tile
+    args.n_tokens = 1;
+    args.positions = Positions::Run;
+    assert_eq!(plan(ctx.caps(), &args).split, 1);
+    args.n_kv_rows = 8192;
+    let p = plan(ctx.caps(), &args);
+    assert!(p.split > 1 && p.min_chunk >= p.wg / p.lpk, "{p:?}");
+    // a layout whose key groups exceed the subgroup (or the workgroup) is refused
+    let k = Attention::new(&ctx).unwrap();
+    let mut chain = Chain::new(&ctx).unwrap();
+    args.n_kv_rows = 32; // what `b` holds
+    let bad = DecodePlan { kg: 256, ..p };
+    let err = k
+        .decode
+        .record(&mut chain, &args, bad)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("decode layout"), "{err}");
+}
+
+/// Median GPU time (µs) of what `rec` records, over `reps` replays in one chain: each replay
+/// after a marker dispatch (`marker`, excluded from the time) and, with `flush`, after
+/// overwriting a buffer larger than the GPU's L2 (the KV cache is cold in a real decode step,
+/// where the weights stream through the cache between two attentions of a layer).
+fn median_us(
+    ctx: &Context,
+    reps: usize,
+    flush: Option<&Buffer>,
+    marker: &dyn Fn(&mut Chain),
+    rec: &dyn Fn(&mut Chain),
+) -> f64 {
+    let mut chain = Chain::with_profiling(ctx).unwrap();
+    let mut spans = Vec::new(); // dispatch index range of each replay's measured part
+    for _ in 0..reps {
+        if let Some(f) = flush {
+            chain.fill(&f.whole(), 0x3f80_0000).unwrap();
+        }
+        chain.barrier().unwrap();
+        marker(&mut chain);
+        chain.compute_barrier().unwrap();
+        let a = chain.dispatch_count();
+        rec(&mut chain);
+        spans.push(a..chain.dispatch_count());
+        chain.compute_barrier().unwrap();
+    }
+    chain.run().unwrap(); // warm-up
+    chain.run().unwrap();
+    let t = chain.timings().unwrap().unwrap();
+    let mut us: Vec<f64> = spans
+        .into_iter()
+        .map(|r| t[r].iter().map(|d| d.ns).sum::<f64>() * 1e-3)
+        .collect();
+    us.sort_by(f64::total_cmp);
+    us[us.len() / 2]
+}
+
+/// GPU time (µs) per replay of `rec` recorded `n` times back to back (compute barriers between,
+/// caches warm): the best of 3 runs of the chain.
+fn hot_us(ctx: &Context, n: usize, rec: &dyn Fn(&mut Chain)) -> f64 {
+    let mut chain = Chain::with_profiling(ctx).unwrap();
+    for _ in 0..n {
+        rec(&mut chain);
+        chain.compute_barrier().unwrap();
+    }
+    chain.run().unwrap(); // warm-up
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        chain.run().unwrap();
+        let t = chain.timings().unwrap().unwrap();
+        best = best.min(t.iter().map(|d| d.ns).sum::<f64>() * 1e-3 / n as f64);
+    }
+    best
+}
+
+/// (label, tokens, (n_head, n_head_kv), head_dim, capacity, window, position, table streams)
+type TimingCase = (
+    &'static str,
+    usize,
+    (usize, usize),
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+);
+
+/// Timing of decode shapes, the one-dispatch kernel against `attention.comp` (two dispatches
+/// when it splits), then a sweep of decode layouts (not a correctness test): `cargo test -p
+/// octoflow-kernels decode_attention_timing -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn decode_attention_timing() {
+    let Some(ctx) = gpu_or_skip("decode_attention_timing") else {
+        return;
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let k = Attention::new(&ctx).unwrap();
+    let flush = Buffer::new(
+        &ctx,
+        "flush",
+        128 << 20,
+        octoflow_vk::MemoryKind::DeviceLocal,
+    )
+    .unwrap();
+    let tiny = {
+        let mut pr = Problem::new(&mut rng, 1, (2, 1), (4, 4), 1, 1, 0);
+        pr.start = 0;
+        pr
+    };
+    let tiny_b = Bufs::new(&ctx, &tiny);
+    let marker = |c: &mut Chain| record(c, &k, &tiny, &tiny_b, None);
+    // the floor: a launch after a barrier, one key
+    let floor_cold = median_us(&ctx, 30, Some(&flush), &marker, &marker);
+    let floor_hot = hot_us(&ctx, 100, &marker);
+    println!("floor (one key): {floor_cold:.2} us cold, {floor_hot:.2} us back to back");
+    let sg = ctx.caps().subgroup.size;
+    let cases: [TimingCase; 11] = [
+        ("qwen tg@64", 1, (14, 2), 64, 4096, 0, 63, 0),
+        ("qwen tg@600", 1, (14, 2), 64, 4096, 0, 599, 0),
+        ("qwen tg@2000", 1, (14, 2), 64, 4096, 0, 1999, 0),
+        ("qwen tg@4000", 1, (14, 2), 64, 4096, 0, 3999, 0),
+        ("qwen 4tok@600", 4, (14, 2), 64, 4096, 0, 596, 0),
+        ("smollm tg@600", 1, (9, 3), 64, 4096, 0, 599, 0),
+        ("gemma tg@600 w512", 1, (4, 1), 256, 4096, 512, 599, 0),
+        ("gemma tg@2000", 1, (4, 1), 256, 4096, 0, 1999, 0),
+        ("qwen 8 streams@600", 8, (14, 2), 64, 1024, 0, 599, 8),
+        ("qwen 32 streams@600", 32, (14, 2), 64, 1024, 0, 599, 32),
+        ("qwen 128 streams@600", 128, (14, 2), 64, 1024, 0, 599, 128),
+    ];
+    // OCTOFLOW_DECODE_CASES=text: only the cases whose label holds it;
+    // OCTOFLOW_DECODE_SWEEP=text: the same, each followed by a sweep of layouts
+    let only = std::env::var("OCTOFLOW_DECODE_CASES").ok();
+    let sweep = std::env::var("OCTOFLOW_DECODE_SWEEP").ok();
+    for (label, n_tok, heads, hd, cap, window, p, streams) in cases {
+        let skip = |f: &Option<String>| f.as_ref().is_some_and(|w| !label.contains(w.as_str()));
+        if skip(&only) || skip(&sweep) {
+            continue;
+        }
+        let seqs = streams.max(1);
+        let mut pr = Problem::new(&mut rng, n_tok, heads, (hd, hd), cap, seqs * cap, window);
+        pr.start = p;
+        if streams > 0 {
+            pr.table = Some((0..n_tok).map(|t| (p - t % 7, t * cap)).collect());
+        }
+        let b = Bufs::new(&ctx, &pr);
+        let s = &pr.s;
+        let args = AttentionArgs {
+            q: &b.q.whole(),
+            k: &b.k.whole(),
+            v: &b.v.whole(),
+            out: &b.out.whole(),
+            n_tokens: n_tok as u32,
+            n_head: s.n_head as u32,
+            n_head_kv: s.n_head_kv as u32,
+            head_dim: hd as u32,
+            head_dim_v: hd as u32,
+            n_kv_rows: cap as u32,
+            window: window as u32,
+            scale: s.scale,
+            pos: &b.pos.whole(),
+            pos_offset: 1,
+            positions: if streams > 0 {
+                Positions::Table
+            } else {
+                Positions::Run
+            },
+        };
+        let old_plan = crate::attention::plan(ctx.caps(), &args);
+        let old = |c: &mut Chain| k.record_plan(c, &args, old_plan).unwrap();
+        let new_plan = plan(ctx.caps(), &args);
+        let new = |c: &mut Chain| k.decode.record(c, &args, new_plan).unwrap();
+        let t_old = median_us(&ctx, 30, Some(&flush), &marker, &old);
+        let t_new = median_us(&ctx, 30, Some(&flush), &marker, &new);
+        let hot_old = hot_us(&ctx, 100, &old);
+        let hot = hot_us(&ctx, 100, &new);
+        println!(
+            "{label:>22}: attention.comp {t_old:6.2} us cold {hot_old:6.2} hot, \
+             decode {t_new:6.2} cold {hot:6.2} hot  {new_plan:?}"
+        );
+        if sweep.is_none() {
+            continue;
+        }
+        let mut res = Vec::new();
+        let group = (heads.0 / heads.1) as u32;
+        for wg in [64u32, 128, 256] {
+            for lpk in [2u32, 4, 8, 16] {
+                let nvl = (hd as u32).div_ceil(4);
+                let kg = floor_pow2(wg / nvl).min(sg);
+                if lpk > sg || wg < sg || kg * nvl > wg {
+                    continue;
+                }
+                let tile = wg / lpk;
+                for hb in [1, 2, group.div_ceil(2), group] {
+                    if hb > group {
+                        continue;
+                    }
+                    for min_chunk in [tile, 64] {
+                        for target in [128u32, 256] {
+                            let base = (n_tok * heads.1) as u32 * group.div_ceil(hb);
+                            let split = target.div_ceil(base).clamp(1, 128);
+                            let p = DecodePlan {
+                                wg,
+                                lpk,
+                                hb,
+                                kg,
+                                split,
+                                min_chunk: min_chunk.max(1),
+                            };
+                            let rec = |c: &mut Chain| k.decode.record(c, &args, p).unwrap();
+                            res.push((hot_us(&ctx, 50, &rec), p));
+                        }
+                    }
+                }
+            }
+        }
+        res.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for (t, p) in res.iter().take(12) {
+            println!("      {t:7.2} us hot  {p:?}");
+        }
+    }
+}
