@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use octoflow_vk::{
-    BufferSlice, Chain, Context, DeviceCaps, DeviceKind, Pipeline, PipelineDesc, Push,
+    BufferSlice, Chain, Context, DeviceCaps, DeviceKind, Pipeline, PipelineDesc, Push, Shader,
 };
 
 use crate::attention_decode::{self, Decode};
@@ -72,14 +72,47 @@ pub(crate) struct Plan {
     pub split: u32,
 }
 
-/// Pipelines keyed by their specialization constants.
-type PipelineCache = HashMap<[u32; 7], Pipeline>;
+/// One shader's pipelines, specialized per set of constants on first use (the attention kernels
+/// specialize on the head shape and work layout).
+pub(crate) struct SpecPipelines {
+    shader: Shader,
+    bindings: u32,
+    push_bytes: u32,
+    label: &'static str,
+    cache: Mutex<HashMap<[u32; 7], Pipeline>>,
+}
+
+impl SpecPipelines {
+    pub(crate) fn new(shader: Shader, bindings: u32, push_bytes: u32, label: &'static str) -> Self {
+        Self {
+            shader,
+            bindings,
+            push_bytes,
+            label,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The pipeline specialized with `spec`, built on first use.
+    pub(crate) fn get(&self, ctx: &Context, spec: [u32; 7]) -> Result<Pipeline> {
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(pl) = cache.get(&spec) {
+            return Ok(pl.clone());
+        }
+        let desc = PipelineDesc::new(self.shader, self.bindings, self.push_bytes)
+            .spec(&spec)
+            .label(self.label);
+        let pl = Pipeline::new(ctx, &desc)?;
+        cache.insert(spec, pl.clone());
+        Ok(pl)
+    }
+}
 
 /// The attention kernel, built once per device. Pipelines for each head shape are specialized
 /// on first use; split-K scratch memory is allocated on first use, per queue, and grows as needed
 /// (see `scratch.rs`).
 pub struct Attention {
-    pipelines: Mutex<PipelineCache>,
+    pipelines: SpecPipelines,
     merge: Pipeline,
     scratch: QueueScratch,
     /// The one-dispatch decode kernel.
@@ -90,7 +123,7 @@ impl Attention {
     /// Builds the merge pipeline (the main one is specialized per head shape on first use).
     pub fn new(ctx: &Context) -> Result<Self> {
         Ok(Attention {
-            pipelines: Mutex::new(HashMap::new()),
+            pipelines: SpecPipelines::new(shaders::ATTENTION, 6, 48, "attention"),
             merge: Pipeline::new(
                 ctx,
                 &PipelineDesc::new(shaders::ATTENTION_MERGE, 2, 12).label("attention_merge"),
@@ -132,21 +165,7 @@ impl Attention {
             p.tpl,
             u32::from(aligned),
         ];
-        let pipeline = {
-            let mut cache = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(pl) = cache.get(&spec) {
-                pl.clone()
-            } else {
-                let pl = Pipeline::new(
-                    &ctx,
-                    &PipelineDesc::new(shaders::ATTENTION, 6, 48)
-                        .spec(&spec)
-                        .label("attention"),
-                )?;
-                cache.insert(spec, pl.clone());
-                pl
-            }
-        };
+        let pipeline = self.pipelines.get(&ctx, spec)?;
         if a.positions == Positions::Table && p.tpl != 1 {
             return Err(bad(
                 OP,

@@ -9,12 +9,9 @@
 //! pieces of a (token, KV head, head chunk) are merged inside the same dispatch by the last of
 //! their workgroups to finish (an atomic counter per queue, reset by that workgroup).
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use octoflow_vk::{Chain, DeviceCaps, DeviceKind, Push};
 
-use octoflow_vk::{Chain, DeviceCaps, DeviceKind, Pipeline, PipelineDesc, Push};
-
-use crate::attention::{grid, kv_total, validate, AttentionArgs};
+use crate::attention::{grid, kv_total, validate, AttentionArgs, SpecPipelines};
 use crate::error::Result;
 use crate::operand::{bad, Positions};
 use crate::scratch::QueueScratch;
@@ -111,13 +108,10 @@ pub(crate) fn plan(caps: &DeviceCaps, a: &AttentionArgs) -> DecodePlan {
     }
 }
 
-/// Pipelines keyed by their specialization constants.
-type PipelineCache = HashMap<[u32; 7], Pipeline>;
-
 /// The decode kernel's pipelines (specialized per head shape on first use) and its per-queue
 /// scratch: the pieces' partial results and the zero-initialized arrival counters.
 pub(crate) struct Decode {
-    pipelines: Mutex<PipelineCache>,
+    pipelines: SpecPipelines,
     part: QueueScratch,
     counts: QueueScratch,
 }
@@ -125,7 +119,7 @@ pub(crate) struct Decode {
 impl Decode {
     pub(crate) fn new() -> Self {
         Decode {
-            pipelines: Mutex::new(HashMap::new()),
+            pipelines: SpecPipelines::new(shaders::ATTENTION_DECODE, 7, 52, "attention_decode"),
             part: QueueScratch::new("attention_decode_part"),
             counts: QueueScratch::zeroed("attention_decode_count"),
         }
@@ -165,21 +159,7 @@ impl Decode {
             p.kg,
             u32::from(aligned),
         ];
-        let pipeline = {
-            let mut cache = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(pl) = cache.get(&spec) {
-                pl.clone()
-            } else {
-                let pl = Pipeline::new(
-                    &ctx,
-                    &PipelineDesc::new(shaders::ATTENTION_DECODE, 7, 52)
-                        .spec(&spec)
-                        .label("attention_decode"),
-                )?;
-                cache.insert(spec, pl.clone());
-                pl
-            }
-        };
+        let pipeline = self.pipelines.get(&ctx, spec)?;
         let group = a.n_head / a.n_head_kv;
         let n_hc = group.div_ceil(p.hb);
         let rows = u64::from(a.n_tokens) * u64::from(a.n_head);

@@ -49,6 +49,27 @@ pub struct RopeArgs<'a> {
     pub inverse: bool,
 }
 
+/// Checks the rotation's parameters (shared by `rope` and `rope_store`): `n_rot` even in
+/// `2..=head_dim`, a positive finite base, a finite scale.
+pub(crate) fn check_angles(
+    op: &'static str,
+    n_rot: u32,
+    head_dim: u32,
+    base: f32,
+    scale: f32,
+) -> Result<()> {
+    if n_rot == 0 || !n_rot.is_multiple_of(2) || n_rot > head_dim {
+        return Err(bad(
+            op,
+            format!("n_rot {n_rot} must be even, in 2..=head_dim {head_dim}"),
+        ));
+    }
+    if !(base > 0.0 && base.is_finite() && scale.is_finite()) {
+        return Err(bad(op, format!("base {base} / scale {scale}")));
+    }
+    Ok(())
+}
+
 /// The RoPE kernel, built once per device.
 pub struct Rope {
     pipeline: Pipeline,
@@ -66,18 +87,7 @@ impl Rope {
     /// in double-float on the GPU and reduced to a fraction of a turn before sin/cos, so large positions stay accurate.
     pub fn record(&self, chain: &mut Chain, a: &RopeArgs) -> Result<()> {
         const OP: &str = "rope";
-        if a.n_rot == 0 || !a.n_rot.is_multiple_of(2) || a.n_rot > a.head_dim {
-            return Err(bad(
-                OP,
-                format!(
-                    "n_rot {} must be even, in 2..=head_dim {}",
-                    a.n_rot, a.head_dim
-                ),
-            ));
-        }
-        if !(a.base > 0.0 && a.base.is_finite() && a.scale.is_finite()) {
-            return Err(bad(OP, format!("base {} / scale {}", a.base, a.scale)));
-        }
+        check_angles(OP, a.n_rot, a.head_dim, a.base, a.scale)?;
         let total = u128::from(a.n_tokens) * u128::from(a.n_heads) * u128::from(a.head_dim);
         if total == 0 || total > u128::from(u32::MAX) {
             return Err(bad(OP, format!("bad shape: {total} elements")));

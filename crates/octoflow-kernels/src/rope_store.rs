@@ -11,7 +11,7 @@ use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
 
 use crate::error::Result;
 use crate::operand::{bad, need, Positions};
-use crate::rope::{rope_ref, RopeMode};
+use crate::rope::{check_angles, rope_ref, RopeMode};
 use crate::set_rows::set_rows_ref;
 use crate::shaders;
 
@@ -80,18 +80,7 @@ impl RopeStore {
     /// written (q and the caches) must not overlap any other operand.
     pub fn record(&self, chain: &mut Chain, a: &RopeStoreArgs) -> Result<()> {
         const OP: &str = "rope_store";
-        if a.n_rot == 0 || !a.n_rot.is_multiple_of(2) || a.n_rot > a.head_dim {
-            return Err(bad(
-                OP,
-                format!(
-                    "n_rot {} must be even, in 2..=head_dim {}",
-                    a.n_rot, a.head_dim
-                ),
-            ));
-        }
-        if !(a.base > 0.0 && a.base.is_finite() && a.scale.is_finite()) {
-            return Err(bad(OP, format!("base {} / scale {}", a.base, a.scale)));
-        }
+        check_angles(OP, a.n_rot, a.head_dim, a.base, a.scale)?;
         let n = u128::from(a.n_tokens);
         let k_width = u128::from(a.n_head_kv) * u128::from(a.head_dim);
         let v_width = u128::from(a.n_head_kv) * u128::from(a.head_dim_v);
