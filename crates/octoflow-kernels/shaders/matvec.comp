@@ -2,8 +2,8 @@
 // Quantized matrix-vector product for a few tokens (the decode hot path):
 //   y[t * y_stride + y_col + r] (= | +=) dot(W row r, x[t]) (+ bias[r]),  t < n_tokens <= MAXT.
 // W: n_rows rows in their GGUF encoding (quant.glsl, type from the QTYPE_* define), row r at byte
-// r * row_bytes. x: [n_tokens, n_cols] f32. ROWS rows per workgroup, TPR invocations per row;
-// each invocation strides over the row's 32-element chunks (consecutive invocations read
+// r * row_bytes. x: [n_tokens, n_cols] f32. TPR invocations per group of RPT rows (layout
+// below); each invocation strides over the row's 32-element chunks (consecutive invocations read
 // consecutive blocks), dequantizes a chunk once and uses it for every token. Reduction: subgroup
 // sums, then the per-subgroup partials of a row through shared memory (the host guarantees the
 // subgroup size divides TPR). Workgroups form a 2-D grid flattened as in common.glsl.
@@ -25,12 +25,18 @@
 
 #define QWINDOW 1 // branch-free chunk reads (quant.glsl)
 
-#define WG 128u
-#define TPR 32u
-#define ROWS (WG / TPR)
-#define MAXT 8u
-
-layout(local_size_x = 128) in;
+// Work layout (specialization constants, chosen per matrix shape by linear.rs): WG invocations
+// per workgroup; TPR invocations per group of RPT consecutive rows (TPR a multiple of the
+// subgroup size dividing WG); each invocation reads the same chunk of x for its RPT rows (more
+// weight bytes in flight per invocation, x read once from memory per RPT rows); ROWS = WG / TPR
+// * RPT rows per workgroup; at most MAXT tokens (the pipeline for one token keeps one
+// accumulator per row).
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 128u;
+layout(constant_id = 1) const uint TPR = 32u;
+layout(constant_id = 2) const uint MAXT = 8u;
+layout(constant_id = 3) const uint RPT = 1u;
+const uint GROUPS = WG / TPR; // row groups per workgroup
 
 #include "common.glsl"
 
@@ -74,132 +80,172 @@ layout(push_constant) uniform Push {
 #define NSUMS 2u
 #endif
 
-// Per-subgroup partial sums, [MAXT][WG] (at most WG subgroups), then (fused norm) the partial
-// sums of squares of x, [MAXT][WG] after them, then (GLU) the partial up products, [MAXT][WG].
-shared float partial[NSUMS * MAXT * WG];
+// Per-subgroup partial sums (at most WG subgroups): the products [MAXT][RPT][WG], then (fused
+// norm) the sums of squares of x [MAXT][WG], then (GLU) the up products [MAXT][RPT][WG].
+#ifdef GLU
+#define NPART (2u * MAXT * RPT + MAXT)
+#else
+#define NPART (MAXT * RPT + MAXT)
+#endif
+shared float partial[NPART * WG];
+#define P_ACC(t, k) (((t) * RPT + (k)) * WG)
+#define P_SSQ(t) ((MAXT * RPT + (t)) * WG)
+#define P_UP(t, k) ((MAXT * RPT + MAXT + (t) * RPT + (k)) * WG)
 
 void main() {
     uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     uint tid = gl_LocalInvocationID.x;
     uint lr = tid / TPR;
     uint lane = tid % TPR;
-    uint r = group * ROWS + lr;
+    uint r0 = (group * GROUPS + lr) * RPT;
     uint nt = min(pc.n_tokens, MAXT);
 
-    float acc[MAXT];
-    for (uint t = 0u; t < MAXT; t++) {
-        acc[t] = 0.0;
-    }
+    float acc[MAXT * RPT];
 #ifdef GLU
-    float acc2[MAXT];
-    for (uint t = 0u; t < MAXT; t++) {
-        acc2[t] = 0.0;
-    }
+    float acc2[MAXT * RPT];
 #endif
-    // Fused norm: the lanes of a row read all of x[t] between them, so each row sums x[t]^2 in
-    // the same loop as its dot product (no extra pass, no barrier) and scales by 1/rms at the end.
+    [[unroll]] for (uint i = 0u; i < MAXT * RPT; i++) {
+        acc[i] = 0.0;
+#ifdef GLU
+        acc2[i] = 0.0;
+#endif
+    }
+    // Fused norm: the lanes of a row group read all of x[t] between them, so each sums x[t]^2 in
+    // the same loop as its dot products (no extra pass, no barrier) and scales by 1/rms at the
+    // end.
     bool norm = pc.norm != 0u;
     float ssq[MAXT];
-    for (uint t = 0u; t < MAXT; t++) {
+    [[unroll]] for (uint t = 0u; t < MAXT; t++) {
         ssq[t] = 0.0;
     }
-    if (r < pc.n_rows) {
-        uint rb = r * pc.row_bytes;
+    if (r0 < pc.n_rows) {
         uint nc = chunk_count(pc.n_cols);
         for (uint c = lane; c < nc; c += TPR) {
-            float v[32];
-            dequant_chunk(rb, c, pc.n_cols, v);
-#ifdef GLU
-            float v2[32];
-            dequant_chunk_2(rb, c, pc.n_cols, v2);
-#endif
             uint len = chunk_len(c, pc.n_cols);
-            for (uint t = 0u; t < nt; t++) {
-                uint xb = t * pc.n_cols + 32u * c;
-                float s = 0.0;
-#ifdef GLU
-                float s2 = 0.0;
-#endif
-                if (len == 32u && (pc.n_cols & 3u) == 0u) {
-                    // xb is a multiple of 4: the chunk is 8 aligned vec4s
-                    [[unroll]] for (uint i = 0u; i < 8u; i++) {
-                        vec4 xv = x4[(xb >> 2) + i];
-                        if (norm) {
-                            ssq[t] += dot(xv, xv);
-                            xv *= g4[8u * c + i];
-                        }
-                        s += dot(vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]), xv);
-#ifdef GLU
-                        s2 += dot(vec4(v2[4u * i], v2[4u * i + 1u], v2[4u * i + 2u], v2[4u * i + 3u]), xv);
-#endif
-                    }
-                } else {
-                    for (uint i = 0u; i < len; i++) {
-                        float xv = x[xb + i];
-                        if (norm) {
-                            ssq[t] += xv * xv;
-                            xv *= g[32u * c + i];
-                        }
-                        s += v[i] * xv;
-#ifdef GLU
-                        s2 += v2[i] * xv;
-#endif
-                    }
+            [[unroll]] for (uint k = 0u; k < RPT; k++) {
+                uint r = r0 + k;
+                if (r >= pc.n_rows) {
+                    break;
                 }
-                acc[t] += s;
+                uint rb = r * pc.row_bytes;
+                float v[32];
+                dequant_chunk(rb, c, pc.n_cols, v);
 #ifdef GLU
-                acc2[t] += s2;
+                float v2[32];
+                dequant_chunk_2(rb, c, pc.n_cols, v2);
 #endif
+                [[unroll]] for (uint t = 0u; t < MAXT; t++) {
+                    if (t >= nt) {
+                        break;
+                    }
+                    uint xb = t * pc.n_cols + 32u * c;
+                    float s = 0.0;
+#ifdef GLU
+                    float s2 = 0.0;
+#endif
+                    if (len == 32u && (pc.n_cols & 3u) == 0u) {
+                        // xb is a multiple of 4: the chunk is 8 aligned vec4s
+                        [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                            vec4 xv = x4[(xb >> 2) + i];
+                            if (norm) {
+                                if (k == 0u) {
+                                    ssq[t] += dot(xv, xv);
+                                }
+                                xv *= g4[8u * c + i];
+                            }
+                            s += dot(vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]), xv);
+#ifdef GLU
+                            s2 += dot(vec4(v2[4u * i], v2[4u * i + 1u], v2[4u * i + 2u], v2[4u * i + 3u]), xv);
+#endif
+                        }
+                    } else {
+                        for (uint i = 0u; i < len; i++) {
+                            float xv = x[xb + i];
+                            if (norm) {
+                                if (k == 0u) {
+                                    ssq[t] += xv * xv;
+                                }
+                                xv *= g[32u * c + i];
+                            }
+                            s += v[i] * xv;
+#ifdef GLU
+                            s2 += v2[i] * xv;
+#endif
+                        }
+                    }
+                    acc[t * RPT + k] += s;
+#ifdef GLU
+                    acc2[t * RPT + k] += s2;
+#endif
+                }
             }
         }
     }
 
-    // Subgroup sums, then the TPR / gl_SubgroupSize partials of each row.
-    for (uint t = 0u; t < nt; t++) {
-        float s = subgroupAdd(acc[t]);
+    // Subgroup sums, then the TPR / gl_SubgroupSize partials of each row group.
+    [[unroll]] for (uint t = 0u; t < MAXT; t++) {
+        if (t >= nt) {
+            break;
+        }
         float q = norm ? subgroupAdd(ssq[t]) : 0.0;
-#ifdef GLU
-        float s2 = subgroupAdd(acc2[t]);
-#endif
         if (subgroupElect()) {
-            partial[t * WG + gl_SubgroupID] = s;
-            partial[(MAXT + t) * WG + gl_SubgroupID] = q;
+            partial[P_SSQ(t) + gl_SubgroupID] = q;
+        }
+        [[unroll]] for (uint k = 0u; k < RPT; k++) {
+            float s = subgroupAdd(acc[t * RPT + k]);
 #ifdef GLU
-            partial[(2u * MAXT + t) * WG + gl_SubgroupID] = s2;
+            float s2 = subgroupAdd(acc2[t * RPT + k]);
 #endif
+            if (subgroupElect()) {
+                partial[P_ACC(t, k) + gl_SubgroupID] = s;
+#ifdef GLU
+                partial[P_UP(t, k) + gl_SubgroupID] = s2;
+#endif
+            }
         }
     }
     barrier();
-    if (lane == 0u && r < pc.n_rows) {
+    if (lane == 0u && r0 < pc.n_rows) {
         uint per_row = TPR / gl_SubgroupSize;
         uint first = lr * per_row;
-        for (uint t = 0u; t < nt; t++) {
-            float s = 0.0;
+        [[unroll]] for (uint t = 0u; t < MAXT; t++) {
+            if (t >= nt) {
+                break;
+            }
             float ss = 0.0;
-            for (uint k = 0u; k < per_row; k++) {
-                s += partial[t * WG + first + k];
-                ss += partial[(MAXT + t) * WG + first + k];
+            for (uint j = 0u; j < per_row; j++) {
+                ss += partial[P_SSQ(t) + first + j];
             }
             float inv = norm ? 1.0 / sqrt(ss / float(pc.n_cols) + pc.eps) : 1.0;
+            [[unroll]] for (uint k = 0u; k < RPT; k++) {
+                uint r = r0 + k;
+                if (r >= pc.n_rows) {
+                    break;
+                }
+                float s = 0.0;
+                for (uint j = 0u; j < per_row; j++) {
+                    s += partial[P_ACC(t, k) + first + j];
+                }
 #ifdef GLU
-            float s2 = 0.0;
-            for (uint k = 0u; k < per_row; k++) {
-                s2 += partial[(2u * MAXT + t) * WG + first + k];
-            }
-            y[t * pc.y_stride + pc.y_col + r] = glu_act(s * inv, pc.act) * (s2 * inv);
+                float s2 = 0.0;
+                for (uint j = 0u; j < per_row; j++) {
+                    s2 += partial[P_UP(t, k) + first + j];
+                }
+                y[t * pc.y_stride + pc.y_col + r] = glu_act(s * inv, pc.act) * (s2 * inv);
 #else
-            if (norm) {
-                s *= inv;
-            }
-            if ((pc.flags & 1u) != 0u) {
-                s += bias[r];
-            }
-            uint o = t * pc.y_stride + pc.y_col + r;
-            if ((pc.flags & 2u) != 0u) {
-                s += y[o];
-            }
-            y[o] = s;
+                if (norm) {
+                    s *= inv;
+                }
+                if ((pc.flags & 1u) != 0u) {
+                    s += bias[r];
+                }
+                uint o = t * pc.y_stride + pc.y_col + r;
+                if ((pc.flags & 2u) != 0u) {
+                    s += y[o];
+                }
+                y[o] = s;
 #endif
+            }
         }
     }
 }

@@ -3,11 +3,8 @@
 //! steps (few query tokens per sequence) take `attention_decode.comp` instead (see
 //! `attention_decode.rs`).
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
 use octoflow_vk::{
-    BufferSlice, Chain, Context, DeviceCaps, DeviceKind, Pipeline, PipelineDesc, Push, Shader,
+    BufferSlice, Chain, Context, DeviceCaps, DeviceKind, Pipeline, PipelineDesc, Push,
 };
 
 use crate::attention_decode::{self, Decode};
@@ -15,6 +12,7 @@ use crate::error::Result;
 use crate::operand::{bad, need, Positions};
 use crate::scratch::QueueScratch;
 use crate::shaders;
+use crate::spec::SpecPipelines;
 
 /// Largest `head_dim` / `head_dim_v` (`MAX_D` in `attention.comp`).
 pub const MAX_HEAD_DIM: u32 = 256;
@@ -70,42 +68,6 @@ pub(crate) struct Plan {
     pub tpl: u32,
     /// Key-range pieces (1: no merge pass).
     pub split: u32,
-}
-
-/// One shader's pipelines, specialized per set of constants on first use (the attention kernels
-/// specialize on the head shape and work layout).
-pub(crate) struct SpecPipelines {
-    shader: Shader,
-    bindings: u32,
-    push_bytes: u32,
-    label: &'static str,
-    cache: Mutex<HashMap<[u32; 7], Pipeline>>,
-}
-
-impl SpecPipelines {
-    pub(crate) fn new(shader: Shader, bindings: u32, push_bytes: u32, label: &'static str) -> Self {
-        Self {
-            shader,
-            bindings,
-            push_bytes,
-            label,
-            cache: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// The pipeline specialized with `spec`, built on first use.
-    pub(crate) fn get(&self, ctx: &Context, spec: [u32; 7]) -> Result<Pipeline> {
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(pl) = cache.get(&spec) {
-            return Ok(pl.clone());
-        }
-        let desc = PipelineDesc::new(self.shader, self.bindings, self.push_bytes)
-            .spec(&spec)
-            .label(self.label);
-        let pl = Pipeline::new(ctx, &desc)?;
-        cache.insert(spec, pl.clone());
-        Ok(pl)
-    }
 }
 
 /// The attention kernel, built once per device. Pipelines for each head shape are specialized

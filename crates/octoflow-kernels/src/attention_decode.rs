@@ -11,11 +11,12 @@
 
 use octoflow_vk::{Chain, DeviceCaps, DeviceKind, Push};
 
-use crate::attention::{grid, kv_total, validate, AttentionArgs, SpecPipelines};
+use crate::attention::{grid, kv_total, validate, AttentionArgs};
 use crate::error::Result;
 use crate::operand::{bad, Positions};
 use crate::scratch::QueueScratch;
 use crate::shaders;
+use crate::spec::SpecPipelines;
 
 /// Run-mode dispatches of at most this many query tokens take the decode kernel.
 pub const DECODE_MAX_TOKENS: u32 = 8;

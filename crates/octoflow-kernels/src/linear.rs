@@ -23,15 +23,15 @@ use crate::error::{KernelError, Result};
 use crate::glu::{glu_ref, GluOp};
 use crate::matmul_coop::MatmulCoop;
 use crate::qweight::{check_words, row_bytes, type_index, variant, word_slice, QOp, TYPES};
+use crate::spec::SpecPipelines;
 
 const OP: &str = "linear";
 
 /// Batches of at most this many tokens use the matrix-vector kernel (`MAXT` in `matvec.comp`);
 /// larger ones the tiled matrix-matrix kernel.
 pub const MATVEC_MAX_TOKENS: u32 = 8;
-/// Rows per matvec workgroup (`ROWS` in `matvec.comp`).
-const MATVEC_ROWS: u32 = 4;
-/// Invocations per row in matvec (`TPR`): the subgroup size must divide it.
+/// The narrowest matvec row (`TPR` in `matvec.comp`, invocations per row): every layout's
+/// `TPR` is a multiple of it, so a subgroup size dividing it divides them all.
 const MATVEC_TPR: u32 = 32;
 /// Rows and tokens per matmul workgroup tile (`TM`, `TN` in `matmul.comp`).
 const MATMUL_TM: u32 = 64;
@@ -117,9 +117,10 @@ pub struct LinearGluArgs<'a> {
 /// The linear-layer kernels, a matvec and a matmul pipeline per weight type (and the
 /// cooperative-matrix matmul where the device has it), built once.
 pub struct Linear {
-    matvec: Vec<Pipeline>,
-    /// The fused-GLU matvec per weight type.
-    matvec_glu: Vec<Pipeline>,
+    /// The matvec and fused-GLU matvec per weight type: specialized per work layout
+    /// ([`MatvecPlan`]) on the GPU layout, one pipeline each on the CPU layout.
+    matvec: Vec<Matvec>,
+    matvec_glu: Vec<Matvec>,
     matmul: Vec<Pipeline>,
     /// The pipelines are the `linear_cpu.comp` variants.
     cpu: bool,
@@ -146,21 +147,21 @@ impl Linear {
             let sg = &ctx.caps().subgroup;
             let required = (sg.size != CPU_SUBGROUP).then_some(CPU_SUBGROUP);
             for i in 0..TYPES.len() {
-                for (op, list, bindings, push) in [
-                    (QOp::MatvecCpu, &mut matvec, 4, PUSH_BYTES),
-                    (
-                        QOp::MatvecGluCpu,
-                        &mut matvec_glu,
-                        GLU_BINDINGS,
-                        GLU_PUSH_BYTES,
-                    ),
-                    (QOp::MatmulCpu, &mut matmul, 4, PUSH_BYTES),
+                for (op, bindings, push) in [
+                    (QOp::MatvecCpu, 4, PUSH_BYTES),
+                    (QOp::MatvecGluCpu, GLU_BINDINGS, GLU_PUSH_BYTES),
+                    (QOp::MatmulCpu, 4, PUSH_BYTES),
                 ] {
                     let mut desc = PipelineDesc::new(variant(op, i), bindings, push);
                     if let Some(size) = required {
                         desc = desc.subgroup_size(size);
                     }
-                    list.push(Pipeline::new(ctx, &desc)?);
+                    let pl = Pipeline::new(ctx, &desc)?;
+                    match op {
+                        QOp::MatvecCpu => matvec.push(Matvec::Fixed(pl)),
+                        QOp::MatvecGluCpu => matvec_glu.push(Matvec::Fixed(pl)),
+                        _ => matmul.push(pl),
+                    }
                 }
             }
             return Ok(Linear {
@@ -187,17 +188,19 @@ impl Linear {
             None
         };
         for i in 0..TYPES.len() {
-            let mut desc = PipelineDesc::new(variant(QOp::Matvec, i), 5, PUSH_BYTES + 8);
-            if let Some(size) = required {
-                desc = desc.subgroup_size(size);
-            }
-            matvec.push(Pipeline::new(ctx, &desc)?);
-            let mut desc =
-                PipelineDesc::new(variant(QOp::MatvecGlu, i), GLU_BINDINGS, GLU_PUSH_BYTES);
-            if let Some(size) = required {
-                desc = desc.subgroup_size(size);
-            }
-            matvec_glu.push(Pipeline::new(ctx, &desc)?);
+            matvec.push(Matvec::Spec(
+                SpecPipelines::new(variant(QOp::Matvec, i), 5, PUSH_BYTES + 8, "matvec")
+                    .subgroup_size(required),
+            ));
+            matvec_glu.push(Matvec::Spec(
+                SpecPipelines::new(
+                    variant(QOp::MatvecGlu, i),
+                    GLU_BINDINGS,
+                    GLU_PUSH_BYTES,
+                    "matvec_glu",
+                )
+                .subgroup_size(required),
+            ));
             let desc = PipelineDesc::new(variant(QOp::Matmul, i), 4, PUSH_BYTES);
             matmul.push(Pipeline::new(ctx, &desc)?);
         }
@@ -249,7 +252,20 @@ impl Linear {
     /// [`MATVEC_MAX_TOKENS`], the tiled matmul above. Checks the type, the shapes and every
     /// operand's size. `y` must not alias `x`, `bias` or the weights.
     pub fn record(&self, chain: &mut Chain, a: &LinearArgs) -> Result<()> {
+        self.record_with(chain, a, None)
+    }
+
+    /// [`Linear::record`], the GPU matvec in the work layout `plan` where given (benchmarks and
+    /// tests compare layouts), else in [`MatvecPlan::choose`]'s.
+    pub(crate) fn record_with(
+        &self,
+        chain: &mut Chain,
+        a: &LinearArgs,
+        plan: Option<MatvecPlan>,
+    ) -> Result<()> {
         let Checked { ti, push, bindings } = check_args(a)?;
+        let plan =
+            plan.unwrap_or_else(|| MatvecPlan::choose(a.w.ty, a.w.n_rows, a.w.n_cols, a.n_tokens));
         let w = &a.w;
         if let Some((g, eps)) = a.norm {
             if !self.fuses_norm(a.n_tokens) {
@@ -261,49 +277,153 @@ impl Linear {
                 });
             }
             check_words(OP, "norm", g, u64::from(w.n_cols), "floats")?;
-            let groups = chain
-                .context()
-                .groups_1d(u64::from(w.n_rows), MATVEC_ROWS)?;
+            let (pipeline, groups) = self.matvec[ti].layout(chain, w.n_rows, a.n_tokens, plan)?;
             let [wb, x, y, bias] = bindings;
             let push = push.f32(eps).u32(1);
-            chain.dispatch(
-                &self.matvec[ti],
-                &[wb, x, y, bias, g.clone()],
-                &push,
-                groups,
-            )?;
+            chain.dispatch(&pipeline, &[wb, x, y, bias, g.clone()], &push, groups)?;
             return Ok(());
         }
         if let Some(coop) = self.coop.as_ref().filter(|_| self.uses_coop(a.n_tokens)) {
             return coop.dispatch(chain, ti, a, &bindings, &push);
         }
         let small = a.n_tokens <= MATVEC_MAX_TOKENS;
-        let pipeline = if small {
-            &self.matvec[ti]
-        } else {
-            &self.matmul[ti]
-        };
         if self.cpu {
             let tn = if small { CPU_MATVEC_TN } else { CPU_MATMUL_TN };
             let groups = cpu_groups(chain, w.n_rows, a.n_tokens, tn)?;
-            chain.dispatch(pipeline, &bindings, &push, groups)?;
+            let pipeline = if small {
+                self.matvec[ti]
+                    .layout(chain, w.n_rows, a.n_tokens, MatvecPlan::DEFAULT)?
+                    .0
+            } else {
+                self.matmul[ti].clone()
+            };
+            chain.dispatch(&pipeline, &bindings, &push, groups)?;
         } else if small {
-            let groups = chain
-                .context()
-                .groups_1d(u64::from(w.n_rows), MATVEC_ROWS)?;
-            // no norm: x stands in for its binding (never read)
-            let [wb, x, y, bias] = bindings;
-            let push = push.f32(0.0).u32(0);
-            chain.dispatch(pipeline, &[wb, x.clone(), y, bias, x], &push, groups)?;
+            self.record_matvec(chain, ti, a, &bindings, push, plan)?;
         } else {
             let groups = [
                 w.n_rows.div_ceil(MATMUL_TM),
                 a.n_tokens.div_ceil(MATMUL_TN),
                 1,
             ];
-            chain.dispatch(pipeline, &bindings, &push, groups)?;
+            chain.dispatch(&self.matmul[ti], &bindings, &push, groups)?;
         }
         Ok(())
+    }
+
+    /// The GPU matvec of checked arguments without a fused norm, in the work layout `plan`.
+    fn record_matvec(
+        &self,
+        chain: &mut Chain,
+        ti: usize,
+        a: &LinearArgs,
+        bindings: &[BufferSlice; 4],
+        push: Push,
+        plan: MatvecPlan,
+    ) -> Result<()> {
+        let (pipeline, groups) = self.matvec[ti].layout(chain, a.w.n_rows, a.n_tokens, plan)?;
+        // no norm: x stands in for its binding (never read)
+        let [wb, x, y, bias] = bindings.clone();
+        let push = push.f32(0.0).u32(0);
+        chain.dispatch(&pipeline, &[wb, x.clone(), y, bias, x], &push, groups)?;
+        Ok(())
+    }
+}
+
+/// The work layout of one GPU matvec dispatch (`matvec.comp`'s specialization constants).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MatvecPlan {
+    /// Invocations per workgroup (a multiple of `tpr`).
+    pub wg: u32,
+    /// Invocations per row: a multiple of [`MATVEC_TPR`].
+    pub tpr: u32,
+    /// Tokens the pipeline takes at most (1 ..= [`MATVEC_MAX_TOKENS`]).
+    pub maxt: u32,
+    /// Consecutive rows per invocation (sharing its reads of x), at least 1.
+    pub rpt: u32,
+}
+
+impl MatvecPlan {
+    /// The layout before per-shape plans (and the only one of the CPU layout, which ignores it).
+    pub(crate) const DEFAULT: MatvecPlan = MatvecPlan {
+        wg: 128,
+        tpr: MATVEC_TPR,
+        maxt: MATVEC_MAX_TOKENS,
+        rpt: 1,
+    };
+
+    /// The layout for `n_tokens` (1 ..= [`MATVEC_MAX_TOKENS`]) tokens of an `n_rows` x `n_cols`
+    /// matrix of type `ty`.
+    /// Measured on the H100 over every layout at the decode shapes of the three models
+    /// (`matvec_layouts` in linear_bench.rs, docs/BENCHMARKS.md): long rows (64+ chunks, the
+    /// FFN down projections) gain from 128 invocations per row for one token (qwen's 896 x 4864
+    /// Q4_K 12.9 → 9.9 us) and 64 for a few; pipelines for exactly the tokens they take hold
+    /// fewer registers (56 against 80); vocabulary-sized matrices read four rows per invocation
+    /// (a few percent); the type does not change the choice.
+    pub(crate) fn choose(ty: GgmlType, n_rows: u32, n_cols: u32, n_tokens: u32) -> MatvecPlan {
+        let _ = ty;
+        let maxt = n_tokens.clamp(1, MATVEC_MAX_TOKENS).next_power_of_two();
+        let long = n_cols.div_ceil(32) >= 64;
+        let (wg, tpr) = match (long, maxt) {
+            (true, 1) => (128, 128),
+            (true, _) => (64, 64),
+            (false, _) => (64, MATVEC_TPR),
+        };
+        let rpt = if maxt == 1 && n_rows >= 32768 { 4 } else { 1 };
+        MatvecPlan { wg, tpr, maxt, rpt }
+    }
+
+    /// Rows per workgroup.
+    fn rows(&self) -> u32 {
+        self.wg / self.tpr * self.rpt
+    }
+
+    /// Shared-memory bytes of the layout (`partial` in `matvec.comp`, the GLU variant's size).
+    fn shared_bytes(&self) -> u32 {
+        4 * (2 * self.maxt * self.rpt + self.maxt) * self.wg
+    }
+}
+
+/// A matvec shader's pipelines: one per work layout (GPU layout) or one fixed (CPU layout).
+enum Matvec {
+    Spec(SpecPipelines),
+    Fixed(Pipeline),
+}
+
+impl Matvec {
+    /// The pipeline and workgroup grid of `n_rows` rows in the layout `plan` (GPU layout; the
+    /// CPU layout's grid is [`cpu_groups`], computed by the caller, and ignores the plan).
+    /// Errors on a plan that does not fit `n_tokens` or the device.
+    fn layout(
+        &self,
+        chain: &Chain,
+        n_rows: u32,
+        n_tokens: u32,
+        plan: MatvecPlan,
+    ) -> Result<(Pipeline, [u32; 3])> {
+        match self {
+            Matvec::Fixed(pl) => Ok((pl.clone(), [0, 0, 0])),
+            Matvec::Spec(s) => {
+                let ctx = chain.context();
+                let p = plan;
+                if p.tpr == 0
+                    || !p.tpr.is_multiple_of(MATVEC_TPR)
+                    || !p.wg.is_multiple_of(p.tpr)
+                    || p.wg > ctx.caps().max_workgroup_invocations
+                    || p.rpt == 0
+                    || p.shared_bytes() > ctx.caps().max_shared_memory
+                    || !(n_tokens..=MATVEC_MAX_TOKENS).contains(&p.maxt)
+                {
+                    return Err(KernelError::Shape {
+                        op: OP,
+                        detail: format!("matvec layout {p:?} does not fit {n_tokens} tokens"),
+                    });
+                }
+                let pl = s.get(ctx, [plan.wg, plan.tpr, plan.maxt, plan.rpt, 0, 0, 0])?;
+                let groups = ctx.groups_1d(u64::from(n_rows), plan.rows())?;
+                Ok((pl, groups))
+            }
+        }
     }
 }
 
@@ -313,6 +433,17 @@ impl Linear {
     /// [`Linear::fuses_glu`] holds and gate and up have the same shape, and on any operand's
     /// size (as [`Linear::record`]).
     pub fn record_glu(&self, chain: &mut Chain, a: &LinearGluArgs) -> Result<()> {
+        self.record_glu_with(chain, a, None)
+    }
+
+    /// [`Linear::record_glu`] in the work layout `plan` where given (as
+    /// [`Linear::record_with`]).
+    pub(crate) fn record_glu_with(
+        &self,
+        chain: &mut Chain,
+        a: &LinearGluArgs,
+        plan: Option<MatvecPlan>,
+    ) -> Result<()> {
         let shape = |detail: String| KernelError::Shape { op: OP, detail };
         let (g, u) = (&a.gate, &a.up);
         if g.ty != u.ty {
@@ -371,15 +502,13 @@ impl Linear {
             .u32(a.op.code());
         // no norm: x stands in for its binding (never read)
         let nw = norm.map_or_else(|| x.clone(), |n| n.0);
-        let pipeline = &self.matvec_glu[ti];
-        let groups = if self.cpu {
-            cpu_groups(chain, g.n_rows, a.n_tokens, CPU_MATVEC_TN)?
-        } else {
-            chain
-                .context()
-                .groups_1d(u64::from(g.n_rows), MATVEC_ROWS)?
-        };
-        chain.dispatch(pipeline, &[wb, x, y, bias, nw, up], &push, groups)?;
+        let plan = plan.unwrap_or_else(|| MatvecPlan::choose(g.ty, g.n_rows, g.n_cols, a.n_tokens));
+        let (pipeline, mut groups) =
+            self.matvec_glu[ti].layout(chain, g.n_rows, a.n_tokens, plan)?;
+        if self.cpu {
+            groups = cpu_groups(chain, g.n_rows, a.n_tokens, CPU_MATVEC_TN)?;
+        }
+        chain.dispatch(&pipeline, &[wb, x, y, bias, nw, up], &push, groups)?;
         Ok(())
     }
 }
@@ -740,6 +869,203 @@ pub(crate) mod tests {
         gpu_linear_q8_0 => Q8_0, gpu_linear_q4_k => Q4_K, gpu_linear_q5_k => Q5_K,
         gpu_linear_q6_k => Q6_K
     );
+
+    /// Every matvec work layout the kernels can be asked for ([`MatvecPlan`]: 32 to 256
+    /// invocations per row, one or two row groups per workgroup, 1 to 4 rows per invocation,
+    /// pipelines for 1 to 8 tokens) on the GPU layout: plain with bias and accumulate, with a
+    /// fused norm, and the fused GLU, over random types and shapes whose rows leave the last
+    /// workgroup partly empty, against the CPU references; y poisoned with NaN (past its end
+    /// too for the GLU).
+    #[test]
+    fn gpu_matvec_layouts_agree_with_the_references() {
+        use crate::operand::test_bufs::{poisoned, read, with};
+        let Some(ctx) = gpu_or_skip("matvec_layouts") else {
+            return;
+        };
+        let seed: u64 = rand::random();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let lin = Linear::with_layout(&ctx, false).unwrap();
+        let mut plans = vec![];
+        for tpr in [32u32, 64, 128, 256] {
+            for wg in [tpr, 2 * tpr] {
+                for (maxt, rpt) in [(1u32, 1u32), (1, 4), (2, 2), (8, 1)] {
+                    let plan = MatvecPlan { wg, tpr, maxt, rpt };
+                    if wg <= 256 && plan.shared_bytes() <= ctx.caps().max_shared_memory {
+                        plans.push(plan);
+                    }
+                }
+            }
+        }
+        // a random dozen per run (every pipeline compiles on lavapipe), those of the plans
+        // `choose` makes always
+        use rand::seq::SliceRandom;
+        plans.shuffle(&mut rng);
+        plans.truncate(12);
+        for (rows, cols, tokens) in [
+            (896, 896, 1),
+            (896, 4864, 1),
+            (896, 4864, 4),
+            (65536, 896, 1),
+        ] {
+            let chosen = MatvecPlan::choose(GgmlType::Q8_0, rows, cols, tokens);
+            if !plans.contains(&chosen) {
+                plans.push(chosen);
+            }
+        }
+        let eps = 1e-6f32;
+        for plan in plans {
+            let ty = TYPES[rng.gen_range(0..TYPES.len())];
+            let n_rows = rng.gen_range(37..200usize);
+            let n_cols = random_cols(&mut rng, ty);
+            let n_tokens = rng.gen_range(1..=plan.maxt as usize);
+            let what = format!("{plan:?} {ty} {n_rows}x{n_cols}, {n_tokens} tokens, seed {seed}");
+            let wq = random_weights(&mut rng, ty, n_rows, n_cols);
+            let uq = random_weights(&mut rng, ty, n_rows, n_cols);
+            let (wb, ub) = (buffer_with(&ctx, "w", &wq), buffer_with(&ctx, "u", &uq));
+            let x: Vec<f32> = (0..n_tokens * n_cols)
+                .map(|_| rng.gen_range(-1.0..1.0))
+                .collect();
+            let g: Vec<f32> = (0..n_cols).map(|_| rng.gen_range(0.5..1.5)).collect();
+            let bias: Vec<f32> = (0..n_rows).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let (xb, gb, bb) = (
+                with(&ctx, "x", &x),
+                with(&ctx, "g", &g),
+                with(&ctx, "b", &bias),
+            );
+            let (gs, bs) = (gb.whole(), bb.whole());
+            let mut normed = vec![0f32; x.len()];
+            crate::rms_norm_ref(&x, &g, &mut normed, n_cols, eps);
+            let len = n_tokens * n_rows;
+            let w = |data| QWeightRef {
+                ty,
+                data,
+                n_rows: n_rows as u32,
+                n_cols: n_cols as u32,
+            };
+            let (ws, us) = (wb.whole(), ub.whole());
+            // plain (bias, accumulate) and with a fused norm
+            for fused in [false, true] {
+                let y0: Vec<f32> = (0..len).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                let yb = with(&ctx, "y", &y0);
+                let args = LinearArgs {
+                    w: w(&ws),
+                    x: &xb.whole(),
+                    y: &yb.whole(),
+                    n_tokens: n_tokens as u32,
+                    y_stride: n_rows as u32,
+                    y_col: 0,
+                    bias: (!fused).then_some(&bs),
+                    accumulate: !fused,
+                    norm: fused.then_some((&gs, eps)),
+                };
+                if fused {
+                    let nan = vec![f32::NAN; len];
+                    ctx.upload(&yb, 0, octoflow_vk::as_bytes(&nan)).unwrap();
+                }
+                let mut chain = Chain::new(&ctx).unwrap();
+                lin.record_with(&mut chain, &args, Some(plan)).unwrap();
+                chain.run().unwrap();
+                let got = read(&ctx, &yb, len);
+                let mut want = if fused { vec![0f32; len] } else { y0.clone() };
+                let input = if fused { &normed } else { &x };
+                let b = (!fused).then_some(&bias[..]);
+                linear_ref(
+                    ty, &wq, n_rows, n_cols, input, n_tokens, &mut want, n_rows, 0, b, !fused,
+                )
+                .unwrap();
+                if let Err(e) = check_close(&got, &want, REL) {
+                    panic!("{what} (fused norm {fused}): {e}");
+                }
+            }
+            // the fused GLU with the norm
+            let yb = poisoned(&ctx, "y", len + 5);
+            let args = LinearGluArgs {
+                gate: w(&ws),
+                up: w(&us),
+                x: &xb.whole(),
+                y: &yb.slice(0, 4 * len as u64).unwrap(),
+                n_tokens: n_tokens as u32,
+                op: GluOp::Silu,
+                norm: Some((&gs, eps)),
+            };
+            let mut chain = Chain::new(&ctx).unwrap();
+            lin.record_glu_with(&mut chain, &args, Some(plan)).unwrap();
+            chain.run().unwrap();
+            let got = read(&ctx, &yb, len + 5);
+            let mut want = vec![0f32; len];
+            linear_glu_ref(
+                ty,
+                &wq,
+                &uq,
+                n_rows,
+                n_cols,
+                &normed,
+                n_tokens,
+                &mut want,
+                GluOp::Silu,
+            )
+            .unwrap();
+            if let Err(e) = check_close(&got[..len], &want, REL) {
+                panic!("{what} (GLU): {e}");
+            }
+            assert!(
+                got[len..].iter().all(|v| v.is_nan()),
+                "{what}: written past y's end"
+            );
+        }
+        assert_no_validation_errors(&ctx);
+    }
+
+    /// A layout that does not fit the tokens or the device is a clear error, not a wrong result.
+    #[test]
+    fn gpu_matvec_bad_layouts_are_errors() {
+        let Some(ctx) = gpu_or_skip("matvec_bad_layouts") else {
+            return;
+        };
+        let lin = Linear::with_layout(&ctx, false).unwrap();
+        let wb = buffer_with(&ctx, "w", &vec![0u8; 4 * 64 * 64]);
+        let xb = buffer_with(&ctx, "x", &[0u8; 4 * 64 * 4]);
+        let yb = buffer_with(&ctx, "y", &[0u8; 4 * 64 * 4]);
+        let args = LinearArgs {
+            w: QWeightRef {
+                ty: GgmlType::F32,
+                data: &wb.whole(),
+                n_rows: 64,
+                n_cols: 64,
+            },
+            x: &xb.whole(),
+            y: &yb.whole(),
+            n_tokens: 4,
+            y_stride: 64,
+            y_col: 0,
+            bias: None,
+            accumulate: false,
+            norm: None,
+        };
+        let base = MatvecPlan::DEFAULT;
+        for plan in [
+            MatvecPlan { maxt: 2, ..base },
+            MatvecPlan { tpr: 48, ..base },
+            MatvecPlan {
+                wg: 96,
+                tpr: 64,
+                ..base
+            },
+            MatvecPlan { rpt: 0, ..base },
+            MatvecPlan {
+                wg: 1 << 20,
+                ..base
+            },
+        ] {
+            let mut chain = Chain::new(&ctx).unwrap();
+            let err = lin.record_with(&mut chain, &args, Some(plan));
+            assert!(
+                matches!(err, Err(KernelError::Shape { .. })),
+                "{plan:?}: {:?}",
+                err.err()
+            );
+        }
+    }
 
     /// The worst `check_close` error of `got` against `want` (the measure its bound applies to).
     fn worst_rel(got: &[f32], want: &[f32]) -> f32 {

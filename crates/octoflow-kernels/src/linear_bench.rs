@@ -533,3 +533,216 @@ fn glu_timing() {
         }
     }
 }
+
+/// Every matvec work layout (workgroup size, invocations per row, tokens per pipeline) at the
+/// decode shapes of the three models: wall time per dispatch over a long chain with a compute
+/// barrier after each (as [`dispatch_overhead`]), the driver's register count where it reports
+/// one, and the worst difference from the default layout's output (`cargo test -p
+/// octoflow-kernels --release matvec_layouts -- --ignored --nocapture --test-threads 1`; filter
+/// with `LINEAR_BENCH=q5_0`).
+#[test]
+#[ignore]
+fn matvec_layouts() {
+    use crate::glu::GluOp;
+    use crate::linear::{LinearGluArgs, MatvecPlan};
+    use crate::qweight::{type_index, variant, QOp};
+    use octoflow_vk::PipelineDesc;
+    let Some(ctx) = gpu_or_skip("matvec_layouts") else {
+        return;
+    };
+    println!("device: {}", ctx.caps().name);
+    let filter = std::env::var("LINEAR_BENCH").unwrap_or_default();
+    let lin = Linear::with_layout(&ctx, false).unwrap();
+    let cpu = ctx.caps().kind == octoflow_vk::DeviceKind::Cpu;
+    let n = if cpu { 10 } else { 2000 };
+    let per_dispatch = |n: usize, rec: &dyn Fn(&mut Chain)| -> f64 {
+        let mut chain = Chain::new(&ctx).unwrap();
+        for _ in 0..n {
+            rec(&mut chain);
+            chain.compute_barrier().unwrap();
+        }
+        chain.run().unwrap();
+        let t = std::time::Instant::now();
+        chain.run().unwrap();
+        t.elapsed().as_secs_f64() * 1e6 / n as f64
+    };
+    let mut rng = StdRng::seed_from_u64(5);
+    use GgmlType::*;
+    // (type, rows, cols, fused norm, GLU): qwen2.5-0.5B, smollm2-135M, gemma-3-270M
+    let shapes = [
+        (Q5_0, 896, 896, true, false),
+        (Q5_0, 128, 896, true, false),
+        (Q5_0, 896, 896, false, false),
+        (Q5_0, 4864, 896, true, true),
+        (Q4_K, 896, 4864, false, false),
+        (Q6_K, 896, 4864, false, false),
+        (Q8_0, 151936, 896, true, false),
+        (Q4_1, 576, 576, true, false),
+        (Q4_1, 1536, 576, true, true),
+        (Q4_1, 576, 1536, false, false),
+        (Q8_0, 49152, 576, true, false),
+        (Q8_0, 640, 640, true, false),
+        (Q8_0, 2048, 640, true, true),
+        (Q4_K, 640, 2048, false, false),
+        (Q6_K, 640, 2048, false, false),
+    ];
+    let mut layouts = vec![];
+    for tpr in [32u32, 64, 128, 256] {
+        for wg in [32u32, 64, 128, 256] {
+            if wg >= tpr {
+                for (maxt, rpt) in [(1u32, 1u32), (1, 2), (1, 4), (8, 1), (4, 2)] {
+                    layouts.push(MatvecPlan { wg, tpr, maxt, rpt });
+                }
+            }
+        }
+    }
+    // what the driver reports about one pipeline
+    let desc = PipelineDesc::new(variant(QOp::Matvec, 0), 5, 36)
+        .spec(&[128, 32, 8])
+        .capture_statistics();
+    if let Ok(stats) = octoflow_vk::Pipeline::new(&ctx, &desc).and_then(|p| p.statistics()) {
+        for (k, v) in stats {
+            println!("statistic {k} = {v}");
+        }
+    }
+    for (ty, n_rows, n_cols, norm, glu) in shapes {
+        let name = format!(
+            "{ty} {n_rows}x{n_cols}{}{}",
+            if norm { " norm" } else { "" },
+            if glu { " glu" } else { "" }
+        );
+        if !name.to_lowercase().contains(&filter) {
+            continue;
+        }
+        let (r, c) = (n_rows as usize, n_cols as usize);
+        let wb = buffer_with(&ctx, "w", &random_weights(&mut rng, ty, r, c));
+        let ub = buffer_with(&ctx, "u", &random_weights(&mut rng, ty, r, c));
+        let x: Vec<f32> = (0..8 * c).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let xb = buffer_with(&ctx, "x", octoflow_vk::as_bytes(&x));
+        let g: Vec<f32> = (0..c).map(|_| rng.gen_range(0.5..1.5)).collect();
+        let gb = buffer_with(&ctx, "g", octoflow_vk::as_bytes(&g));
+        let yb = Buffer::new(
+            &ctx,
+            "y",
+            4 * 8 * u64::from(n_rows),
+            MemoryKind::DeviceLocal,
+        )
+        .unwrap();
+        let (ws, us, xs, gs, ys) = (wb.whole(), ub.whole(), xb.whole(), gb.whole(), yb.whole());
+        let bytes = if glu { 2 * wb.size() } else { wb.size() };
+        let record = |chain: &mut Chain, n_tokens: u32, plan: Option<MatvecPlan>| {
+            let w = |data| QWeightRef {
+                ty,
+                data,
+                n_rows,
+                n_cols,
+            };
+            let normed = norm.then_some((&gs, 1e-6f32));
+            if glu {
+                let a = LinearGluArgs {
+                    gate: w(&ws),
+                    up: w(&us),
+                    x: &xs,
+                    y: &ys,
+                    n_tokens,
+                    op: GluOp::Silu,
+                    norm: normed,
+                };
+                lin.record_glu_with(chain, &a, plan).unwrap();
+            } else {
+                let a = LinearArgs {
+                    w: w(&ws),
+                    x: &xs,
+                    y: &ys,
+                    n_tokens,
+                    y_stride: n_rows,
+                    y_col: 0,
+                    bias: None,
+                    accumulate: false,
+                    norm: normed,
+                };
+                lin.record_with(chain, &a, plan).unwrap();
+            }
+        };
+        let output = |n_tokens: u32, plan: Option<MatvecPlan>| {
+            let mut chain = Chain::new(&ctx).unwrap();
+            chain.fill(&ys, 0x7fc0_0000).unwrap();
+            chain.barrier().unwrap();
+            record(&mut chain, n_tokens, plan);
+            chain.run().unwrap();
+            let mut got = vec![0f32; n_tokens as usize * r];
+            ctx.download(&yb, 0, &mut got).unwrap();
+            got
+        };
+        for n_tokens in [1u32, 4] {
+            let reference = output(n_tokens, Some(MatvecPlan::DEFAULT));
+            let chosen = MatvecPlan::choose(ty, n_rows, n_cols, n_tokens);
+            let reps = if n_rows > 40_000 { n / 10 + 1 } else { n };
+            let plans: Vec<MatvecPlan> = layouts
+                .iter()
+                .copied()
+                .filter(|p| p.maxt >= n_tokens)
+                .collect();
+            // correctness and register counts first (pipeline builds stall the GPU)
+            let mut info = vec![];
+            for &plan in &plans {
+                let got = output(n_tokens, Some(plan));
+                let err = got
+                    .iter()
+                    .zip(&reference)
+                    .map(|(a, b)| {
+                        if a.is_nan() {
+                            f32::INFINITY
+                        } else {
+                            (a - b).abs() / b.abs().max(1e-2)
+                        }
+                    })
+                    .fold(0f32, f32::max);
+                let op = if glu { QOp::MatvecGlu } else { QOp::Matvec };
+                let (bindings, push) = if glu { (6, 40) } else { (5, 36) };
+                let spec = [plan.wg, plan.tpr, plan.maxt, plan.rpt];
+                let desc = PipelineDesc::new(
+                    variant(op, type_index("bench", ty).unwrap()),
+                    bindings,
+                    push,
+                )
+                .spec(&spec)
+                .capture_statistics();
+                let regs = octoflow_vk::Pipeline::new(&ctx, &desc)
+                    .and_then(|p| p.statistics())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|(k, _)| k.to_lowercase().contains("register"))
+                    .map(|(_, v)| v)
+                    .collect::<Vec<_>>()
+                    .join("/");
+                info.push((err, regs));
+            }
+            // the GPU busy for a second, then every layout timed three times round robin
+            let t0 = std::time::Instant::now();
+            while t0.elapsed().as_secs_f64() < 1.0 {
+                per_dispatch(reps, &|c| record(c, n_tokens, None));
+            }
+            let mut times = vec![f64::MAX; plans.len()];
+            for _ in 0..3 {
+                for (i, &plan) in plans.iter().enumerate() {
+                    let t = per_dispatch(reps, &|c| record(c, n_tokens, Some(plan)));
+                    times[i] = times[i].min(t);
+                }
+            }
+            let mut best = (f64::MAX, MatvecPlan::DEFAULT);
+            for (i, &plan) in plans.iter().enumerate() {
+                let (t, (err, regs)) = (times[i], &info[i]);
+                let mark = if plan == chosen { " <- chosen" } else { "" };
+                println!(
+                    "{name:<28} x{n_tokens} wg {:3} tpr {:3} maxt {} rpt {} {t:8.2} us {:6.0} GB/s regs {regs:>4} err {err:.1e}{mark}",
+                    plan.wg, plan.tpr, plan.maxt, plan.rpt, bytes as f64 / t / 1e3
+                );
+                if t < best.0 {
+                    best = (t, plan);
+                }
+            }
+            println!("{name:<28} x{n_tokens} BEST {:?} {:.2} us", best.1, best.0);
+        }
+    }
+}

@@ -118,6 +118,9 @@ pub struct DeviceCaps {
     pub cooperative_matrix: Option<Vec<CoopMatShape>>,
     /// VK_NV_cooperative_matrix2 is exposed.
     pub cooperative_matrix2: bool,
+    /// VK_KHR_pipeline_executable_properties with its feature: the driver reports per-pipeline
+    /// statistics such as register counts ([`crate::Pipeline::statistics`]).
+    pub pipeline_statistics: bool,
     pub buffer_device_address: bool,
     pub timeline_semaphore: bool,
     /// `maxComputeSharedMemorySize`, bytes.

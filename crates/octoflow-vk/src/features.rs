@@ -7,7 +7,7 @@ use ash::vk;
 use crate::caps::DeviceCaps;
 use crate::error::{vk_err, Result};
 use crate::instance::Instance;
-use crate::probe::COOPMAT_EXT;
+use crate::probe::{COOPMAT_EXT, PIPELINE_EXEC_EXT};
 
 /// Creates a device with `queue_count` (≥ 1) compute queues from `family`, enabling (when `caps` says they exist)
 /// 8/16-bit storage, float16/int8/int16 arithmetic, subgroup size control, integer dot product,
@@ -40,6 +40,10 @@ pub(crate) fn create_device(
         cooperative_matrix: b(caps.cooperative_matrix.is_some()),
         ..Default::default()
     };
+    let mut fpe = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR {
+        pipeline_executable_info: vk::TRUE,
+        ..Default::default()
+    };
     let mut features = vk::PhysicalDeviceFeatures2::default().features(core);
     if v12 {
         features = features.push_next(&mut f11).push_next(&mut f12);
@@ -51,6 +55,10 @@ pub(crate) fn create_device(
     if caps.cooperative_matrix.is_some() {
         features = features.push_next(&mut fcm);
         extensions.push(COOPMAT_EXT.as_ptr());
+    }
+    if caps.pipeline_statistics {
+        features = features.push_next(&mut fpe);
+        extensions.push(PIPELINE_EXEC_EXT.as_ptr());
     }
 
     let priorities = vec![1.0f32; queue_count.max(1) as usize];

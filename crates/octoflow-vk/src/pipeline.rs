@@ -65,6 +65,9 @@ pub struct PipelineDesc<'a> {
     pub subgroup_size: Option<u32>,
     /// Require full subgroups (the workgroup's x size must be a multiple of the subgroup size).
     pub full_subgroups: bool,
+    /// Ask the driver to keep statistics for [`Pipeline::statistics`] (where the device has
+    /// [`crate::DeviceCaps::pipeline_statistics`]; ignored elsewhere).
+    pub capture_statistics: bool,
 }
 
 impl<'a> PipelineDesc<'a> {
@@ -80,6 +83,7 @@ impl<'a> PipelineDesc<'a> {
             spec_constants: &[],
             subgroup_size: None,
             full_subgroups: false,
+            capture_statistics: false,
         }
     }
 
@@ -98,6 +102,12 @@ impl<'a> PipelineDesc<'a> {
     /// Sets the profiling label.
     pub fn label(mut self, label: &str) -> Self {
         self.label = label.into();
+        self
+    }
+
+    /// Keeps the driver's statistics of the pipeline ([`Pipeline::statistics`]).
+    pub fn capture_statistics(mut self) -> Self {
+        self.capture_statistics = true;
         self
     }
 }
@@ -191,6 +201,60 @@ impl Pipeline {
     pub fn push_constant_bytes(&self) -> u32 {
         self.inner.push_bytes
     }
+
+    /// The driver's statistics of the pipeline's executables as `(name, value)` (register
+    /// counts, shared memory, ... whatever the driver reports). Empty where the device lacks
+    /// VK_KHR_pipeline_executable_properties or the pipeline was built without
+    /// [`PipelineDesc::capture_statistics`].
+    pub fn statistics(&self) -> Result<Vec<(String, String)>> {
+        let dev = &self.inner.dev;
+        if !dev.caps.pipeline_statistics {
+            return Ok(Vec::new());
+        }
+        let ext =
+            ash::khr::pipeline_executable_properties::Device::new(&dev.instance.raw, &dev.device);
+        let info = vk::PipelineInfoKHR::default().pipeline(self.inner.raw);
+        // SAFETY: the pipeline is live; the feature is enabled (caps.pipeline_statistics).
+        let execs = unsafe { ext.get_pipeline_executable_properties(&info) }
+            .map_err(vk_err("vkGetPipelineExecutablePropertiesKHR"))?;
+        let mut out = Vec::new();
+        for (i, e) in execs.iter().enumerate() {
+            let exec = vk::PipelineExecutableInfoKHR::default()
+                .pipeline(self.inner.raw)
+                .executable_index(i as u32);
+            // SAFETY: as above.
+            let stats = unsafe { ext.get_pipeline_executable_statistics(&exec) }
+                .map_err(vk_err("vkGetPipelineExecutableStatisticsKHR"))?;
+            let prefix = e
+                .name_as_c_str()
+                .map(|c| c.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            for st in &stats {
+                let name = st
+                    .name_as_c_str()
+                    .map(|c| c.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                // SAFETY: the union member read is the one `format` names.
+                let value = unsafe {
+                    match st.format {
+                        vk::PipelineExecutableStatisticFormatKHR::BOOL32 => {
+                            st.value.b32.to_string()
+                        }
+                        vk::PipelineExecutableStatisticFormatKHR::INT64 => st.value.i64.to_string(),
+                        vk::PipelineExecutableStatisticFormatKHR::UINT64 => {
+                            st.value.u64.to_string()
+                        }
+                        vk::PipelineExecutableStatisticFormatKHR::FLOAT64 => {
+                            st.value.f64.to_string()
+                        }
+                        _ => "?".into(),
+                    }
+                };
+                out.push((format!("{prefix}: {name}"), value));
+            }
+        }
+        Ok(out)
+    }
 }
 
 fn check_desc(ctx: &Context, desc: &PipelineDesc<'_>) -> Result<()> {
@@ -265,7 +329,12 @@ fn create_pipeline(
     if desc.subgroup_size.is_some() {
         stage = stage.push_next(&mut required);
     }
+    let mut create_flags = vk::PipelineCreateFlags::empty();
+    if desc.capture_statistics && dev.caps.pipeline_statistics {
+        create_flags |= vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR;
+    }
     let info = [vk::ComputePipelineCreateInfo::default()
+        .flags(create_flags)
         .stage(stage)
         .layout(layout)];
     // SAFETY: module and layout are live; the cache is internally synchronized.

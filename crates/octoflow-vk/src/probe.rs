@@ -11,6 +11,7 @@ use crate::instance::Instance;
 /// Extension names we look for.
 pub(crate) const COOPMAT_EXT: &CStr = c"VK_KHR_cooperative_matrix";
 pub(crate) const COOPMAT2_EXT: &CStr = c"VK_NV_cooperative_matrix2";
+pub(crate) const PIPELINE_EXEC_EXT: &CStr = c"VK_KHR_pipeline_executable_properties";
 
 /// Properties and features of one physical device, plus the queue family we compute on.
 pub(crate) struct Probe {
@@ -42,6 +43,8 @@ pub(crate) fn probe(instance: &Instance, pdev: vk::PhysicalDevice, index: usize)
     let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
     let mut f13 = vk::PhysicalDeviceVulkan13Features::default();
     let mut fcm = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
+    let has_exec = has_ext(PIPELINE_EXEC_EXT);
+    let mut fpe = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default();
     let mut props = vk::PhysicalDeviceProperties2::default();
     let mut feats = vk::PhysicalDeviceFeatures2::default();
     if api >= vk::API_VERSION_1_2 {
@@ -54,6 +57,9 @@ pub(crate) fn probe(instance: &Instance, pdev: vk::PhysicalDevice, index: usize)
     }
     if has_coopmat {
         feats = feats.push_next(&mut fcm);
+    }
+    if has_exec {
+        feats = feats.push_next(&mut fpe);
     }
     unsafe {
         inst.get_physical_device_properties2(pdev, &mut props);
@@ -95,6 +101,7 @@ pub(crate) fn probe(instance: &Instance, pdev: vk::PhysicalDevice, index: usize)
             && p13.integer_dot_product4x8_bit_packed_signed_accelerated == vk::TRUE,
         cooperative_matrix,
         cooperative_matrix2: has_ext(COOPMAT2_EXT),
+        pipeline_statistics: has_exec && fpe.pipeline_executable_info == vk::TRUE,
         buffer_device_address: f12.buffer_device_address == vk::TRUE,
         timeline_semaphore: f12.timeline_semaphore == vk::TRUE,
         max_shared_memory: limits.max_compute_shared_memory_size,
