@@ -188,18 +188,13 @@ impl Linear {
             None
         };
         for i in 0..TYPES.len() {
+            let (mv, glu) = (variant(QOp::Matvec, i), variant(QOp::MatvecGlu, i));
             matvec.push(Matvec::Spec(
-                SpecPipelines::new(variant(QOp::Matvec, i), 5, PUSH_BYTES + 8, "matvec")
-                    .subgroup_size(required),
+                SpecPipelines::new(mv, 5, PUSH_BYTES + 8, mv.name).subgroup_size(required),
             ));
             matvec_glu.push(Matvec::Spec(
-                SpecPipelines::new(
-                    variant(QOp::MatvecGlu, i),
-                    GLU_BINDINGS,
-                    GLU_PUSH_BYTES,
-                    "matvec_glu",
-                )
-                .subgroup_size(required),
+                SpecPipelines::new(glu, GLU_BINDINGS, GLU_PUSH_BYTES, glu.name)
+                    .subgroup_size(required),
             ));
             let desc = PipelineDesc::new(variant(QOp::Matmul, i), 4, PUSH_BYTES);
             matmul.push(Pipeline::new(ctx, &desc)?);
