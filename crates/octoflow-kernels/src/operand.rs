@@ -50,6 +50,11 @@ pub(crate) fn bad(op: &'static str, detail: String) -> KernelError {
     KernelError::Shape { op, detail }
 }
 
+/// Whether two slices share bytes of one buffer.
+pub(crate) fn overlap(a: &BufferSlice, b: &BufferSlice) -> bool {
+    a.buffer.raw() == b.buffer.raw() && a.offset < b.offset + b.size && b.offset < a.offset + a.size
+}
+
 #[cfg(test)]
 pub(crate) mod test_bufs {
     use octoflow_vk::{Buffer, Context, MemoryKind};

@@ -1,14 +1,16 @@
-//! RMSNorm per row (shader `rms_norm.comp`): `out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight`.
+//! RMSNorm per row (shader `rms_norm.comp`): `out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight`,
+//! or added into `out` ([`RmsNorm::record_add`]: a post-norm and its residual add in one dispatch).
 
 use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
 
 use crate::error::Result;
-use crate::operand::{bad, need};
+use crate::operand::{bad, need, overlap};
 use crate::shaders;
 
 /// The RMSNorm kernel, built once per device.
 pub struct RmsNorm {
     pipeline: Pipeline,
+    add: Pipeline,
 }
 
 impl RmsNorm {
@@ -16,6 +18,7 @@ impl RmsNorm {
     pub fn new(ctx: &Context) -> Result<Self> {
         Ok(RmsNorm {
             pipeline: Pipeline::new(ctx, &PipelineDesc::new(shaders::RMS_NORM, 3, 12))?,
+            add: Pipeline::new(ctx, &PipelineDesc::new(shaders::RMS_NORM_ADD, 3, 12))?,
         })
     }
 
@@ -40,9 +43,51 @@ impl RmsNorm {
         need(OP, "x", x, total)?;
         need(OP, "out", out, total)?;
         need(OP, "weight", weight, u128::from(n))?;
+        self.dispatch(chain, &self.pipeline, x, weight, out, n_rows, n, eps)
+    }
+
+    /// `out[r] += x[r] / sqrt(mean(x[r]^2) + eps) * weight` per row: a post-norm added into the
+    /// residual stream in one dispatch. Shapes as [`RmsNorm::record`]; `out` must not alias `x`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_add(
+        &self,
+        chain: &mut Chain,
+        x: &BufferSlice,
+        weight: &BufferSlice,
+        out: &BufferSlice,
+        n_rows: u32,
+        n: u32,
+        eps: f32,
+    ) -> Result<()> {
+        const OP: &str = "rms_norm_add";
+        if n == 0 || n_rows == 0 {
+            return Err(bad(OP, format!("empty shape: {n_rows} rows of {n}")));
+        }
+        let total = u128::from(n_rows) * u128::from(n);
+        need(OP, "x", x, total)?;
+        need(OP, "out", out, total)?;
+        need(OP, "weight", weight, u128::from(n))?;
+        if overlap(x, out) {
+            return Err(bad(OP, "out must not alias x".into()));
+        }
+        self.dispatch(chain, &self.add, x, weight, out, n_rows, n, eps)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch(
+        &self,
+        chain: &mut Chain,
+        pipeline: &Pipeline,
+        x: &BufferSlice,
+        weight: &BufferSlice,
+        out: &BufferSlice,
+        n_rows: u32,
+        n: u32,
+        eps: f32,
+    ) -> Result<()> {
         let groups = chain.context().groups_1d(u64::from(n_rows), 1)?;
         chain.dispatch(
-            &self.pipeline,
+            pipeline,
             &[x.clone(), weight.clone(), out.clone()],
             &Push::new().u32(n_rows).u32(n).f32(eps),
             groups,
@@ -113,6 +158,45 @@ mod tests {
                     panic!("rms_norm {what} {n_rows}x{n}, seed {seed}: {e}");
                 }
             }
+        }
+    }
+
+    /// The fused post-norm and residual add against the reference norm plus an add (f32 add:
+    /// one more rounding); aliasing out and x is an error.
+    #[test]
+    fn gpu_rms_norm_add_matches_the_reference_on_random_inputs() {
+        let Some(ctx) = gpu_or_skip("gpu_rms_norm_add") else {
+            return;
+        };
+        let seed: u64 = rand::random();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let k = RmsNorm::new(&ctx).unwrap();
+        for (n_rows, n) in [(1, 640), (7, 576), (3, 1000), (2, 4096)] {
+            let x: Vec<f32> = (0..n_rows * n).map(|_| rng.gen_range(-3.0..3.0)).collect();
+            let w: Vec<f32> = (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let res: Vec<f32> = (0..n_rows * n).map(|_| rng.gen_range(-3.0..3.0)).collect();
+            let eps = 1e-6;
+            let (xb, wb, rb) = (
+                with(&ctx, "x", &x),
+                with(&ctx, "w", &w),
+                with(&ctx, "res", &res),
+            );
+            let mut chain = Chain::new(&ctx).unwrap();
+            let (r, c) = (n_rows as u32, n as u32);
+            k.record_add(&mut chain, &xb.whole(), &wb.whole(), &rb.whole(), r, c, eps)
+                .unwrap();
+            chain.run().unwrap();
+            let mut want = vec![0f32; n_rows * n];
+            rms_norm_ref(&x, &w, &mut want, n, eps);
+            for (o, r) in want.iter_mut().zip(&res) {
+                *o += r;
+            }
+            if let Err(e) = check_close(&read(&ctx, &rb, n_rows * n), &want, REL) {
+                panic!("rms_norm_add {n_rows}x{n}, seed {seed}: {e}");
+            }
+            let mut chain = Chain::new(&ctx).unwrap();
+            let err = k.record_add(&mut chain, &xb.whole(), &wb.whole(), &xb.whole(), r, c, eps);
+            assert!(err.is_err(), "aliased out accepted");
         }
     }
 

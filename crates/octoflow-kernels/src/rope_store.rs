@@ -10,7 +10,7 @@
 use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
 
 use crate::error::Result;
-use crate::operand::{bad, need, Positions};
+use crate::operand::{bad, need, overlap, Positions};
 use crate::rope::{check_angles, rope_ref, RopeMode};
 use crate::set_rows::set_rows_ref;
 use crate::shaders;
@@ -176,11 +176,6 @@ impl RopeStore {
         )?;
         Ok(())
     }
-}
-
-/// Whether two slices share bytes of one buffer.
-fn overlap(a: &BufferSlice, b: &BufferSlice) -> bool {
-    a.buffer.raw() == b.buffer.raw() && a.offset < b.offset + b.size && b.offset < a.offset + a.size
 }
 
 /// Shape and RoPE parameters of [`rope_store_ref`] (as in [`RopeStoreArgs`]).

@@ -24,7 +24,6 @@ use crate::gpu::kernels::Kernels;
 use crate::gpu::scratch::Scratch;
 use crate::gpu::weights::{GpuMatrix, GpuWeights};
 
-
 /// The FFN's RMSNorm is fused into the single-token gate/up/activation dispatch when a matrix
 /// has at most this many weights. Measured on the H100 (tg128, norm separate → fused):
 /// smollm2-135m (1536 x 576) +5%, gemma-3-270m (2048 x 640) +4%, qwen2.5-0.5b (4864 x 896)
@@ -368,9 +367,7 @@ impl Graph<'_> {
                 self.adapt(chain, which.0, n, &[(which.1, a, &o)])?;
                 chain.compute_barrier()?;
                 k.rms_norm
-                    .record(chain, &o, norm, &o, n, c.n_embd as u32, c.rms_eps)?;
-                chain.compute_barrier()?;
-                k.add.record(chain, &x, &o, &x, width as u32)?;
+                    .record_add(chain, &o, norm, &x, n, c.n_embd as u32, c.rms_eps)?;
             }
         }
         chain.compute_barrier()?;
