@@ -321,7 +321,6 @@ impl Graph<'_> {
     /// where that applies: the matvec path ([`octoflow_kernels::Linear::fuses_glu`]), gate and
     /// up single-piece matrices of one type and shape, and no adapters on either (their products
     /// must be added to gate and up before the activation).
-    #[allow(clippy::too_many_arguments)]
     fn fused_glu<'b>(
         &'b self,
         il: usize,
