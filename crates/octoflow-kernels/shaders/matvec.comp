@@ -43,20 +43,13 @@ const uint GROUPS = WG / TPR; // row groups per workgroup
 layout(std430, binding = 0) readonly buffer W { uint w[]; };
 layout(std430, binding = 1) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
-// coherent: a workgroup that computes the output rows' norm (flags bit 2) reads what the other
-// workgroups wrote in this dispatch
-layout(std430, binding = 2) coherent buffer Y { float y[]; };
+layout(std430, binding = 2) buffer Y { float y[]; };
 layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 4) readonly buffer G { float g[]; };
 layout(std430, binding = 4) readonly buffer G4 { vec4 g4[]; };
 #ifdef GLU
 layout(std430, binding = 5) readonly buffer W2 { uint w2[]; };
 #endif
-// Norm scales computed elsewhere: rstd[t] = 1 / rms of token t's row (norm == 2 reads them; flags
-// bit 2 writes them), then a counter word at RSTD_COUNT (zero between dispatches).
-layout(std430, binding = 6) coherent buffer R { float rstd[]; };
-layout(std430, binding = 6) coherent buffer RC { uint rstd_count[]; };
-#define RSTD_COUNT 8u
 
 layout(push_constant) uniform Push {
     uint n_rows;
@@ -65,12 +58,10 @@ layout(push_constant) uniform Push {
     uint y_stride;
     uint y_col;
     uint row_bytes;
-    uint flags; // bit 0: add bias, bit 1: accumulate into y, bit 2: the last workgroup done
-                // writes rstd[t] = 1 / sqrt(mean(y row t ^ 2) + eps) over the n_rows outputs
-                // (the next RMSNorm's scale, for a projection into the residual stream)
+    uint flags; // bit 0: add bias, bit 1: accumulate into y
     float eps;
     uint norm;  // 1: the input is rms_norm(x[t]) * g (RMSNorm fused: x scaled by g here, by
-                // 1/rms at the end); 2: the same with 1/rms read from rstd[t]
+                // 1/rms at the end)
 #ifdef GLU
     uint act;   // glu.glsl's op: 0 SiLU, 1 GELU-tanh
 #endif
@@ -97,7 +88,6 @@ layout(push_constant) uniform Push {
 #define NPART (MAXT * RPT + MAXT)
 #endif
 shared float partial[NPART * WG];
-shared uint last_group; // this workgroup computes the output rows' norm (flags bit 2)
 #define P_ACC(t, k) (((t) * RPT + (k)) * WG)
 #define P_SSQ(t) ((MAXT * RPT + (t)) * WG)
 #define P_UP(t, k) ((MAXT * RPT + MAXT + (t) * RPT + (k)) * WG)
@@ -124,7 +114,6 @@ void main() {
     // the same loop as its dot products (no extra pass, no barrier) and scales by 1/rms at the
     // end.
     bool norm = pc.norm != 0u;
-    bool given = pc.norm == 2u;
     float ssq[MAXT];
     [[unroll]] for (uint t = 0u; t < MAXT; t++) {
         ssq[t] = 0.0;
@@ -159,7 +148,7 @@ void main() {
                         [[unroll]] for (uint i = 0u; i < 8u; i++) {
                             vec4 xv = x4[(xb >> 2) + i];
                             if (norm) {
-                                if (k == 0u && !given) {
+                                if (k == 0u) {
                                     ssq[t] += dot(xv, xv);
                                 }
                                 xv *= g4[8u * c + i];
@@ -173,7 +162,7 @@ void main() {
                         for (uint i = 0u; i < len; i++) {
                             float xv = x[xb + i];
                             if (norm) {
-                                if (k == 0u && !given) {
+                                if (k == 0u) {
                                     ssq[t] += xv * xv;
                                 }
                                 xv *= g[32u * c + i];
@@ -227,7 +216,7 @@ void main() {
             for (uint j = 0u; j < per_row; j++) {
                 ss += partial[P_SSQ(t) + first + j];
             }
-            float inv = given ? rstd[t] : norm ? 1.0 / sqrt(ss / float(pc.n_cols) + pc.eps) : 1.0;
+            float inv = norm ? 1.0 / sqrt(ss / float(pc.n_cols) + pc.eps) : 1.0;
             [[unroll]] for (uint k = 0u; k < RPT; k++) {
                 uint r = r0 + k;
                 if (r >= pc.n_rows) {
@@ -259,46 +248,4 @@ void main() {
             }
         }
     }
-
-#ifndef GLU
-    // The next RMSNorm's scale of every token's output row (a projection into the residual
-    // stream): each workgroup makes its rows visible and counts itself done; the last one reads
-    // all rows (coherent) and puts the counter back to zero for the next dispatch.
-    if ((pc.flags & 4u) != 0u) {
-        memoryBarrierBuffer();
-        barrier();
-        if (tid == 0u) {
-            uint total = gl_NumWorkGroups.x * gl_NumWorkGroups.y;
-            last_group = atomicAdd(rstd_count[RSTD_COUNT], 1u) == total - 1u ? 1u : 0u;
-        }
-        barrier();
-        if (last_group != 0u) {
-            memoryBarrierBuffer();
-            uint nsg = (WG + gl_SubgroupSize - 1u) / gl_SubgroupSize;
-            for (uint t = 0u; t < nt; t++) {
-                float ss = 0.0;
-                for (uint i = tid; i < pc.n_rows; i += WG) {
-                    float v = y[t * pc.y_stride + pc.y_col + i];
-                    ss += v * v;
-                }
-                ss = subgroupAdd(ss);
-                if (subgroupElect()) {
-                    partial[gl_SubgroupID] = ss;
-                }
-                barrier();
-                if (tid == 0u) {
-                    float total = 0.0;
-                    for (uint j = 0u; j < nsg; j++) {
-                        total += partial[j];
-                    }
-                    rstd[t] = 1.0 / sqrt(total / float(pc.n_rows) + pc.eps);
-                }
-                barrier();
-            }
-            if (tid == 0u) {
-                rstd_count[RSTD_COUNT] = 0u;
-            }
-        }
-    }
-#endif
 }

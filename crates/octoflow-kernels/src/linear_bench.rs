@@ -70,7 +70,6 @@ fn linear_timing() {
                 bias: None,
                 accumulate: false,
                 norm: None,
-                rstd: None,
             };
             // One dispatch to size the batch, then a chain of `n` (~0.3 s); the process CPU
             // time (all driver threads) is less noisy than wall time on a shared machine.
@@ -196,7 +195,6 @@ fn coop_timing() {
                 bias: None,
                 accumulate: false,
                 norm: None,
-                rstd: None,
             };
             let reps = if n_rows > 100_000 { 5 } else { 21 };
             let flop = 2.0 * f64::from(n_rows) * f64::from(n_cols) * f64::from(n_tokens);
@@ -303,7 +301,6 @@ fn tile_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
                 bias: None,
                 accumulate: false,
                 norm: None,
-                rstd: None,
             };
             let flop = 2.0 * f64::from(n_rows) * f64::from(n_cols) * f64::from(n_tokens);
             let mut line = format!("{name:<26} x{n_tokens:<4}");
@@ -390,7 +387,6 @@ fn dispatch_overhead() {
             bias: None,
             accumulate: false,
             norm: None,
-            rstd: None,
         };
         let reps = if n_rows > 100_000 { n / 20 + 1 } else { n };
         let us = per_dispatch(reps, &|c| {
@@ -487,7 +483,6 @@ fn glu_timing() {
                         n_tokens,
                         op: GluOp::Silu,
                         norm: None,
-                        rstd: None,
                     };
                     lin.record_glu(chain, &args).unwrap();
                     chain.compute_barrier().unwrap();
@@ -504,7 +499,6 @@ fn glu_timing() {
                             bias: None,
                             accumulate: false,
                             norm: None,
-                            rstd: None,
                         };
                         lin.record(chain, &args).unwrap();
                     }
@@ -603,7 +597,7 @@ fn matvec_layouts() {
         }
     }
     // what the driver reports about one pipeline
-    let desc = PipelineDesc::new(variant(QOp::Matvec, 0), 7, 36)
+    let desc = PipelineDesc::new(variant(QOp::Matvec, 0), 5, 36)
         .spec(&[128, 32, 8])
         .capture_statistics();
     if let Ok(stats) = octoflow_vk::Pipeline::new(&ctx, &desc).and_then(|p| p.statistics()) {
@@ -653,7 +647,6 @@ fn matvec_layouts() {
                     n_tokens,
                     op: GluOp::Silu,
                     norm: normed,
-                    rstd: None,
                 };
                 lin.record_glu_with(chain, &a, plan).unwrap();
             } else {
@@ -667,7 +660,6 @@ fn matvec_layouts() {
                     bias: None,
                     accumulate: false,
                     norm: normed,
-                    rstd: None,
                 };
                 lin.record_with(chain, &a, plan).unwrap();
             }
@@ -707,7 +699,7 @@ fn matvec_layouts() {
                     })
                     .fold(0f32, f32::max);
                 let op = if glu { QOp::MatvecGlu } else { QOp::Matvec };
-                let (bindings, push) = if glu { (7, 40) } else { (7, 36) };
+                let (bindings, push) = if glu { (6, 40) } else { (5, 36) };
                 let spec = [plan.wg, plan.tpr, plan.maxt, plan.rpt];
                 let desc = PipelineDesc::new(
                     variant(op, type_index("bench", ty).unwrap()),

@@ -328,7 +328,6 @@ pub(crate) mod tests {
                 bias: bias_slice.as_ref(),
                 accumulate,
                 norm: None,
-                rstd: None,
             };
             // split-K: the device's choice, none, or 3 pieces (the sum adds bias / accumulates)
             let split = [0u32, 1, 3][case % 3];
@@ -436,7 +435,6 @@ pub(crate) mod tests {
                 bias: None,
                 accumulate: false,
                 norm: None,
-                rstd: None,
             };
             let mut chain = Chain::new(&ctx).unwrap();
             let e = mm.record(&mut chain, &args).map(|_| ()).unwrap_err();

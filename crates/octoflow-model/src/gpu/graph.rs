@@ -11,7 +11,7 @@ use octoflow_gguf::GgmlType;
 use octoflow_kernels::advance::ctl;
 use octoflow_kernels::{
     AttentionArgs, GetRowsArgs, GluOp, LinearArgs, LinearGluArgs, Positions, QWeightRef, RopeMode,
-    RopeStoreArgs, Rstd,
+    RopeStoreArgs,
 };
 use octoflow_vk::{Buffer, BufferSlice, Chain};
 
@@ -156,17 +156,14 @@ impl Graph<'_> {
 
         let (input, fused) = self.normed(chain, n, &x, &h, &lw.attn_norm, true)?;
         let norm = fused.as_ref().map(|g| (g, eps));
-        // the previous layer's down projection computed this norm's scale
-        let rs = s.rstd.whole();
-        let rin = (fused.is_some() && il > 0 && self.scales(n)).then_some(Rstd::In(&rs));
         let (bq, bk, bv) = (
             lw.attn_q_bias.as_ref(),
             lw.attn_k_bias.as_ref(),
             lw.attn_v_bias.as_ref(),
         );
-        self.linear(chain, &lw.attn_q, &input, &q, n, bq, false, norm, rin)?;
-        self.linear(chain, &lw.attn_k, &input, &kk, n, bk, false, norm, rin)?;
-        self.linear(chain, &lw.attn_v, &input, &v, n, bv, false, norm, rin)?;
+        self.linear(chain, &lw.attn_q, &input, &q, n, bq, false, norm)?;
+        self.linear(chain, &lw.attn_k, &input, &kk, n, bk, false, norm)?;
+        self.linear(chain, &lw.attn_v, &input, &v, n, bv, false, norm)?;
         self.adapt(
             chain,
             il,
@@ -248,8 +245,6 @@ impl Graph<'_> {
             &att,
             lw.post_attention_norm.as_ref(),
             n,
-            // the FFN norm's scale
-            self.scales(n),
         )
     }
 
@@ -269,31 +264,17 @@ impl Graph<'_> {
             Activation::GeluTanh => GluOp::GeluTanh,
         };
         // the norm is fused into single-token steps whose gate, up and activation are one
-        // dispatch: one barrier stage less per layer. Its scale comes from the attention's output
-        // projection (`scales`), else every row sums the squares of x again, so then only where
-        // the matrices are small (FUSED_FFN_NORM_MAX_WEIGHTS).
-        let scales = self.scales(n);
-        let one_dispatch = self.fused_glu(il, n, &x, &gate, op, None, None).is_some()
-            && (scales || c.n_ff * c.n_embd <= FUSED_FFN_NORM_MAX_WEIGHTS);
+        // dispatch: one barrier stage less per layer, but every row sums the squares of x again,
+        // so only where the matrices are small (FUSED_FFN_NORM_MAX_WEIGHTS)
+        let one_dispatch = self.fused_glu(il, n, &x, &gate, op, None).is_some()
+            && c.n_ff * c.n_embd <= FUSED_FFN_NORM_MAX_WEIGHTS;
         let (input, fused) = self.normed(chain, n, &x, &h, &lw.ffn_norm, one_dispatch)?;
         let norm = fused.as_ref().map(|g| (g, c.rms_eps));
-        let rs = s.rstd.whole();
-        let rin = (fused.is_some() && scales).then_some(&rs);
-        if let Some(args) = self.fused_glu(il, n, &input, &gate, op, norm, rin) {
+        if let Some(args) = self.fused_glu(il, n, &input, &gate, op, norm) {
             k.linear.record_glu(chain, &args)?;
         } else {
-            self.linear(
-                chain,
-                &lw.ffn_gate,
-                &input,
-                &gate,
-                n,
-                None,
-                false,
-                norm,
-                None,
-            )?;
-            self.linear(chain, &lw.ffn_up, &input, &up, n, None, false, norm, None)?;
+            self.linear(chain, &lw.ffn_gate, &input, &gate, n, None, false, norm)?;
+            self.linear(chain, &lw.ffn_up, &input, &up, n, None, false, norm)?;
             self.adapt(
                 chain,
                 il,
@@ -312,8 +293,6 @@ impl Graph<'_> {
             &gate,
             lw.post_ffw_norm.as_ref(),
             n,
-            // the next layer's attention norm's scale
-            self.scales(n) && il + 1 < c.n_layer,
         )
     }
 
@@ -329,7 +308,6 @@ impl Graph<'_> {
         out: &'b BufferSlice,
         op: GluOp,
         norm: Option<(&'b BufferSlice, f32)>,
-        rstd: Option<&'b BufferSlice>,
     ) -> Option<LinearGluArgs<'b>> {
         let lw = &self.w.blk[il];
         let (g, u) = (&lw.ffn_gate, &lw.ffn_up);
@@ -361,14 +339,11 @@ impl Graph<'_> {
             n_tokens: n,
             op,
             norm,
-            rstd,
         })
     }
 
     /// `x += post_norm(m · a)` (with `which`'s adapters); without a post-norm the projection
-    /// adds straight into `x`, and with `scale_out` also computes the next RMSNorm's scale of x
-    /// into `scratch.rstd` (see [`Graph::scales`]).
-    #[allow(clippy::too_many_arguments)]
+    /// adds straight into `x`.
     fn project_residual(
         &self,
         chain: &mut Chain,
@@ -377,21 +352,18 @@ impl Graph<'_> {
         a: &BufferSlice,
         post_norm: Option<&BufferSlice>,
         n: u32,
-        scale_out: bool,
     ) -> Result<()> {
         let (c, s, k) = (self.c, self.s, self.k);
         let width = n as usize * c.n_embd;
         let x = f32s(&s.x, width)?;
         match post_norm {
             None => {
-                let rs = s.rstd.whole();
-                let out = scale_out.then_some(Rstd::Out(&rs, c.rms_eps));
-                self.linear(chain, m, a, &x, n, None, true, None, out)?;
+                self.linear(chain, m, a, &x, n, None, true, None)?;
                 self.adapt(chain, which.0, n, &[(which.1, a, &x)])?;
             }
             Some(norm) => {
                 let o = f32s(&s.o, width)?;
-                self.linear(chain, m, a, &o, n, None, false, None, None)?;
+                self.linear(chain, m, a, &o, n, None, false, None)?;
                 self.adapt(chain, which.0, n, &[(which.1, a, &o)])?;
                 chain.compute_barrier()?;
                 k.rms_norm
@@ -431,7 +403,7 @@ impl Graph<'_> {
         )?;
         chain.compute_barrier()?;
         let out = f32s(&s.logits, rows as usize * c.n_vocab)?;
-        self.linear(chain, &w.output, &h, &out, rows, None, false, None, None)?;
+        self.linear(chain, &w.output, &h, &out, rows, None, false, None)?;
         chain.compute_barrier()?;
         Ok(())
     }
@@ -479,25 +451,9 @@ impl Graph<'_> {
         )?;
         chain.compute_barrier()?;
         let out = f32s(&s.logits, n_out as usize * c.n_vocab)?;
-        self.linear(chain, &w.output, &h, &out, n_out, None, false, None, None)?;
+        self.linear(chain, &w.output, &h, &out, n_out, None, false, None)?;
         chain.compute_barrier()?;
         Ok(())
-    }
-
-    /// Whether single-token steps pass RMSNorm scales between projections: each projection into
-    /// the residual stream (attention output, FFN down) computes the next norm's scale in its
-    /// last workgroup and the next block's projections read it (`scratch.rstd`), instead of
-    /// every row of them summing the squares of x again. For one token without adapters (the
-    /// fused-norm path) on models without post-norms (whose residual add is a separate kernel).
-    fn scales(&self, n: u32) -> bool {
-        n == 1
-            && self.lora.is_none()
-            && self.k.linear.fuses_norm(n)
-            && self
-                .w
-                .blk
-                .iter()
-                .all(|l| l.post_attention_norm.is_none() && l.post_ffw_norm.is_none())
     }
 
     /// The input of a block's projections: `x` itself when the norm is fused into them
@@ -588,15 +544,7 @@ impl Graph<'_> {
         bias: Option<&BufferSlice>,
         accumulate: bool,
         norm: Option<(&BufferSlice, f32)>,
-        rstd: Option<Rstd>,
     ) -> Result<()> {
-        if rstd.is_some() && m.pieces.len() > 1 {
-            return Err(ModelError::Gpu(format!(
-                "{}: norm scales on a matrix split into {} pieces are not supported",
-                m.name,
-                m.pieces.len()
-            )));
-        }
         if bias.is_some() && m.pieces.len() > 1 {
             return Err(ModelError::Gpu(format!(
                 "{}: a bias on a matrix split into {} pieces is not supported",
@@ -622,7 +570,6 @@ impl Graph<'_> {
                     bias,
                     accumulate,
                     norm,
-                    rstd,
                 },
             )?;
         }

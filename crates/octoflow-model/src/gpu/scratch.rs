@@ -52,9 +52,6 @@ pub struct Scratch {
     pub ffn_up: Buffer,
     /// `[t_logits, n_vocab]`
     pub logits: Buffer,
-    /// RMSNorm scales passed between a decode step's projections
-    /// ([`octoflow_kernels::Rstd`]; zero when made).
-    pub rstd: Buffer,
     /// Per layer: keys `[n_ctx, n_head_kv * head_dim]` and values `[n_ctx, n_head_kv * head_dim_v]`.
     pub kv: Vec<(Buffer, Buffer)>,
     /// The sampler's state, host-written.
@@ -149,11 +146,6 @@ impl Scratch {
             ffn_gate: dev("ffn_gate", t * c.n_ff)?,
             ffn_up: dev("ffn_up", t * c.n_ff)?,
             logits: dev("logits", t_logits as usize * c.n_vocab)?,
-            rstd: {
-                let b = dev("rstd", octoflow_kernels::RSTD_WORDS as usize)?;
-                ctx.fill(&b, 0, b.size(), 0)?;
-                b
-            },
             kv,
             sampler: host("sampler", SAMPLER_WORDS)?,
             out_tokens: host("out_tokens", u64::from(out_len.max(1)))?,
@@ -181,7 +173,6 @@ impl Scratch {
             &self.ffn_gate,
             &self.ffn_up,
             &self.logits,
-            &self.rstd,
             &self.sampler,
             &self.out_tokens,
             &self.args,

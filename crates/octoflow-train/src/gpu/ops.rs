@@ -106,7 +106,6 @@ impl Trainer {
                     bias,
                     accumulate: false,
                     norm: None,
-                    rstd: None,
                 },
             )?;
         }
