@@ -138,6 +138,12 @@ impl Linear {
         Self::with_layout(ctx, cpu)
     }
 
+    /// The GPU kernels even on a CPU driver, where [`Linear::new`] picks the CPU-driver ones:
+    /// tests of the GPU-only paths (fused norms, the fused GLU with its norm) on lavapipe.
+    pub fn with_gpu_layout(ctx: &Context) -> Result<Self> {
+        Self::with_layout(ctx, false)
+    }
+
     /// Builds the CPU-driver variants when `cpu`, else the GPU ones (tests run both anywhere).
     pub(crate) fn with_layout(ctx: &Context, cpu: bool) -> Result<Self> {
         let mut matvec = Vec::with_capacity(TYPES.len());

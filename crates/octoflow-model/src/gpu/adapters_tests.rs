@@ -234,7 +234,9 @@ fn batch_rows_use_their_own_adapter() {
 /// ([`octoflow_kernels::Linear::record_glu`]) unless adapters touch that layer's gate or up. The
 /// base model (fused in every layer) and the base with an adapter on layer 1's gate and up only
 /// (layer 0 fused, layer 1 not) give the CPU reference's logits over a 9-token prompt (the
-/// matrix path), then steps of 3 and 1 tokens.
+/// matrix path), then a step of 3 tokens and three of 1 token (norms fused into the
+/// projections); on a CPU driver, whose kernels fuse no norm, the base model also through the
+/// GPU kernels.
 #[test]
 fn fused_ffn_steps_match_the_cpu_reference() {
     let Some(ctx) = gpu_or_skip("fused_ffn_steps") else {
@@ -257,7 +259,7 @@ fn fused_ffn_steps_match_the_cpu_reference() {
         );
         let scale = 0.8f32;
         let mut gm = GpuModel::load(&ctx, &model).expect("gpu model");
-        let tokens: Vec<u32> = (0..13)
+        let tokens: Vec<u32> = (0..15)
             .map(|_| rng.gen_range(0..TINY.n_vocab as u32))
             .collect();
         let mut runs = Vec::new();
@@ -272,7 +274,12 @@ fn fused_ffn_steps_match_the_cpu_reference() {
             let mut s = gm.session(32, 4).expect("session");
             let mut got = s.forward(&tokens[..9], 0, Logits::All).expect("prompt");
             got.extend(s.forward(&tokens[9..12], 9, Logits::All).expect("3 tokens"));
-            got.extend(s.forward(&tokens[12..], 12, Logits::All).expect("1 token"));
+            for p in 12..15 {
+                got.extend(
+                    s.forward(&tokens[p..p + 1], p, Logits::All)
+                        .expect("1 token"),
+                );
+            }
             let want = cpu
                 .session(32)
                 .forward(&tokens, 0, Logits::All)
@@ -280,6 +287,27 @@ fn fused_ffn_steps_match_the_cpu_reference() {
             let e = rel_err(&got, &want);
             assert!(e < bound(&gm), "{arch} (adapter {adapted}): {e:.2e}");
             runs.push(got);
+        }
+        if ctx.caps().kind == octoflow_vk::DeviceKind::Cpu {
+            let gl = GpuModel::load_gpu_layout(&ctx, &model).expect("gpu layout");
+            let mut s = gl.session(32, 4).expect("session");
+            let mut got = s.forward(&tokens[..9], 0, Logits::All).expect("prompt");
+            got.extend(s.forward(&tokens[9..12], 9, Logits::All).expect("3 tokens"));
+            for p in 12..15 {
+                got.extend(
+                    s.forward(&tokens[p..p + 1], p, Logits::All)
+                        .expect("1 token"),
+                );
+            }
+            let want = model
+                .session(32)
+                .forward(&tokens, 0, Logits::All)
+                .expect("cpu");
+            let e = rel_err(&got, &want);
+            assert!(
+                e < bound(&gm),
+                "{arch} (GPU kernels on a CPU driver): {e:.2e}"
+            );
         }
         let moved = rel_err(&runs[1], &runs[0]);
         assert!(

@@ -56,6 +56,15 @@ impl GpuModel {
         })
     }
 
+    /// [`GpuModel::load`] with the GPU kernels even on a CPU driver (tests of the GPU-only paths
+    /// on lavapipe: norms fused into the projections).
+    #[cfg(test)]
+    pub(crate) fn load_gpu_layout(ctx: &Context, model: &Model) -> Result<Self> {
+        let mut m = Self::load(ctx, model)?;
+        m.kernels.linear = octoflow_kernels::Linear::with_gpu_layout(ctx)?;
+        Ok(m)
+    }
+
     /// Applies `adapters` at user `scales` (one each) on the fly in every session and batch made
     /// from now on (llama.cpp's `--lora-scaled`): a session uses all of them together, a batch
     /// row the one it names ([`crate::BatchRow::adapter`]). Replaces any adapters set before.
