@@ -119,7 +119,9 @@ pub struct DeviceCaps {
     /// VK_NV_cooperative_matrix2 is exposed.
     pub cooperative_matrix2: bool,
     /// VK_KHR_pipeline_executable_properties with its feature: the driver reports per-pipeline
-    /// statistics such as register counts ([`crate::Pipeline::statistics`]).
+    /// statistics such as register counts ([`crate::Pipeline::statistics`]). Absent from
+    /// device descriptions recorded before it existed (false).
+    #[serde(default)]
     pub pipeline_statistics: bool,
     pub buffer_device_address: bool,
     pub timeline_semaphore: bool,
