@@ -676,9 +676,12 @@ pub(crate) mod tests {
 
     /// The shader decodes weights exactly as the CPU codec (up to a fused multiply-add in
     /// `d*q + m`) and sums up to ~1000 f32 products in another order than the f64 reference:
-    /// typical errors are ~sqrt(n)·2⁻²⁴ ≈ 1e-6 of the output scale. 1e-4 leaves margin, while a
-    /// single misdecoded weight or a wrong scale moves an output by >= 1e-2 of that scale.
-    const REL: f32 = 1e-4;
+    /// typical errors are ~sqrt(n)·2⁻²⁴ ≈ 1e-6 of the output scale, and `check_close` divides by
+    /// at least 1% of that scale, so an output near that floor reads ~1e-4 (CI saw 1.04e-4 on a
+    /// Q5_1 928-column row with the CPU-driver layout). 5e-4 leaves margin, while a single
+    /// misdecoded weight or a wrong scale moves an output by >= 1e-2 of the scale (relative >= 1
+    /// at the floor).
+    const REL: f32 = 5e-4;
 
     /// The signature shared by [`linear_ref`] and [`crate::matmul_coop_ref`].
     type RefFn = fn(
