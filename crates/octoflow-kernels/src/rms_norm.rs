@@ -35,14 +35,7 @@ impl RmsNorm {
         n: u32,
         eps: f32,
     ) -> Result<()> {
-        const OP: &str = "rms_norm";
-        if n == 0 || n_rows == 0 {
-            return Err(bad(OP, format!("empty shape: {n_rows} rows of {n}")));
-        }
-        let total = u128::from(n_rows) * u128::from(n);
-        need(OP, "x", x, total)?;
-        need(OP, "out", out, total)?;
-        need(OP, "weight", weight, u128::from(n))?;
+        check("rms_norm", x, weight, out, n_rows, n)?;
         self.dispatch(chain, &self.pipeline, x, weight, out, n_rows, n, eps)
     }
 
@@ -60,13 +53,7 @@ impl RmsNorm {
         eps: f32,
     ) -> Result<()> {
         const OP: &str = "rms_norm_add";
-        if n == 0 || n_rows == 0 {
-            return Err(bad(OP, format!("empty shape: {n_rows} rows of {n}")));
-        }
-        let total = u128::from(n_rows) * u128::from(n);
-        need(OP, "x", x, total)?;
-        need(OP, "out", out, total)?;
-        need(OP, "weight", weight, u128::from(n))?;
+        check(OP, x, weight, out, n_rows, n)?;
         if overlap(x, out) {
             return Err(bad(OP, "out must not alias x".into()));
         }
@@ -94,6 +81,25 @@ impl RmsNorm {
         )?;
         Ok(())
     }
+}
+
+/// The shape and every operand's size (a shape error naming the operand).
+fn check(
+    op: &'static str,
+    x: &BufferSlice,
+    weight: &BufferSlice,
+    out: &BufferSlice,
+    n_rows: u32,
+    n: u32,
+) -> Result<()> {
+    if n == 0 || n_rows == 0 {
+        return Err(bad(op, format!("empty shape: {n_rows} rows of {n}")));
+    }
+    let total = u128::from(n_rows) * u128::from(n);
+    need(op, "x", x, total)?;
+    need(op, "out", out, total)?;
+    need(op, "weight", weight, u128::from(n))?;
+    Ok(())
 }
 
 /// CPU reference: RMSNorm of every `n`-wide row of `x` (`[rows, n]`) into `out`, the sum of

@@ -230,6 +230,20 @@ fn batch_rows_use_their_own_adapter() {
     assert!(e.contains("adapter 2"), "{e}");
 }
 
+/// The logits of 15 tokens fed as a 9-token prompt, a 3-token step and three single tokens.
+fn steps(gm: &GpuModel, tokens: &[u32]) -> Vec<f32> {
+    let mut s = gm.session(32, 4).expect("session");
+    let mut got = s.forward(&tokens[..9], 0, Logits::All).expect("prompt");
+    got.extend(s.forward(&tokens[9..12], 9, Logits::All).expect("3 tokens"));
+    for p in 12..15 {
+        got.extend(
+            s.forward(&tokens[p..p + 1], p, Logits::All)
+                .expect("1 token"),
+        );
+    }
+    got
+}
+
 /// Steps of at most 8 tokens record each layer's gate, up and activation as one dispatch
 /// ([`octoflow_kernels::Linear::record_glu`]) unless adapters touch that layer's gate or up. The
 /// base model (fused in every layer) and the base with an adapter on layer 1's gate and up only
@@ -271,15 +285,7 @@ fn fused_ffn_steps_match_the_cpu_reference() {
             } else {
                 model.clone()
             };
-            let mut s = gm.session(32, 4).expect("session");
-            let mut got = s.forward(&tokens[..9], 0, Logits::All).expect("prompt");
-            got.extend(s.forward(&tokens[9..12], 9, Logits::All).expect("3 tokens"));
-            for p in 12..15 {
-                got.extend(
-                    s.forward(&tokens[p..p + 1], p, Logits::All)
-                        .expect("1 token"),
-                );
-            }
+            let got = steps(&gm, &tokens);
             let want = cpu
                 .session(32)
                 .forward(&tokens, 0, Logits::All)
@@ -290,15 +296,7 @@ fn fused_ffn_steps_match_the_cpu_reference() {
         }
         if ctx.caps().kind == octoflow_vk::DeviceKind::Cpu {
             let gl = GpuModel::load_gpu_layout(&ctx, &model).expect("gpu layout");
-            let mut s = gl.session(32, 4).expect("session");
-            let mut got = s.forward(&tokens[..9], 0, Logits::All).expect("prompt");
-            got.extend(s.forward(&tokens[9..12], 9, Logits::All).expect("3 tokens"));
-            for p in 12..15 {
-                got.extend(
-                    s.forward(&tokens[p..p + 1], p, Logits::All)
-                        .expect("1 token"),
-                );
-            }
+            let got = steps(&gl, &tokens);
             let want = model
                 .session(32)
                 .forward(&tokens, 0, Logits::All)
