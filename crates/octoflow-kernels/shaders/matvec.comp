@@ -28,8 +28,8 @@
 // Work layout (specialization constants, chosen per matrix shape by linear.rs): WG invocations
 // per workgroup; TPR invocations per group of RPT consecutive rows (TPR a multiple of the
 // subgroup size dividing WG); each invocation reads the same chunk of x for its RPT rows (more
-// weight bytes in flight per invocation, x read once from memory per RPT rows); ROWS = WG / TPR
-// * RPT rows per workgroup; at most MAXT tokens (the pipeline for one token keeps one
+// weight bytes in flight per invocation, x read once from memory per RPT rows); GROUPS = WG / TPR
+// row groups, GROUPS * RPT rows per workgroup; at most MAXT tokens (the pipeline for one token keeps one
 // accumulator per row).
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 128u;
@@ -73,11 +73,6 @@ layout(push_constant) uniform Push {
 #include "quant.glsl" // dequant_chunk_2 reads w2
 #undef QSECOND
 #include "glu.glsl"
-// Partial sums per row and token: the gate product, the sum of squares (fused norm), the up
-// product.
-#define NSUMS 3u
-#else
-#define NSUMS 2u
 #endif
 
 // Per-subgroup partial sums (at most WG subgroups): the products [MAXT][RPT][WG], then (fused

@@ -265,8 +265,7 @@ impl Linear {
         plan: Option<MatvecPlan>,
     ) -> Result<()> {
         let Checked { ti, push, bindings } = check_args(a)?;
-        let plan =
-            plan.unwrap_or_else(|| MatvecPlan::choose(a.w.ty, a.w.n_rows, a.w.n_cols, a.n_tokens));
+        let plan = plan.unwrap_or_else(|| MatvecPlan::choose(a.w.n_rows, a.w.n_cols, a.n_tokens));
         let w = &a.w;
         if let Some((g, eps)) = a.norm {
             if !self.fuses_norm(a.n_tokens) {
@@ -278,29 +277,20 @@ impl Linear {
                 });
             }
             check_words(OP, "norm", g, u64::from(w.n_cols), "floats")?;
-            let (pipeline, groups) = self.matvec[ti].layout(chain, w.n_rows, a.n_tokens, plan)?;
-            let [wb, x, y, bias] = bindings;
-            let push = push.f32(eps).u32(1);
-            chain.dispatch(&pipeline, &[wb, x, y, bias, g.clone()], &push, groups)?;
-            return Ok(());
+            return self.record_matvec(chain, ti, a, &bindings, push, plan, Some((g, eps)));
         }
         if let Some(coop) = self.coop.as_ref().filter(|_| self.uses_coop(a.n_tokens)) {
             return coop.dispatch(chain, ti, a, &bindings, &push);
         }
         let small = a.n_tokens <= MATVEC_MAX_TOKENS;
-        if self.cpu {
-            let tn = if small { CPU_MATVEC_TN } else { CPU_MATMUL_TN };
-            let groups = cpu_groups(chain, w.n_rows, a.n_tokens, tn)?;
-            let pipeline = if small {
-                self.matvec[ti]
-                    .layout(chain, w.n_rows, a.n_tokens, MatvecPlan::DEFAULT)?
-                    .0
-            } else {
-                self.matmul[ti].clone()
-            };
+        if self.cpu && small {
+            let (pipeline, groups) = self.matvec[ti].layout(chain, w.n_rows, a.n_tokens, plan)?;
             chain.dispatch(&pipeline, &bindings, &push, groups)?;
+        } else if self.cpu {
+            let groups = cpu_groups(chain, w.n_rows, a.n_tokens, CPU_MATMUL_TN)?;
+            chain.dispatch(&self.matmul[ti], &bindings, &push, groups)?;
         } else if small {
-            self.record_matvec(chain, ti, a, &bindings, push, plan)?;
+            self.record_matvec(chain, ti, a, &bindings, push, plan, None)?;
         } else {
             let groups = [
                 w.n_rows.div_ceil(MATMUL_TM),
@@ -312,7 +302,9 @@ impl Linear {
         Ok(())
     }
 
-    /// The GPU matvec of checked arguments without a fused norm, in the work layout `plan`.
+    /// The GPU matvec of checked arguments, with the RMSNorm `norm` (weight, eps) fused on its
+    /// input where given, in the work layout `plan`.
+    #[allow(clippy::too_many_arguments)]
     fn record_matvec(
         &self,
         chain: &mut Chain,
@@ -321,12 +313,14 @@ impl Linear {
         bindings: &[BufferSlice; 4],
         push: Push,
         plan: MatvecPlan,
+        norm: Option<(&BufferSlice, f32)>,
     ) -> Result<()> {
         let (pipeline, groups) = self.matvec[ti].layout(chain, a.w.n_rows, a.n_tokens, plan)?;
-        // no norm: x stands in for its binding (never read)
         let [wb, x, y, bias] = bindings.clone();
-        let push = push.f32(0.0).u32(0);
-        chain.dispatch(&pipeline, &[wb, x.clone(), y, bias, x], &push, groups)?;
+        // no norm: x stands in for its binding (never read)
+        let (g, eps) = norm.map_or_else(|| (x.clone(), 0.0), |(g, eps)| (g.clone(), eps));
+        let push = push.f32(eps).u32(u32::from(norm.is_some()));
+        chain.dispatch(&pipeline, &[wb, x, y, bias, g], &push, groups)?;
         Ok(())
     }
 }
@@ -354,15 +348,14 @@ impl MatvecPlan {
     };
 
     /// The layout for `n_tokens` (1 ..= [`MATVEC_MAX_TOKENS`]) tokens of an `n_rows` x `n_cols`
-    /// matrix of type `ty`.
+    /// matrix.
     /// Measured on the H100 over every layout at the decode shapes of the three models
     /// (`matvec_layouts` in linear_bench.rs, docs/BENCHMARKS.md): long rows (64+ chunks, the
     /// FFN down projections) gain from 128 invocations per row for one token (qwen's 896 x 4864
     /// Q4_K 12.9 → 9.9 us) and 64 for a few; pipelines for exactly the tokens they take hold
     /// fewer registers (56 against 80); vocabulary-sized matrices read four rows per invocation
     /// (a few percent); the type does not change the choice.
-    pub(crate) fn choose(ty: GgmlType, n_rows: u32, n_cols: u32, n_tokens: u32) -> MatvecPlan {
-        let _ = ty;
+    pub(crate) fn choose(n_rows: u32, n_cols: u32, n_tokens: u32) -> MatvecPlan {
         let maxt = n_tokens.clamp(1, MATVEC_MAX_TOKENS).next_power_of_two();
         let long = n_cols.div_ceil(32) >= 64;
         let (wg, tpr) = match (long, maxt) {
@@ -393,7 +386,7 @@ enum Matvec {
 
 impl Matvec {
     /// The pipeline and workgroup grid of `n_rows` rows in the layout `plan` (GPU layout; the
-    /// CPU layout's grid is [`cpu_groups`], computed by the caller, and ignores the plan).
+    /// CPU layout has one layout and ignores the plan).
     /// Errors on a plan that does not fit `n_tokens` or the device.
     fn layout(
         &self,
@@ -403,7 +396,10 @@ impl Matvec {
         plan: MatvecPlan,
     ) -> Result<(Pipeline, [u32; 3])> {
         match self {
-            Matvec::Fixed(pl) => Ok((pl.clone(), [0, 0, 0])),
+            Matvec::Fixed(pl) => Ok((
+                pl.clone(),
+                cpu_groups(chain, n_rows, n_tokens, CPU_MATVEC_TN)?,
+            )),
             Matvec::Spec(s) => {
                 let ctx = chain.context();
                 let p = plan;
@@ -503,12 +499,8 @@ impl Linear {
             .u32(a.op.code());
         // no norm: x stands in for its binding (never read)
         let nw = norm.map_or_else(|| x.clone(), |n| n.0);
-        let plan = plan.unwrap_or_else(|| MatvecPlan::choose(g.ty, g.n_rows, g.n_cols, a.n_tokens));
-        let (pipeline, mut groups) =
-            self.matvec_glu[ti].layout(chain, g.n_rows, a.n_tokens, plan)?;
-        if self.cpu {
-            groups = cpu_groups(chain, g.n_rows, a.n_tokens, CPU_MATVEC_TN)?;
-        }
+        let plan = plan.unwrap_or_else(|| MatvecPlan::choose(g.n_rows, g.n_cols, a.n_tokens));
+        let (pipeline, groups) = self.matvec_glu[ti].layout(chain, g.n_rows, a.n_tokens, plan)?;
         chain.dispatch(&pipeline, &[wb, x, y, bias, nw, up], &push, groups)?;
         Ok(())
     }
@@ -911,7 +903,7 @@ pub(crate) mod tests {
             (896, 4864, 4),
             (65536, 896, 1),
         ] {
-            let chosen = MatvecPlan::choose(GgmlType::Q8_0, rows, cols, tokens);
+            let chosen = MatvecPlan::choose(rows, cols, tokens);
             if !plans.contains(&chosen) {
                 plans.push(chosen);
             }
