@@ -3,18 +3,25 @@
 // f32 accumulators), the batch (prefill) path on devices that have them:
 //   y[t * y_stride + y_col + r] (= | +=) dot(W row r, x[t]) (+ bias[r]),  t < n_tokens, r < n_rows.
 // W: n_rows rows in their GGUF encoding (quant.glsl, type from the QTYPE_* define), row r at byte
-// r * row_bytes. x: [n_tokens, n_cols] f32. Both operands are rounded to f16 in shared memory:
-// the result is the product of the f16-rounded weights and inputs, summed in f32.
+// r * row_bytes. x: [n_tokens, n_cols] f32. Both operands are rounded to f16 on their way to
+// shared memory: the result is the product of the f16-rounded weights and inputs, summed in f32.
 //
-// Workgroup (x, y) = (row tile, token tile) computes C = W[BM rows] · x[BN tokens]ᵀ with 128
-// invocations: 4 subgroups of 32 in a 2 x 2 grid, each owning a (BM/2) x (BN/2) block of C as
-// 16 x 16 accumulators. Per step of BK columns every invocation decodes its 32-element chunk(s)
-// of the W tile and loads its share of the x tile into registers; after a barrier those go to
-// shared memory as f16 (`ws` [row][k]; `xs` [token][k], the B operand in column-major order), and
-// while the subgroups multiply from shared memory the next step's loads are already in flight
-// (register double buffering; the decoding uses quant.glsl's branch-free QWINDOW reads so that a
-// chunk's loads issue together). Rows, tokens and columns past the ends are zero-filled. Results
-// leave through a per-subgroup 16 x 16 staging tile so the y writes run along rows.
+// Workgroup (x, y) = (row tile, token tile) computes C = W[BM rows] · x[BN tokens]ᵀ with WGS
+// invocations: NSG subgroups of 32 in a WARPS_M x WARPS_N grid, each owning a (BM / WARPS_M) x
+// (BN / WARPS_N) block of C as FM x FN accumulators of 16 x 16. Per step of BK columns every
+// invocation decodes its 32-element chunk(s) of the W tile and loads its vec4s of the x tile into
+// registers (f16, packed); after a barrier those go to shared memory with 8-byte stores (`ws`
+// [row][k], `xs` [token][k]: the B operand in column-major order), and while the subgroups
+// multiply from shared memory the next step's loads are already in flight (register double
+// buffering; quant.glsl's branch-free QWINDOW reads let a chunk's loads issue together). The
+// cost that bounds this kernel is the per-element work of getting operands into shared memory,
+// not the tensor cores: each weight is decoded once per token tile and each input loaded once
+// per row tile, so the tiles are large (128 x 64) and the stores wide. Rows, tokens and columns
+// past the ends are zero-filled. Results leave through a per-subgroup 16 x 16 staging tile so
+// the y writes run along rows.
+//
+// x is read as vec4s when x_vec is set (n_cols a multiple of 4 and x's binding 16-byte aligned:
+// the host checks), else one float at a time.
 //
 // Split-K: workgroup z = piece p covers columns [p * k_per, (p + 1) * k_per) (k_per a multiple of
 // BK). With split > 1 each piece writes its raw sums to part[(p * n_tokens + t) * n_rows + r]
@@ -30,7 +37,7 @@
 #define QWINDOW 1 // branch-free chunk reads (quant.glsl)
 
 #ifndef BM
-#define BM 64u
+#define BM 128u
 #endif
 #ifndef BN
 #define BN 64u
@@ -38,21 +45,28 @@
 #ifndef BK
 #define BK 64u
 #endif
-#define NSG 4u
-#define WGS 128u            // invocations (NSG subgroups of 32)
-#define WM (BM / 2u)        // rows per subgroup
-#define WN (BN / 2u)        // tokens per subgroup
-#define FM (WM / 16u)       // accumulator tiles along rows
-#define FN (WN / 16u)       // accumulator tiles along tokens
-#define KCH (BK / 32u)      // W chunks per row per step
-#define LDA (BK + 8u)       // shared row stride in halves: 16-byte aligned rows, spread banks
-#define JOBS ((BM * KCH + WGS - 1u) / WGS) // W chunks per invocation per step
-#define XPER (BN * BK / WGS)                // x values per invocation per step
+#ifndef WARPS_M
+#define WARPS_M 4u
+#endif
+#ifndef WARPS_N
+#define WARPS_N 2u
+#endif
+#define NSG (WARPS_M * WARPS_N)
+#define WGS (NSG * 32u)      // invocations
+#define WM (BM / WARPS_M)    // rows per subgroup
+#define WN (BN / WARPS_N)    // tokens per subgroup
+#define FM (WM / 16u)        // accumulator tiles along rows
+#define FN (WN / 16u)        // accumulator tiles along tokens
+#define KCH (BK / 32u)       // W chunks per row per step
+#define LDA ((BK + 8u) / 4u) // shared row stride in f16vec4s: 16-byte aligned rows, spread banks
+#define JOBS ((BM * KCH + WGS - 1u) / WGS)    // W chunks per invocation per step
+#define XV ((BN * BK / 4u + WGS - 1u) / WGS)  // x vec4s per invocation per step
 
-layout(local_size_x = 128) in;
+layout(local_size_x = WGS) in;
 
 layout(std430, binding = 0) readonly buffer W { uint w[]; };
 layout(std430, binding = 1) readonly buffer X { float x[]; };
+layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
 layout(std430, binding = 2) buffer Y { float y[]; };
 layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 4) writeonly buffer Part { float part[]; };
@@ -67,56 +81,89 @@ layout(push_constant) uniform Push {
     uint flags; // bit 0: add bias, bit 1: accumulate into y
     uint k_per; // columns per split-K piece (a multiple of BK)
     uint split; // pieces (1: write y directly)
+    uint x_vec; // 1: x is read as vec4s
 } pc;
 
 #include "quant.glsl"
 
-shared float16_t ws[BM * LDA]; // W tile, [row][k]
-shared float16_t xs[BN * LDA]; // x tile, [token][k]
+shared f16vec4 ws[BM * LDA];   // W tile, [row][k]
+shared f16vec4 xs[BN * LDA];   // x tile, [token][k]
 shared float cs[NSG * 256u];   // per-subgroup 16 x 16 output staging, [token][row]
 
 #define ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 
-// Registers of one step: the W chunks this invocation decodes and its x values.
-float vreg[JOBS][32];
-float xreg[XPER];
+// Registers of one step: the W chunks this invocation decodes and its x vec4s, as f16.
+f16vec4 wreg[JOBS][8];
+f16vec4 xreg[XV];
 
-// Decodes / loads step k0's share of the tiles into vreg / xreg (zeros past the ends).
-void load_step(uint k0, uint tid, uint row0, uint tok0, uint nc) {
-    for (uint q = 0u; q < JOBS; q++) {
+// Decodes / loads step k0's share of the tiles into wreg / xreg (zeros past the ends).
+void load_step(uint k0, uint tid, uint row0, uint tok0, uint nc, bool xvec) {
+    [[unroll]] for (uint q = 0u; q < JOBS; q++) {
         uint job = tid + WGS * q;
         uint r = row0 + job / KCH;
         uint c = k0 / 32u + job % KCH;
+#ifdef ABL_NODEQ
+        if (false) {
+#else
         if (job < BM * KCH && r < pc.n_rows && c < nc) {
-            dequant_chunk(r * pc.row_bytes, c, pc.n_cols, vreg[q]);
+#endif
+            float v[32];
+            dequant_chunk(r * pc.row_bytes, c, pc.n_cols, v);
+            [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                wreg[q][i] = f16vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]);
+            }
         } else {
-            for (uint i = 0u; i < 32u; i++) {
-                vreg[q][i] = 0.0;
+            [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                wreg[q][i] = f16vec4(0.0hf);
             }
         }
     }
-    for (uint q = 0u; q < XPER; q++) {
+    [[unroll]] for (uint q = 0u; q < XV; q++) {
         uint e = tid + WGS * q;
-        uint t = tok0 + e / BK;
-        uint col = k0 + e % BK;
-        xreg[q] = (t < pc.n_tokens && col < pc.n_cols) ? x[t * pc.n_cols + col] : 0.0;
+        uint t = tok0 + e / (BK / 4u);
+        uint col = k0 + 4u * (e % (BK / 4u));
+        vec4 v = vec4(0.0);
+#ifdef ABL_NOX
+        if (false) {
+#else
+        if (t < pc.n_tokens) {
+#endif
+            uint o = t * pc.n_cols + col;
+            if (xvec) {
+                if (col < pc.n_cols) {
+                    v = x4[o / 4u];
+                }
+            } else {
+                [[unroll]] for (uint i = 0u; i < 4u; i++) {
+                    if (col + i < pc.n_cols) {
+                        v[i] = x[o + i];
+                    }
+                }
+            }
+        }
+        xreg[q] = f16vec4(v);
     }
 }
 
-// Writes the registers of a step to the shared tiles as f16.
+// Writes the registers of a step to the shared tiles.
 void store_step(uint tid) {
-    for (uint q = 0u; q < JOBS; q++) {
+#ifdef ABL_NOSTORE
+    return;
+#endif
+    [[unroll]] for (uint q = 0u; q < JOBS; q++) {
         uint job = tid + WGS * q;
         if (job < BM * KCH) {
-            uint o = (job / KCH) * LDA + 32u * (job % KCH);
-            for (uint i = 0u; i < 32u; i++) {
-                ws[o + i] = float16_t(vreg[q][i]);
+            uint o = (job / KCH) * LDA + 8u * (job % KCH);
+            [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                ws[o + i] = wreg[q][i];
             }
         }
     }
-    for (uint q = 0u; q < XPER; q++) {
+    [[unroll]] for (uint q = 0u; q < XV; q++) {
         uint e = tid + WGS * q;
-        xs[(e / BK) * LDA + e % BK] = float16_t(xreg[q]);
+        if (e < BN * BK / 4u) {
+            xs[(e / (BK / 4u)) * LDA + e % (BK / 4u)] = xreg[q];
+        }
     }
 }
 
@@ -125,12 +172,13 @@ void main() {
     uint row0 = gl_WorkGroupID.x * BM;
     uint tok0 = gl_WorkGroupID.y * BN;
     uint sg = gl_SubgroupID;
-    uint wm0 = (sg % 2u) * WM;
-    uint wn0 = (sg / 2u) * WN;
+    uint wm0 = (sg % WARPS_M) * WM;
+    uint wn0 = (sg / WARPS_M) * WN;
+    bool xvec = pc.x_vec != 0u;
 
     ACC acc[FM][FN];
-    for (uint i = 0u; i < FM; i++) {
-        for (uint j = 0u; j < FN; j++) {
+    [[unroll]] for (uint i = 0u; i < FM; i++) {
+        [[unroll]] for (uint j = 0u; j < FN; j++) {
             acc[i][j] = ACC(0.0);
         }
     }
@@ -139,44 +187,54 @@ void main() {
     uint piece = gl_WorkGroupID.z;
     uint kb = piece * pc.k_per;
     uint ke = min(pc.n_cols, kb + pc.k_per);
-    load_step(kb, tid, row0, tok0, nc);
+    load_step(kb, tid, row0, tok0, nc, xvec);
     for (uint k0 = kb; k0 < ke; k0 += BK) {
         store_step(tid);
+#ifndef ABL_NOBAR
         barrier();
+#endif
         if (k0 + BK < ke) {
-            load_step(k0 + BK, tid, row0, tok0, nc);
+            load_step(k0 + BK, tid, row0, tok0, nc, xvec);
         }
-        for (uint kk = 0u; kk < BK; kk += 16u) {
+        [[unroll]] for (uint kk = 0u; kk < BK / 4u; kk += 4u) {
             coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[FM];
             coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b[FN];
-            for (uint i = 0u; i < FM; i++) {
+            [[unroll]] for (uint i = 0u; i < FM; i++) {
                 coopMatLoad(a[i], ws, (wm0 + 16u * i) * LDA + kk, LDA,
                             gl_CooperativeMatrixLayoutRowMajor);
             }
-            for (uint j = 0u; j < FN; j++) {
+            [[unroll]] for (uint j = 0u; j < FN; j++) {
                 coopMatLoad(b[j], xs, (wn0 + 16u * j) * LDA + kk, LDA,
                             gl_CooperativeMatrixLayoutColumnMajor);
             }
-            for (uint i = 0u; i < FM; i++) {
-                for (uint j = 0u; j < FN; j++) {
+#ifndef ABL_NOMMA
+            [[unroll]] for (uint i = 0u; i < FM; i++) {
+                [[unroll]] for (uint j = 0u; j < FN; j++) {
                     acc[i][j] = coopMatMulAdd(a[i], b[j], acc[i][j]);
                 }
             }
+#endif
         }
+#ifndef ABL_NOBAR
         barrier();
+#endif
     }
 
     uint lane = gl_SubgroupInvocationID;
     uint base = sg * 256u;
     bool add_bias = (pc.flags & 1u) != 0u;
     bool accumulate = (pc.flags & 2u) != 0u;
-    for (uint i = 0u; i < FM; i++) {
-        for (uint j = 0u; j < FN; j++) {
+    // Constant indices only (every loop unrolled): an accumulator array indexed by a loop
+    // variable lives in local memory, and every product then goes through it (measured on the
+    // H100: 8x slower).
+    [[unroll]] for (uint i = 0u; i < FM; i++) {
+        [[unroll]] for (uint j = 0u; j < FN; j++) {
             // Column-major store: cs[base + 16 n + m] = C[m][n] (row m, token n).
             coopMatStore(acc[i][j], cs, base, 16u, gl_CooperativeMatrixLayoutColumnMajor);
             subgroupMemoryBarrierShared();
             subgroupBarrier();
-            for (uint e = lane; e < 256u; e += gl_SubgroupSize) {
+            [[unroll]] for (uint e0 = 0u; e0 < 256u; e0 += 32u) {
+                uint e = e0 + lane;
                 uint r = row0 + wm0 + 16u * i + e % 16u;
                 uint t = tok0 + wn0 + 16u * j + e / 16u;
                 if (r < pc.n_rows && t < pc.n_tokens && pc.split > 1u) {

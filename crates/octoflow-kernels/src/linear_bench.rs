@@ -98,8 +98,21 @@ fn linear_timing() {
 }
 
 /// Median GPU time (ns) of `reps` back-to-back recordings of `rec` (GPU timestamps, barriers
-/// between), or of the wall time per recording where the device has no timestamps.
+/// between), or of the wall time per recording where the device has no timestamps. The chain
+/// is replayed for a third of a second first: an idle GPU's clocks (an H100 idles at 345 MHz)
+/// take that long to come up, and a cold measurement is several times too slow.
 fn gpu_ns(ctx: &Context, reps: usize, rec: &dyn Fn(&mut Chain)) -> f64 {
+    {
+        let mut warm = Chain::new(ctx).unwrap();
+        for _ in 0..reps {
+            rec(&mut warm);
+            warm.barrier().unwrap();
+        }
+        let t = std::time::Instant::now();
+        while t.elapsed().as_secs_f64() < 0.33 {
+            warm.run().unwrap();
+        }
+    }
     let Ok(mut chain) = Chain::with_profiling(ctx) else {
         let mut chain = Chain::new(ctx).unwrap();
         for _ in 0..reps {
@@ -242,21 +255,48 @@ fn coop_timing() {
     }
 }
 
-/// GPU time of the Q8_0 tile experiments of `variants.txt` against the default tile.
+/// GPU time of the Q5_0 tile experiments of `variants.txt` against the default tile, each
+/// variant's outputs checked against the default's.
 fn tile_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
     use crate::shaders as s;
     let tiles = [
-        ("m64n64k64", None, [64, 64, 64]),
-        ("m128", Some(s::MATMUL_COOP_X_M128_Q8_0), [128, 64, 64]),
-        ("n128", Some(s::MATMUL_COOP_X_N128_Q8_0), [64, 128, 64]),
-        ("k128", Some(s::MATMUL_COOP_X_K128_Q8_0), [64, 64, 128]),
-        ("k32", Some(s::MATMUL_COOP_X_K32_Q8_0), [64, 64, 32]),
+        ("m128n64k64", None, [128, 64, 64]),
+        ("n128", Some(s::MATMUL_COOP_X_N128_Q5_0), [128, 128, 64]),
+        ("k32", Some(s::MATMUL_COOP_X_K32_Q5_0), [128, 64, 32]),
+        ("m64", Some(s::MATMUL_COOP_X_M64_Q5_0), [64, 64, 64]),
+        ("nodeq", Some(s::MATMUL_COOP_X_NODEQ_Q5_0), [128, 64, 64]),
+        ("nomma", Some(s::MATMUL_COOP_X_NOMMA_Q5_0), [128, 64, 64]),
+        ("nox", Some(s::MATMUL_COOP_X_NOX_Q5_0), [128, 64, 64]),
+        ("noload", Some(s::MATMUL_COOP_X_NOLOAD_Q5_0), [128, 64, 64]),
         (
-            "m128n128",
-            Some(s::MATMUL_COOP_X_M128N128_Q8_0),
-            [128, 128, 64],
+            "nostore",
+            Some(s::MATMUL_COOP_X_NOSTORE_Q5_0),
+            [128, 64, 64],
+        ),
+        ("nobar", Some(s::MATMUL_COOP_X_NOBAR_Q5_0), [128, 64, 64]),
+        (
+            "mmaonly",
+            Some(s::MATMUL_COOP_X_MMAONLY_Q5_0),
+            [128, 64, 64],
         ),
     ];
+    for (name, shader) in [("m128n64k64", s::MATMUL_COOP_Q5_0)]
+        .into_iter()
+        .chain(tiles.iter().filter_map(|&(n, sh, _)| sh.map(|sh| (n, sh))))
+    {
+        let mut desc = octoflow_vk::PipelineDesc::new(shader, 5, crate::linear::PUSH_BYTES + 12)
+            .subgroup_size(32)
+            .capture_statistics();
+        desc.full_subgroups = true;
+        let p = octoflow_vk::Pipeline::new(ctx, &desc).unwrap();
+        let stats: Vec<String> = p
+            .statistics()
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        println!("{name}: {}", stats.join(", "));
+    }
     let built: Vec<(&str, Option<MatmulCoop>)> = tiles
         .iter()
         .map(|&(name, shader, tile)| {
@@ -268,27 +308,22 @@ fn tile_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
         .collect();
     let mut rng = StdRng::seed_from_u64(2);
     for (n_rows, n_cols) in [(896u32, 896u32), (4864, 896), (896, 4864), (151936, 896)] {
-        let name = format!("Q8_0 {n_rows}x{n_cols} tiles");
+        let name = format!("Q5_0 {n_rows}x{n_cols} tiles");
         if !name.to_lowercase().contains(filter) {
             continue;
         }
-        let wq = random_weights(&mut rng, GgmlType::Q8_0, n_rows as usize, n_cols as usize);
+        let wq = random_weights(&mut rng, GgmlType::Q5_0, n_rows as usize, n_cols as usize);
         let wb = buffer_with(ctx, "w", &wq);
         let x: Vec<f32> = (0..512 * n_cols as usize)
             .map(|_| rng.gen_range(-1.0..1.0))
             .collect();
         let xb = buffer_with(ctx, "x", octoflow_vk::as_bytes(&x));
-        let yb = Buffer::new(
-            ctx,
-            "y",
-            4 * 512 * u64::from(n_rows),
-            MemoryKind::DeviceLocal,
-        )
-        .unwrap();
+        let y_bytes = 4 * 512 * u64::from(n_rows);
+        let yb = Buffer::new(ctx, "y", y_bytes, MemoryKind::DeviceLocal).unwrap();
         for n_tokens in [128u32, 512] {
             let args = LinearArgs {
                 w: QWeightRef {
-                    ty: GgmlType::Q8_0,
+                    ty: GgmlType::Q5_0,
                     data: &wb.whole(),
                     n_rows,
                     n_cols,
@@ -303,13 +338,75 @@ fn tile_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
                 norm: None,
             };
             let flop = 2.0 * f64::from(n_rows) * f64::from(n_cols) * f64::from(n_tokens);
+            let outputs = (n_tokens * n_rows) as usize;
             let mut line = format!("{name:<26} x{n_tokens:<4}");
+            let mut want = Vec::new();
             for (tile, mm) in &built {
                 let mm = mm.as_ref().unwrap_or(default);
+                ctx.fill(&yb, 0, y_bytes, f32::NAN.to_bits()).unwrap();
                 let ns = gpu_ns(ctx, 11, &|c| mm.record(c, &args).unwrap());
-                line += &format!(" {tile} {:.1}us {:.0}GF", ns / 1e3, flop / ns);
+                let mut got = vec![0f32; outputs];
+                ctx.download(&yb, 0, &mut got).unwrap();
+                let ok = if want.is_empty() {
+                    want = got;
+                    "ref".to_string()
+                } else {
+                    match crate::check_close(&got, &want, 1e-3) {
+                        Ok(()) => "ok".to_string(),
+                        Err(e) => format!("WRONG ({e})"),
+                    }
+                };
+                line += &format!(" {tile} {:.1}us {:.0}GF {ok}", ns / 1e3, flop / ns);
             }
             println!("{line}");
+        }
+    }
+}
+
+/// Cooperative-matrix product throughput (`coopmat_probe.comp`; `cargo test -p
+/// octoflow-kernels --release coopmat_probe -- --ignored --nocapture`): TFLOP/s of 16 x 16 x 16
+/// f16 -> f32 products with the fragments kept in registers or reloaded from shared memory
+/// every step, 2 to 16 accumulators per subgroup, 2 and 4 workgroups of 256 per SM of an H100.
+#[test]
+#[ignore]
+fn coopmat_probe() {
+    use crate::shaders as s;
+    use octoflow_vk::{Pipeline, PipelineDesc, Push};
+    let Some(ctx) = gpu_or_skip("coopmat_probe") else {
+        return;
+    };
+    if !MatmulCoop::supported(ctx.caps()) {
+        println!("coopmat_probe: no cooperative matrices here");
+        return;
+    }
+    let out = Buffer::new(&ctx, "out", 4 * 256 * 8 * 528, MemoryKind::DeviceLocal).unwrap();
+    for (name, shader, mmas) in [
+        ("registers 2x2", s::COOPMAT_PROBE_REG, 4u32),
+        ("registers 2x4", s::COOPMAT_PROBE_REG24, 8),
+        ("shared 2x2", s::COOPMAT_PROBE_SHARED, 4),
+        ("shared 2x4", s::COOPMAT_PROBE_SHARED24, 8),
+        ("shared 4x4", s::COOPMAT_PROBE_SHARED44, 16),
+    ] {
+        let mut desc = PipelineDesc::new(shader, 1, 4).subgroup_size(32);
+        desc.full_subgroups = true;
+        let pipe = Pipeline::new(&ctx, &desc).unwrap();
+        for groups in [264u32, 528] {
+            let iters = 4096u32;
+            let ns = gpu_ns(&ctx, 5, &|c| {
+                c.dispatch(
+                    &pipe,
+                    &[out.whole()],
+                    &Push::new().u32(iters),
+                    [groups, 1, 1],
+                )
+                .unwrap();
+            });
+            let flop = f64::from(groups) * 8.0 * f64::from(iters) * f64::from(mmas) * 8192.0;
+            println!(
+                "coopmat {name:<14} {groups} workgroups: {:8.1} us {:7.1} TFLOP/s",
+                ns / 1e3,
+                flop / ns / 1e3
+            );
         }
     }
 }

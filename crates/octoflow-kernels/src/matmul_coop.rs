@@ -26,15 +26,17 @@ use crate::scratch::QueueScratch;
 use crate::split_sum::{SplitSum, SumTarget};
 
 /// Rows, tokens and columns per workgroup step (`BM`, `BN`, `BK` in `matmul_coop.comp`).
-const TILE_ROWS: u32 = 64;
+const TILE_ROWS: u32 = 128;
 const TILE_TOKENS: u32 = 64;
 const TILE_K: u32 = 64;
-/// Split-K aims at this many workgroups (two per SM of an H100 and then some): below it, a
-/// product's workgroups each run all their column steps one after another, latency-bound.
-const TARGET_GROUPS: u32 = 256;
+/// Invocations per workgroup (`WGS`: 8 subgroups of 32).
+const INVOCATIONS: u32 = 256;
+/// Split-K aims at this many workgroups (two per SM of an H100): below it, a product's
+/// workgroups each run all their column steps one after another, latency-bound.
+const TARGET_GROUPS: u32 = 264;
 /// Most split-K pieces.
 const MAX_SPLIT: u32 = 16;
-/// The subgroup size the kernel's 128 invocations are laid out for (4 subgroups).
+/// The subgroup size the kernel's invocations are laid out for.
 const SUBGROUP: u32 = 32;
 
 /// The cooperative-matrix matmul pipelines, one per weight type, built once.
@@ -53,11 +55,13 @@ pub struct MatmulCoop {
 
 impl MatmulCoop {
     /// Whether the device runs `matmul_coop.comp`: 16 x 16 x 16 f16 → f32 cooperative matrices,
-    /// 16-bit floats, full subgroups, and subgroups that are (or can be made) 32 wide.
+    /// 16-bit floats, workgroups of 256, full subgroups, and subgroups that are (or can be made)
+    /// 32 wide.
     pub fn supported(caps: &DeviceCaps) -> bool {
         let sg = &caps.subgroup;
         caps.coopmat_supports(16, 16, 16, "f16", "f32")
             && caps.shader_float16
+            && caps.max_workgroup_invocations >= INVOCATIONS
             && sg.full_subgroups
             && (sg.size == SUBGROUP
                 || (sg.size_control && (sg.min_size..=sg.max_size).contains(&SUBGROUP)))
@@ -87,7 +91,7 @@ impl MatmulCoop {
         let sg = &ctx.caps().subgroup;
         let mut pipelines = Vec::with_capacity(shaders.len());
         for &shader in shaders {
-            let mut desc = PipelineDesc::new(shader, 5, PUSH_BYTES + 8);
+            let mut desc = PipelineDesc::new(shader, 5, PUSH_BYTES + 12);
             if sg.size != SUBGROUP || sg.min_size != sg.max_size {
                 desc = desc.subgroup_size(SUBGROUP);
             }
@@ -155,7 +159,9 @@ impl MatmulCoop {
                 ),
             });
         }
-        let push = push.clone().u32(k_per).u32(split);
+        // vec4 reads of x: rows of whole vec4s from a 16-byte aligned start
+        let x_vec = a.w.n_cols % 4 == 0 && a.x.offset % 16 == 0;
+        let push = push.clone().u32(k_per).u32(split).u32(u32::from(x_vec));
         let [w, x, y, bias] = bindings.clone();
         if split == 1 {
             // part is never written: y stands in for the binding
