@@ -261,7 +261,7 @@ fn tile_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
     use crate::shaders as s;
     let tiles = [
         ("m128n64k64", None, [128, 64, 64]),
-        ("n128", Some(s::MATMUL_COOP_X_N128_Q5_0), [128, 128, 64]),
+        ("n128", Some(s::MATMUL_COOP_WIDE_Q5_0), [128, 128, 64]),
         ("k32", Some(s::MATMUL_COOP_X_K32_Q5_0), [128, 64, 32]),
         ("m64", Some(s::MATMUL_COOP_X_M64_Q5_0), [64, 64, 64]),
         ("nodeq", Some(s::MATMUL_COOP_X_NODEQ_Q5_0), [128, 64, 64]),
@@ -408,6 +408,33 @@ fn coopmat_probe() {
                 flop / ns / 1e3
             );
         }
+    }
+}
+
+/// The driver's statistics of every embedded shader (`cargo test -p octoflow-kernels --release
+/// pipeline_statistics -- --ignored --nocapture`): registers and local memory per invocation —
+/// a kernel that spills, or indexes a private array with a variable, shows local memory (the
+/// H100's driver reports it offset by 2^36). Built with 12 storage bindings and 128 bytes of
+/// push constants (a superset of every shader's), specialization constants at their defaults.
+#[test]
+#[ignore]
+fn pipeline_statistics() {
+    use octoflow_vk::{Pipeline, PipelineDesc};
+    let Some(ctx) = gpu_or_skip("pipeline_statistics") else {
+        return;
+    };
+    for &shader in crate::shaders::ALL {
+        let desc = PipelineDesc::new(shader, 12, 128).capture_statistics();
+        let line = match Pipeline::new(&ctx, &desc).and_then(|p| p.statistics()) {
+            Ok(stats) => stats
+                .into_iter()
+                .filter(|(k, _)| k.contains("Register") || k.contains("Local"))
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            Err(e) => format!("not built: {e}"),
+        };
+        println!("{:<32} {line}", shader.name);
     }
 }
 

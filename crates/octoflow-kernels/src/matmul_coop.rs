@@ -26,9 +26,13 @@ use crate::scratch::QueueScratch;
 use crate::split_sum::{SplitSum, SumTarget};
 
 /// Rows, tokens and columns per workgroup step (`BM`, `BN`, `BK` in `matmul_coop.comp`).
-const TILE_ROWS: u32 = 128;
-const TILE_TOKENS: u32 = 64;
-const TILE_K: u32 = 64;
+const TILE: [u32; 3] = [128, 64, 64];
+/// The same for the wide variants (`matmul_coop_wide_*`, `BN` 128).
+const TILE_WIDE: [u32; 3] = [128, 128, 64];
+/// Batches of at least this many tokens take the wide variants: each weight is decoded half as
+/// often, for half as many workgroups (H100, qwen2.5-0.5B shapes, 512 tokens: 4864 x 896 86 →
+/// 71 µs, 896 x 4864 82 → 68 µs; at 128 tokens the narrow tile wins, 29 vs 33 µs).
+pub const WIDE_MIN_TOKENS: u32 = 257;
 /// Invocations per workgroup (`WGS`: 8 subgroups of 32).
 const INVOCATIONS: u32 = 256;
 /// Split-K aims at this many workgroups (two per SM of an H100): below it, a product's
@@ -39,11 +43,18 @@ const MAX_SPLIT: u32 = 16;
 /// The subgroup size the kernel's invocations are laid out for.
 const SUBGROUP: u32 = 32;
 
-/// The cooperative-matrix matmul pipelines, one per weight type, built once.
-pub struct MatmulCoop {
+/// Pipelines of one tile shape, one per weight type (indexed like `TYPES`).
+struct Tiled {
     pipelines: Vec<Pipeline>,
     /// Rows, tokens and columns per step of a workgroup of these pipelines.
     tile: [u32; 3],
+}
+
+/// The cooperative-matrix matmul pipelines, one per weight type and tile shape, built once.
+pub struct MatmulCoop {
+    narrow: Tiled,
+    /// For batches of [`WIDE_MIN_TOKENS`] or more (absent in benchmark-built instances).
+    wide: Option<Tiled>,
     /// Adds split-K pieces into y.
     sum: SplitSum,
     /// Split-K partial sums per queue, grown on first need: shared by every dispatch of this
@@ -79,39 +90,36 @@ impl MatmulCoop {
                     .into(),
             }));
         }
-        let shaders: Vec<Shader> = (0..TYPES.len())
-            .map(|i| variant(QOp::MatmulCoop, i))
-            .collect();
-        Self::with_shaders(ctx, &shaders, [TILE_ROWS, TILE_TOKENS, TILE_K])
+        let shaders = |op| (0..TYPES.len()).map(|i| variant(op, i)).collect::<Vec<_>>();
+        let mut mm = Self::with_shaders(ctx, &shaders(QOp::MatmulCoop), TILE)?;
+        mm.wide = Some(Tiled::new(ctx, &shaders(QOp::MatmulCoopWide), TILE_WIDE)?);
+        Ok(mm)
     }
 
-    /// Pipelines of `shaders` (indexed like `TYPES`) whose workgroups cover `tile` rows x tokens
-    /// x columns per step.
+    /// Pipelines of `shaders` (indexed like `TYPES`, or one for every type) whose workgroups
+    /// cover `tile` rows x tokens x columns per step, for every batch size.
     pub(crate) fn with_shaders(ctx: &Context, shaders: &[Shader], tile: [u32; 3]) -> Result<Self> {
-        let sg = &ctx.caps().subgroup;
-        let mut pipelines = Vec::with_capacity(shaders.len());
-        for &shader in shaders {
-            let mut desc = PipelineDesc::new(shader, 5, PUSH_BYTES + 12);
-            if sg.size != SUBGROUP || sg.min_size != sg.max_size {
-                desc = desc.subgroup_size(SUBGROUP);
-            }
-            desc.full_subgroups = true;
-            pipelines.push(Pipeline::new(ctx, &desc)?);
-        }
         Ok(MatmulCoop {
-            pipelines,
-            tile,
+            narrow: Tiled::new(ctx, shaders, tile)?,
+            wide: None,
             sum: SplitSum::new(ctx)?,
             scratch: QueueScratch::new("matmul_split"),
         })
+    }
+
+    /// The pipelines for a batch of `n_tokens`.
+    fn tiled(&self, n_tokens: u32) -> &Tiled {
+        match &self.wide {
+            Some(w) if n_tokens >= WIDE_MIN_TOKENS => w,
+            _ => &self.narrow,
+        }
     }
 
     /// Records `y (=|+=) f16(x) · f16(W)ᵀ (+ bias)` for any batch size, after the checks of
     /// [`crate::Linear::record`]. `y` must not alias `x`, `bias` or the weights.
     pub fn record(&self, chain: &mut Chain, a: &LinearArgs) -> Result<()> {
         let c = check_args(a)?;
-        let ti = if self.pipelines.len() == 1 { 0 } else { c.ti };
-        self.dispatch(chain, ti, a, &c.bindings, &c.push)
+        self.dispatch(chain, c.ti, a, &c.bindings, &c.push)
     }
 
     /// Records the dispatch of checked arguments (`ti`: the type's index in `TYPES`), split
@@ -125,8 +133,9 @@ impl MatmulCoop {
         bindings: &[BufferSlice; 4],
         push: &Push,
     ) -> Result<()> {
-        let tiles = a.w.n_rows.div_ceil(self.tile[0]) * a.n_tokens.div_ceil(self.tile[1]);
-        let split = split_for(tiles, a.w.n_cols, self.tile[2]);
+        let tile = self.tiled(a.n_tokens).tile;
+        let tiles = a.w.n_rows.div_ceil(tile[0]) * a.n_tokens.div_ceil(tile[1]);
+        let split = split_for(tiles, a.w.n_cols, tile[2]);
         self.dispatch_split(chain, ti, a, bindings, push, split)
     }
 
@@ -140,13 +149,15 @@ impl MatmulCoop {
         push: &Push,
         split: u32,
     ) -> Result<()> {
-        let steps = a.w.n_cols.div_ceil(self.tile[2]);
+        let tiled = self.tiled(a.n_tokens);
+        let (tile, pipeline) = (tiled.tile, tiled.pipeline(ti));
+        let steps = a.w.n_cols.div_ceil(tile[2]);
         let per = steps.div_ceil(split.clamp(1, steps.max(1)));
         let split = steps.div_ceil(per).max(1);
-        let k_per = per * self.tile[2];
+        let k_per = per * tile[2];
         let groups = [
-            a.w.n_rows.div_ceil(self.tile[0]),
-            a.n_tokens.div_ceil(self.tile[1]),
+            a.w.n_rows.div_ceil(tile[0]),
+            a.n_tokens.div_ceil(tile[1]),
             split,
         ];
         let max = chain.context().caps().max_workgroup_count;
@@ -166,7 +177,7 @@ impl MatmulCoop {
         if split == 1 {
             // part is never written: y stands in for the binding
             let all = [w, x, y.clone(), bias, y];
-            chain.dispatch(&self.pipelines[ti], &all, &push, groups)?;
+            chain.dispatch(pipeline, &all, &push, groups)?;
             return Ok(());
         }
         let outputs = u64::from(a.n_tokens) * u64::from(a.w.n_rows);
@@ -174,7 +185,7 @@ impl MatmulCoop {
         let part = self.scratch.get(chain, bytes)?;
         let part = part.slice(0, bytes)?;
         let all = [w, x, y.clone(), bias.clone(), part.clone()];
-        chain.dispatch(&self.pipelines[ti], &all, &push, groups)?;
+        chain.dispatch(pipeline, &all, &push, groups)?;
         chain.compute_barrier()?;
         let target = SumTarget {
             n_rows: a.w.n_rows,
@@ -187,6 +198,27 @@ impl MatmulCoop {
         self.sum.record(chain, &part, split, &y, &bias, &target)?;
         chain.compute_barrier()?;
         Ok(())
+    }
+}
+
+impl Tiled {
+    fn new(ctx: &Context, shaders: &[Shader], tile: [u32; 3]) -> Result<Self> {
+        let sg = &ctx.caps().subgroup;
+        let mut pipelines = Vec::with_capacity(shaders.len());
+        for &shader in shaders {
+            let mut desc = PipelineDesc::new(shader, 5, PUSH_BYTES + 12);
+            if sg.size != SUBGROUP || sg.min_size != sg.max_size {
+                desc = desc.subgroup_size(SUBGROUP);
+            }
+            desc.full_subgroups = true;
+            pipelines.push(Pipeline::new(ctx, &desc)?);
+        }
+        Ok(Tiled { pipelines, tile })
+    }
+
+    /// The pipeline of type index `ti` (the only one of a single-shader set).
+    fn pipeline(&self, ti: usize) -> &Pipeline {
+        &self.pipelines[if self.pipelines.len() == 1 { 0 } else { ti }]
     }
 }
 

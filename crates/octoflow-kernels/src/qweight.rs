@@ -36,6 +36,8 @@ pub(crate) enum QOp {
     MatmulCpu,
     /// `matmul` on cooperative matrices (`matmul_coop.comp`).
     MatmulCoop,
+    /// `matmul_coop` with 128 tokens per workgroup.
+    MatmulCoopWide,
     GetRows,
 }
 
@@ -126,6 +128,18 @@ pub(crate) fn variant(op: QOp, i: usize) -> Shader {
             s::MATMUL_COOP_Q4_K,
             s::MATMUL_COOP_Q5_K,
             s::MATMUL_COOP_Q6_K,
+        ],
+        QOp::MatmulCoopWide => [
+            s::MATMUL_COOP_WIDE_F32,
+            s::MATMUL_COOP_WIDE_F16,
+            s::MATMUL_COOP_WIDE_Q4_0,
+            s::MATMUL_COOP_WIDE_Q4_1,
+            s::MATMUL_COOP_WIDE_Q5_0,
+            s::MATMUL_COOP_WIDE_Q5_1,
+            s::MATMUL_COOP_WIDE_Q8_0,
+            s::MATMUL_COOP_WIDE_Q4_K,
+            s::MATMUL_COOP_WIDE_Q5_K,
+            s::MATMUL_COOP_WIDE_Q6_K,
         ],
         QOp::GetRows => [
             s::GET_ROWS_F32,
