@@ -340,6 +340,7 @@ pub(crate) struct MatvecPlan {
 
 impl MatvecPlan {
     /// The layout before per-shape plans (and the only one of the CPU layout, which ignores it).
+    #[cfg(test)]
     pub(crate) const DEFAULT: MatvecPlan = MatvecPlan {
         wg: 128,
         tpr: MATVEC_TPR,

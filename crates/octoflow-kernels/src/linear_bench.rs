@@ -363,6 +363,91 @@ fn tile_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
     }
 }
 
+/// Total GPU time (ns) per recording of `reps` back-to-back recordings of `rec` (every
+/// dispatch of a recording summed: a split-K product and its sum), after the warm-up of
+/// [`gpu_ns`].
+fn gpu_total_ns(ctx: &Context, reps: usize, rec: &dyn Fn(&mut Chain)) -> f64 {
+    gpu_ns(ctx, 1, rec);
+    let mut chain = Chain::with_profiling(ctx).unwrap();
+    for _ in 0..reps {
+        rec(&mut chain);
+        chain.barrier().unwrap();
+    }
+    chain.run().unwrap();
+    let total: f64 = chain.timings().unwrap().unwrap().iter().map(|t| t.ns).sum();
+    total / reps as f64
+}
+
+/// Split-K against tile shape at qwen2.5-0.5B's Q5_0 shapes (`cargo test -p octoflow-kernels
+/// --release coop_split -- --ignored --nocapture --test-threads 1`): GPU time of the product
+/// plus the sum of its pieces, for the 128 x 64 and 128 x 128 tiles and split-K targets of 1
+/// (no split) to 528 workgroups.
+#[test]
+#[ignore]
+fn coop_split() {
+    use crate::shaders as s;
+    let Some(ctx) = gpu_or_skip("coop_split") else {
+        return;
+    };
+    if !MatmulCoop::supported(ctx.caps()) {
+        return;
+    }
+    let mut tiles = [
+        (
+            "128x64",
+            MatmulCoop::with_shaders(&ctx, &[s::MATMUL_COOP_Q5_0], [128, 64, 64]).unwrap(),
+        ),
+        (
+            "128x128",
+            MatmulCoop::with_shaders(&ctx, &[s::MATMUL_COOP_WIDE_Q5_0], [128, 128, 64]).unwrap(),
+        ),
+    ];
+    let mut rng = StdRng::seed_from_u64(4);
+    for (n_rows, n_cols) in [(896u32, 896u32), (128, 896), (4864, 896), (896, 4864)] {
+        let wq = random_weights(&mut rng, GgmlType::Q5_0, n_rows as usize, n_cols as usize);
+        let wb = buffer_with(&ctx, "w", &wq);
+        let x: Vec<f32> = (0..512 * n_cols as usize)
+            .map(|_| rng.gen_range(-1.0..1.0))
+            .collect();
+        let xb = buffer_with(&ctx, "x", octoflow_vk::as_bytes(&x));
+        let yb = Buffer::new(
+            &ctx,
+            "y",
+            4 * 512 * u64::from(n_rows),
+            MemoryKind::DeviceLocal,
+        )
+        .unwrap();
+        for n_tokens in [128u32, 512] {
+            let args = LinearArgs {
+                w: QWeightRef {
+                    ty: GgmlType::Q5_0,
+                    data: &wb.whole(),
+                    n_rows,
+                    n_cols,
+                },
+                x: &xb.whole(),
+                y: &yb.whole(),
+                n_tokens,
+                y_stride: n_rows,
+                y_col: 0,
+                bias: None,
+                accumulate: false,
+                norm: None,
+            };
+            let mut line = format!("Q5_0 {n_rows}x{n_cols} x{n_tokens}:");
+            for (name, mm) in tiles.iter_mut() {
+                line += &format!(" | {name}");
+                for target in [1u32, 66, 132, 264, 528] {
+                    mm.target_groups = target;
+                    let ns = gpu_total_ns(&ctx, 11, &|c| mm.record(c, &args).unwrap());
+                    line += &format!(" {target}:{:.1}", ns / 1e3);
+                }
+            }
+            println!("{line}");
+        }
+    }
+}
+
 /// Cooperative-matrix product throughput (`coopmat_probe.comp`; `cargo test -p
 /// octoflow-kernels --release coopmat_probe -- --ignored --nocapture`): TFLOP/s of 16 x 16 x 16
 /// f16 -> f32 products with the fragments kept in registers or reloaded from shared memory

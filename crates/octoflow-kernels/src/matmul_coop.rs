@@ -29,15 +29,23 @@ use crate::split_sum::{SplitSum, SumTarget};
 const TILE: [u32; 3] = [128, 64, 64];
 /// The same for the wide variants (`matmul_coop_wide_*`, `BN` 128).
 const TILE_WIDE: [u32; 3] = [128, 128, 64];
-/// Batches of at least this many tokens take the wide variants: each weight is decoded half as
-/// often, for half as many workgroups (H100, qwen2.5-0.5B shapes, 512 tokens: 4864 x 896 86 →
-/// 71 µs, 896 x 4864 82 → 68 µs; at 128 tokens the narrow tile wins, 29 vs 33 µs).
+/// Batches of at least this many tokens may take the wide variants: each weight is decoded half
+/// as often, by half as many workgroups — which pays where the wide grid still fills the device
+/// ([`WIDE_MIN_TILES`]) or the rows are long enough for split-K pieces of several steps
+/// ([`WIDE_MIN_COLS`]). H100, qwen2.5-0.5B's Q5_0 shapes at 512 tokens (`coop_split` bench,
+/// product plus split-K sum): 4864 x 896 86 → 80 µs, 896 x 4864 79 → 75 µs wide; 896 x 896 and
+/// 128 x 896 lose (25 vs 28, 14 vs 18 µs); at 128 tokens the narrow tile wins.
 pub const WIDE_MIN_TOKENS: u32 = 257;
+/// See [`WIDE_MIN_TOKENS`].
+const WIDE_MIN_TILES: u32 = 128;
+/// See [`WIDE_MIN_TOKENS`].
+const WIDE_MIN_COLS: u32 = 2048;
 /// Invocations per workgroup (`WGS`: 8 subgroups of 32).
 const INVOCATIONS: u32 = 256;
-/// Split-K aims at this many workgroups (two per SM of an H100): below it, a product's
-/// workgroups each run all their column steps one after another, latency-bound.
-const TARGET_GROUPS: u32 = 264;
+/// Split-K aims at this many workgroups (one per SM of an H100): below it, a product's
+/// workgroups each run all their column steps one after another, latency-bound. (264 measured
+/// 5% slower over a qwen2.5-0.5B layer at 512 tokens: more pieces to sum, more scratch.)
+const TARGET_GROUPS: u32 = 132;
 /// Most split-K pieces.
 const MAX_SPLIT: u32 = 16;
 /// The subgroup size the kernel's invocations are laid out for.
@@ -55,6 +63,8 @@ pub struct MatmulCoop {
     narrow: Tiled,
     /// For batches of [`WIDE_MIN_TOKENS`] or more (absent in benchmark-built instances).
     wide: Option<Tiled>,
+    /// Split-K aims at this many workgroups ([`TARGET_GROUPS`]; benchmarks vary it).
+    pub(crate) target_groups: u32,
     /// Adds split-K pieces into y.
     sum: SplitSum,
     /// Split-K partial sums per queue, grown on first need: shared by every dispatch of this
@@ -102,15 +112,23 @@ impl MatmulCoop {
         Ok(MatmulCoop {
             narrow: Tiled::new(ctx, shaders, tile)?,
             wide: None,
+            target_groups: TARGET_GROUPS,
             sum: SplitSum::new(ctx)?,
             scratch: QueueScratch::new("matmul_split"),
         })
     }
 
-    /// The pipelines for a batch of `n_tokens`.
-    fn tiled(&self, n_tokens: u32) -> &Tiled {
+    /// The pipelines for a product of `n_rows` x `n_cols` over `n_tokens`.
+    fn tiled(&self, n_rows: u32, n_cols: u32, n_tokens: u32) -> &Tiled {
         match &self.wide {
-            Some(w) if n_tokens >= WIDE_MIN_TOKENS => w,
+            Some(w) if n_tokens >= WIDE_MIN_TOKENS => {
+                let tiles = n_rows.div_ceil(w.tile[0]) * n_tokens.div_ceil(w.tile[1]);
+                if tiles >= WIDE_MIN_TILES || n_cols >= WIDE_MIN_COLS {
+                    w
+                } else {
+                    &self.narrow
+                }
+            }
             _ => &self.narrow,
         }
     }
@@ -133,9 +151,9 @@ impl MatmulCoop {
         bindings: &[BufferSlice; 4],
         push: &Push,
     ) -> Result<()> {
-        let tile = self.tiled(a.n_tokens).tile;
+        let tile = self.tiled(a.w.n_rows, a.w.n_cols, a.n_tokens).tile;
         let tiles = a.w.n_rows.div_ceil(tile[0]) * a.n_tokens.div_ceil(tile[1]);
-        let split = split_for(tiles, a.w.n_cols, tile[2]);
+        let split = split_for(tiles, a.w.n_cols, tile[2], self.target_groups);
         self.dispatch_split(chain, ti, a, bindings, push, split)
     }
 
@@ -149,7 +167,7 @@ impl MatmulCoop {
         push: &Push,
         split: u32,
     ) -> Result<()> {
-        let tiled = self.tiled(a.n_tokens);
+        let tiled = self.tiled(a.w.n_rows, a.w.n_cols, a.n_tokens);
         let (tile, pipeline) = (tiled.tile, tiled.pipeline(ti));
         let steps = a.w.n_cols.div_ceil(tile[2]);
         let per = steps.div_ceil(split.clamp(1, steps.max(1)));
@@ -223,12 +241,10 @@ impl Tiled {
 }
 
 /// Split-K pieces for a product of `tiles` workgroup tiles over `n_cols` columns in steps of
-/// `k`: enough to reach [`TARGET_GROUPS`] workgroups, at most [`MAX_SPLIT`] and one per step.
-fn split_for(tiles: u32, n_cols: u32, k: u32) -> u32 {
+/// `k`: enough to reach `target` workgroups, at most [`MAX_SPLIT`] and one per step.
+fn split_for(tiles: u32, n_cols: u32, k: u32, target: u32) -> u32 {
     let steps = n_cols.div_ceil(k).max(1);
-    TARGET_GROUPS
-        .div_ceil(tiles.max(1))
-        .clamp(1, MAX_SPLIT.min(steps))
+    target.div_ceil(tiles.max(1)).clamp(1, MAX_SPLIT.min(steps))
 }
 
 /// CPU reference: [`linear_ref`] on the operands the kernel multiplies — every decoded weight
@@ -306,7 +322,12 @@ pub(crate) mod tests {
         }
         let seed: u64 = rand::random();
         let mut rng = StdRng::seed_from_u64(seed);
-        let mm = MatmulCoop::new(&ctx).unwrap();
+        // The device's choice of tile for each batch, and the wide tile for every batch (the
+        // choice takes it only for large products).
+        let ti = TYPES.iter().position(|&t| t == ty).unwrap();
+        let wide =
+            MatmulCoop::with_shaders(&ctx, &[variant(QOp::MatmulCoopWide, ti)], TILE_WIDE).unwrap();
+        let full = MatmulCoop::new(&ctx).unwrap();
         // Tile edges: rows not a multiple of 64 (1 row too), columns a multiple of 32 but often
         // not of 64 (the kernel's K step), odd for F32/F16.
         let n_rows = if rng.gen_bool(0.2) {
@@ -326,7 +347,11 @@ pub(crate) mod tests {
             rng.gen_range(65..300),
             300,
         ];
-        for (case, n_tokens) in sizes.into_iter().enumerate() {
+        let runs = sizes
+            .into_iter()
+            .enumerate()
+            .flat_map(|(case, n)| [(case, n, "chosen", &full), (case, n, "wide", &wide)]);
+        for (case, n_tokens, tile, mm) in runs {
             let with_bias = case % 2 == 0;
             let accumulate = case % 3 == 1;
             let y_col = if case % 2 == 1 {
@@ -400,9 +425,9 @@ pub(crate) mod tests {
             )
             .unwrap();
             let what = format!(
-                "{ty} {n_rows}x{n_cols}, {n_tokens} tokens, bias {with_bias}, accumulate \
-                 {accumulate}, y_col {y_col}, y_stride {y_stride}, split {split} (0: auto), \
-                 seed {seed}"
+                "{ty} {n_rows}x{n_cols}, {n_tokens} tokens, {tile} tile, bias {with_bias}, \
+                 accumulate {accumulate}, y_col {y_col}, y_stride {y_stride}, split {split} (0: \
+                 auto), seed {seed}"
             );
             // One comparison over every token's outputs: check_close's floor (1% of the largest
             // |value|) then reflects the products' scale, not a single output that cancels to
