@@ -1,12 +1,14 @@
 //! Causal attention over a KV cache (shader `attention.comp`): grouped KV heads, optional sliding
 //! window, positions read from a GPU buffer, streaming (online) softmax over the keys. Decode
 //! steps (few query tokens per sequence) take `attention_decode.comp` instead (see
-//! `attention_decode.rs`).
+//! `attention_decode.rs`); runs of more tokens take `attention_coop.comp` where the device has
+//! cooperative matrices and the heads are 64 or 128 wide (see `attention_coop.rs`).
 
 use octoflow_vk::{
     BufferSlice, Chain, Context, DeviceCaps, DeviceKind, Pipeline, PipelineDesc, Push,
 };
 
+use crate::attention_coop::AttentionCoop;
 use crate::attention_decode::{self, Decode};
 use crate::error::Result;
 use crate::operand::{bad, need, Positions};
@@ -79,6 +81,8 @@ pub struct Attention {
     scratch: QueueScratch,
     /// The one-dispatch decode kernel.
     pub(crate) decode: Decode,
+    /// Runs on cooperative matrices, where the device has them.
+    coop: Option<AttentionCoop>,
 }
 
 impl Attention {
@@ -92,21 +96,41 @@ impl Attention {
             )?,
             scratch: QueueScratch::new("attention_split"),
             decode: Decode::new(),
+            coop: AttentionCoop::new(ctx)?,
         })
+    }
+
+    /// The split-K scratch and merge pipeline (tests of the cooperative-matrix path).
+    #[cfg(test)]
+    pub(crate) fn split_parts(&self) -> (&QueueScratch, &Pipeline) {
+        (&self.scratch, &self.merge)
+    }
+
+    /// This kernel without its cooperative-matrix path (tests of `attention.comp`).
+    #[cfg(test)]
+    pub(crate) fn without_coop(mut self) -> Self {
+        self.coop = None;
+        self
     }
 
     /// Records attention of every query token and head, keys streamed with an online softmax,
     /// so any context length works. Decode steps (a position table, or a run of at most
     /// [`attention_decode::DECODE_MAX_TOKENS`] tokens) take one dispatch of the decode kernel,
     /// which splits the key range across workgroups and merges the pieces in the same dispatch
-    /// (flash decoding); longer runs (prefill) take `attention.comp`, whose clusters share
-    /// every key and value row among several tokens, with a merge dispatch after an internal
-    /// barrier when it splits the keys.
+    /// (flash decoding); longer runs (prefill) take `attention_coop.comp` where it applies (f16
+    /// operands on tensor cores), else `attention.comp`, whose clusters share every key and
+    /// value row among several tokens, with a merge dispatch after an internal barrier when it
+    /// splits the keys.
     pub fn record(&self, chain: &mut Chain, a: &AttentionArgs) -> Result<()> {
         let caps = chain.context().caps();
         if attention_decode::applies(a) {
             let p = attention_decode::plan(caps, a);
             return self.decode.record(chain, a, p);
+        }
+        if let Some(coop) = &self.coop {
+            if AttentionCoop::applies(a) {
+                return coop.record(chain, a, 0, &self.scratch, &self.merge);
+            }
         }
         let plan = plan(caps, a);
         self.record_plan(chain, a, plan)

@@ -211,7 +211,7 @@ fn decode_attention_matches_the_reference_on_random_inputs() {
     };
     let seed: u64 = rand::random();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let k = Attention::new(&ctx).unwrap();
+    let k = Attention::new(&ctx).unwrap().without_coop();
     let cases: [Case; 22] = [
         // contexts 1, 7, 33, 600, 2000 at qwen2.5-0.5B's shape (GQA 7)
         (1, (14, 2), (64, 64), 4096, 0, 0),
@@ -260,7 +260,7 @@ fn every_decode_layout_matches_the_reference() {
     };
     let seed: u64 = rand::random();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let k = Attention::new(&ctx).unwrap();
+    let k = Attention::new(&ctx).unwrap().without_coop();
     let sg = ctx.caps().subgroup.size;
     let cases: [Case; 5] = [
         (1, (14, 2), (64, 64), 700, 0, 650),
@@ -343,7 +343,7 @@ fn decode_position_table_attends_each_token_to_its_own_sequence() {
     };
     let seed: u64 = rand::random();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let k = Attention::new(&ctx).unwrap();
+    let k = Attention::new(&ctx).unwrap().without_coop();
     let sg = ctx.caps().subgroup.size;
     // ((n_head, n_head_kv), (head_dim, head_dim_v), rows per sequence, window, sequences, tokens)
     let cases = [
@@ -388,7 +388,7 @@ fn a_replayed_decode_chain_merges_every_time() {
     };
     let seed: u64 = rand::random();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let k = Attention::new(&ctx).unwrap();
+    let k = Attention::new(&ctx).unwrap().without_coop();
     let sg = ctx.caps().subgroup.size;
     let mut run_pr = Problem::new(&mut rng, 2, (14, 2), (64, 64), 1500, 1500, 0);
     run_pr.start = 1200;
@@ -511,7 +511,7 @@ fn the_decode_kernel_takes_decode_steps_and_bad_layouts_are_errors() {
     let p = plan(ctx.caps(), &args);
     assert!(p.split > 1 && p.min_chunk >= p.wg / p.lpk, "{p:?}");
     // a layout whose key groups exceed the subgroup (or the workgroup) is refused
-    let k = Attention::new(&ctx).unwrap();
+    let k = Attention::new(&ctx).unwrap().without_coop();
     let mut chain = Chain::new(&ctx).unwrap();
     args.n_kv_rows = 32; // what `b` holds
     let bad = DecodePlan { kg: 256, ..p };
@@ -599,7 +599,7 @@ fn decode_attention_timing() {
         return;
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-    let k = Attention::new(&ctx).unwrap();
+    let k = Attention::new(&ctx).unwrap().without_coop();
     let flush = Buffer::new(
         &ctx,
         "flush",

@@ -82,7 +82,7 @@ fn gpu_attention_matches_the_reference_on_random_inputs() {
     };
     let seed: u64 = rand::random();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let k = Attention::new(&ctx).unwrap();
+    let k = Attention::new(&ctx).unwrap().without_coop();
     let cases: [Case; 13] = [
         (1, 9, 3, 64, 64, 600, 0, 577),
         (37, 9, 3, 64, 64, 600, 0, 211),
@@ -112,7 +112,7 @@ fn every_work_layout_matches_the_reference() {
     };
     let seed: u64 = rand::random();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let k = Attention::new(&ctx).unwrap();
+    let k = Attention::new(&ctx).unwrap().without_coop();
     let sg = ctx.caps().subgroup.size;
     let cases: [Case; 4] = [
         (7, 9, 3, 64, 64, 300, 0, 250),
@@ -156,9 +156,11 @@ fn attention_timing() {
     let Some(ctx) = gpu_or_skip("attention_timing") else {
         return;
     };
-    let k = Attention::new(&ctx).unwrap();
+    let coop = Attention::new(&ctx).unwrap();
+    let plain = Attention::new(&ctx).unwrap().without_coop();
     // (label, n_tokens, n_head, n_head_kv, head_dim, window, start)
     let cases = [
+        ("qwen pp512@0", 512, 14, 2, 64, 0, 0),
         ("smollm pp64@0", 64, 9, 3, 64, 0, 0),
         ("smollm pp256@256", 256, 9, 3, 64, 0, 256),
         ("smollm tg@64", 1, 9, 3, 64, 0, 64),
@@ -194,35 +196,37 @@ fn attention_timing() {
             positions: Positions::Run,
         };
         let reps = 5;
-        let mut chain = Chain::new(&ctx).unwrap();
-        for _ in 0..reps {
-            k.record(&mut chain, &args).unwrap();
-            chain.barrier().unwrap();
-        }
-        chain.run().unwrap(); // warm-up (pipeline compile)
-        let (mut best, mut best_gpu) = (f64::MAX, f64::MAX);
-        for _ in 0..3 {
-            let mut chain = Chain::with_profiling(&ctx).unwrap();
+        for (path, k) in [("", &plain), (" coop", &coop)] {
+            let mut chain = Chain::new(&ctx).unwrap();
             for _ in 0..reps {
                 k.record(&mut chain, &args).unwrap();
                 chain.barrier().unwrap();
             }
-            let t = std::time::Instant::now();
-            chain.run().unwrap();
-            best = best.min(t.elapsed().as_secs_f64() / reps as f64);
-            let gpu: f64 = chain.timings().unwrap().unwrap().iter().map(|d| d.ns).sum();
-            best_gpu = best_gpu.min(gpu * 1e-9 / reps as f64);
+            chain.run().unwrap(); // warm-up (pipeline compile)
+            let (mut best, mut best_gpu) = (f64::MAX, f64::MAX);
+            for _ in 0..3 {
+                let mut chain = Chain::with_profiling(&ctx).unwrap();
+                for _ in 0..reps {
+                    k.record(&mut chain, &args).unwrap();
+                    chain.barrier().unwrap();
+                }
+                let t = std::time::Instant::now();
+                chain.run().unwrap();
+                best = best.min(t.elapsed().as_secs_f64() / reps as f64);
+                let gpu: f64 = chain.timings().unwrap().unwrap().iter().map(|d| d.ns).sum();
+                best_gpu = best_gpu.min(gpu * 1e-9 / reps as f64);
+            }
+            let layout = if crate::attention_decode::applies(&args) {
+                format!("{:?}", crate::attention_decode::plan(ctx.caps(), &args))
+            } else {
+                format!("{:?}", plan(ctx.caps(), &args))
+            };
+            println!(
+                "{label:>18}{path}: {:9.1} us wall {:9.1} us GPU  {layout}",
+                best * 1e6,
+                best_gpu * 1e6
+            );
         }
-        let layout = if crate::attention_decode::applies(&args) {
-            format!("{:?}", crate::attention_decode::plan(ctx.caps(), &args))
-        } else {
-            format!("{:?}", plan(ctx.caps(), &args))
-        };
-        println!(
-            "{label:>18}: {:9.1} us wall {:9.1} us GPU  {layout}",
-            best * 1e6,
-            best_gpu * 1e6
-        );
     }
 }
 
@@ -234,7 +238,7 @@ fn bad_head_counts_and_short_caches_are_shape_errors() {
     let b = poisoned(&ctx, "b", 4096);
     let kc = poisoned(&ctx, "k_cache_l0", 64);
     let pb = with(&ctx, "pos", &[0u32]);
-    let k = Attention::new(&ctx).unwrap();
+    let k = Attention::new(&ctx).unwrap().without_coop();
     let mut chain = Chain::new(&ctx).unwrap();
     let mut args = AttentionArgs {
         q: &b.whole(),
@@ -274,7 +278,7 @@ fn position_table_attends_each_query_to_its_own_sequence() {
     };
     let seed: u64 = rand::random();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let k = Attention::new(&ctx).unwrap();
+    let k = Attention::new(&ctx).unwrap().without_coop();
     // (n_head, n_head_kv, head_dim, head_dim_v, rows per sequence, window, sequences, queries)
     for (n_head, n_kv, hd, hv, rows, window, n_seq, n_tok) in [
         (9, 3, 64, 64, 300, 0, 5, 11),

@@ -41,6 +41,7 @@ pub mod sample;
 // Per-token transformer ops (norm, rope, KV write, rope fused with the KV write, attention,
 // activations, softmax).
 pub mod attention;
+mod attention_coop;
 mod attention_decode;
 pub mod glu;
 mod operand;
@@ -57,6 +58,7 @@ pub mod linear_t;
 
 pub use argmax::{argmax_ref, Argmax};
 pub use attention::{attention_ref, Attention, AttentionArgs, AttentionShape};
+pub use attention_coop::attention_coop_ref;
 pub use attention_decode::DECODE_MAX_TOKENS;
 pub use check::check_close;
 pub use cross_entropy::{cross_entropy_ref, CrossEntropy, CrossEntropyArgs, IGNORE};

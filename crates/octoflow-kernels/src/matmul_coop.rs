@@ -189,7 +189,7 @@ impl MatmulCoop {
             });
         }
         // vec4 reads of x: rows of whole vec4s from a 16-byte aligned start
-        let x_vec = a.w.n_cols % 4 == 0 && a.x.offset % 16 == 0;
+        let x_vec = a.w.n_cols.is_multiple_of(4) && a.x.offset.is_multiple_of(16);
         let push = push.clone().u32(k_per).u32(split).u32(u32::from(x_vec));
         let [w, x, y, bias] = bindings.clone();
         if split == 1 {

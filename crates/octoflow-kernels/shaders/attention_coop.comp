@@ -1,0 +1,256 @@
+#version 450
+// Causal attention of a run of query tokens (prefill) on cooperative matrices
+// (VK_KHR_cooperative_matrix, f16 operands, f32 accumulators), for heads of width D (64 or 128;
+// the same width for keys and values). Same operands and meaning as attention.comp in run mode:
+//   q [n_tokens, n_head, D], k and v [n_kv_rows, n_head_kv, D], out [n_tokens, n_head, D], f32;
+//   query t sits at p = pos[pos_offset] + t and sees keys j in [first, min(p, n_kv_rows - 1)],
+//   first = p + 1 - window when windowed (else 0); query head h reads KV head
+//   h / (n_head / n_head_kv). A query that sees no key gets zeros.
+// q, k and v are rounded to f16 on their way to shared memory, and so are the softmax weights
+// before they multiply v; scores, their maximum and sum and the output accumulate in f32.
+//
+// Workgroup (x, y) = (tile of BR = 64 tokens, query head y): 4 subgroups of 32, each owning 16
+// tokens, whose q rows stay in registers as D / 16 A fragments. Keys go by blocks of BC rows,
+// every K (and V) block loaded once into shared memory for the whole workgroup. Two passes over
+// the workgroup's key range: the first computes each row's score maximum m and sum
+// l = sum exp(s - m) (online, rescaled when the maximum grows), the second computes the scores
+// again, the weights exp(s - m) (f16, in shared memory) and accumulates weights x V in
+// cooperative-matrix accumulators — no per-row rescaling of the output, which a cooperative
+// matrix's opaque layout would not allow. Scores pass through shared memory (each subgroup's
+// 16 x BC tile) where two lanes per row apply the scale, the causal / window mask and the
+// softmax. The output is divided by l on its way out.
+//
+// Split-K (flash decoding): workgroup z = piece s of n_split covers an even share of the tile's
+// key blocks (the range is known only here: positions are read on the GPU). With n_split > 1
+// each piece writes its unnormalized accumulators and (m, l) to `part` in attention_merge.comp's
+// layout — rows r = t * n_head + h; part[(r * n_split + s) * D + d], then (m, l) at
+// part[n_rows * n_split * D + 2 * (r * n_split + s)] — and the merge pass combines them: the
+// causal tiles near the end of a run hold many more key blocks than the first ones, and one
+// workgroup per tile would leave the device mostly idle.
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+
+#ifndef D
+#define D 64u
+#endif
+#ifndef BC
+#define BC 64u
+#endif
+#define NSG 4u
+#define WGS (32u * NSG)
+#define BR (16u * NSG)        // tokens per workgroup
+#define D4 (D / 4u)           // vec4s per head row
+#define LD ((D + 8u) / 4u)    // shared stride of q/k/v rows, f16vec4s (16-byte aligned rows)
+#define LDP ((BC + 8u) / 4u)  // shared stride of weight rows, f16vec4s
+#define FD (D / 16u)          // 16-wide slices of a head
+#define FC (BC / 16u)         // 16-key slices of a block
+#define HALF (BC / 2u)        // keys of a block per lane (two lanes per row)
+#define SS (BC + 1u)          // shared stride of score rows: lanes of one key index, 16 rows
+                              // apart, fall in different banks (BC alone: a 16-way conflict)
+#define NEG_BIG -1.0e30       // "nothing seen yet": finite, so exp(NEG_BIG - NEG_BIG) = 1
+
+layout(local_size_x = WGS) in;
+
+layout(std430, binding = 0) readonly buffer Q4 { vec4 q4[]; };
+layout(std430, binding = 1) readonly buffer K4 { vec4 k4[]; };
+layout(std430, binding = 2) readonly buffer V4 { vec4 v4[]; };
+layout(std430, binding = 3) writeonly buffer O { float o[]; };
+layout(std430, binding = 4) readonly buffer P { uint pos[]; };
+layout(std430, binding = 5) writeonly buffer Part { float part[]; };
+
+layout(push_constant) uniform Push {
+    uint n_tokens;
+    uint n_head;
+    uint n_head_kv;
+    uint n_kv_rows;
+    uint window;
+    uint pos_offset;
+    float scale;
+    uint n_split;
+} pc;
+
+// K block at [0, BC * LD), V block at [BC * LD, 2 * BC * LD); the q tile (BR rows) before the
+// loop (BR <= 2 * BC).
+shared f16vec4 kv[2u * BC * LD];
+shared float ss[NSG * 16u * SS];   // per-subgroup scores [row][key]; the output's staging
+shared f16vec4 ps[NSG * 16u * LDP]; // per-subgroup weights [row][key]
+
+#define ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define MATA coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
+#define MATB coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
+
+// Loads keys [kb, kb + BC) of KV head hk (and their values with `values`) into shared memory,
+// zeros past `kend`.
+void load_block(uint kb, uint kend, uint hk, bool values, uint tid) {
+    [[unroll]] for (uint e0 = 0u; e0 < BC * D4; e0 += WGS) {
+        uint e = e0 + tid;
+        uint r = e / D4;
+        uint c = e % D4;
+        uint j = kb + r;
+        uint g = (j * pc.n_head_kv + hk) * D4 + c;
+        vec4 kx = j < kend ? k4[g] : vec4(0.0);
+        kv[r * LD + c] = f16vec4(kx);
+        if (values) {
+            vec4 vx = j < kend ? v4[g] : vec4(0.0);
+            kv[BC * LD + r * LD + c] = f16vec4(vx);
+        }
+    }
+}
+
+// The subgroup's scores of the block in shared memory: ss[sbase + row * SS + key] (unscaled).
+void scores(MATA qa[FD], uint sbase) {
+    [[unroll]] for (uint c = 0u; c < FC; c++) {
+        ACC s = ACC(0.0);
+        [[unroll]] for (uint i = 0u; i < FD; i++) {
+            MATB kb;
+            coopMatLoad(kb, kv, (16u * c) * LD + 4u * i, LD, gl_CooperativeMatrixLayoutColumnMajor);
+            s = coopMatMulAdd(qa[i], kb, s);
+        }
+        coopMatStore(s, ss, sbase + 16u * c, SS, gl_CooperativeMatrixLayoutRowMajor);
+    }
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+}
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint sg = gl_SubgroupID;
+    uint lane = gl_SubgroupInvocationID;
+    uint h = gl_WorkGroupID.y;
+    uint hk = h / (pc.n_head / pc.n_head_kv);
+    uint t0 = gl_WorkGroupID.x * BR;
+    uint pos0 = pos[pc.pos_offset];
+
+    // The workgroup's key range: from the first token's first key to the last token's last.
+    uint t_last = min(t0 + BR, pc.n_tokens) - 1u;
+    uint kend = min(pos0 + t_last + 1u, pc.n_kv_rows);
+    uint p_first = pos0 + t0;
+    uint kbeg = (pc.window > 0u && p_first + 1u > pc.window) ? p_first + 1u - pc.window : 0u;
+    // this piece's share of the blocks
+    uint piece = gl_WorkGroupID.z;
+    uint blocks = kend > kbeg ? (kend - kbeg + BC - 1u) / BC : 0u;
+    uint per = (blocks + pc.n_split - 1u) / pc.n_split;
+    uint pend = min(kend, kbeg + (piece + 1u) * per * BC);
+    kbeg += piece * per * BC;
+    kend = pend;
+
+    // q tile -> f16 in shared -> each subgroup's A fragments
+    [[unroll]] for (uint e0 = 0u; e0 < BR * D4; e0 += WGS) {
+        uint e = e0 + tid;
+        uint r = e / D4;
+        uint t = t0 + r;
+        vec4 qx = t < pc.n_tokens ? q4[(t * pc.n_head + h) * D4 + e % D4] : vec4(0.0);
+        kv[r * LD + e % D4] = f16vec4(qx);
+    }
+    barrier();
+    MATA qa[FD];
+    [[unroll]] for (uint i = 0u; i < FD; i++) {
+        coopMatLoad(qa[i], kv, (16u * sg) * LD + 4u * i, LD, gl_CooperativeMatrixLayoutRowMajor);
+    }
+    barrier();
+
+    // This lane's row (lanes r and r + 16 share row r, each half of a block's keys) and its
+    // visible keys.
+    uint row = lane % 16u;
+    uint k0 = (lane / 16u) * HALF;
+    uint t = t0 + 16u * sg + row;
+    uint p = pos0 + t;
+    uint first = (pc.window > 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u;
+    uint last = t < pc.n_tokens ? min(p + 1u, pc.n_kv_rows) : 0u; // exclusive
+    uint sbase = sg * 16u * SS;
+    uint srow = sbase + row * SS + k0;
+    uint prow = sg * 16u * LDP + row * LDP + k0 / 4u;
+
+    // Pass 1: row maxima and sums.
+    float m = NEG_BIG;
+    float l = 0.0;
+    for (uint kb = kbeg; kb < kend; kb += BC) {
+        load_block(kb, kend, hk, false, tid);
+        barrier();
+        scores(qa, sbase);
+        float sv[HALF];
+        float bm = NEG_BIG;
+        [[unroll]] for (uint i = 0u; i < HALF; i++) {
+            uint j = kb + k0 + i;
+            sv[i] = (j >= first && j < last) ? pc.scale * ss[srow + i] : NEG_BIG;
+            bm = max(bm, sv[i]);
+        }
+        bm = max(bm, subgroupShuffleXor(bm, 16u));
+        float mn = max(m, bm);
+        float bl = 0.0;
+        [[unroll]] for (uint i = 0u; i < HALF; i++) {
+            bl += sv[i] > NEG_BIG ? exp(sv[i] - mn) : 0.0;
+        }
+        bl += subgroupShuffleXor(bl, 16u);
+        l = l * exp(m - mn) + bl;
+        m = mn;
+        barrier();
+    }
+
+    // Pass 2: weights exp(s - m) times V.
+    ACC acc[FD];
+    [[unroll]] for (uint i = 0u; i < FD; i++) {
+        acc[i] = ACC(0.0);
+    }
+    for (uint kb = kbeg; kb < kend; kb += BC) {
+        load_block(kb, kend, hk, true, tid);
+        barrier();
+        scores(qa, sbase);
+        [[unroll]] for (uint i = 0u; i < HALF; i += 4u) {
+            vec4 w;
+            [[unroll]] for (uint u = 0u; u < 4u; u++) {
+                uint j = kb + k0 + i + u;
+                w[u] = (j >= first && j < last) ? exp(pc.scale * ss[srow + i + u] - m) : 0.0;
+            }
+            ps[prow + i / 4u] = f16vec4(w);
+        }
+        subgroupMemoryBarrierShared();
+        subgroupBarrier();
+        [[unroll]] for (uint c = 0u; c < FC; c++) {
+            MATA pa;
+            coopMatLoad(pa, ps, sg * 16u * LDP + 4u * c, LDP, gl_CooperativeMatrixLayoutRowMajor);
+            [[unroll]] for (uint i = 0u; i < FD; i++) {
+                MATB vb;
+                coopMatLoad(vb, kv, BC * LD + (16u * c) * LD + 4u * i, LD,
+                            gl_CooperativeMatrixLayoutRowMajor);
+                acc[i] = coopMatMulAdd(pa, vb, acc[i]);
+            }
+        }
+        barrier();
+    }
+
+    // out = acc / l (or the piece's acc, m and l), through a 16 x 16 staging tile per subgroup
+    // (constant indices only: a variably indexed accumulator array would live in local memory).
+    bool split = pc.n_split > 1u;
+    uint n_rows = pc.n_tokens * pc.n_head;
+    if (split && lane < 16u && t < pc.n_tokens) {
+        uint mb = n_rows * pc.n_split * D + 2u * ((t * pc.n_head + h) * pc.n_split + piece);
+        part[mb] = m;
+        part[mb + 1u] = l;
+    }
+    [[unroll]] for (uint i = 0u; i < FD; i++) {
+        coopMatStore(acc[i], ss, sbase, 16u, gl_CooperativeMatrixLayoutRowMajor);
+        subgroupMemoryBarrierShared();
+        subgroupBarrier();
+        [[unroll]] for (uint e0 = 0u; e0 < 256u; e0 += 32u) {
+            uint e = e0 + lane;
+            uint r = e / 16u;
+            float lr = subgroupShuffle(l, r);
+            uint tr = t0 + 16u * sg + r;
+            if (tr < pc.n_tokens) {
+                float x = ss[sbase + e];
+                uint r = tr * pc.n_head + h;
+                if (split) {
+                    part[(r * pc.n_split + piece) * D + 16u * i + e % 16u] = x;
+                } else {
+                    o[r * D + 16u * i + e % 16u] = lr > 0.0 ? x / lr : 0.0;
+                }
+            }
+        }
+        subgroupBarrier();
+    }
+}

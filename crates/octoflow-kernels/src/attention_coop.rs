@@ -1,0 +1,339 @@
+//! Prefill attention on cooperative matrices (`attention_coop.comp`, VK_KHR_cooperative_matrix
+//! with f16 operands and f32 accumulators): the run-mode path of [`crate::attention::Attention`]
+//! for heads of 64 or 128 dims on devices that have them. Same operands and meaning as
+//! `attention.comp`; q, k, v and the softmax weights are rounded to f16 before their products
+//! ([`attention_coop_ref`] is the reference that rounds the same values).
+
+use octoflow_vk::{Chain, Context, Pipeline, PipelineDesc, Push};
+
+use crate::attention::{validate, AttentionArgs, AttentionShape};
+use crate::error::Result;
+use crate::matmul_coop::MatmulCoop;
+use crate::operand::Positions;
+use crate::scratch::QueueScratch;
+use crate::shaders;
+
+/// Tokens per workgroup (`BR` in the shader).
+const TOKENS_PER_GROUP: u32 = 64;
+/// Split-K aims at this many workgroups (about four per SM of an H100).
+const TARGET_GROUPS: u32 = 528;
+/// Most key pieces.
+const MAX_SPLIT: u32 = 16;
+/// Keys per block of the d64 / d128 variants (`BC`).
+const BLOCK: [u32; 2] = [64, 32];
+
+/// The pipelines, one per head width.
+pub(crate) struct AttentionCoop {
+    d64: Pipeline,
+    d128: Pipeline,
+}
+
+impl AttentionCoop {
+    /// The pipelines where the device has what `matmul_coop.comp` needs (16 x 16 x 16 f16 → f32
+    /// cooperative matrices, 32-wide full subgroups), else `None`.
+    pub(crate) fn new(ctx: &Context) -> Result<Option<Self>> {
+        let caps = ctx.caps();
+        if !MatmulCoop::supported(caps) {
+            return Ok(None);
+        }
+        let build = |shader| -> Result<Pipeline> {
+            let mut desc = PipelineDesc::new(shader, 6, 32);
+            let sg = &caps.subgroup;
+            if sg.size != 32 || sg.min_size != sg.max_size {
+                desc = desc.subgroup_size(32);
+            }
+            desc.full_subgroups = true;
+            Ok(Pipeline::new(ctx, &desc)?)
+        };
+        Ok(Some(AttentionCoop {
+            d64: build(shaders::ATTENTION_COOP_D64)?,
+            d128: build(shaders::ATTENTION_COOP_D128)?,
+        }))
+    }
+
+    /// Whether this kernel computes `a`: a run of positions, keys and values of the same width
+    /// (64 or 128), and q/k/v bindings it can read as vec4s.
+    pub(crate) fn applies(a: &AttentionArgs) -> bool {
+        let aligned = |s: &octoflow_vk::BufferSlice| s.offset.is_multiple_of(16);
+        a.positions == Positions::Run
+            && a.head_dim == a.head_dim_v
+            && matches!(a.head_dim, 64 | 128)
+            && aligned(a.q)
+            && aligned(a.k)
+            && aligned(a.v)
+    }
+
+    /// Records the attention of `a` (which [`Self::applies`]); with `split` pieces of the key
+    /// range (0: the device's choice) partial results go to `scratch` and `merge`
+    /// (`attention_merge.comp`) combines them after a barrier.
+    pub(crate) fn record(
+        &self,
+        chain: &mut Chain,
+        a: &AttentionArgs,
+        split: u32,
+        scratch: &QueueScratch,
+        merge: &Pipeline,
+    ) -> Result<()> {
+        validate(a)?;
+        let (pipeline, block) = if a.head_dim == 64 {
+            (&self.d64, BLOCK[0])
+        } else {
+            (&self.d128, BLOCK[1])
+        };
+        let tiles = a.n_tokens.div_ceil(TOKENS_PER_GROUP) * a.n_head;
+        let split = if split == 0 {
+            TARGET_GROUPS.div_ceil(tiles)
+        } else {
+            split
+        };
+        let split = split.clamp(1, MAX_SPLIT.min(a.n_kv_rows.div_ceil(block)));
+        let rows = u64::from(a.n_tokens) * u64::from(a.n_head);
+        let part = if split > 1 {
+            let bytes = 4 * rows * u64::from(split) * (u64::from(a.head_dim) + 2);
+            let buf = scratch.get(chain, bytes)?;
+            buf.slice(0, bytes.next_multiple_of(16))?
+        } else {
+            a.out.clone()
+        };
+        let push = Push::new()
+            .u32(a.n_tokens)
+            .u32(a.n_head)
+            .u32(a.n_head_kv)
+            .u32(a.n_kv_rows)
+            .u32(a.window)
+            .u32(a.pos_offset)
+            .f32(a.scale)
+            .u32(split);
+        let groups = [a.n_tokens.div_ceil(TOKENS_PER_GROUP), a.n_head, split];
+        let max = chain.context().caps().max_workgroup_count;
+        if groups[0] > max[0] || groups[1] > max[1] {
+            return Err(crate::operand::bad(
+                "attention",
+                format!(
+                    "{} tokens x {} heads need too many workgroups",
+                    a.n_tokens, a.n_head
+                ),
+            ));
+        }
+        chain.dispatch(
+            pipeline,
+            &[
+                a.q.clone(),
+                a.k.clone(),
+                a.v.clone(),
+                a.out.clone(),
+                a.pos.clone(),
+                part.clone(),
+            ],
+            &push,
+            groups,
+        )?;
+        if split > 1 {
+            chain.compute_barrier()?;
+            let push = Push::new().u32(rows as u32).u32(a.head_dim).u32(split);
+            let grid = crate::attention::grid(rows, "attention")?;
+            chain.dispatch(merge, &[part, a.out.clone()], &push, grid)?;
+        }
+        Ok(())
+    }
+}
+
+/// CPU reference of the kernel: [`crate::attention::attention_ref`]'s scores from q and k
+/// rounded to f16 (summed in f64), the maximum m and sum l = Σ exp(s - m) in f64, and the
+/// output Σ f16(exp(s - m)) · f16(v) / l. With `mag`, also each output's magnitude
+/// Σ w · |v| / l: the scale its rounding errors are relative to.
+pub fn attention_coop_ref(
+    s: &AttentionShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    start: usize,
+    out: &mut [f32],
+    mut mag: Option<&mut [f32]>,
+) {
+    let h16 = |x: f32| f64::from(half::f16::from_f32(x).to_f32());
+    let (hd, hv) = (s.head_dim, s.head_dim_v);
+    let group = s.n_head / s.n_head_kv;
+    for (i, o) in out.chunks_exact_mut(hv).enumerate() {
+        let (t, h) = (i / s.n_head, i % s.n_head);
+        let p = start + t;
+        let first = if s.window > 0 {
+            (p + 1).saturating_sub(s.window)
+        } else {
+            0
+        };
+        let end = (p + 1).min(s.n_kv_rows);
+        let kvh = h / group;
+        let qh = &q[i * hd..][..hd];
+        let scores: Vec<f64> = (first..end)
+            .map(|j| {
+                let kh = &k[(j * s.n_head_kv + kvh) * hd..][..hd];
+                let dot: f64 = qh.iter().zip(kh).map(|(&a, &b)| h16(a) * h16(b)).sum();
+                f64::from(s.scale) * dot
+            })
+            .collect();
+        let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let l: f64 = scores.iter().map(|&x| (x - m).exp()).sum();
+        let mut acc = vec![0f64; hv];
+        let mut abs = vec![0f64; hv];
+        for (j, &x) in (first..end).zip(&scores) {
+            let w = h16((x - m).exp() as f32);
+            let vh = &v[(j * s.n_head_kv + kvh) * hv..][..hv];
+            for ((a, b), &y) in acc.iter_mut().zip(abs.iter_mut()).zip(vh) {
+                *a += w * h16(y);
+                *b += w * h16(y).abs();
+            }
+        }
+        let norm = |a: f64| if l > 0.0 { (a / l) as f32 } else { 0.0 };
+        for (x, a) in o.iter_mut().zip(&acc) {
+            *x = norm(*a);
+        }
+        if let Some(mag) = mag.as_deref_mut() {
+            for (x, b) in mag[i * hv..][..hv].iter_mut().zip(&abs) {
+                *x = norm(*b);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+    use crate::attention::Attention;
+    use crate::operand::test_bufs::{poisoned, read, with};
+
+    /// Errors are judged against each output's magnitude Σ w·|v| / l (an average of many
+    /// random values cancels far below it). The reference rounds the same operands (q, k, v,
+    /// the weights) to f16; what is left is the tensor cores' f32 accumulation (it truncates)
+    /// and weights whose f16 rounding goes the other way — the GPU's exp differs from f64's in
+    /// the last bits, and split pieces round against their own maximum, not the row's: each
+    /// such weight moves its output by up to 2⁻¹¹ of its share (2.0e-4 of the magnitude
+    /// measured without a split). A key dropped or counted twice moves an output by its
+    /// weight, ~1/n of the magnitude (2e-3 at 500 keys); a wrong head or block by far more.
+    const REL_COOP: f32 = 1e-3;
+
+    /// |got - want| ≤ rel · mag + 1e-6 everywhere (NaN fails), else the first offender.
+    fn check_mag(got: &[f32], want: &[f32], mag: &[f32], rel: f32) -> Result<(), String> {
+        for (i, ((&g, &w), &m)) in got.iter().zip(want).zip(mag).enumerate() {
+            let bound = rel * m + 1e-6;
+            let err = (g - w).abs();
+            if err.is_nan() || err > bound {
+                return Err(format!(
+                    "element {i}: {g} vs reference {w} (magnitude {m}, error {:.3e} > {bound:.3e})",
+                    err
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn gpu_attention_coop_matches_the_reference_on_random_inputs() {
+        let Some(ctx) = gpu_or_skip("attention_coop") else {
+            return;
+        };
+        let Some(kernel) = AttentionCoop::new(&ctx).unwrap() else {
+            println!(
+                "attention_coop: skipped, no cooperative matrices on {}",
+                ctx.caps().name
+            );
+            return;
+        };
+        let seed: u64 = rand::random();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        for case in 0..12 {
+            let hd = if case % 2 == 0 { 64 } else { 128 };
+            let n_kv = [1usize, 2, 4][case % 3];
+            let n_head = n_kv * [1usize, 3, 7][(case / 3) % 3];
+            let n_tok = if case < 2 {
+                512
+            } else {
+                rng.gen_range(1..200usize)
+            };
+            let start = if case % 4 == 3 {
+                rng.gen_range(1..300usize)
+            } else {
+                0
+            };
+            // sometimes a cache shorter than the run (keys past it are never read)
+            let rows = if case % 5 == 4 {
+                (start + n_tok).saturating_sub(rng.gen_range(0..10)).max(1)
+            } else {
+                start + n_tok + rng.gen_range(0..20)
+            };
+            let window = if case % 3 == 2 {
+                rng.gen_range(1..100usize)
+            } else {
+                0
+            };
+            let s = AttentionShape {
+                n_head,
+                n_head_kv: n_kv,
+                head_dim: hd,
+                head_dim_v: hd,
+                n_kv_rows: rows,
+                window,
+                scale: 1.0 / (hd as f32).sqrt(),
+            };
+            let mut gen =
+                |n: usize| -> Vec<f32> { (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect() };
+            let q = gen(n_tok * n_head * hd);
+            let kc = gen(rows * n_kv * hd);
+            let vc = gen(rows * n_kv * hd);
+            let (qb, kb, vb) = (
+                with(&ctx, "q", &q),
+                with(&ctx, "k", &kc),
+                with(&ctx, "v", &vc),
+            );
+            let ob = poisoned(&ctx, "out", n_tok * n_head * hd);
+            let pb = with(&ctx, "pos", &[3u32, 1, start as u32]);
+            let args = AttentionArgs {
+                q: &qb.whole(),
+                k: &kb.whole(),
+                v: &vb.whole(),
+                out: &ob.whole(),
+                n_tokens: n_tok as u32,
+                n_head: n_head as u32,
+                n_head_kv: n_kv as u32,
+                head_dim: hd as u32,
+                head_dim_v: hd as u32,
+                n_kv_rows: rows as u32,
+                window: window as u32,
+                scale: s.scale,
+                pos: &pb.whole(),
+                pos_offset: 2,
+                positions: Positions::Run,
+            };
+            assert!(AttentionCoop::applies(&args));
+            // the kernel itself, then through Attention::record (which picks it for runs of
+            // more than a decode step's tokens)
+            // (split 1, 3 or the device's choice).
+            let attention = Attention::new(&ctx).unwrap();
+            let mut chain = Chain::new(&ctx).unwrap();
+            let mut split = [1u32, 3, 0][case % 3];
+            if case % 2 == 0 {
+                let (scratch, merge) = attention.split_parts();
+                kernel
+                    .record(&mut chain, &args, split, scratch, merge)
+                    .unwrap();
+            } else {
+                attention.record(&mut chain, &args).unwrap();
+                split = 0;
+            }
+            chain.run().unwrap();
+            let mut want = vec![0f32; n_tok * n_head * hd];
+            let mut mag = vec![0f32; want.len()];
+            attention_coop_ref(&s, &q, &kc, &vc, start, &mut want, Some(&mut mag));
+            if let Err(e) = check_mag(&read(&ctx, &ob, want.len()), &want, &mag, REL_COOP) {
+                panic!(
+                    "attention_coop {n_tok} tokens {n_head}/{n_kv} heads d {hd} rows {rows} \
+                     window {window} at {start}, split {split} (seed {seed}): {e}"
+                );
+            }
+        }
+        assert_no_validation_errors(&ctx);
+    }
+}
