@@ -131,7 +131,8 @@ mod tests {
         };
         let coop = crate::MatmulCoop::supported(ctx.caps());
         for s in super::shaders::ALL {
-            if s.name.starts_with("matmul_coop") && !coop {
+            // matmul_coop_*, attention_coop_*, coopmat_probe_*
+            if s.name.contains("coop") && !coop {
                 // Cooperative-matrix SPIR-V needs the extension (absent on lavapipe).
                 println!("{}: skipped, no cooperative matrices", s.name);
                 continue;
