@@ -9,11 +9,14 @@
 // Workgroup (x, y) = (row tile, token tile) computes C = W[BM rows] · x[BN tokens]ᵀ with WGS
 // invocations: NSG subgroups of 32 in a WARPS_M x WARPS_N grid, each owning a (BM / WARPS_M) x
 // (BN / WARPS_N) block of C as FM x FN accumulators of 16 x 16. Per step of BK columns every
-// invocation decodes its 32-element chunk(s) of the W tile and loads its vec4s of the x tile into
-// registers (f16, packed); after a barrier those go to shared memory with 8-byte stores (`ws`
-// [row][k], `xs` [token][k]: the B operand in column-major order), and while the subgroups
-// multiply from shared memory the next step's loads are already in flight (register double
-// buffering; quant.glsl's branch-free QWINDOW reads let a chunk's loads issue together). The
+// invocation issues the global loads of its share of the tiles into registers: the raw words of
+// its 32-element W chunk(s) (quant.glsl's chunk_fetch, branch-free, constant trip) and its vec4s
+// of x (f32). Nothing waits for those loads until the next step: after the products of step k,
+// store_step decodes step k + 1's chunks (chunk_decode, arithmetic only), rounds W and x to f16
+// and writes them to shared memory with 8-byte stores (`ws` [row][k], `xs` [token][k]: the B
+// operand in column-major order), so the loads of step k + 1 are in flight while the subgroups
+// multiply step k from shared memory (register double buffering), and the decode math runs
+// after the products were issued instead of stalling them on the loads' latency. The
 // cost that bounds this kernel is the per-element work of getting operands into shared memory,
 // not the tensor cores: each weight is decoded once per token tile and each input loaded once
 // per row tile, so the tiles are large (128 x 64) and the stores wide. Rows, tokens and columns
@@ -34,7 +37,7 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 
-#define QWINDOW 1 // branch-free chunk reads (quant.glsl)
+#define QWINDOW 1 // unrolled chunk fetch and decode: raw words in registers (quant.glsl)
 
 #ifndef BM
 #define BM 128u
@@ -92,29 +95,35 @@ shared float cs[NSG * 256u];   // per-subgroup 16 x 16 output staging, [token][r
 
 #define ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 
-// Registers of one step: the W chunks this invocation decodes and its x vec4s, as f16.
-f16vec4 wreg[JOBS][8];
-f16vec4 xreg[XV];
+// Registers of one step: the raw words of the W chunks this invocation decodes (quant.glsl's
+// chunk_fetch) and its x vec4s.
+uint wraw[JOBS][QRAW];
+vec4 xreg[XV];
 
-// Decodes / loads step k0's share of the tiles into wreg / xreg (zeros past the ends).
+// Job q of this invocation in step k0: row r and chunk c of W; whether they lie inside W (never
+// with ABL_NODEQ: no weight loads, zero weights).
+bool w_job(uint k0, uint tid, uint row0, uint nc, uint q, out uint r, out uint c) {
+    uint job = tid + WGS * q;
+    r = row0 + job / KCH;
+    c = k0 / 32u + job % KCH;
+#ifdef ABL_NODEQ
+    return false;
+#else
+    return job < BM * KCH && r < pc.n_rows && c < nc;
+#endif
+}
+
+// Issues the global loads of step k0's share of the tiles into wraw / xreg (zeros past the
+// ends) and nothing that waits for them: the decoding is store_step's.
 void load_step(uint k0, uint tid, uint row0, uint tok0, uint nc, bool xvec) {
     [[unroll]] for (uint q = 0u; q < JOBS; q++) {
-        uint job = tid + WGS * q;
-        uint r = row0 + job / KCH;
-        uint c = k0 / 32u + job % KCH;
-#ifdef ABL_NODEQ
-        if (false) {
-#else
-        if (job < BM * KCH && r < pc.n_rows && c < nc) {
-#endif
-            float v[32];
-            dequant_chunk(r * pc.row_bytes, c, pc.n_cols, v);
-            [[unroll]] for (uint i = 0u; i < 8u; i++) {
-                wreg[q][i] = f16vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]);
-            }
+        uint r;
+        uint c;
+        if (w_job(k0, tid, row0, nc, q, r, c)) {
+            chunk_fetch(r * pc.row_bytes, c, pc.n_cols, wraw[q]);
         } else {
-            [[unroll]] for (uint i = 0u; i < 8u; i++) {
-                wreg[q][i] = f16vec4(0.0hf);
+            [[unroll]] for (uint i = 0u; i < QRAW; i++) {
+                wraw[q][i] = 0u;
             }
         }
     }
@@ -141,28 +150,39 @@ void load_step(uint k0, uint tid, uint row0, uint tok0, uint nc, bool xvec) {
                 }
             }
         }
-        xreg[q] = f16vec4(v);
+        xreg[q] = v;
     }
 }
 
-// Writes the registers of a step to the shared tiles.
-void store_step(uint tid) {
+// Decodes the W chunks of step k0 from wraw (zeros outside W) and writes them and the x vec4s,
+// rounded to f16, to the shared tiles.
+void store_step(uint k0, uint tid, uint row0, uint nc) {
 #ifdef ABL_NOSTORE
     return;
 #endif
     [[unroll]] for (uint q = 0u; q < JOBS; q++) {
         uint job = tid + WGS * q;
         if (job < BM * KCH) {
+            uint r;
+            uint c;
+            float v[32];
+            if (w_job(k0, tid, row0, nc, q, r, c)) {
+                chunk_decode(wraw[q], r * pc.row_bytes, c, pc.n_cols, v);
+            } else {
+                [[unroll]] for (uint i = 0u; i < 32u; i++) {
+                    v[i] = 0.0;
+                }
+            }
             uint o = (job / KCH) * LDA + 8u * (job % KCH);
             [[unroll]] for (uint i = 0u; i < 8u; i++) {
-                ws[o + i] = wreg[q][i];
+                ws[o + i] = f16vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]);
             }
         }
     }
     [[unroll]] for (uint q = 0u; q < XV; q++) {
         uint e = tid + WGS * q;
         if (e < BN * BK / 4u) {
-            xs[(e / (BK / 4u)) * LDA + e % (BK / 4u)] = xreg[q];
+            xs[(e / (BK / 4u)) * LDA + e % (BK / 4u)] = f16vec4(xreg[q]);
         }
     }
 }
@@ -189,7 +209,7 @@ void main() {
     uint ke = min(pc.n_cols, kb + pc.k_per);
     load_step(kb, tid, row0, tok0, nc, xvec);
     for (uint k0 = kb; k0 < ke; k0 += BK) {
-        store_step(tid);
+        store_step(k0, tid, row0, nc);
 #ifndef ABL_NOBAR
         barrier();
 #endif

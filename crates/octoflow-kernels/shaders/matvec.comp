@@ -23,7 +23,7 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 
-#define QWINDOW 1 // branch-free chunk reads (quant.glsl)
+#define QWINDOW 1 // unrolled chunk fetch and decode: raw words in registers (quant.glsl)
 
 // Work layout (specialization constants, chosen per matrix shape by linear.rs): WG invocations
 // per workgroup; TPR invocations per group of RPT consecutive rows (TPR a multiple of the

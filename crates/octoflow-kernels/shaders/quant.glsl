@@ -1,56 +1,50 @@
-// Reading GGUF-encoded weight rows from a `uint` word array: byte/u16/u32 loads and, per weight
-// type, the dequantization of one 32-element chunk of a row — the unit every quantized kernel
-// uses.
+// Reading GGUF-encoded weight rows from a `uint` word array: per weight type, the dequantization
+// of one 32-element chunk of a row — the unit every quantized kernel uses — in two halves:
+//
+//   chunk_fetch(row_byte, c, n, raw)     only the global loads: the QRAW words the chunk needs
+//   chunk_decode(raw, row_byte, c, n, v) only arithmetic on those words: the 32 values
+//
+// dequant_chunk(row_byte, c, n, v) is the two in a row. A kernel that wants the loads of its next
+// chunk in flight while it computes (matmul_coop.comp) calls the halves apart, keeping raw in
+// registers in between.
 //
 // Before including this file a shader defines exactly one QTYPE_* (QTYPE_F32, QTYPE_F16,
 // QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1, QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_Q5_K,
 // QTYPE_Q6_K) and declares the weights as a buffer with the member `uint w[];` (32-bit words of
-// the little-endian GGUF bytes). Blocks are only 2-byte aligned, so every multi-byte field is
-// read through the helpers below. A row of n elements starts at byte `row_byte` (row r of a
-// matrix: r * row_bytes, row_bytes = quantized_size(type, n)).
+// the little-endian GGUF bytes). A row of n elements starts at byte `row_byte` (row r of a
+// matrix: r * row_bytes, row_bytes = quantized_size(type, n)). Blocks of Q4_0, Q5_0, Q8_0, Q6_K
+// and rows of F16 are only 2-byte aligned: their fields are read as windows of whole words (the
+// words holding the region, from word b >> 2) and picked apart at decode time with the bit
+// (b & 2), which chunk_decode recomputes from row_byte and c. Every load is of a word holding a
+// byte of the chunk's block (of the chunk's real elements for F32/F16), so nothing is read past
+// the end of a buffer of whole words.
 //
 // Chunk c of a row holds elements [32c, 32c + 32). For the legacy types it is block c; for the
 // K-quants it is sub-chunk c % 8 of super-block c / 8. For F32/F16 the last chunk may be partial
-// (n not a multiple of 32): dequant_chunk zero-fills past n and chunk_len() says how many are real.
+// (n not a multiple of 32): chunk_fetch loads only its real elements, chunk_decode zero-fills past
+// n and chunk_len() says how many are real.
 //
 // Products are formed as the CPU codecs form them (scale times code, minus the min last).
 //
 // A shader that reads a second matrix of the same type (matvec.comp's GLU variants: the up
 // matrix next to the gate matrix) includes this file again with QSECOND defined: that copy reads
 // the buffer member `uint w2[]` and every function in it carries the suffix _2 (dequant_chunk_2,
-// ...); the layout constants are defined again, identically.
+// ...); the layout constants and macros are defined again, identically.
 #ifdef QSECOND
 #define w w2
-#define qw_u8 qw_u8_2
-#define qw_u16 qw_u16_2
-#define qw_u32 qw_u32_2
-#define qw_f16 qw_f16_2
 #define byte_of byte_of_2
-#define win_load win_load_2
 #define qmad qmad_2
 #define chunk_count chunk_count_2
 #define chunk_len chunk_len_2
-#define nibbles32 nibbles32_2
-#define scale_min_k4 scale_min_k4_2
+#define chunk_fetch chunk_fetch_2
+#define chunk_decode chunk_decode_2
 #define dequant_chunk dequant_chunk_2
 #endif
 
-// ---- byte access ---------------------------------------------------------------------------
-
-// The byte at offset b.
-uint qw_u8(uint b) {
-    return (w[b >> 2] >> ((b & 3u) * 8u)) & 0xFFu;
-}
-
-// The little-endian u16 at the even offset b.
-uint qw_u16(uint b) {
-    return (w[b >> 2] >> ((b & 2u) * 8u)) & 0xFFFFu;
-}
-
-// QCPU (defined by the CPU-driver shader) implies QWINDOW; QWINDOW alone (the tensor-core matmul)
-// gives the same decoding: constant-trip loops are unrolled, and u32 reads avoid divergent
-// branches (a per-lane branch runs both sides on a CPU; on a GPU branch-free reads let all of a
-// chunk's loads be in flight at once instead of one dependent branch per word).
+// QCPU (defined by the CPU-driver shader) implies QWINDOW; QWINDOW alone (matvec, the
+// tensor-core matmul) unrolls the constant-trip loops below, so the raw words live in registers
+// and all of a chunk's loads can be in flight at once. Both decode identically: the code is the
+// same, branch-free on the data, with or without the unrolling.
 #ifdef QCPU
 #define QWINDOW 1
 #endif
@@ -60,46 +54,14 @@ uint qw_u16(uint b) {
 #define QUNROLL
 #endif
 
-#ifdef QWINDOW
-// The little-endian u32 at offset b: one word read for QALIGN4 types (blocks and rows are
-// 4-byte multiples), else the word(s) holding it, without branches.
-uint qw_u32(uint b) {
-    uint i = b >> 2;
-#ifdef QALIGN4
-    return w[i];
-#else
-    uint s = (b & 3u) * 8u;
-    uint lo = w[i];
-    uint hi = w[i + (s != 0u ? 1u : 0u)];
-    return s == 0u ? lo : (lo >> s) | (hi << (32u - s));
-#endif
-}
-#else
-// The little-endian u32 at offset b (any alignment). Reads the next word only when the value
-// straddles it.
-uint qw_u32(uint b) {
-    uint i = b >> 2;
-    uint s = (b & 3u) * 8u;
-    if (s == 0u) {
-        return w[i];
-    }
-    return (w[i] >> s) | (w[i + 1u] << (32u - s));
-}
-#endif
-
-// The IEEE f16 at the even offset b, as f32.
-float qw_f16(uint b) {
-    return unpackHalf2x16(qw_u16(b)).x;
-}
-
 // Byte k (0..3) of word u.
 uint byte_of(uint u, uint k) {
     return (u >> (8u * k)) & 0xFFu;
 }
 
-#ifdef QWINDOW
-// Windows of words (QWINDOW): a 2-byte aligned region is read once as whole words raw[0..] from
-// word (b >> 2), h = bit 1 of b; then the u32 / u16 at even region offset o (a constant):
+// Windows of words: a 2-byte aligned region at byte b is held as the whole words raw[..] from
+// word (b >> 2), h = (b & 2) != 0; then the u32 / u16 at even region offset o (a constant, so
+// the word indices are constants):
 #define QFUNNEL(a, b) (((a) >> 16) | ((b) << 16))
 #define WIN_U32(raw, o, h) ((((o) & 2u) != 0u) \
     ? ((h) ? raw[((o) >> 2) + 1u] : QFUNNEL(raw[(o) >> 2], raw[((o) >> 2) + 1u])) \
@@ -107,16 +69,9 @@ uint byte_of(uint u, uint k) {
 #define WIN_U16(raw, o, h) ((((o) & 2u) != 0u) \
     ? ((h) ? (raw[((o) >> 2) + 1u] & 0xFFFFu) : (raw[(o) >> 2] >> 16)) \
     : ((h) ? (raw[(o) >> 2] >> 16) : (raw[(o) >> 2] & 0xFFFFu)))
-
-// raw[0..n) = the n words from word b >> 2; raw[n..NWMAX) = 0 (never read for real).
-#define NWMAX 10u
-void win_load(uint b, uint n, out uint raw[NWMAX]) {
-    uint i0 = b >> 2;
-    QUNROLL for (uint k = 0u; k < NWMAX; k++) {
-        raw[k] = k < n ? w[i0 + k] : 0u;
-    }
-}
-#endif
+// The low / high (hi: a bool) u16 of word u, and the IEEE f16 there as f32.
+#define HALF_BITS(u, hi) ((hi) ? ((u) >> 16) : ((u) & 0xFFFFu))
+#define HALF_OF(u, hi) unpackHalf2x16(HALF_BITS(u, hi)).x
 
 // a * b + c rounded twice, as the CPU codecs compute it: `precise` forbids the fused
 // multiply-add, so decoded weights agree bit for bit with `octoflow_gguf::quant::dequantize`
@@ -127,45 +82,51 @@ float qmad(float a, float b, float c) {
 }
 
 // ---- per-type layout constants --------------------------------------------------------------
-// QK: elements per block; QBYTES: bytes per block; QDENSE: a float type (block of one element).
+// QK: elements per block; QBYTES: bytes per block; QDENSE: a float type (block of one element);
+// QRAW: the words chunk_fetch loads per chunk.
 
 #if defined(QTYPE_F32)
-#define QALIGN4 1
 #define QK 1u
 #define QBYTES 4u
 #define QDENSE 1
+#define QRAW 32u // the 32 elements (4-byte aligned)
 #elif defined(QTYPE_F16)
 #define QK 1u
 #define QBYTES 2u
 #define QDENSE 1
+#define QRAW 17u // 64 bytes at an even offset
 #elif defined(QTYPE_Q4_0)
 #define QK 32u
 #define QBYTES 18u
+#define QRAW 5u // [d:2][qs:16] at an even offset
 #elif defined(QTYPE_Q4_1)
-#define QALIGN4 1
 #define QK 32u
 #define QBYTES 20u
+#define QRAW 5u // [d:2][m:2][qs:16], 4-byte aligned
 #elif defined(QTYPE_Q5_0)
 #define QK 32u
 #define QBYTES 22u
+#define QRAW 6u // [d:2][qh:4][qs:16] at an even offset
 #elif defined(QTYPE_Q5_1)
-#define QALIGN4 1
 #define QK 32u
 #define QBYTES 24u
+#define QRAW 6u // [d:2][m:2][qh:4][qs:16], 4-byte aligned
 #elif defined(QTYPE_Q8_0)
 #define QK 32u
 #define QBYTES 34u
+#define QRAW 9u // [d:2][qs:32] at an even offset
 #elif defined(QTYPE_Q4_K)
-#define QALIGN4 1
 #define QK 256u
 #define QBYTES 144u
+#define QRAW 12u // [d:2][dmin:2], the 12 scale bytes, the sub-block's 32 qs bytes
 #elif defined(QTYPE_Q5_K)
-#define QALIGN4 1
 #define QK 256u
 #define QBYTES 176u
+#define QRAW 20u // as Q4_K plus the 32 qh bytes
 #elif defined(QTYPE_Q6_K)
 #define QK 256u
 #define QBYTES 210u
+#define QRAW 20u // ql and qh windows (9 words each), the scale pair's word, d's word
 #else
 #error "quant.glsl: define one QTYPE_*"
 #endif
@@ -184,201 +145,193 @@ uint chunk_len(uint c, uint n) {
 #endif
 }
 
-// ---- helpers of the block formats ------------------------------------------------------------
-
-// Legacy 4-bit codes: 16 bytes at qs; element j < 16 is the low nibble of byte j, j + 16 the high.
-void nibbles32(uint qs, out uint q[32]) {
-    QUNROLL for (uint k = 0u; k < 4u; k++) {
-        uint u = qw_u32(qs + 4u * k);
-        QUNROLL for (uint i = 0u; i < 4u; i++) {
-            uint b = byte_of(u, i);
-            q[4u * k + i] = b & 0xFu;
-            q[4u * k + i + 16u] = b >> 4;
-        }
-    }
-}
-
-#if defined(QTYPE_Q4_K) || defined(QTYPE_Q5_K)
-// The 6-bit scale (x) and min (y) of sub-block j (0..8) from the 12 scale bytes at s.
-uvec2 scale_min_k4(uint s, uint j) {
-    if (j < 4u) {
-        return uvec2(qw_u8(s + j) & 63u, qw_u8(s + j + 4u) & 63u);
-    }
-    uint hi_s = qw_u8(s + j - 4u) >> 6;
-    uint hi_m = qw_u8(s + j) >> 6;
-    uint lo = qw_u8(s + j + 4u);
-    return uvec2((lo & 0xFu) | (hi_s << 4), (lo >> 4) | (hi_m << 4));
-}
-#endif
-
 // ---- the chunk dequantizer --------------------------------------------------------------------
 
-// v[i] = element 32c + i of the row of n elements starting at byte row_byte (0 past the row's end).
-void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
+// raw = the words chunk c (< chunk_count(n)) of the row of n elements at byte row_byte decodes
+// from; loads only, no arithmetic on their values (F32/F16: words past the row's end are 0).
+void chunk_fetch(uint row_byte, uint c, uint n, out uint raw[QRAW]) {
 #if defined(QTYPE_F32)
-    uint base = (row_byte >> 2) + 32u * c;
+    uint i0 = (row_byte >> 2) + 32u * c;
     uint len = chunk_len(c, n);
-    QUNROLL for (uint i = 0u; i < 32u; i++) {
-        v[i] = i < len ? uintBitsToFloat(w[base + i]) : 0.0;
+    QUNROLL for (uint k = 0u; k < QRAW; k++) {
+        raw[k] = k < len ? w[i0 + k] : 0u;
     }
 #elif defined(QTYPE_F16)
-    uint base = row_byte + 64u * c;
+    uint b = row_byte + 64u * c;
+    uint i0 = b >> 2;
+    uint last = ((b & 2u) + 2u * chunk_len(c, n) - 1u) >> 2; // the word of the last real byte
+    QUNROLL for (uint k = 0u; k < QRAW; k++) {
+        raw[k] = k <= last ? w[i0 + k] : 0u;
+    }
+#elif defined(QTYPE_Q4_K) || defined(QTYPE_Q5_K)
+    // [d:2][dmin:2][scales:12]([qh:32] for Q5_K)[qs:128]: words 0..3 (d, dmin, scales),
+    // (Q5_K: words 4..11, qh,) then the 32 qs bytes of sub-block j = c % 8 at 32 * (j / 2).
+    uint i0 = (row_byte + (c / 8u) * QBYTES) >> 2;
+    uint j = c % 8u;
+    QUNROLL for (uint k = 0u; k < 4u; k++) {
+        raw[k] = w[i0 + k];
+    }
+#ifdef QTYPE_Q5_K
+    QUNROLL for (uint k = 0u; k < 8u; k++) {
+        raw[4u + k] = w[i0 + 4u + k];
+    }
+    uint qs = i0 + 12u + 8u * (j / 2u);
+    QUNROLL for (uint k = 0u; k < 8u; k++) {
+        raw[12u + k] = w[qs + k];
+    }
+#else
+    uint qs = i0 + 4u + 8u * (j / 2u);
+    QUNROLL for (uint k = 0u; k < 8u; k++) {
+        raw[4u + k] = w[qs + k];
+    }
+#endif
+#elif defined(QTYPE_Q6_K)
+    // [ql:128][qh:64][scales:16 x i8][d:2]: raw[0..9) the window of the 32 ql bytes of
+    // sub-chunk j = c % 8, raw[9..18) that of its 32 qh bytes, raw[18] the word holding its two
+    // scales, raw[19] the word holding d.
+    uint bb = row_byte + (c / 8u) * QBYTES;
+    uint j = c % 8u;
+    uint lo = bb + 64u * (j / 4u) + 32u * (j % 2u);
+    uint hi = bb + 128u + 32u * (j / 4u);
+    QUNROLL for (uint k = 0u; k < 9u; k++) {
+        raw[k] = w[(lo >> 2) + k];
+        raw[9u + k] = w[(hi >> 2) + k];
+    }
+    raw[18] = w[(bb + 192u + 2u * j) >> 2];
+    raw[19] = w[(bb + 208u) >> 2];
+#else
+    // Legacy blocks: the QRAW words holding block c.
+    uint i0 = (row_byte + c * QBYTES) >> 2;
+    QUNROLL for (uint k = 0u; k < QRAW; k++) {
+        raw[k] = w[i0 + k];
+    }
+#endif
+}
+
+// v[i] = element 32c + i of the row of n elements at byte row_byte (0 past the row's end), from
+// the words chunk_fetch(row_byte, c, n, raw) loaded: arithmetic only.
+void chunk_decode(uint raw[QRAW], uint row_byte, uint c, uint n, out float v[32]) {
+#if defined(QTYPE_F32)
     uint len = chunk_len(c, n);
     QUNROLL for (uint i = 0u; i < 32u; i++) {
-        v[i] = i < len ? qw_f16(base + 2u * i) : 0.0;
+        v[i] = i < len ? uintBitsToFloat(raw[i]) : 0.0;
     }
-#elif defined(QTYPE_Q4_0)
-    uint bb = row_byte + c * QBYTES;
-#ifdef QWINDOW
-    // [d:2][qs:16] spans 5 words whatever its alignment.
-    uint raw[NWMAX];
-    win_load(bb, 5u, raw);
-    bool h = (bb & 2u) != 0u;
-    float d = unpackHalf2x16(WIN_U16(raw, 0u, h)).x;
-    uint q[32];
-    QUNROLL for (uint k = 0u; k < 4u; k++) {
-        uint u = WIN_U32(raw, 2u + 4u * k, h);
-        QUNROLL for (uint i = 0u; i < 4u; i++) {
-            q[4u * k + i] = byte_of(u, i) & 0xFu;
-            q[4u * k + i + 16u] = byte_of(u, i) >> 4;
-        }
-    }
-#else
-    float d = qw_f16(bb);
-    uint q[32];
-    nibbles32(bb + 2u, q);
-#endif
+#elif defined(QTYPE_F16)
+    uint len = chunk_len(c, n);
+    bool h = ((row_byte + 64u * c) & 2u) != 0u;
     QUNROLL for (uint i = 0u; i < 32u; i++) {
-        v[i] = d * float(int(q[i]) - 8);
+        v[i] = i < len ? unpackHalf2x16(WIN_U16(raw, 2u * i, h)).x : 0.0;
     }
-#elif defined(QTYPE_Q4_1)
-    uint bb = row_byte + c * QBYTES;
-    float d = qw_f16(bb);
-    float m = qw_f16(bb + 2u);
-    uint q[32];
-    nibbles32(bb + 4u, q);
-    QUNROLL for (uint i = 0u; i < 32u; i++) {
-        v[i] = qmad(d, float(q[i]), m);
-    }
-#elif defined(QTYPE_Q5_0)
-    uint bb = row_byte + c * QBYTES;
-#ifdef QWINDOW
-    // [d:2][qh:4][qs:16] spans 6 words whatever its alignment.
-    uint raw[NWMAX];
-    win_load(bb, 6u, raw);
-    bool h = (bb & 2u) != 0u;
+#elif defined(QTYPE_Q4_0) || defined(QTYPE_Q5_0)
+    bool h = ((row_byte + c * QBYTES) & 2u) != 0u;
     float d = unpackHalf2x16(WIN_U16(raw, 0u, h)).x;
+#ifdef QTYPE_Q5_0
     uint qh = WIN_U32(raw, 2u, h);
-    uint q[32];
+#define QS_AT 6u
+#else
+#define QS_AT 2u
+#endif
+    // Element i < 16 is the low nibble of qs byte i, i + 16 the high nibble.
     QUNROLL for (uint k = 0u; k < 4u; k++) {
-        uint u = WIN_U32(raw, 6u + 4u * k, h);
+        uint u = WIN_U32(raw, QS_AT + 4u * k, h);
         QUNROLL for (uint i = 0u; i < 4u; i++) {
-            q[4u * k + i] = byte_of(u, i) & 0xFu;
-            q[4u * k + i + 16u] = byte_of(u, i) >> 4;
+            uint e = 4u * k + i;
+#ifdef QTYPE_Q5_0
+            v[e] = d * float(int((byte_of(u, i) & 0xFu) | (((qh >> e) & 1u) << 4)) - 16);
+            v[e + 16u] = d * float(int((byte_of(u, i) >> 4) | (((qh >> (e + 16u)) & 1u) << 4)) - 16);
+#else
+            v[e] = d * float(int(byte_of(u, i) & 0xFu) - 8);
+            v[e + 16u] = d * float(int(byte_of(u, i) >> 4) - 8);
+#endif
         }
     }
+#undef QS_AT
+#elif defined(QTYPE_Q4_1) || defined(QTYPE_Q5_1)
+    float d = HALF_OF(raw[0], false);
+    float m = HALF_OF(raw[0], true);
+#ifdef QTYPE_Q5_1
+    uint qh = raw[1];
+#define QS_AT 2u
 #else
-    float d = qw_f16(bb);
-    uint qh = qw_u32(bb + 2u);
-    uint q[32];
-    nibbles32(bb + 6u, q);
+#define QS_AT 1u
 #endif
-    QUNROLL for (uint i = 0u; i < 32u; i++) {
-        v[i] = d * float(int(q[i] | (((qh >> i) & 1u) << 4)) - 16);
+    QUNROLL for (uint k = 0u; k < 4u; k++) {
+        uint u = raw[QS_AT + k];
+        QUNROLL for (uint i = 0u; i < 4u; i++) {
+            uint e = 4u * k + i;
+#ifdef QTYPE_Q5_1
+            v[e] = qmad(d, float((byte_of(u, i) & 0xFu) | (((qh >> e) & 1u) << 4)), m);
+            v[e + 16u] = qmad(d, float((byte_of(u, i) >> 4) | (((qh >> (e + 16u)) & 1u) << 4)), m);
+#else
+            v[e] = qmad(d, float(byte_of(u, i) & 0xFu), m);
+            v[e + 16u] = qmad(d, float(byte_of(u, i) >> 4), m);
+#endif
+        }
     }
-#elif defined(QTYPE_Q5_1)
-    uint bb = row_byte + c * QBYTES;
-    float d = qw_f16(bb);
-    float m = qw_f16(bb + 2u);
-    uint qh = qw_u32(bb + 4u);
-    uint q[32];
-    nibbles32(bb + 8u, q);
-    QUNROLL for (uint i = 0u; i < 32u; i++) {
-        v[i] = qmad(d, float(q[i] | (((qh >> i) & 1u) << 4)), m);
-    }
+#undef QS_AT
 #elif defined(QTYPE_Q8_0)
-    uint bb = row_byte + c * QBYTES;
-#ifdef QWINDOW
-    // [d:2][qs:32] spans 9 words whatever its alignment.
-    uint raw[NWMAX];
-    win_load(bb, 9u, raw);
-    bool h = (bb & 2u) != 0u;
+    bool h = ((row_byte + c * QBYTES) & 2u) != 0u;
     float d = unpackHalf2x16(WIN_U16(raw, 0u, h)).x;
-#else
-    float d = qw_f16(bb);
-#endif
     QUNROLL for (uint k = 0u; k < 8u; k++) {
-#ifdef QWINDOW
         int u = int(WIN_U32(raw, 2u + 4u * k, h));
-#else
-        int u = int(qw_u32(bb + 2u + 4u * k));
-#endif
         QUNROLL for (uint i = 0u; i < 4u; i++) {
             v[4u * k + i] = d * float(bitfieldExtract(u, int(8u * i), 8));
         }
     }
 #elif defined(QTYPE_Q4_K) || defined(QTYPE_Q5_K)
-    // [d:2][dmin:2][scales:12]([qh:32] for Q5_K)[qs:128]; sub-block j = c % 8 reads qs bytes
-    // 32*(j/2).. at nibble j%2, and bit j of qh.
-    uint bb = row_byte + (c / 8u) * QBYTES;
+    // Sub-block j = c % 8: 6-bit scale and min from the 12 scale bytes (raw[1..4)): for j < 4 the
+    // low 6 bits of bytes j and j + 4; else the nibbles of byte j + 4 with the top 2 bits of bytes
+    // j - 4 (scale) and j (min). Codes: nibble j % 2 of the qs bytes (and bit j of the qh bytes).
     uint j = c % 8u;
-    float d = qw_f16(bb);
-    float dmin = qw_f16(bb + 2u);
-    uvec2 sm = scale_min_k4(bb + 4u, j);
-    float d1 = d * float(sm.x);
-    float m1 = dmin * float(sm.y);
+    uint jb = j % 4u; // byte j, j - 4 or j + 4 within its scale word
+    float d = HALF_OF(raw[0], false);
+    float dmin = HALF_OF(raw[0], true);
+    uint s0 = byte_of(raw[1], jb);
+    uint s1 = byte_of(raw[2], jb);
+    uint s2 = byte_of(raw[3], jb);
+    uint sc = j < 4u ? s0 & 63u : (s2 & 0xFu) | ((s0 >> 6) << 4);
+    uint mn = j < 4u ? s1 & 63u : (s2 >> 4) | ((s1 >> 6) << 4);
+    float d1 = d * float(sc);
+    float m1 = dmin * float(mn);
 #ifdef QTYPE_Q5_K
-    uint qs = bb + 48u + 32u * (j / 2u);
-    uint qh = bb + 16u;
+#define QS_AT 12u
 #else
-    uint qs = bb + 16u + 32u * (j / 2u);
+#define QS_AT 4u
 #endif
     uint shift = 4u * (j % 2u);
     QUNROLL for (uint k = 0u; k < 8u; k++) {
-        uint u = qw_u32(qs + 4u * k);
+        uint u = raw[QS_AT + k];
 #ifdef QTYPE_Q5_K
-        uint h = qw_u32(qh + 4u * k);
+        uint hb = raw[4u + k];
 #endif
         QUNROLL for (uint i = 0u; i < 4u; i++) {
             uint q = (byte_of(u, i) >> shift) & 0xFu;
 #ifdef QTYPE_Q5_K
-            q |= ((byte_of(h, i) >> j) & 1u) << 4;
+            q |= ((byte_of(hb, i) >> j) & 1u) << 4;
 #endif
             v[4u * k + i] = qmad(d1, float(q), -m1);
         }
     }
+#undef QS_AT
 #elif defined(QTYPE_Q6_K)
-    // [ql:128][qh:64][scales:16 x i8][d:2]; sub-chunk j = c % 8 is quarter k = j % 4 of half
-    // n = j / 4: low nibbles from ql[64n + 32(k%2) + l] >> 4(k/2), high 2 bits from
-    // qh[32n + l] >> 2k; elements l < 16 use scale 2j, the rest 2j + 1.
+    // Sub-chunk j = c % 8 is quarter k = j % 4 of half j / 4: low nibbles from
+    // ql[64(j/4) + 32(k%2) + l] >> 4(k/2), high 2 bits from qh[32(j/4) + l] >> 2k; elements
+    // l < 16 use scale 2j, the rest 2j + 1. The ql and qh windows and d lie at offsets of the
+    // block that are multiples of 4 (the block's bit (bb & 2) places them), the scale pair at
+    // 192 + 2j.
     uint bb = row_byte + (c / 8u) * QBYTES;
     uint j = c % 8u;
-    uint hn = j / 4u;
     uint k4 = j % 4u;
-    float d = qw_f16(bb + 208u);
-    float dl0 = d * float(bitfieldExtract(int(qw_u8(bb + 192u + 2u * j)), 0, 8));
-    float dl1 = d * float(bitfieldExtract(int(qw_u8(bb + 193u + 2u * j)), 0, 8));
-    uint lo = bb + 64u * hn + 32u * (k4 % 2u);
-    uint hi = bb + 128u + 32u * hn;
+    bool h = (bb & 2u) != 0u;
+    float d = HALF_OF(raw[19], h);
+    uint sp = HALF_BITS(raw[18], ((bb + 2u * j) & 2u) != 0u); // scales 2j, 2j + 1
+    float dl0 = d * float(bitfieldExtract(int(sp), 0, 8));
+    float dl1 = d * float(bitfieldExtract(int(sp), 8, 8));
     uint lo_shift = 4u * (k4 / 2u);
     uint hi_shift = 2u * k4;
-#ifdef QWINDOW
-    // The 32 bytes at lo and at hi (even offsets inside the block) as 9-word windows.
-    uint rl[NWMAX];
-    uint rh[NWMAX];
-    win_load(lo, 9u, rl);
-    win_load(hi, 9u, rh);
-    bool hl = (lo & 2u) != 0u;
-    bool hh = (hi & 2u) != 0u;
-#endif
     QUNROLL for (uint k = 0u; k < 8u; k++) {
-#ifdef QWINDOW
-        uint ul = WIN_U32(rl, 4u * k, hl);
-        uint uh = WIN_U32(rh, 4u * k, hh);
-#else
-        uint ul = qw_u32(lo + 4u * k);
-        uint uh = qw_u32(hi + 4u * k);
-#endif
+        uint ul = WIN_U32(raw, 4u * k, h);
+        uint uh = WIN_U32(raw, 36u + 4u * k, h); // raw[9..18): byte offset 36
         float dl = k < 4u ? dl0 : dl1;
         QUNROLL for (uint i = 0u; i < 4u; i++) {
             uint q = ((byte_of(ul, i) >> lo_shift) & 0xFu) | (((byte_of(uh, i) >> hi_shift) & 3u) << 4);
@@ -388,18 +341,20 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
 #endif
 }
 
+// v[i] = element 32c + i of the row of n elements starting at byte row_byte (0 past the row's end).
+void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
+    uint raw[QRAW];
+    chunk_fetch(row_byte, c, n, raw);
+    chunk_decode(raw, row_byte, c, n, v);
+}
+
 #ifdef QSECOND
 #undef w
-#undef qw_u8
-#undef qw_u16
-#undef qw_u32
-#undef qw_f16
 #undef byte_of
-#undef win_load
 #undef qmad
 #undef chunk_count
 #undef chunk_len
-#undef nibbles32
-#undef scale_min_k4
+#undef chunk_fetch
+#undef chunk_decode
 #undef dequant_chunk
 #endif
