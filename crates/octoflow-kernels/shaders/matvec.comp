@@ -117,6 +117,45 @@ void main() {
         uint nc = chunk_count(pc.n_cols);
         for (uint c = lane; c < nc; c += TPR) {
             uint len = chunk_len(c, pc.n_cols);
+            if (MAXT == 1u && len == 32u && (pc.n_cols & 3u) == 0u) {
+                // One token: the chunk of x (normed) is read once into registers and serves all
+                // RPT rows (below, every row reads it again, and x and g outweigh the weights
+                // 8 to 1 in cache traffic).
+                vec4 xv[8];
+                [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                    xv[i] = x4[8u * c + i];
+                    if (norm) {
+                        ssq[0] += dot(xv[i], xv[i]);
+                        xv[i] *= g4[8u * c + i];
+                    }
+                }
+                [[unroll]] for (uint k = 0u; k < RPT; k++) {
+                    uint r = r0 + k;
+                    if (r >= pc.n_rows) {
+                        break;
+                    }
+                    uint rb = r * pc.row_bytes;
+                    float v[32];
+                    dequant_chunk(rb, c, pc.n_cols, v);
+                    float s = 0.0;
+#ifdef GLU
+                    float v2[32];
+                    dequant_chunk_2(rb, c, pc.n_cols, v2);
+                    float s2 = 0.0;
+#endif
+                    [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                        s += dot(vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]), xv[i]);
+#ifdef GLU
+                        s2 += dot(vec4(v2[4u * i], v2[4u * i + 1u], v2[4u * i + 2u], v2[4u * i + 3u]), xv[i]);
+#endif
+                    }
+                    acc[k] += s;
+#ifdef GLU
+                    acc2[k] += s2;
+#endif
+                }
+                continue;
+            }
             [[unroll]] for (uint k = 0u; k < RPT; k++) {
                 uint r = r0 + k;
                 if (r >= pc.n_rows) {

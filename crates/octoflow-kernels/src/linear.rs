@@ -354,8 +354,9 @@ impl MatvecPlan {
     /// (`matvec_layouts` in linear_bench.rs, docs/BENCHMARKS.md): long rows (64+ chunks, the
     /// FFN down projections) gain from 128 invocations per row for one token (qwen's 896 x 4864
     /// Q4_K 12.9 → 9.9 us) and 64 for a few; pipelines for exactly the tokens they take hold
-    /// fewer registers (56 against 80); vocabulary-sized matrices read four rows per invocation
-    /// (a few percent); the type does not change the choice.
+    /// fewer registers (56 against 80); single-token pipelines read each chunk of x once for
+    /// all of an invocation's rows, so vocabulary-sized matrices take four rows per invocation
+    /// and long rows two; the type does not change the choice.
     pub(crate) fn choose(n_rows: u32, n_cols: u32, n_tokens: u32) -> MatvecPlan {
         let maxt = n_tokens.clamp(1, MATVEC_MAX_TOKENS).next_power_of_two();
         let long = n_cols.div_ceil(32) >= 64;
@@ -364,7 +365,14 @@ impl MatvecPlan {
             (true, _) => (64, 64),
             (false, _) => (64, MATVEC_TPR),
         };
-        let rpt = if maxt == 1 && n_rows >= 32768 { 4 } else { 1 };
+        // one token: x is read once per chunk for all of an invocation's rows, which pays on
+        // vocabulary-sized matrices (qwen's 151936 x 896 output: 109 µs at 4 rows, 171 at 2)
+        // and a little on long rows (896 x 4864 Q4_K: 8.6 → 8.0 µs at 2)
+        let rpt = match (maxt, n_rows >= 32768, long) {
+            (1, true, _) => 4,
+            (1, false, true) => 2,
+            _ => 1,
+        };
         MatvecPlan { wg, tpr, maxt, rpt }
     }
 

@@ -795,12 +795,16 @@ fn matvec_layouts() {
         (Q4_K, 640, 2048, false, false),
         (Q6_K, 640, 2048, false, false),
     ];
+    // LINEAR_LAYOUTS=rpt: single-token layouts of 64/128 invocations only (rows per invocation)
+    let quick = std::env::var("LINEAR_LAYOUTS").is_ok_and(|v| v == "rpt");
     let mut layouts = vec![];
     for tpr in [32u32, 64, 128, 256] {
         for wg in [32u32, 64, 128, 256] {
-            if wg >= tpr {
+            if wg >= tpr && (!quick || (64..=128).contains(&wg)) {
                 for (maxt, rpt) in [(1u32, 1u32), (1, 2), (1, 4), (8, 1), (4, 2)] {
-                    layouts.push(MatvecPlan { wg, tpr, maxt, rpt });
+                    if !quick || maxt == 1 {
+                        layouts.push(MatvecPlan { wg, tpr, maxt, rpt });
+                    }
                 }
             }
         }
