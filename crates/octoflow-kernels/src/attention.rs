@@ -158,15 +158,7 @@ impl Attention {
                 "a position table needs one token per cluster".to_string(),
             ));
         }
-        let rows = u64::from(a.n_tokens) * u64::from(a.n_head);
-        let part = if p.split > 1 {
-            let floats = rows * u64::from(p.split) * (u64::from(a.head_dim_v) + 2);
-            let bytes = 4 * floats;
-            let buf = self.scratch.get(chain, bytes)?;
-            buf.slice(0, bytes.next_multiple_of(16))?
-        } else {
-            a.out.clone()
-        };
+        let part = split_parts(chain, &self.scratch, a, p.split)?;
         let push = Push::new()
             .u32(a.n_tokens)
             .u32(a.n_head)
@@ -199,13 +191,51 @@ impl Attention {
             &push,
             grid(groups, OP)?,
         )?;
-        if p.split > 1 {
-            chain.compute_barrier()?;
-            let push = Push::new().u32(rows as u32).u32(a.head_dim_v).u32(p.split);
-            chain.dispatch(&self.merge, &[part, a.out.clone()], &push, grid(rows, OP)?)?;
-        }
+        merge_parts(chain, &self.merge, a, part, p.split)?;
         Ok(())
     }
+}
+
+/// Scratch for the partial results of `a`'s queries in `split` key pieces (unnormalized
+/// accumulators, then (m, l) pairs: `attention_merge.comp`'s layout), or `a.out` itself (never
+/// written then) for one piece.
+pub(crate) fn split_parts(
+    chain: &Chain,
+    scratch: &QueueScratch,
+    a: &AttentionArgs,
+    split: u32,
+) -> Result<BufferSlice> {
+    if split <= 1 {
+        return Ok(a.out.clone());
+    }
+    let rows = u64::from(a.n_tokens) * u64::from(a.n_head);
+    let bytes = 4 * rows * u64::from(split) * (u64::from(a.head_dim_v) + 2);
+    let buf = scratch.get(chain, bytes)?;
+    Ok(buf.slice(0, bytes.next_multiple_of(16))?)
+}
+
+/// After a barrier, `merge` (`attention_merge.comp`) combines the `split` pieces in `part` into
+/// `a.out`; nothing for one piece.
+pub(crate) fn merge_parts(
+    chain: &mut Chain,
+    merge: &Pipeline,
+    a: &AttentionArgs,
+    part: BufferSlice,
+    split: u32,
+) -> Result<()> {
+    if split <= 1 {
+        return Ok(());
+    }
+    let rows = u64::from(a.n_tokens) * u64::from(a.n_head);
+    chain.compute_barrier()?;
+    let push = Push::new().u32(rows as u32).u32(a.head_dim_v).u32(split);
+    chain.dispatch(
+        merge,
+        &[part, a.out.clone()],
+        &push,
+        grid(rows, "attention")?,
+    )?;
+    Ok(())
 }
 
 /// Rows the caches hold (the bound on table-mode reads).
@@ -345,6 +375,24 @@ pub fn attention_ref(
     start: usize,
     out: &mut [f32],
 ) {
+    attention_ref_rounded(s, q, k, v, start, out, None, f64::from, |w| w);
+}
+
+/// [`attention_ref`] with the operands q, k, v passed through `round` and the softmax weights
+/// exp(s - max) through `round_w` before their products (the kernels that multiply rounded
+/// values have their reference here); with `mag`, also each output's magnitude Σ w · |v| / Σ w.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_ref_rounded(
+    s: &AttentionShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    start: usize,
+    out: &mut [f32],
+    mut mag: Option<&mut [f32]>,
+    round: impl Fn(f32) -> f64,
+    round_w: impl Fn(f64) -> f64,
+) {
     let (hd, hv) = (s.head_dim, s.head_dim_v);
     let group = s.n_head / s.n_head_kv;
     for (i, o) in out.chunks_exact_mut(hv).enumerate() {
@@ -358,32 +406,33 @@ pub fn attention_ref(
         let end = (p + 1).min(s.n_kv_rows);
         let kvh = h / group;
         let qh = &q[i * hd..][..hd];
-        let mut att: Vec<f64> = (first..end)
+        let scores: Vec<f64> = (first..end)
             .map(|j| {
                 let kh = &k[(j * s.n_head_kv + kvh) * hd..][..hd];
-                let dot: f64 = qh
-                    .iter()
-                    .zip(kh)
-                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                    .sum();
+                let dot: f64 = qh.iter().zip(kh).map(|(&a, &b)| round(a) * round(b)).sum();
                 f64::from(s.scale) * dot
             })
             .collect();
-        let max = att.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let mut sum = 0f64;
-        for a in att.iter_mut() {
-            *a = (*a - max).exp();
-            sum += *a;
-        }
+        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = scores.iter().map(|&x| (x - max).exp()).sum();
         let mut acc = vec![0f64; hv];
-        for (j, a) in (first..end).zip(&att) {
+        let mut abs = vec![0f64; hv];
+        for (j, &x) in (first..end).zip(&scores) {
+            let w = round_w((x - max).exp());
             let vh = &v[(j * s.n_head_kv + kvh) * hv..][..hv];
-            for (x, &y) in acc.iter_mut().zip(vh) {
-                *x += a / sum * f64::from(y);
+            for ((a, b), &y) in acc.iter_mut().zip(abs.iter_mut()).zip(vh) {
+                *a += w * round(y);
+                *b += w * round(y).abs();
             }
         }
+        let norm = |a: f64| if sum > 0.0 { (a / sum) as f32 } else { 0.0 };
         for (x, a) in o.iter_mut().zip(&acc) {
-            *x = *a as f32;
+            *x = norm(*a);
+        }
+        if let Some(mag) = mag.as_deref_mut() {
+            for (x, b) in mag[i * hv..][..hv].iter_mut().zip(&abs) {
+                *x = norm(*b);
+            }
         }
     }
 }

@@ -6,7 +6,9 @@
 
 use octoflow_vk::{Chain, Context, Pipeline, PipelineDesc, Push};
 
-use crate::attention::{validate, AttentionArgs, AttentionShape};
+use crate::attention::{
+    attention_ref_rounded, merge_parts, split_parts, validate, AttentionArgs, AttentionShape,
+};
 use crate::error::Result;
 use crate::matmul_coop::MatmulCoop;
 use crate::operand::Positions;
@@ -87,14 +89,7 @@ impl AttentionCoop {
             split
         };
         let split = split.clamp(1, MAX_SPLIT.min(a.n_kv_rows.div_ceil(block)));
-        let rows = u64::from(a.n_tokens) * u64::from(a.n_head);
-        let part = if split > 1 {
-            let bytes = 4 * rows * u64::from(split) * (u64::from(a.head_dim) + 2);
-            let buf = scratch.get(chain, bytes)?;
-            buf.slice(0, bytes.next_multiple_of(16))?
-        } else {
-            a.out.clone()
-        };
+        let part = split_parts(chain, scratch, a, split)?;
         let push = Push::new()
             .u32(a.n_tokens)
             .u32(a.n_head)
@@ -128,13 +123,7 @@ impl AttentionCoop {
             &push,
             groups,
         )?;
-        if split > 1 {
-            chain.compute_barrier()?;
-            let push = Push::new().u32(rows as u32).u32(a.head_dim).u32(split);
-            let grid = crate::attention::grid(rows, "attention")?;
-            chain.dispatch(merge, &[part, a.out.clone()], &push, grid)?;
-        }
-        Ok(())
+        merge_parts(chain, merge, a, part, split)
     }
 }
 
@@ -149,51 +138,10 @@ pub fn attention_coop_ref(
     v: &[f32],
     start: usize,
     out: &mut [f32],
-    mut mag: Option<&mut [f32]>,
+    mag: Option<&mut [f32]>,
 ) {
     let h16 = |x: f32| f64::from(half::f16::from_f32(x).to_f32());
-    let (hd, hv) = (s.head_dim, s.head_dim_v);
-    let group = s.n_head / s.n_head_kv;
-    for (i, o) in out.chunks_exact_mut(hv).enumerate() {
-        let (t, h) = (i / s.n_head, i % s.n_head);
-        let p = start + t;
-        let first = if s.window > 0 {
-            (p + 1).saturating_sub(s.window)
-        } else {
-            0
-        };
-        let end = (p + 1).min(s.n_kv_rows);
-        let kvh = h / group;
-        let qh = &q[i * hd..][..hd];
-        let scores: Vec<f64> = (first..end)
-            .map(|j| {
-                let kh = &k[(j * s.n_head_kv + kvh) * hd..][..hd];
-                let dot: f64 = qh.iter().zip(kh).map(|(&a, &b)| h16(a) * h16(b)).sum();
-                f64::from(s.scale) * dot
-            })
-            .collect();
-        let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let l: f64 = scores.iter().map(|&x| (x - m).exp()).sum();
-        let mut acc = vec![0f64; hv];
-        let mut abs = vec![0f64; hv];
-        for (j, &x) in (first..end).zip(&scores) {
-            let w = h16((x - m).exp() as f32);
-            let vh = &v[(j * s.n_head_kv + kvh) * hv..][..hv];
-            for ((a, b), &y) in acc.iter_mut().zip(abs.iter_mut()).zip(vh) {
-                *a += w * h16(y);
-                *b += w * h16(y).abs();
-            }
-        }
-        let norm = |a: f64| if l > 0.0 { (a / l) as f32 } else { 0.0 };
-        for (x, a) in o.iter_mut().zip(&acc) {
-            *x = norm(*a);
-        }
-        if let Some(mag) = mag.as_deref_mut() {
-            for (x, b) in mag[i * hv..][..hv].iter_mut().zip(&abs) {
-                *x = norm(*b);
-            }
-        }
-    }
+    attention_ref_rounded(s, q, k, v, start, out, mag, h16, |w| h16(w as f32));
 }
 
 #[cfg(test)]

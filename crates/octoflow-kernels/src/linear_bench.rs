@@ -2,7 +2,7 @@
 
 use octoflow_gguf::GgmlType;
 use octoflow_vk::testing::gpu_or_skip;
-use octoflow_vk::{Buffer, Chain, Context, MemoryKind};
+use octoflow_vk::{Buffer, BufferSlice, Chain, Context, MemoryKind};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -255,6 +255,58 @@ fn coop_timing() {
     }
 }
 
+/// A Q5_0 product at a model shape for the tile benchmarks: random weights, inputs for up to
+/// 512 tokens and an output buffer.
+struct Q5Product {
+    n_rows: u32,
+    n_cols: u32,
+    w: BufferSlice,
+    x: BufferSlice,
+    y: Buffer,
+}
+
+impl Q5Product {
+    fn new(ctx: &Context, rng: &mut StdRng, n_rows: u32, n_cols: u32) -> Self {
+        let wq = random_weights(rng, GgmlType::Q5_0, n_rows as usize, n_cols as usize);
+        let x: Vec<f32> = (0..512 * n_cols as usize)
+            .map(|_| rng.gen_range(-1.0..1.0))
+            .collect();
+        Q5Product {
+            n_rows,
+            n_cols,
+            w: buffer_with(ctx, "w", &wq).whole(),
+            x: buffer_with(ctx, "x", octoflow_vk::as_bytes(&x)).whole(),
+            y: Buffer::new(
+                ctx,
+                "y",
+                4 * 512 * u64::from(n_rows),
+                MemoryKind::DeviceLocal,
+            )
+            .unwrap(),
+        }
+    }
+
+    /// The operands of `n_tokens` (at most 512), `y` written whole; `y` is the output slice.
+    fn args<'a>(&'a self, y: &'a BufferSlice, n_tokens: u32) -> LinearArgs<'a> {
+        LinearArgs {
+            w: QWeightRef {
+                ty: GgmlType::Q5_0,
+                data: &self.w,
+                n_rows: self.n_rows,
+                n_cols: self.n_cols,
+            },
+            x: &self.x,
+            y,
+            n_tokens,
+            y_stride: self.n_rows,
+            y_col: 0,
+            bias: None,
+            accumulate: false,
+            norm: None,
+        }
+    }
+}
+
 /// GPU time of the Q5_0 tile experiments of `variants.txt` against the default tile, each
 /// variant's outputs checked against the default's.
 fn tile_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
@@ -312,41 +364,21 @@ fn tile_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
         if !name.to_lowercase().contains(filter) {
             continue;
         }
-        let wq = random_weights(&mut rng, GgmlType::Q5_0, n_rows as usize, n_cols as usize);
-        let wb = buffer_with(ctx, "w", &wq);
-        let x: Vec<f32> = (0..512 * n_cols as usize)
-            .map(|_| rng.gen_range(-1.0..1.0))
-            .collect();
-        let xb = buffer_with(ctx, "x", octoflow_vk::as_bytes(&x));
-        let y_bytes = 4 * 512 * u64::from(n_rows);
-        let yb = Buffer::new(ctx, "y", y_bytes, MemoryKind::DeviceLocal).unwrap();
+        let product = Q5Product::new(ctx, &mut rng, n_rows, n_cols);
+        let (yb, ys) = (&product.y, product.y.whole());
+        let y_bytes = yb.size();
         for n_tokens in [128u32, 512] {
-            let args = LinearArgs {
-                w: QWeightRef {
-                    ty: GgmlType::Q5_0,
-                    data: &wb.whole(),
-                    n_rows,
-                    n_cols,
-                },
-                x: &xb.whole(),
-                y: &yb.whole(),
-                n_tokens,
-                y_stride: n_rows,
-                y_col: 0,
-                bias: None,
-                accumulate: false,
-                norm: None,
-            };
+            let args = product.args(&ys, n_tokens);
             let flop = 2.0 * f64::from(n_rows) * f64::from(n_cols) * f64::from(n_tokens);
             let outputs = (n_tokens * n_rows) as usize;
             let mut line = format!("{name:<26} x{n_tokens:<4}");
             let mut want = Vec::new();
             for (tile, mm) in &built {
                 let mm = mm.as_ref().unwrap_or(default);
-                ctx.fill(&yb, 0, y_bytes, f32::NAN.to_bits()).unwrap();
+                ctx.fill(yb, 0, y_bytes, f32::NAN.to_bits()).unwrap();
                 let ns = gpu_ns(ctx, 11, &|c| mm.record(c, &args).unwrap());
                 let mut got = vec![0f32; outputs];
-                ctx.download(&yb, 0, &mut got).unwrap();
+                ctx.download(yb, 0, &mut got).unwrap();
                 let ok = if want.is_empty() {
                     want = got;
                     "ref".to_string()
@@ -404,36 +436,10 @@ fn coop_split() {
     ];
     let mut rng = StdRng::seed_from_u64(4);
     for (n_rows, n_cols) in [(896u32, 896u32), (128, 896), (4864, 896), (896, 4864)] {
-        let wq = random_weights(&mut rng, GgmlType::Q5_0, n_rows as usize, n_cols as usize);
-        let wb = buffer_with(&ctx, "w", &wq);
-        let x: Vec<f32> = (0..512 * n_cols as usize)
-            .map(|_| rng.gen_range(-1.0..1.0))
-            .collect();
-        let xb = buffer_with(&ctx, "x", octoflow_vk::as_bytes(&x));
-        let yb = Buffer::new(
-            &ctx,
-            "y",
-            4 * 512 * u64::from(n_rows),
-            MemoryKind::DeviceLocal,
-        )
-        .unwrap();
+        let product = Q5Product::new(&ctx, &mut rng, n_rows, n_cols);
+        let ys = product.y.whole();
         for n_tokens in [128u32, 512] {
-            let args = LinearArgs {
-                w: QWeightRef {
-                    ty: GgmlType::Q5_0,
-                    data: &wb.whole(),
-                    n_rows,
-                    n_cols,
-                },
-                x: &xb.whole(),
-                y: &yb.whole(),
-                n_tokens,
-                y_stride: n_rows,
-                y_col: 0,
-                bias: None,
-                accumulate: false,
-                norm: None,
-            };
+            let args = product.args(&ys, n_tokens);
             let mut line = format!("Q5_0 {n_rows}x{n_cols} x{n_tokens}:");
             for (name, mm) in tiles.iter_mut() {
                 line += &format!(" | {name}");
