@@ -24,13 +24,6 @@ use crate::gpu::kernels::Kernels;
 use crate::gpu::scratch::Scratch;
 use crate::gpu::weights::{GpuMatrix, GpuWeights};
 
-/// The FFN's RMSNorm is fused into the single-token gate/up/activation dispatch when a matrix
-/// has at most this many weights. Measured on the H100 (tg128, norm separate → fused):
-/// smollm2-135m (1536 x 576) +5%, gemma-3-270m (2048 x 640) +4%, qwen2.5-0.5b (4864 x 896)
-/// −1.5%: the fused kernel recomputes the sum of squares of x for every row, which costs more
-/// than the barrier stage it saves on larger matrices.
-const FUSED_FFN_NORM_MAX_WEIGHTS: usize = 2 << 20;
-
 /// Where the batch's token ids are read from.
 #[derive(Clone)]
 pub enum TokenSource {
@@ -264,10 +257,11 @@ impl Graph<'_> {
             Activation::GeluTanh => GluOp::GeluTanh,
         };
         // the norm is fused into single-token steps whose gate, up and activation are one
-        // dispatch: one barrier stage less per layer, but every row sums the squares of x again,
-        // so only where the matrices are small (FUSED_FFN_NORM_MAX_WEIGHTS)
-        let one_dispatch = self.fused_glu(il, n, &x, &gate, op, None).is_some()
-            && c.n_ff * c.n_embd <= FUSED_FFN_NORM_MAX_WEIGHTS;
+        // dispatch: one barrier stage less per layer. Every row group sums the squares of x
+        // again, which only pays since a chunk of x serves several rows (H100, tg128, norm
+        // separate → fused: smollm2-135m +5%, gemma-3-270m +4%; qwen2.5-0.5b −1.5% while each
+        // row re-read x, see `MatvecPlan::choose_glu`)
+        let one_dispatch = self.fused_glu(il, n, &x, &gate, op, None).is_some();
         let (input, fused) = self.normed(chain, n, &x, &h, &lw.ffn_norm, one_dispatch)?;
         let norm = fused.as_ref().map(|g| (g, c.rms_eps));
         if let Some(args) = self.fused_glu(il, n, &input, &gate, op, norm) {
