@@ -499,11 +499,7 @@ fn read_tensor_info(c: &mut Cursor<'_>, index: u64) -> Result<TensorInfo> {
             ty.block_size()
         ))
     })?;
-    let n_rows = if row_len == 0 {
-        0
-    } else {
-        n_elements / row_len
-    };
+    let n_rows = n_elements.checked_div(row_len).unwrap_or(0);
     let size = row_bytes
         .checked_mul(n_rows)
         .ok_or_else(|| bad(format!("data size of shape {dims:?} overflows")))?;

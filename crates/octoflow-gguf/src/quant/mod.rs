@@ -81,7 +81,7 @@ pub enum QuantError {
 /// Bytes taken by `n_elements` elements of type `ty`.
 pub fn quantized_size(ty: GgmlType, n_elements: usize) -> Result<usize, QuantError> {
     let block_size = ty.block_size();
-    if n_elements % block_size != 0 {
+    if !n_elements.is_multiple_of(block_size) {
         return Err(QuantError::PartialBlock {
             ty,
             n_elements,

@@ -41,7 +41,7 @@ impl GpuModel {
     /// Uploads `model`'s weights to `ctx`'s device and builds the pipelines.
     pub fn load(ctx: &Context, model: &Model) -> Result<Self> {
         let c = &model.config;
-        if c.n_embd % 4 != 0 {
+        if !c.n_embd.is_multiple_of(4) {
             return Err(ModelError::Gpu(format!(
                 "n_embd = {} is not a multiple of 4, which the GPU path needs to bind single rows",
                 c.n_embd

@@ -41,12 +41,14 @@ pub struct DeviceArgs {
 
 /// A model on the device chosen by [`DeviceArgs`]: the CPU reference needs nothing more, the
 /// GPU path uploads the weights.
+#[allow(clippy::large_enum_variant)] // one per process, never moved around in bulk
 pub enum Loaded {
     Cpu,
     Gpu(octoflow_model::gpu::GpuModel),
 }
 
 /// One sequence on either path.
+#[allow(clippy::large_enum_variant)] // one per command, never moved around in bulk
 pub enum AnySession<'m> {
     Cpu(octoflow_model::Session<'m>),
     Gpu(octoflow_model::gpu::GpuSession<'m>),
