@@ -56,6 +56,21 @@ pub struct AttentionArgs<'a> {
     pub positions: Positions,
 }
 
+impl AttentionArgs<'_> {
+    /// The bindings of the prefill kernels (`attention.comp`, `attention_coop.comp`): q, k, v,
+    /// out, pos and the split-K scratch `part`.
+    pub(crate) fn bindings(&self, part: &BufferSlice) -> [BufferSlice; 6] {
+        [
+            self.q.clone(),
+            self.k.clone(),
+            self.v.clone(),
+            self.out.clone(),
+            self.pos.clone(),
+            part.clone(),
+        ]
+    }
+}
+
 /// Work layout of one attention dispatch: the specialization of `attention.comp` plus the
 /// split-K factor (see the shader's header comment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -178,19 +193,7 @@ impl Attention {
             * u64::from(a.n_head_kv)
             * u64::from(p.split);
         let groups = clusters.div_ceil(u64::from(p.wg / p.cl));
-        chain.dispatch(
-            &pipeline,
-            &[
-                a.q.clone(),
-                a.k.clone(),
-                a.v.clone(),
-                a.out.clone(),
-                a.pos.clone(),
-                part.clone(),
-            ],
-            &push,
-            grid(groups, OP)?,
-        )?;
+        chain.dispatch(&pipeline, &a.bindings(&part), &push, grid(groups, OP)?)?;
         merge_parts(chain, &self.merge, a, part, p.split)?;
         Ok(())
     }

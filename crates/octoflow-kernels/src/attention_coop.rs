@@ -4,13 +4,13 @@
 //! `attention.comp`; q, k, v and the softmax weights are rounded to f16 before their products
 //! ([`attention_coop_ref`] is the reference that rounds the same values).
 
-use octoflow_vk::{Chain, Context, Pipeline, PipelineDesc, Push};
+use octoflow_vk::{Chain, Context, Pipeline, Push};
 
 use crate::attention::{
     attention_ref_rounded, merge_parts, split_parts, validate, AttentionArgs, AttentionShape,
 };
 use crate::error::Result;
-use crate::matmul_coop::MatmulCoop;
+use crate::matmul_coop::{coop_pipeline, MatmulCoop};
 use crate::operand::Positions;
 use crate::scratch::QueueScratch;
 use crate::shaders;
@@ -38,18 +38,9 @@ impl AttentionCoop {
         if !MatmulCoop::supported(caps) {
             return Ok(None);
         }
-        let build = |shader| -> Result<Pipeline> {
-            let mut desc = PipelineDesc::new(shader, 6, 32);
-            let sg = &caps.subgroup;
-            if sg.size != 32 || sg.min_size != sg.max_size {
-                desc = desc.subgroup_size(32);
-            }
-            desc.full_subgroups = true;
-            Ok(Pipeline::new(ctx, &desc)?)
-        };
         Ok(Some(AttentionCoop {
-            d64: build(shaders::ATTENTION_COOP_D64)?,
-            d128: build(shaders::ATTENTION_COOP_D128)?,
+            d64: coop_pipeline(ctx, shaders::ATTENTION_COOP_D64, 6, 32)?,
+            d128: coop_pipeline(ctx, shaders::ATTENTION_COOP_D128, 6, 32)?,
         }))
     }
 
@@ -110,19 +101,7 @@ impl AttentionCoop {
                 ),
             ));
         }
-        chain.dispatch(
-            pipeline,
-            &[
-                a.q.clone(),
-                a.k.clone(),
-                a.v.clone(),
-                a.out.clone(),
-                a.pos.clone(),
-                part.clone(),
-            ],
-            &push,
-            groups,
-        )?;
+        chain.dispatch(pipeline, &a.bindings(&part), &push, groups)?;
         merge_parts(chain, merge, a, part, split)
     }
 }

@@ -151,13 +151,15 @@ impl MatmulCoop {
         bindings: &[BufferSlice; 4],
         push: &Push,
     ) -> Result<()> {
-        let tile = self.tiled(a.w.n_rows, a.w.n_cols, a.n_tokens).tile;
+        let tiled = self.tiled(a.w.n_rows, a.w.n_cols, a.n_tokens);
+        let tile = tiled.tile;
         let tiles = a.w.n_rows.div_ceil(tile[0]) * a.n_tokens.div_ceil(tile[1]);
         let split = split_for(tiles, a.w.n_cols, tile[2], self.target_groups);
-        self.dispatch_split(chain, ti, a, bindings, push, split)
+        self.dispatch_tiled(chain, tiled, ti, a, bindings, push, split)
     }
 
-    /// [`Self::dispatch`] in (at most) `split` column pieces.
+    /// [`Self::dispatch`] in (at most) `split` column pieces (tests cover every split).
+    #[cfg(test)]
     pub(crate) fn dispatch_split(
         &self,
         chain: &mut Chain,
@@ -168,6 +170,21 @@ impl MatmulCoop {
         split: u32,
     ) -> Result<()> {
         let tiled = self.tiled(a.w.n_rows, a.w.n_cols, a.n_tokens);
+        self.dispatch_tiled(chain, tiled, ti, a, bindings, push, split)
+    }
+
+    /// [`Self::dispatch_split`] on the pipelines `tiled`.
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch_tiled(
+        &self,
+        chain: &mut Chain,
+        tiled: &Tiled,
+        ti: usize,
+        a: &LinearArgs,
+        bindings: &[BufferSlice; 4],
+        push: &Push,
+        split: u32,
+    ) -> Result<()> {
         let (tile, pipeline) = (tiled.tile, tiled.pipeline(ti));
         let steps = a.w.n_cols.div_ceil(tile[2]);
         let per = steps.div_ceil(split.clamp(1, steps.max(1)));
@@ -219,18 +236,30 @@ impl MatmulCoop {
     }
 }
 
+/// A pipeline of a cooperative-matrix shader (laid out for full subgroups of [`SUBGROUP`],
+/// requested where the device's size varies): `bindings` storage buffers, `push` bytes of push
+/// constants. The device must be [`MatmulCoop::supported`].
+pub(crate) fn coop_pipeline(
+    ctx: &Context,
+    shader: Shader,
+    bindings: u32,
+    push: u32,
+) -> Result<Pipeline> {
+    let sg = &ctx.caps().subgroup;
+    let mut desc = PipelineDesc::new(shader, bindings, push);
+    if sg.size != SUBGROUP || sg.min_size != sg.max_size {
+        desc = desc.subgroup_size(SUBGROUP);
+    }
+    desc.full_subgroups = true;
+    Ok(Pipeline::new(ctx, &desc)?)
+}
+
 impl Tiled {
     fn new(ctx: &Context, shaders: &[Shader], tile: [u32; 3]) -> Result<Self> {
-        let sg = &ctx.caps().subgroup;
-        let mut pipelines = Vec::with_capacity(shaders.len());
-        for &shader in shaders {
-            let mut desc = PipelineDesc::new(shader, 5, PUSH_BYTES + 12);
-            if sg.size != SUBGROUP || sg.min_size != sg.max_size {
-                desc = desc.subgroup_size(SUBGROUP);
-            }
-            desc.full_subgroups = true;
-            pipelines.push(Pipeline::new(ctx, &desc)?);
-        }
+        let pipelines = shaders
+            .iter()
+            .map(|&shader| coop_pipeline(ctx, shader, 5, PUSH_BYTES + 12))
+            .collect::<Result<_>>()?;
         Ok(Tiled { pipelines, tile })
     }
 
