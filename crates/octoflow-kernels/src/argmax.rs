@@ -67,7 +67,7 @@ impl Argmax {
         let slice = n_vocab.div_ceil(n_split);
         let part = self
             .part
-            .get(chain, 8 * u64::from(n_split) * u64::from(n_rows))?;
+            .get_slice(chain, 8 * u64::from(n_split) * u64::from(n_rows))?;
         let counts = self.counts.get(chain, 4 * u64::from(n_rows))?;
         let groups = [n_split, n_rows, 1];
         let max = chain.context().caps().max_workgroup_count;
@@ -80,7 +80,7 @@ impl Argmax {
         }
         chain.dispatch(
             &self.pipeline,
-            &[logits.clone(), out.clone(), part.whole(), counts.whole()],
+            &[logits.clone(), out.clone(), part, counts.whole()],
             &Push::new()
                 .u32(n_vocab)
                 .u32(out_offset)

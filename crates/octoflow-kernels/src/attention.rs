@@ -213,8 +213,7 @@ pub(crate) fn split_parts(
     }
     let rows = u64::from(a.n_tokens) * u64::from(a.n_head);
     let bytes = 4 * rows * u64::from(split) * (u64::from(a.head_dim_v) + 2);
-    let buf = scratch.get(chain, bytes)?;
-    Ok(buf.slice(0, bytes.next_multiple_of(16))?)
+    scratch.get_slice(chain, bytes)
 }
 
 /// After a barrier, `merge` (`attention_merge.comp`) combines the `split` pieces in `part` into

@@ -217,8 +217,7 @@ impl MatmulCoop {
         }
         let outputs = u64::from(a.n_tokens) * u64::from(a.w.n_rows);
         let bytes = 4 * u64::from(split) * outputs;
-        let part = self.scratch.get(chain, bytes)?;
-        let part = part.slice(0, bytes)?;
+        let part = self.scratch.get_slice(chain, bytes)?;
         let all = [w, x, y.clone(), bias.clone(), part.clone()];
         chain.dispatch(pipeline, &all, &push, groups)?;
         chain.compute_barrier()?;

@@ -6,7 +6,7 @@
 
 use std::sync::Mutex;
 
-use octoflow_vk::{Buffer, Chain, MemoryKind};
+use octoflow_vk::{Buffer, BufferSlice, Chain, MemoryKind};
 
 use crate::error::Result;
 
@@ -37,6 +37,19 @@ impl QueueScratch {
         }
     }
 
+    /// `bytes` (rounded up to 16) of scratch for `chain`'s queue: the region the chain lends
+    /// ([`Chain::lend_scratch`]: an idle activation buffer) when it is large enough and these
+    /// buffers need not start as zeros, else the start of [`QueueScratch::get`]'s buffer.
+    pub(crate) fn get_slice(&self, chain: &Chain, bytes: u64) -> Result<BufferSlice> {
+        let bytes = bytes.next_multiple_of(16);
+        if !self.zeroed {
+            if let Some(lent) = chain.lent_scratch().filter(|l| l.size >= bytes) {
+                return Ok(lent.buffer.slice(lent.offset, bytes)?);
+            }
+        }
+        Ok(self.get(chain, bytes)?.slice(0, bytes)?)
+    }
+
     /// A buffer of at least `bytes` for `chain`'s queue (a larger one replaces a smaller one;
     /// chains recorded earlier keep theirs alive).
     pub(crate) fn get(&self, chain: &Chain, bytes: u64) -> Result<Buffer> {
@@ -48,7 +61,9 @@ impl QueueScratch {
         match all[q].as_ref() {
             Some(b) if b.size() >= bytes => Ok(b.clone()),
             _ => {
-                let size = bytes.next_power_of_two().max(1 << 16);
+                // what is asked (whole 64 KiB): the first chain recorded is usually the largest
+                // (a prompt's prefill), later ones reuse its buffer
+                let size = bytes.next_multiple_of(1 << 16);
                 let b = Buffer::new(chain.context(), self.name, size, MemoryKind::DeviceLocal)?;
                 if self.zeroed {
                     chain.context().fill(&b, 0, size, 0)?;

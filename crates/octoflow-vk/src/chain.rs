@@ -42,6 +42,8 @@ pub struct Chain {
     pub(crate) dispatches: usize,
     pub(crate) scope: Option<String>,
     pub(crate) gate: Option<crate::gate::Gate>,
+    /// Device memory the recorder lends to kernels for their temporaries ([`Chain::lend_scratch`]).
+    lent: Option<crate::buffer::BufferSlice>,
     /// Index of the queue `submit` uses (modulo the context's queue count).
     queue: usize,
     /// Last field: dropped after the pools and kept resources above, so the device outlives them.
@@ -89,6 +91,7 @@ impl Chain {
             dispatches: 0,
             scope: None,
             gate: None,
+            lent: None,
             queue: 0,
             ctx: ctx.clone(),
         };
@@ -125,6 +128,20 @@ impl Chain {
     /// The queue index submits go to (already reduced modulo the queue count).
     pub fn queue(&self) -> usize {
         self.queue
+    }
+
+    /// Lends `region` to the kernels recorded from now on for their temporaries (split-K
+    /// partial sums and the like, used and done with inside one kernel's recording), until the
+    /// next call; `None` takes it back. The caller guarantees that nothing else reads or writes
+    /// the region meanwhile: an activation buffer idle in that part of the chain, so those
+    /// temporaries take no memory of their own.
+    pub fn lend_scratch(&mut self, region: Option<crate::buffer::BufferSlice>) {
+        self.lent = region;
+    }
+
+    /// The region lent by [`Chain::lend_scratch`], if any.
+    pub fn lent_scratch(&self) -> Option<&crate::buffer::BufferSlice> {
+        self.lent.as_ref()
     }
 
     /// Number of dispatches recorded.

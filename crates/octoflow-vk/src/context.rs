@@ -209,9 +209,10 @@ impl Context {
             physical_device: pdev,
             debug_settings: AllocatorDebugSettings::default(),
             buffer_device_address: caps.buffer_device_address,
-            // 32 MiB blocks (the default is 256 MiB): larger buffers (weights) get memory of
-            // their own size, small ones share blocks, so the reserve stays near what is used
-            allocation_sizes: AllocationSizes::new(32 << 20, 16 << 20),
+            // 8 MiB device and 4 MiB host blocks (the default is 256 MiB; gpu-allocator takes
+            // 4 MiB at least): larger buffers (weights, activations) get memory of their own
+            // size, small ones share blocks, so the reserve stays near what is used
+            allocation_sizes: AllocationSizes::new(8 << 20, 4 << 20),
         })
         .map_err(|e| VkError::Allocator {
             what: "allocator".into(),

@@ -97,7 +97,11 @@ impl Graph<'_> {
     pub fn layers(&self, chain: &mut Chain, n: u32, src: &TokenSource) -> Result<()> {
         self.embed(chain, n, src)?;
         for il in 0..self.c.n_layer {
+            // the FFN's buffers are idle during the attention block: the kernels' temporaries
+            // (split-K partial sums, attention pieces) go there instead of memory of their own
+            chain.lend_scratch(Some(self.s.ffn_gate.whole()));
             self.attention_block(chain, il, n)?;
+            chain.lend_scratch(None);
             self.ffn_block(chain, il, n)?;
         }
         Ok(())
@@ -280,6 +284,8 @@ impl Graph<'_> {
                 .record(chain, &gate, &up, &gate, (rows * c.n_ff) as u32, op)?;
         }
         chain.compute_barrier()?;
+        // up is dead once the activation has read it: the down projection's temporaries
+        chain.lend_scratch(Some(s.ffn_up.whole()));
         self.project_residual(
             chain,
             (il, Target::Down),
@@ -287,7 +293,9 @@ impl Graph<'_> {
             &gate,
             lw.post_ffw_norm.as_ref(),
             n,
-        )
+        )?;
+        chain.lend_scratch(None);
+        Ok(())
     }
 
     /// The arguments of layer `il`'s gate, up and activation as one fused dispatch into `out`,

@@ -13,10 +13,12 @@ pub const MAX_GATED_DISPATCHES: u64 = 8192;
 
 /// Words of the sampler state (`octoflow_kernels::SamplerState`).
 pub const SAMPLER_WORDS: u64 = 8;
-/// Most rows of logits a session's batch chain produces at once (all of a chunk's logits, for
-/// perplexity, come back in pieces of this many rows): `rows × n_vocab` f32 is the largest
-/// scratch buffer (qwen2.5: 39 MB for 64 rows, 311 MB for a whole 512-token chunk).
-pub const SESSION_LOGIT_ROWS: u32 = 64;
+/// Most rows of logits a session computes at once (all of a chunk's logits, for perplexity,
+/// come back in pieces of this many rows after the layers ran over the whole chunk):
+/// `rows × n_vocab` f32 is the largest scratch buffer (qwen2.5: 4.9 MB for 8 rows, 311 MB for a
+/// whole 512-token chunk). Each piece reads the output matrix once more: a few milliseconds per
+/// 512-token chunk on the H100 against tens of megabytes of device memory.
+pub const SESSION_LOGIT_ROWS: u32 = 8;
 
 /// Buffers of one session. Activations are f32 row-major, one row per token.
 pub struct Scratch {

@@ -219,6 +219,9 @@ pub struct GpuSession<'m> {
     last_profile: Option<Vec<LabelTime>>,
 }
 
+/// Key of the output-rows chains in the batch-chain cache (next to [`logits_key`]'s).
+const OUTPUT_ROWS_KEY: u8 = 3;
+
 fn logits_key(l: Logits) -> u8 {
     match l {
         Logits::None => 0,
@@ -314,6 +317,31 @@ impl GpuSession<'_> {
             .batch_chains
             .get_mut(&key)
             .ok_or_else(|| ModelError::Gpu("batch chain vanished".into()))?;
+        chain.run()?;
+        if self.profile {
+            self.last_profile = chain.timings()?.map(|t| summarize(&t));
+        }
+        Ok(())
+    }
+
+    /// Runs the final norm and output projection of the `n_out` rows of the last batch whose
+    /// indices are in the scratch id list, into the logits buffer.
+    fn run_output(&mut self, n_out: u32) -> Result<()> {
+        let key = (n_out, OUTPUT_ROWS_KEY);
+        if !self.batch_chains.contains_key(&key) {
+            if self.batch_chains.len() >= 8 {
+                self.batch_chains.clear();
+            }
+            let mut chain = self.new_chain()?;
+            let rows = self.s.ids.slice(0, 4 * u64::from(n_out))?;
+            self.graph().output_rows(&mut chain, n_out, &rows)?;
+            chain.finish()?;
+            self.batch_chains.insert(key, chain);
+        }
+        let chain = self
+            .batch_chains
+            .get_mut(&key)
+            .ok_or_else(|| ModelError::Gpu("output chain vanished".into()))?;
         chain.run()?;
         if self.profile {
             self.last_profile = chain.timings()?.map(|t| summarize(&t));
@@ -514,30 +542,37 @@ impl Forward for GpuSession<'_> {
             self.s.n_ctx as usize,
         )?;
         let n_vocab = self.model.config.n_vocab;
-        let cap = match logits {
-            Logits::All => self.s.t_logits,
-            _ => self.s.t_max,
-        } as usize;
+        let cap = self.s.t_max as usize;
         let n_chunks = tokens.len().div_ceil(cap);
         let mut out = Vec::new();
         for (i, part) in tokens.chunks(cap).enumerate() {
+            // every row's logits: the layers over the whole chunk, then the output projection
+            // in pieces of the logits buffer's rows (a few: it is the largest scratch buffer)
             let want = match logits {
                 Logits::Last if i + 1 < n_chunks => Logits::None,
+                Logits::All => Logits::None,
                 l => l,
             };
             let pos = (start_pos + i * cap) as u32;
             self.s.ids.write(0, part)?;
             self.s.ctl.write(4 * u64::from(ctl::POS), &[pos])?;
             self.run_batch(part.len() as u32, want)?;
-            let rows = match want {
-                Logits::None => 0,
-                Logits::Last => 1,
-                Logits::All => part.len(),
-            };
-            if rows > 0 {
+            if want == Logits::Last {
                 let at = out.len();
-                out.resize(at + rows * n_vocab, 0f32);
+                out.resize(at + n_vocab, 0f32);
                 self.model.ctx.download(&self.s.logits, 0, &mut out[at..])?;
+            }
+            if logits == Logits::All {
+                let n = part.len() as u32;
+                for first in (0..n).step_by(self.s.t_logits as usize) {
+                    let n_out = self.s.t_logits.min(n - first);
+                    let rows: Vec<u32> = (first..first + n_out).collect();
+                    self.s.ids.write(0, &rows)?;
+                    self.run_output(n_out)?;
+                    let at = out.len();
+                    out.resize(at + n_out as usize * n_vocab, 0f32);
+                    self.model.ctx.download(&self.s.logits, 0, &mut out[at..])?;
+                }
             }
             self.n_past = start_pos + (i * cap) + part.len();
         }
