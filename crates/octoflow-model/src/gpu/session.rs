@@ -301,15 +301,33 @@ impl GpuSession<'_> {
 
     /// Runs the batch chain for `n` tokens (ids already in the scratch list, `ctl::POS` set).
     fn run_batch(&mut self, n: u32, logits: Logits) -> Result<()> {
-        let key = (n, logits_key(logits));
+        self.run_cached((n, logits_key(logits)), |g, chain| {
+            g.forward(chain, n, &TokenSource::Ids, logits)
+        })
+    }
+
+    /// Runs the final norm and output projection of the `n_out` rows of the last batch whose
+    /// indices are in the scratch id list, into the logits buffer.
+    fn run_output(&mut self, n_out: u32) -> Result<()> {
+        let rows = self.s.ids.slice(0, 4 * u64::from(n_out))?;
+        self.run_cached((n_out, OUTPUT_ROWS_KEY), |g, chain| {
+            g.output_rows(chain, n_out, &rows)
+        })
+    }
+
+    /// Runs the batch chain cached under `key`, recording it with `record` first if needed.
+    fn run_cached(
+        &mut self,
+        key: (u32, u8),
+        record: impl FnOnce(&Graph<'_>, &mut Chain) -> Result<()>,
+    ) -> Result<()> {
         if !self.batch_chains.contains_key(&key) {
             // Shapes change with every prompt length: keep a few recent recordings only.
             if self.batch_chains.len() >= 8 {
                 self.batch_chains.clear();
             }
             let mut chain = self.new_chain()?;
-            self.graph()
-                .forward(&mut chain, n, &TokenSource::Ids, logits)?;
+            record(&self.graph(), &mut chain)?;
             chain.finish()?;
             self.batch_chains.insert(key, chain);
         }
@@ -317,31 +335,6 @@ impl GpuSession<'_> {
             .batch_chains
             .get_mut(&key)
             .ok_or_else(|| ModelError::Gpu("batch chain vanished".into()))?;
-        chain.run()?;
-        if self.profile {
-            self.last_profile = chain.timings()?.map(|t| summarize(&t));
-        }
-        Ok(())
-    }
-
-    /// Runs the final norm and output projection of the `n_out` rows of the last batch whose
-    /// indices are in the scratch id list, into the logits buffer.
-    fn run_output(&mut self, n_out: u32) -> Result<()> {
-        let key = (n_out, OUTPUT_ROWS_KEY);
-        if !self.batch_chains.contains_key(&key) {
-            if self.batch_chains.len() >= 8 {
-                self.batch_chains.clear();
-            }
-            let mut chain = self.new_chain()?;
-            let rows = self.s.ids.slice(0, 4 * u64::from(n_out))?;
-            self.graph().output_rows(&mut chain, n_out, &rows)?;
-            chain.finish()?;
-            self.batch_chains.insert(key, chain);
-        }
-        let chain = self
-            .batch_chains
-            .get_mut(&key)
-            .ok_or_else(|| ModelError::Gpu("output chain vanished".into()))?;
         chain.run()?;
         if self.profile {
             self.last_profile = chain.timings()?.map(|t| summarize(&t));
