@@ -895,7 +895,11 @@ fn matvec_layouts() {
         };
         for n_tokens in [1u32, 4] {
             let reference = output(n_tokens, Some(MatvecPlan::DEFAULT));
-            let chosen = MatvecPlan::choose(n_rows, n_cols, n_tokens);
+            let chosen = if glu {
+                MatvecPlan::choose_glu(n_rows, n_cols, n_tokens)
+            } else {
+                MatvecPlan::choose(n_rows, n_cols, n_tokens)
+            };
             let reps = if n_rows > 40_000 { n / 10 + 1 } else { n };
             let plans: Vec<MatvecPlan> = layouts
                 .iter()
