@@ -172,8 +172,7 @@ impl Decode {
         };
         let part = self.part.get_slice(chain, 4 * floats)?;
         let n_counts = u64::from(a.n_tokens) * u64::from(a.n_head_kv) * u64::from(n_hc);
-        let counts = self.counts.get(chain, 4 * n_counts)?;
-        let counts = counts.slice(0, (4 * n_counts).next_multiple_of(16))?;
+        let counts = self.counts.get_slice(chain, 4 * n_counts)?;
         let push = Push::new()
             .u32(a.n_tokens)
             .u32(a.n_head)
