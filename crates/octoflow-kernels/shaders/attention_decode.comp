@@ -27,10 +27,23 @@
 // workgroup that sees n_live - 1 (the last one done) merges every piece into o (coherent reads)
 // and puts the counter back to 0 for the next replay of the chain. No workgroup ever waits for
 // another, so nothing assumes that workgroups run concurrently.
+//
+// FRESH (variant `attention_decode_fresh`, run mode only): the step's own keys and values are
+// not in the cache yet. q is read raw (before its per-head RMSNorm and RoPE), and so are the
+// step's keys `kr_raw` and values `vr_raw` ([n_tokens, n_head_kv, head_dim(_v)]); key j of the
+// step's positions [p0, p0 + n_tokens) is taken from them (normed with `knw` when qk_norm,
+// rotated), every older key from the cache. The workgroup of piece 0, head chunk 0 of (t, KV
+// head) also writes token t's rotated key and its value to cache row p0 + t (below n_ctx) through
+// the write-only bindings of the same caches; no workgroup reads those rows from the cache in
+// this dispatch. This fuses what rms_norm (q, k heads), rope_store and the barriers between them
+// did. A workgroup first computes the RoPE angles of the step's positions (the double-float ones
+// of rope.glsl) and the RMS factors of its heads, then stages its query heads and the step's keys
+// (normed, rotated) and values in shared memory, where the key tiles read them.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_EXT_control_flow_attributes : require
+#extension GL_GOOGLE_include_directive : require
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint LPK = 4;   // lanes per key when scoring (power of two <= subgroup)
@@ -59,6 +72,25 @@ layout(std430, binding = 0) readonly buffer Q4 { vec4 q4[]; };
 layout(std430, binding = 1) readonly buffer K4 { vec4 k4[]; };
 layout(std430, binding = 2) readonly buffer V4 { vec4 v4[]; };
 layout(std430, binding = 3) writeonly buffer O4 { vec4 o4[]; };
+#ifdef FRESH
+#include "rope.glsl"
+layout(std430, binding = 7) readonly buffer KR { float kr_raw[]; };
+layout(std430, binding = 8) readonly buffer VR { float vr_raw[]; };
+layout(std430, binding = 9) writeonly buffer KW { float kw[]; };
+layout(std430, binding = 10) writeonly buffer VW { float vw[]; };
+layout(std430, binding = 11) readonly buffer FF { float ff[]; };
+layout(std430, binding = 12) readonly buffer QNW { float qnw[]; };
+layout(std430, binding = 13) readonly buffer KNW { float knw[]; };
+const uint MAX_FRESH = 8u;   // tokens of a step (DECODE_MAX_TOKENS)
+const uint RW4 = NK4 * LPK;  // vec4s of a staged q/k row (>= head_dim / 4)
+shared vec2 cs_tab[MAX_FRESH * RW4 * 2u]; // cos, sin of pair i at position p0 + u: [u * n_rot/2 + i]
+shared float inv_q[HB];      // RMS factors of this workgroup's query heads (1 without qk_norm)
+shared float inv_k[MAX_FRESH]; // ... and of KV head kvh of the step's tokens
+shared vec4 q_sh[HB * RW4];  // the query heads, normed and rotated
+shared vec4 k_sh[MAX_FRESH * RW4]; // the step's keys of KV head kvh, normed and rotated
+shared vec4 v_sh[MAX_FRESH * NVL]; // the step's values of KV head kvh
+uint fresh0;                 // p0: the step's first position
+#endif
 
 layout(push_constant) uniform Push {
     uint n_tokens;
@@ -74,6 +106,17 @@ layout(push_constant) uniform Push {
     uint table;     // 1: per-token (position, first cache row) pairs in pos
     uint kv_total;  // rows in the k and v buffers
     uint min_chunk; // fewest keys in a piece
+#ifdef FRESH
+    uint n_rot;     // rotated dims of a head (pairs as in rope_store.comp)
+    uint neox;
+    uint has_ff;
+    float rope_scale;
+    float r_hi;
+    float r_lo;
+    uint qk_norm;   // 1: q and k heads are RMS-normed (qnw, knw) before the rotation
+    float eps;
+    uint n_ctx;     // cache rows written (rows at or past it are not stored)
+#endif
 } pc;
 
 shared float sc[2 * HB * T]; // scaled scores of a tile, two tiles in turn
@@ -123,6 +166,57 @@ void st_o(uint base, uint e, vec4 val) {
     }
 }
 
+#ifdef FRESH
+float raw_at(bool is_q, uint i) {
+    return is_q ? q[i] : kr_raw[i];
+}
+
+// RMS weight of dim d (1 without qk_norm)
+float norm_w(bool is_q, uint d) {
+    if (pc.qk_norm == 0u) return 1.0;
+    return is_q ? qnw[d] : knw[d];
+}
+
+// dim d of the raw head row at `base` (q or the step's keys), times its RMS factor f and weight,
+// rotated at the step's position p0 + u
+float fresh1(bool is_q, uint base, float f, uint u, uint d) {
+    float x = raw_at(is_q, base + d) * f * norm_w(is_q, d);
+    if (d >= pc.n_rot) {
+        return x;
+    }
+    uint half_rot = pc.n_rot / 2u;
+    bool neox = pc.neox != 0u;
+    uint i = neox ? d % half_rot : d / 2u;
+    bool first = neox ? d < half_rot : (d & 1u) == 0u;
+    uint dp = neox ? (first ? d + half_rot : d - half_rot) : (d ^ 1u);
+    float xp = raw_at(is_q, base + dp) * f * norm_w(is_q, dp);
+    vec2 cs = cs_tab[u * half_rot + i];
+    return first ? x * cs.x - xp * cs.y : xp * cs.y + x * cs.x;
+}
+
+#endif
+
+// elements e .. e + 4 of key j of KV head kvh (cache row kbase + j, or the step's own key)
+vec4 ld_key(uint j, uint kbase, uint kvh, uint e) {
+#ifdef FRESH
+    if (j >= fresh0) {
+        return k_sh[(j - fresh0) * RW4 + e / 4u];
+    }
+#endif
+    return ld_k((kbase + j) * pc.n_head_kv * pc.head_dim + kvh * pc.head_dim, e);
+}
+
+// elements e .. e + 4 of value j of KV head kvh
+vec4 ld_val(uint j, uint kbase, uint kvh, uint e) {
+    uint v_stride = pc.n_head_kv * pc.head_dim_v;
+#ifdef FRESH
+    if (j >= fresh0) {
+        return v_sh[(j - fresh0) * NVL + e / 4u];
+    }
+#endif
+    return ld_v((kbase + j) * v_stride + kvh * pc.head_dim_v, e);
+}
+
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint wid = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
@@ -143,12 +237,14 @@ void main() {
     // this lane's dims (r * LPK + c) * 4 .. + 4 of the queries (they do not depend on the
     // positions: loaded first); heads past the chunk repeat its last one and are never written
     vec4 qr[HB][NK4];
+#ifndef FRESH
     [[unroll]] for (uint h = 0; h < HB; h++) {
         uint qb = (t * pc.n_head + h0 + min(h, n_h - 1u)) * pc.head_dim;
         [[unroll]] for (uint r = 0; r < NK4; r++) {
             qr[h][r] = ld_q(qb, (r * LPK + c) * 4u);
         }
     }
+#endif
 
     // the token's keys [first, end) and this piece's share of them
     uint p = pos[pc.pos_offset] + t;
@@ -169,11 +265,89 @@ void main() {
     uint js = first + piece * chunk;
     uint je = max(min(js + chunk, end), js);
 
+#ifdef FRESH
+    // the step's RoPE angles (positions p0 .. p0 + n_tokens) and the RMS factors of the query
+    // heads and of the step's keys up to t, shared by the workgroup
+    fresh0 = pos[pc.pos_offset];
+    uint half_rot = pc.n_rot / 2u;
+    for (uint x = tid; x < pc.n_tokens * half_rot; x += WG) {
+        uint i = x % half_rot;
+        cs_tab[x] = rope_cos_sin(i, fresh0 + x / half_rot, vec2(pc.r_hi, pc.r_lo), pc.rope_scale,
+                                 pc.has_ff != 0u, pc.has_ff != 0u ? ff[i] : 1.0);
+    }
+    for (uint x = gl_SubgroupID; x < HB + t + 1u; x += gl_NumSubgroups) {
+        bool is_q = x < HB;
+        uint base = is_q ? (t * pc.n_head + h0 + min(x, n_h - 1u)) * pc.head_dim
+                         : ((x - HB) * pc.n_head_kv + kvh) * pc.head_dim;
+        float ss = 0.0;
+        if (pc.qk_norm != 0u) {
+            for (uint e = gl_SubgroupInvocationID; e < pc.head_dim; e += gl_SubgroupSize) {
+                float y = raw_at(is_q, base + e);
+                ss += y * y;
+            }
+            ss = subgroupAdd(ss);
+        }
+        if (subgroupElect()) {
+            float f = pc.qk_norm != 0u ? 1.0 / sqrt(ss / float(pc.head_dim) + pc.eps) : 1.0;
+            if (is_q) {
+                inv_q[x] = f;
+            } else {
+                inv_k[x - HB] = f;
+            }
+        }
+    }
+    barrier();
+    // the query heads and the step's keys up to t, normed and rotated, and the step's values up
+    // to t, staged in shared memory (zeros past the row widths)
+    uint rw = RW4 * 4u;
+    for (uint x = tid; x < (HB + t + 1u) * rw; x += WG) {
+        uint row = x / rw;
+        uint e = x % rw;
+        float val = 0.0;
+        if (e < pc.head_dim) {
+            if (row < HB) {
+                uint qb = (t * pc.n_head + h0 + min(row, n_h - 1u)) * pc.head_dim;
+                val = fresh1(true, qb, inv_q[row], t, e);
+            } else {
+                uint u = row - HB;
+                val = fresh1(false, (u * pc.n_head_kv + kvh) * pc.head_dim, inv_k[u], u, e);
+            }
+        }
+        if (row < HB) {
+            q_sh[row * RW4 + e / 4u][e % 4u] = val;
+        } else {
+            k_sh[(row - HB) * RW4 + e / 4u][e % 4u] = val;
+        }
+    }
+    uint v_stride = pc.n_head_kv * pc.head_dim_v;
+    for (uint x = tid; x < (t + 1u) * NVL * 4u; x += WG) {
+        uint u = x / (NVL * 4u);
+        uint e = x % (NVL * 4u);
+        v_sh[u * NVL + e / 4u][e % 4u] =
+            e < pc.head_dim_v ? vr_raw[u * v_stride + kvh * pc.head_dim_v + e] : 0.0;
+    }
+    barrier();
+    [[unroll]] for (uint h = 0; h < HB; h++) {
+        [[unroll]] for (uint r = 0; r < NK4; r++) {
+            qr[h][r] = q_sh[h * RW4 + r * LPK + c];
+        }
+    }
+    // token t's rotated key and its value into the caches: one workgroup per (t, KV head)
+    if (hc == 0u && piece == 0u && p < pc.n_ctx) {
+        uint kd = p * pc.n_head_kv * pc.head_dim + kvh * pc.head_dim;
+        for (uint e = tid; e < pc.head_dim; e += WG) {
+            kw[kd + e] = k_sh[t * RW4 + e / 4u][e % 4u];
+        }
+        uint vd = p * v_stride + kvh * pc.head_dim_v;
+        for (uint e = tid; e < pc.head_dim_v; e += WG) {
+            vw[vd + e] = v_sh[t * NVL + e / 4u][e % 4u];
+        }
+    }
+#endif
+
     uint kc = tid / LPK; // key of this lane in a tile (scores)
     uint g = tid % KG;   // key group (P.V)
     uint d = tid / KG;   // vec4 of the output dims (P.V)
-    uint k_stride = pc.n_head_kv * pc.head_dim;
-    uint v_stride = pc.n_head_kv * pc.head_dim_v;
     float m[HB];  // running max of the scores of this lane's key group
     float l[HB];  // running sum of exp(s - m)
     vec4 acc[HB]; // running sum of exp(s - m) v
@@ -189,13 +363,13 @@ void main() {
     vec4 vn[KPL];
     [[unroll]] for (uint r = 0; r < NK4; r++) {
         kn[r] = vec4(0.0);
-        if (js + kc < je) kn[r] = ld_k((kbase + js + kc) * k_stride + kvh * pc.head_dim, (r * LPK + c) * 4u);
+        if (js + kc < je) kn[r] = ld_key(js + kc, kbase, kvh, (r * LPK + c) * 4u);
     }
     [[unroll]] for (uint i = 0; i < KPL; i++) {
         uint kk = g + i * KG;
         vn[i] = vec4(0.0);
         if (kk < T && js + kk < je && d < NVL) {
-            vn[i] = ld_v((kbase + js + kk) * v_stride + kvh * pc.head_dim_v, d * 4u);
+            vn[i] = ld_val(js + kk, kbase, kvh, d * 4u);
         }
     }
     uint buf = 0u; // double-buffered scores: one barrier per tile
@@ -207,13 +381,13 @@ void main() {
         uint j1 = j0 + T; // next tile
         [[unroll]] for (uint r = 0; r < NK4; r++) {
             kn[r] = vec4(0.0);
-            if (j1 + kc < je) kn[r] = ld_k((kbase + j1 + kc) * k_stride + kvh * pc.head_dim, (r * LPK + c) * 4u);
+            if (j1 + kc < je) kn[r] = ld_key(j1 + kc, kbase, kvh, (r * LPK + c) * 4u);
         }
         [[unroll]] for (uint i = 0; i < KPL; i++) {
             uint kk = g + i * KG;
             vn[i] = vec4(0.0);
             if (kk < T && j1 + kk < je && d < NVL) {
-                vn[i] = ld_v((kbase + j1 + kk) * v_stride + kvh * pc.head_dim_v, d * 4u);
+                vn[i] = ld_val(j1 + kk, kbase, kvh, d * 4u);
             }
         }
         // scores of key j0 + kc for every head

@@ -9,7 +9,7 @@ use octoflow_vk::{
 };
 
 use crate::attention_coop::AttentionCoop;
-use crate::attention_decode::{self, Decode};
+use crate::attention_decode::{self, Decode, FreshKv};
 use crate::error::Result;
 use crate::operand::{bad, need, Positions};
 use crate::scratch::QueueScratch;
@@ -149,6 +149,16 @@ impl Attention {
         }
         let plan = plan(caps, a);
         self.record_plan(chain, a, plan)
+    }
+
+    /// Records a decode step's attention over its own keys and values before they are stored:
+    /// `a.q` is the raw query, `a.k` / `a.v` the caches, `f` the step's raw keys and values and
+    /// how they are normed and rotated; the step's keys and values are written into the caches
+    /// in the same dispatch (see [`FreshKv`]). For runs where
+    /// [`attention_decode::fresh_applies`] holds.
+    pub fn record_fresh(&self, chain: &mut Chain, a: &AttentionArgs, f: &FreshKv) -> Result<()> {
+        let p = attention_decode::plan(chain.context().caps(), a);
+        self.decode.record_fresh(chain, a, f, p)
     }
 
     /// [`Attention::record`] with an explicit work layout (tests use it to cover every path).

@@ -8,12 +8,19 @@
 //! One workgroup handles one (token, KV head, chunk of its GQA query heads, key piece); the
 //! pieces of a (token, KV head, head chunk) are merged inside the same dispatch by the last of
 //! their workgroups to finish (an atomic counter per queue, reset by that workgroup).
+//!
+//! [`crate::Attention::record_fresh`] takes the variant `attention_decode_fresh` for a decode
+//! step whose keys and values are not stored yet: it reads the raw q, k and v of the step
+//! ([`FreshKv`]), applies the per-head RMSNorm of q and k (gemma3) and RoPE itself, and writes
+//! the step's keys and values into the cache: what `rms_norm` (q, k heads), `rope_store` and two
+//! or three barriers did, so a decode layer has one or two barrier stages fewer.
 
-use octoflow_vk::{Chain, DeviceCaps, DeviceKind, Push};
+use octoflow_vk::{BufferSlice, Chain, DeviceCaps, DeviceKind, Push};
 
 use crate::attention::{grid, kv_total, validate, AttentionArgs};
 use crate::error::Result;
-use crate::operand::{bad, Positions};
+use crate::operand::{bad, need, overlap, Positions};
+use crate::rope::{check_angles, RopeMode};
 use crate::scratch::QueueScratch;
 use crate::shaders;
 use crate::spec::SpecPipelines;
@@ -33,6 +40,38 @@ const HEAD_TARGET: u32 = 32;
 /// Whether [`crate::Attention::record`] takes the decode kernel for `a`.
 pub(crate) fn applies(a: &AttentionArgs) -> bool {
     a.positions == Positions::Table || a.n_tokens <= DECODE_MAX_TOKENS
+}
+
+/// The step's own keys and values, before RoPE (and before the per-head RMSNorm of q and k),
+/// for [`crate::Attention::record_fresh`]: the attention's `q` is then the raw query too, and
+/// its `k` / `v` are the caches, into which token `t`'s rotated key and its value are written
+/// at row `pos[pos_offset] + t` (rows at or past `n_ctx` are not stored).
+pub struct FreshKv<'a> {
+    /// `[n_tokens, n_head_kv, head_dim]` f32 keys of the step, unrotated (read only).
+    pub k: &'a BufferSlice,
+    /// `[n_tokens, n_head_kv * head_dim_v]` f32 values of the step (read only).
+    pub v: &'a BufferSlice,
+    /// Rows of each cache.
+    pub n_ctx: u32,
+    /// Rotated dimensions (even, at most `head_dim`); as in [`crate::RopeStoreArgs`].
+    pub n_rot: u32,
+    /// Pair layout.
+    pub mode: RopeMode,
+    /// `theta_i = pos * scale * base^(-2i/n_rot) / freq_factors[i]` (radians).
+    pub base: f32,
+    /// Linear position scale (1 for none).
+    pub scale: f32,
+    /// `[n_rot/2]` f32 divisors of the frequencies, or none.
+    pub freq_factors: Option<&'a BufferSlice>,
+    /// Per-head RMSNorm of q and of k before the rotation: the `[head_dim]` f32 weights of q and
+    /// of k, and epsilon (as [`crate::RmsNorm::record`] over head rows).
+    pub qk_norm: Option<(&'a BufferSlice, &'a BufferSlice, f32)>,
+}
+
+/// Whether [`crate::Attention::record_fresh`] can record `a` (a run of at most
+/// [`DECODE_MAX_TOKENS`] tokens).
+pub fn fresh_applies(a: &AttentionArgs) -> bool {
+    a.positions == Positions::Run && a.n_tokens <= DECODE_MAX_TOKENS
 }
 
 /// Work layout of one decode dispatch (the specialization of `attention_decode.comp` plus the
@@ -113,6 +152,7 @@ pub(crate) fn plan(caps: &DeviceCaps, a: &AttentionArgs) -> DecodePlan {
 /// scratch: the pieces' partial results and the zero-initialized arrival counters.
 pub(crate) struct Decode {
     pipelines: SpecPipelines,
+    fresh: SpecPipelines,
     part: QueueScratch,
     counts: QueueScratch,
 }
@@ -121,6 +161,12 @@ impl Decode {
     pub(crate) fn new() -> Self {
         Decode {
             pipelines: SpecPipelines::new(shaders::ATTENTION_DECODE, 7, 52, "attention_decode"),
+            fresh: SpecPipelines::new(
+                shaders::ATTENTION_DECODE_FRESH,
+                14,
+                88,
+                "attention_decode_fresh",
+            ),
             part: QueueScratch::new("attention_decode_part"),
             counts: QueueScratch::zeroed("attention_decode_count"),
         }
@@ -128,6 +174,64 @@ impl Decode {
 
     /// Records `a` with layout `p` (shapes and the layout checked first).
     pub(crate) fn record(&self, chain: &mut Chain, a: &AttentionArgs, p: DecodePlan) -> Result<()> {
+        self.dispatch(chain, a, p, None)
+    }
+
+    /// Records `a` over the step's own keys and values `f` with layout `p` (see [`FreshKv`]).
+    pub(crate) fn record_fresh(
+        &self,
+        chain: &mut Chain,
+        a: &AttentionArgs,
+        f: &FreshKv,
+        p: DecodePlan,
+    ) -> Result<()> {
+        const OP: &str = "attention_fresh";
+        validate(a)?;
+        if !fresh_applies(a) {
+            return Err(bad(
+                OP,
+                format!(
+                    "a run of at most {DECODE_MAX_TOKENS} tokens is needed ({} tokens, {:?})",
+                    a.n_tokens, a.positions
+                ),
+            ));
+        }
+        check_angles(OP, f.n_rot, a.head_dim, f.base, f.scale)?;
+        let n = u128::from(a.n_tokens);
+        let hk = u128::from(a.n_head_kv);
+        let k_width = hk * u128::from(a.head_dim);
+        let v_width = hk * u128::from(a.head_dim_v);
+        need(OP, "k", f.k, n * k_width)?;
+        need(OP, "v", f.v, n * v_width)?;
+        need(OP, "k_cache", a.k, u128::from(f.n_ctx) * k_width)?;
+        need(OP, "v_cache", a.v, u128::from(f.n_ctx) * v_width)?;
+        if let Some(ff) = f.freq_factors {
+            need(OP, "freq_factors", ff, u128::from(f.n_rot / 2))?;
+        }
+        if let Some((qw, kw, _)) = f.qk_norm {
+            need(OP, "q_norm", qw, u128::from(a.head_dim))?;
+            need(OP, "k_norm", kw, u128::from(a.head_dim))?;
+        }
+        // what is written (out, the caches) must not overlap what is read
+        let read = [("q", a.q), ("k", f.k), ("v", f.v), ("pos", a.pos)];
+        for (wn, w) in [("out", a.out), ("k_cache", a.k), ("v_cache", a.v)] {
+            for (rn, r) in read {
+                if overlap(w, r) {
+                    return Err(bad(OP, format!("{wn} overlaps {rn}")));
+                }
+            }
+        }
+        self.dispatch(chain, a, p, Some(f))
+    }
+
+    /// Records `a` with layout `p` through the plain or (with `fresh`) the fused variant.
+    fn dispatch(
+        &self,
+        chain: &mut Chain,
+        a: &AttentionArgs,
+        p: DecodePlan,
+        fresh: Option<&FreshKv>,
+    ) -> Result<()> {
         const OP: &str = "attention";
         validate(a)?;
         let sg = chain.context().caps().subgroup.size;
@@ -160,7 +264,12 @@ impl Decode {
             p.kg,
             u32::from(aligned),
         ];
-        let pipeline = self.pipelines.get(&ctx, spec)?;
+        let pipelines = if fresh.is_some() {
+            &self.fresh
+        } else {
+            &self.pipelines
+        };
+        let pipeline = pipelines.get(&ctx, spec)?;
         let group = a.n_head / a.n_head_kv;
         let n_hc = group.div_ceil(p.hb);
         let rows = u64::from(a.n_tokens) * u64::from(a.n_head);
@@ -173,7 +282,7 @@ impl Decode {
         let part = self.part.get_slice(chain, 4 * floats)?;
         let n_counts = u64::from(a.n_tokens) * u64::from(a.n_head_kv) * u64::from(n_hc);
         let counts = self.counts.get_slice(chain, 4 * n_counts)?;
-        let push = Push::new()
+        let mut push = Push::new()
             .u32(a.n_tokens)
             .u32(a.n_head)
             .u32(a.n_head_kv)
@@ -188,20 +297,43 @@ impl Decode {
             .u32(kv_total(a))
             .u32(p.min_chunk);
         let groups = n_counts * u64::from(p.split);
-        chain.dispatch(
-            &pipeline,
-            &[
-                a.q.clone(),
+        let mut bindings = vec![
+            a.q.clone(),
+            a.k.clone(),
+            a.v.clone(),
+            a.out.clone(),
+            a.pos.clone(),
+            part,
+            counts,
+        ];
+        if let Some(f) = fresh {
+            // r = base^(-2/n_rot) in f64, handed over as a double-float (as rope_store does)
+            let r = f64::from(f.base).powf(-2.0 / f64::from(f.n_rot));
+            let r_hi = r as f32;
+            let r_lo = (r - f64::from(r_hi)) as f32;
+            push = push
+                .u32(f.n_rot)
+                .u32(u32::from(f.mode == RopeMode::Neox))
+                .u32(u32::from(f.freq_factors.is_some()))
+                .f32(f.scale)
+                .f32(r_hi)
+                .f32(r_lo)
+                .u32(u32::from(f.qk_norm.is_some()))
+                .f32(f.qk_norm.map_or(0.0, |n| n.2))
+                .u32(f.n_ctx);
+            // unused operands bind something valid (never read)
+            let (qw, kw) = f.qk_norm.map_or((f.k, f.k), |n| (n.0, n.1));
+            bindings.extend([
+                f.k.clone(),
+                f.v.clone(),
                 a.k.clone(),
                 a.v.clone(),
-                a.out.clone(),
-                a.pos.clone(),
-                part,
-                counts,
-            ],
-            &push,
-            grid(groups, OP)?,
-        )?;
+                f.freq_factors.unwrap_or(f.k).clone(),
+                qw.clone(),
+                kw.clone(),
+            ]);
+        }
+        chain.dispatch(&pipeline, &bindings, &push, grid(groups, OP)?)?;
         Ok(())
     }
 }

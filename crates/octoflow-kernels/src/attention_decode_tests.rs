@@ -724,3 +724,221 @@ fn decode_attention_timing() {
         }
     }
 }
+
+/// One step of the fused kernel: (n_tokens, (n_head, n_head_kv), (head_dim, head_dim_v), n_rot,
+/// neox, qk_norm, freq factors, cache rows, window, start).
+type FreshCase = (
+    usize,
+    (usize, usize),
+    (usize, usize),
+    usize,
+    bool,
+    bool,
+    bool,
+    usize,
+    usize,
+    usize,
+);
+
+/// Runs one fused step with `plan` (or the device's own through [`Attention::record_fresh`])
+/// against the reference: per-head RMSNorm of q and k (when asked), `rope_store_ref` into the
+/// caches, then `attention_ref`. The cache rows the step owns are poisoned (NaN) on the device
+/// before the run: the kernel must take the step's keys from `k`, never from those rows.
+fn run_fresh(
+    ctx: &Context,
+    att: &Attention,
+    rng: &mut impl Rng,
+    c: FreshCase,
+    plan: Option<DecodePlan>,
+) -> std::result::Result<f32, String> {
+    use crate::rms_norm::rms_norm_ref;
+    use crate::rope::RopeMode;
+    use crate::rope_store::{rope_store_ref, run_rows, RopeStoreShape};
+    let (n_tok, (n_head, n_kv), (hd, hv), n_rot, neox, qk_norm, has_ff, rows, window, start) = c;
+    let mut gen = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
+        (0..n).map(|_| rng.gen_range(lo..hi)).collect()
+    };
+    let (kw, vw) = (n_kv * hd, n_kv * hv);
+    let q = gen(n_tok * n_head * hd, -2.0, 2.0);
+    let k = gen(n_tok * kw, -2.0, 2.0);
+    let v = gen(n_tok * vw, -2.0, 2.0);
+    let mut kc = gen(rows * kw, -2.0, 2.0);
+    let mut vc = gen(rows * vw, -2.0, 2.0);
+    let qn = gen(hd, 0.5, 1.5);
+    let kn = gen(hd, 0.5, 1.5);
+    let ff = gen(n_rot / 2, 1.0, 4.0);
+    let eps = 1e-6;
+    let mode = if neox {
+        RopeMode::Neox
+    } else {
+        RopeMode::Normal
+    };
+    let (base, scale) = (10000.0, if has_ff { 1.0 } else { 0.5 });
+
+    // the device: caches with the step's rows poisoned
+    let stored: Vec<usize> = (start..start + n_tok).filter(|&r| r < rows).collect();
+    let (mut kc_dev, mut vc_dev) = (kc.clone(), vc.clone());
+    for &r in &stored {
+        kc_dev[r * kw..(r + 1) * kw].fill(f32::NAN);
+        vc_dev[r * vw..(r + 1) * vw].fill(f32::NAN);
+    }
+    let s = AttentionShape {
+        n_head,
+        n_head_kv: n_kv,
+        head_dim: hd,
+        head_dim_v: hv,
+        n_kv_rows: rows,
+        window,
+        scale: 1.0 / (hd as f32).sqrt(),
+    };
+    let bq = with(ctx, "q", &q);
+    let bk = with(ctx, "k", &k);
+    let bv = with(ctx, "v", &v);
+    let bkc = with(ctx, "kc", &kc_dev);
+    let bvc = with(ctx, "vc", &vc_dev);
+    let bqn = with(ctx, "qn", &qn);
+    let bkn = with(ctx, "kn", &kn);
+    let bff = with(ctx, "ff", &ff);
+    let out = poisoned(ctx, "out", n_tok * n_head * hv);
+    let pos = with(ctx, "pos", &[7u32, start as u32]);
+    let args = AttentionArgs {
+        q: &bq.whole(),
+        k: &bkc.whole(),
+        v: &bvc.whole(),
+        out: &out.whole(),
+        n_tokens: n_tok as u32,
+        n_head: n_head as u32,
+        n_head_kv: n_kv as u32,
+        head_dim: hd as u32,
+        head_dim_v: hv as u32,
+        n_kv_rows: rows as u32,
+        window: window as u32,
+        scale: s.scale,
+        pos: &pos.whole(),
+        pos_offset: 1,
+        positions: Positions::Run,
+    };
+    let (qnw, knw) = (bqn.whole(), bkn.whole());
+    let ffw = bff.whole();
+    let f = FreshKv {
+        k: &bk.whole(),
+        v: &bv.whole(),
+        n_ctx: rows as u32,
+        n_rot: n_rot as u32,
+        mode,
+        base,
+        scale,
+        freq_factors: has_ff.then_some(&ffw),
+        qk_norm: qk_norm.then_some((&qnw, &knw, eps)),
+    };
+    let mut chain = Chain::new(ctx).unwrap();
+    match plan {
+        Some(p) => att.decode.record_fresh(&mut chain, &args, &f, p).unwrap(),
+        None => att.record_fresh(&mut chain, &args, &f).unwrap(),
+    }
+    assert_eq!(chain.dispatch_count(), 1, "one dispatch");
+    chain.run().unwrap();
+
+    // the reference
+    let (mut q_ref, mut k_ref) = (q.clone(), k.clone());
+    if qk_norm {
+        rms_norm_ref(&q, &qn, &mut q_ref, hd, eps);
+        rms_norm_ref(&k, &kn, &mut k_ref, hd, eps);
+    }
+    let shape = RopeStoreShape {
+        n_head,
+        n_head_kv: n_kv,
+        head_dim: hd,
+        head_dim_v: hv,
+        n_rot,
+        mode,
+        base,
+        scale,
+    };
+    let run = run_rows(start, n_tok);
+    let ff_ref = has_ff.then_some(ff.as_slice());
+    rope_store_ref(
+        &mut q_ref, &k_ref, &v, &mut kc, &mut vc, &shape, ff_ref, &run,
+    );
+    let mut want = vec![0f32; n_tok * n_head * hv];
+    attention_ref(&s, &q_ref, &kc, &vc, start, &mut want);
+
+    let what = format!("fresh case {c:?}, plan {plan:?}");
+    let got = read(ctx, &out, want.len());
+    check_close(&got, &want, REL).map_err(|e| format!("{what}: out: {e}"))?;
+    let got_kc = read(ctx, &bkc, kc.len());
+    let got_vc = read(ctx, &bvc, vc.len());
+    check_close(&got_kc, &kc, REL).map_err(|e| format!("{what}: k cache: {e}"))?;
+    check_close(&got_vc, &vc, 0.0).map_err(|e| format!("{what}: v cache: {e}"))?;
+    Ok(max_rel(&got, &want))
+}
+
+#[test]
+fn fused_decode_attention_matches_norm_rope_store_then_attention() {
+    let Some(ctx) = gpu_or_skip("fused_decode_attention") else {
+        return;
+    };
+    let seed: u64 = rand::random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let att = Attention::new(&ctx).unwrap().without_coop();
+    let sg = ctx.caps().subgroup.size;
+    let cases: [FreshCase; 12] = [
+        // qwen2.5 (neox, full rotation) at positions 0, 6, 599
+        (1, (14, 2), (64, 64), 64, true, false, false, 1024, 0, 0),
+        (1, (14, 2), (64, 64), 64, true, false, false, 1024, 0, 6),
+        (1, (14, 2), (64, 64), 64, true, false, false, 1024, 0, 599),
+        // gemma3: head norms, head_dim 256, sliding window
+        (
+            1,
+            (4, 1),
+            (256, 256),
+            256,
+            true,
+            true,
+            false,
+            2048,
+            512,
+            1500,
+        ),
+        (1, (4, 1), (256, 256), 256, true, true, false, 2048, 0, 3),
+        // llama (normal pairs), partial rotation, frequency factors
+        (1, (9, 3), (64, 64), 64, false, false, false, 300, 0, 200),
+        (1, (8, 2), (64, 64), 32, false, false, true, 300, 0, 250),
+        (1, (8, 2), (128, 96), 96, true, true, true, 400, 0, 333),
+        // several tokens of one run: each sees the step's earlier keys
+        (4, (14, 2), (64, 64), 64, true, false, false, 1024, 0, 597),
+        (
+            8,
+            (8, 1),
+            (256, 256),
+            128,
+            false,
+            true,
+            false,
+            700,
+            100,
+            650,
+        ),
+        // odd widths; the last tokens past the cache end (not stored, not seen)
+        (3, (6, 2), (38, 22), 20, true, true, false, 60, 0, 30),
+        (5, (9, 3), (64, 64), 64, false, false, false, 200, 0, 197),
+    ];
+    let many = DecodePlan {
+        wg: 128.max(sg),
+        lpk: 2.min(sg),
+        hb: 1,
+        kg: 2.min(sg),
+        split: 13,
+        min_chunk: 3,
+    };
+    let mut worst = 0f32;
+    for c in cases {
+        for plan in [None, Some(many)] {
+            match run_fresh(&ctx, &att, &mut rng, c, plan) {
+                Ok(e) => worst = worst.max(e),
+                Err(e) => panic!("{e}, seed {seed}"),
+            }
+        }
+    }
+    println!("fused decode attention: max relative error {worst:.2e}");
+}

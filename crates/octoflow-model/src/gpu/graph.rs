@@ -10,8 +10,8 @@
 use octoflow_gguf::GgmlType;
 use octoflow_kernels::advance::ctl;
 use octoflow_kernels::{
-    AttentionArgs, GetRowsArgs, GluOp, LinearArgs, LinearGluArgs, Positions, QWeightRef, RopeMode,
-    RopeStoreArgs,
+    fresh_applies, AttentionArgs, FreshKv, GetRowsArgs, GluOp, LinearArgs, LinearGluArgs,
+    Positions, QWeightRef, RopeMode, RopeStoreArgs,
 };
 use octoflow_vk::{Buffer, BufferSlice, Chain};
 
@@ -172,68 +172,88 @@ impl Graph<'_> {
             ],
         )?;
         chain.compute_barrier()?;
-        if let (Some(qn), Some(kn)) = (&lw.attn_q_norm, &lw.attn_k_norm) {
-            let hd = c.head_dim as u32;
-            k.rms_norm
-                .record(chain, &q, qn, &q, n * c.n_head as u32, hd, eps)?;
-            k.rms_norm
-                .record(chain, &kk, kn, &kk, n * c.n_head_kv as u32, hd, eps)?;
-            chain.compute_barrier()?;
-        }
 
-        // rotary embedding at the batch's positions (q in place, k straight into the cache, the
-        // k scratch left unrotated) and the values into the cache: one dispatch
         let ps = &self.pos;
         let mode = match c.rope_type {
             RopeType::Normal => RopeMode::Normal,
             RopeType::Neox => RopeMode::Neox,
         };
+        let qk_norm = match (&lw.attn_q_norm, &lw.attn_k_norm) {
+            (Some(qn), Some(kn)) => Some((qn, kn)),
+            _ => None,
+        };
         let (kc, vc) = &s.kv[il];
-        k.rope_store.record(
-            chain,
-            &RopeStoreArgs {
-                q: &q,
+        let (kc, vc) = (kc.whole(), vc.whole());
+        let args = AttentionArgs {
+            q: &q,
+            k: &kc,
+            v: &vc,
+            out: &att,
+            n_tokens: n,
+            n_head: c.n_head as u32,
+            n_head_kv: c.n_head_kv as u32,
+            head_dim: c.head_dim as u32,
+            head_dim_v: c.head_dim_v as u32,
+            n_kv_rows: ps.seq_rows,
+            window: lc.sliding_window.map_or(0, |w| w as u32),
+            scale: c.attention_scale,
+            pos: &ps.buf,
+            pos_offset: ps.offset,
+            positions: ps.mode,
+        };
+        if fresh_applies(&args) {
+            // decode steps: the head norms, RoPE and the cache write happen inside the
+            // attention dispatch (one or two barrier stages fewer per layer)
+            let fresh = FreshKv {
                 k: &kk,
                 v: &v,
-                k_cache: &kc.whole(),
-                v_cache: &vc.whole(),
                 n_ctx: s.n_ctx,
-                n_tokens: n,
-                n_head: c.n_head as u32,
-                n_head_kv: c.n_head_kv as u32,
-                head_dim: c.head_dim as u32,
-                head_dim_v: c.head_dim_v as u32,
                 n_rot: c.n_rot as u32,
                 mode,
                 base: lc.rope_base,
                 scale: lc.rope_scale,
                 freq_factors: self.w.rope_freqs.as_ref(),
-                pos: &ps.buf,
-                pos_offset: ps.offset,
-                positions: ps.mode,
-            },
-        )?;
-        chain.compute_barrier()?;
-        k.attention.record(
-            chain,
-            &AttentionArgs {
-                q: &q,
-                k: &kc.whole(),
-                v: &vc.whole(),
-                out: &att,
-                n_tokens: n,
-                n_head: c.n_head as u32,
-                n_head_kv: c.n_head_kv as u32,
-                head_dim: c.head_dim as u32,
-                head_dim_v: c.head_dim_v as u32,
-                n_kv_rows: ps.seq_rows,
-                window: lc.sliding_window.map_or(0, |w| w as u32),
-                scale: c.attention_scale,
-                pos: &ps.buf,
-                pos_offset: ps.offset,
-                positions: ps.mode,
-            },
-        )?;
+                qk_norm: qk_norm.map(|(qn, kn)| (qn, kn, eps)),
+            };
+            k.attention.record_fresh(chain, &args, &fresh)?;
+        } else {
+            if let Some((qn, kn)) = qk_norm {
+                let hd = c.head_dim as u32;
+                k.rms_norm
+                    .record(chain, &q, qn, &q, n * c.n_head as u32, hd, eps)?;
+                k.rms_norm
+                    .record(chain, &kk, kn, &kk, n * c.n_head_kv as u32, hd, eps)?;
+                chain.compute_barrier()?;
+            }
+            // rotary embedding at the batch's positions (q in place, k straight into the
+            // cache, the k scratch left unrotated) and the values into the cache: one dispatch
+            k.rope_store.record(
+                chain,
+                &RopeStoreArgs {
+                    q: &q,
+                    k: &kk,
+                    v: &v,
+                    k_cache: &kc,
+                    v_cache: &vc,
+                    n_ctx: s.n_ctx,
+                    n_tokens: n,
+                    n_head: c.n_head as u32,
+                    n_head_kv: c.n_head_kv as u32,
+                    head_dim: c.head_dim as u32,
+                    head_dim_v: c.head_dim_v as u32,
+                    n_rot: c.n_rot as u32,
+                    mode,
+                    base: lc.rope_base,
+                    scale: lc.rope_scale,
+                    freq_factors: self.w.rope_freqs.as_ref(),
+                    pos: &ps.buf,
+                    pos_offset: ps.offset,
+                    positions: ps.mode,
+                },
+            )?;
+            chain.compute_barrier()?;
+            k.attention.record(chain, &args)?;
+        }
         chain.compute_barrier()?;
         self.project_residual(
             chain,
