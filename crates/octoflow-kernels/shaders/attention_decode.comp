@@ -36,9 +36,10 @@
 // head) also writes token t's rotated key and its value to cache row p0 + t (below n_ctx) through
 // the write-only bindings of the same caches; no workgroup reads those rows from the cache in
 // this dispatch. This fuses what rms_norm (q, k heads), rope_store and the barriers between them
-// did. A workgroup first computes the RoPE angles of the step's positions (the double-float ones
-// of rope.glsl) and the RMS factors of its heads, then stages its query heads and the step's keys
-// (normed, rotated) and values in shared memory, where the key tiles read them.
+// did. A workgroup first loads its query heads, the step's keys and values, the RMS weights and
+// the host's double-float RoPE frequencies `fq` into shared memory (all loads at once), then
+// computes the rows' RMS factors and the weighted, rotated rows there (rope.glsl's angle), and
+// reads them from there.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -81,13 +82,18 @@ layout(std430, binding = 10) writeonly buffer VW { float vw[]; };
 layout(std430, binding = 11) readonly buffer FF { float ff[]; };
 layout(std430, binding = 12) readonly buffer QNW { float qnw[]; };
 layout(std430, binding = 13) readonly buffer KNW { float knw[]; };
+layout(std430, binding = 14) readonly buffer FQ { vec2 fq[]; };
 const uint MAX_FRESH = 8u;   // tokens of a step (DECODE_MAX_TOKENS)
 const uint RW4 = NK4 * LPK;  // vec4s of a staged q/k row (>= head_dim / 4)
-shared vec2 cs_tab[MAX_FRESH * RW4 * 2u]; // cos, sin of pair i at position p0 + u: [u * n_rot/2 + i]
+const uint RW = RW4 * 4u;    // floats of a staged q/k row
+const uint QK_ROWS = HB + MAX_FRESH;
+shared float raw_sh[QK_ROWS * RW]; // raw rows: the query heads, then the step's keys up to t
+shared float w_sh[2u * RW];  // RMS weights of q, then of k (1 without qk_norm)
+shared vec2 fq_sh[RW / 2u];  // frequencies of the pairs (double-float, divided by ff)
 shared float inv_q[HB];      // RMS factors of this workgroup's query heads (1 without qk_norm)
 shared float inv_k[MAX_FRESH]; // ... and of KV head kvh of the step's tokens
-shared vec4 q_sh[HB * RW4];  // the query heads, normed and rotated
-shared vec4 k_sh[MAX_FRESH * RW4]; // the step's keys of KV head kvh, normed and rotated
+shared vec4 q_sh[HB * RW4];  // the query heads, weighted and rotated (RMS factor not applied)
+shared vec4 k_sh[MAX_FRESH * RW4]; // the step's keys of KV head kvh, the same
 shared vec4 v_sh[MAX_FRESH * NVL]; // the step's values of KV head kvh
 uint fresh0;                 // p0: the step's first position
 #endif
@@ -109,10 +115,7 @@ layout(push_constant) uniform Push {
 #ifdef FRESH
     uint n_rot;     // rotated dims of a head (pairs as in rope_store.comp)
     uint neox;
-    uint has_ff;
-    float rope_scale;
-    float r_hi;
-    float r_lo;
+    uint has_ff;    // frequencies divided by ff[i]
     uint qk_norm;   // 1: q and k heads are RMS-normed (qnw, knw) before the rotation
     float eps;
     uint n_ctx;     // cache rows written (rows at or past it are not stored)
@@ -167,20 +170,12 @@ void st_o(uint base, uint e, vec4 val) {
 }
 
 #ifdef FRESH
-float raw_at(bool is_q, uint i) {
-    return is_q ? q[i] : kr_raw[i];
-}
-
-// RMS weight of dim d (1 without qk_norm)
-float norm_w(bool is_q, uint d) {
-    if (pc.qk_norm == 0u) return 1.0;
-    return is_q ? qnw[d] : knw[d];
-}
-
-// dim d of the raw head row at `base` (q or the step's keys), times its RMS factor f and weight,
-// rotated at the step's position p0 + u
-float fresh1(bool is_q, uint base, float f, uint u, uint d) {
-    float x = raw_at(is_q, base + d) * f * norm_w(is_q, d);
+// dim d of staged row `row` (a query head below HB, else the step's key row - HB) times its RMS
+// weight, rotated at the step's position p0 + u (the row's RMS factor is applied by the reader:
+// the rotation is linear); the angle is fq * position in double-float (rope.glsl)
+float fresh1(uint row, uint u, uint d) {
+    uint wb = row < HB ? 0u : RW;
+    float x = raw_sh[row * RW + d] * w_sh[wb + d];
     if (d >= pc.n_rot) {
         return x;
     }
@@ -189,18 +184,17 @@ float fresh1(bool is_q, uint base, float f, uint u, uint d) {
     uint i = neox ? d % half_rot : d / 2u;
     bool first = neox ? d < half_rot : (d & 1u) == 0u;
     uint dp = neox ? (first ? d + half_rot : d - half_rot) : (d ^ 1u);
-    float xp = raw_at(is_q, base + dp) * f * norm_w(is_q, dp);
-    vec2 cs = cs_tab[u * half_rot + i];
+    float xp = raw_sh[row * RW + dp] * w_sh[wb + dp];
+    vec2 cs = rope_cos_sin_freq(fq_sh[i], fresh0 + u);
     return first ? x * cs.x - xp * cs.y : xp * cs.y + x * cs.x;
 }
-
 #endif
 
 // elements e .. e + 4 of key j of KV head kvh (cache row kbase + j, or the step's own key)
 vec4 ld_key(uint j, uint kbase, uint kvh, uint e) {
 #ifdef FRESH
     if (j >= fresh0) {
-        return k_sh[(j - fresh0) * RW4 + e / 4u];
+        return k_sh[(j - fresh0) * RW4 + e / 4u] * inv_k[j - fresh0];
     }
 #endif
     return ld_k((kbase + j) * pc.n_head_kv * pc.head_dim + kvh * pc.head_dim, e);
@@ -265,85 +259,6 @@ void main() {
     uint js = first + piece * chunk;
     uint je = max(min(js + chunk, end), js);
 
-#ifdef FRESH
-    // the step's RoPE angles (positions p0 .. p0 + n_tokens) and the RMS factors of the query
-    // heads and of the step's keys up to t, shared by the workgroup
-    fresh0 = pos[pc.pos_offset];
-    uint half_rot = pc.n_rot / 2u;
-    for (uint x = tid; x < pc.n_tokens * half_rot; x += WG) {
-        uint i = x % half_rot;
-        cs_tab[x] = rope_cos_sin(i, fresh0 + x / half_rot, vec2(pc.r_hi, pc.r_lo), pc.rope_scale,
-                                 pc.has_ff != 0u, pc.has_ff != 0u ? ff[i] : 1.0);
-    }
-    for (uint x = gl_SubgroupID; x < HB + t + 1u; x += gl_NumSubgroups) {
-        bool is_q = x < HB;
-        uint base = is_q ? (t * pc.n_head + h0 + min(x, n_h - 1u)) * pc.head_dim
-                         : ((x - HB) * pc.n_head_kv + kvh) * pc.head_dim;
-        float ss = 0.0;
-        if (pc.qk_norm != 0u) {
-            for (uint e = gl_SubgroupInvocationID; e < pc.head_dim; e += gl_SubgroupSize) {
-                float y = raw_at(is_q, base + e);
-                ss += y * y;
-            }
-            ss = subgroupAdd(ss);
-        }
-        if (subgroupElect()) {
-            float f = pc.qk_norm != 0u ? 1.0 / sqrt(ss / float(pc.head_dim) + pc.eps) : 1.0;
-            if (is_q) {
-                inv_q[x] = f;
-            } else {
-                inv_k[x - HB] = f;
-            }
-        }
-    }
-    barrier();
-    // the query heads and the step's keys up to t, normed and rotated, and the step's values up
-    // to t, staged in shared memory (zeros past the row widths)
-    uint rw = RW4 * 4u;
-    for (uint x = tid; x < (HB + t + 1u) * rw; x += WG) {
-        uint row = x / rw;
-        uint e = x % rw;
-        float val = 0.0;
-        if (e < pc.head_dim) {
-            if (row < HB) {
-                uint qb = (t * pc.n_head + h0 + min(row, n_h - 1u)) * pc.head_dim;
-                val = fresh1(true, qb, inv_q[row], t, e);
-            } else {
-                uint u = row - HB;
-                val = fresh1(false, (u * pc.n_head_kv + kvh) * pc.head_dim, inv_k[u], u, e);
-            }
-        }
-        if (row < HB) {
-            q_sh[row * RW4 + e / 4u][e % 4u] = val;
-        } else {
-            k_sh[(row - HB) * RW4 + e / 4u][e % 4u] = val;
-        }
-    }
-    uint v_stride = pc.n_head_kv * pc.head_dim_v;
-    for (uint x = tid; x < (t + 1u) * NVL * 4u; x += WG) {
-        uint u = x / (NVL * 4u);
-        uint e = x % (NVL * 4u);
-        v_sh[u * NVL + e / 4u][e % 4u] =
-            e < pc.head_dim_v ? vr_raw[u * v_stride + kvh * pc.head_dim_v + e] : 0.0;
-    }
-    barrier();
-    [[unroll]] for (uint h = 0; h < HB; h++) {
-        [[unroll]] for (uint r = 0; r < NK4; r++) {
-            qr[h][r] = q_sh[h * RW4 + r * LPK + c];
-        }
-    }
-    // token t's rotated key and its value into the caches: one workgroup per (t, KV head)
-    if (hc == 0u && piece == 0u && p < pc.n_ctx) {
-        uint kd = p * pc.n_head_kv * pc.head_dim + kvh * pc.head_dim;
-        for (uint e = tid; e < pc.head_dim; e += WG) {
-            kw[kd + e] = k_sh[t * RW4 + e / 4u][e % 4u];
-        }
-        uint vd = p * v_stride + kvh * pc.head_dim_v;
-        for (uint e = tid; e < pc.head_dim_v; e += WG) {
-            vw[vd + e] = v_sh[t * NVL + e / 4u][e % 4u];
-        }
-    }
-#endif
 
     uint kc = tid / LPK; // key of this lane in a tile (scores)
     uint g = tid % KG;   // key group (P.V)
@@ -361,6 +276,7 @@ void main() {
     // (zeros past the piece); each tile's loads are issued before the previous tile's math
     vec4 kn[NK4];
     vec4 vn[KPL];
+#ifndef FRESH
     [[unroll]] for (uint r = 0; r < NK4; r++) {
         kn[r] = vec4(0.0);
         if (js + kc < je) kn[r] = ld_key(js + kc, kbase, kvh, (r * LPK + c) * 4u);
@@ -372,6 +288,123 @@ void main() {
             vn[i] = ld_val(js + kk, kbase, kvh, d * 4u);
         }
     }
+#else
+    // the first tile's cached keys and values are loaded before the prologue (they do not
+    // depend on it); the step's own ones come from shared memory after it
+    fresh0 = p - t;
+    [[unroll]] for (uint r = 0; r < NK4; r++) {
+        kn[r] = vec4(0.0);
+        if (js + kc < min(je, fresh0)) kn[r] = ld_key(js + kc, kbase, kvh, (r * LPK + c) * 4u);
+    }
+    [[unroll]] for (uint i = 0; i < KPL; i++) {
+        uint kk = g + i * KG;
+        vn[i] = vec4(0.0);
+        if (kk < T && js + kk < min(je, fresh0) && d < NVL) {
+            vn[i] = ld_val(js + kk, kbase, kvh, d * 4u);
+        }
+    }
+    // 1. every input of the prologue into shared memory, all loads issued at once: the raw
+    // query heads and step's keys up to t, the step's values up to t, the RMS weights, the
+    // frequencies (zeros past the row widths)
+    uint n_qk = (HB + t + 1u) * RW;
+    [[unroll]] for (uint i = 0; i < (QK_ROWS * RW + WG - 1u) / WG; i++) {
+        uint x = tid + i * WG;
+        if (x < n_qk) {
+            uint row = x / RW;
+            uint e = x % RW;
+            float val = 0.0;
+            if (e < pc.head_dim) {
+                val = row < HB ? q[(t * pc.n_head + h0 + min(row, n_h - 1u)) * pc.head_dim + e]
+                               : kr_raw[((row - HB) * pc.n_head_kv + kvh) * pc.head_dim + e];
+            }
+            raw_sh[x] = val;
+        }
+    }
+    uint v_stride = pc.n_head_kv * pc.head_dim_v;
+    [[unroll]] for (uint i = 0; i < (MAX_FRESH * NVL * 4u + WG - 1u) / WG; i++) {
+        uint x = tid + i * WG;
+        if (x < (t + 1u) * NVL * 4u) {
+            uint u = x / (NVL * 4u);
+            uint e = x % (NVL * 4u);
+            v_sh[u * NVL + e / 4u][e % 4u] =
+                e < pc.head_dim_v ? vr_raw[u * v_stride + kvh * pc.head_dim_v + e] : 0.0;
+        }
+    }
+    bool norm = pc.qk_norm != 0u;
+    [[unroll]] for (uint i = 0; i < (RW + WG - 1u) / WG; i++) {
+        uint x = tid + i * WG;
+        if (x < RW) {
+            bool in_row = norm && x < pc.head_dim;
+            w_sh[x] = in_row ? qnw[x] : 1.0;
+            w_sh[RW + x] = in_row ? knw[x] : 1.0;
+        }
+    }
+    uint half_rot = pc.n_rot / 2u;
+    [[unroll]] for (uint i = 0; i < (RW / 2u + WG - 1u) / WG; i++) {
+        uint x = tid + i * WG;
+        if (x < half_rot) {
+            vec2 f = fq[x];
+            fq_sh[x] = pc.has_ff != 0u ? dd_div_f(f, ff[x]) : f;
+        }
+    }
+    barrier();
+    // 2. the RMS factors of the rows (a subgroup per row) and the rows weighted and rotated
+    for (uint x = gl_SubgroupID; x < HB + t + 1u; x += gl_NumSubgroups) {
+        float ss = 0.0;
+        if (norm) {
+            for (uint e = gl_SubgroupInvocationID; e < pc.head_dim; e += gl_SubgroupSize) {
+                float y = raw_sh[x * RW + e];
+                ss += y * y;
+            }
+            ss = subgroupAdd(ss);
+        }
+        if (subgroupElect()) {
+            float f = norm ? 1.0 / sqrt(ss / float(pc.head_dim) + pc.eps) : 1.0;
+            if (x < HB) {
+                inv_q[x] = f;
+            } else {
+                inv_k[x - HB] = f;
+            }
+        }
+    }
+    for (uint x = tid; x < n_qk; x += WG) {
+        uint row = x / RW;
+        uint e = x % RW;
+        float val = e < pc.head_dim ? fresh1(row, row < HB ? t : row - HB, e) : 0.0;
+        if (row < HB) {
+            q_sh[row * RW4 + e / 4u][e % 4u] = val;
+        } else {
+            k_sh[(row - HB) * RW4 + e / 4u][e % 4u] = val;
+        }
+    }
+    barrier();
+    // 3. this lane's query dims, and token t's key and value into the caches
+    [[unroll]] for (uint h = 0; h < HB; h++) {
+        [[unroll]] for (uint r = 0; r < NK4; r++) {
+            qr[h][r] = q_sh[h * RW4 + r * LPK + c] * inv_q[h];
+        }
+    }
+    // token t's rotated key and its value into the caches: one workgroup per (t, KV head)
+    if (hc == 0u && piece == 0u && p < pc.n_ctx) {
+        uint kd = p * pc.n_head_kv * pc.head_dim + kvh * pc.head_dim;
+        for (uint e = tid; e < pc.head_dim; e += WG) {
+            kw[kd + e] = k_sh[t * RW4 + e / 4u][e % 4u] * inv_k[t];
+        }
+        uint vd = p * v_stride + kvh * pc.head_dim_v;
+        for (uint e = tid; e < pc.head_dim_v; e += WG) {
+            vw[vd + e] = v_sh[t * NVL + e / 4u][e % 4u];
+        }
+    }
+    [[unroll]] for (uint r = 0; r < NK4; r++) {
+        if (js + kc < je && js + kc >= fresh0) kn[r] = ld_key(js + kc, kbase, kvh, (r * LPK + c) * 4u);
+    }
+    [[unroll]] for (uint i = 0; i < KPL; i++) {
+        uint kk = g + i * KG;
+        if (kk < T && js + kk < je && js + kk >= fresh0 && d < NVL) {
+            vn[i] = ld_val(js + kk, kbase, kvh, d * 4u);
+        }
+    }
+#endif
     uint buf = 0u; // double-buffered scores: one barrier per tile
     for (uint j0 = js; j0 < je; j0 += T) {
         vec4 kr[NK4];

@@ -15,7 +15,10 @@
 //! the step's keys and values into the cache: what `rms_norm` (q, k heads), `rope_store` and two
 //! or three barriers did, so a decode layer has one or two barrier stages fewer.
 
-use octoflow_vk::{BufferSlice, Chain, DeviceCaps, DeviceKind, Push};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use octoflow_vk::{Buffer, BufferSlice, Chain, DeviceCaps, DeviceKind, MemoryKind, Push};
 
 use crate::attention::{grid, kv_total, validate, AttentionArgs};
 use crate::error::Result;
@@ -31,6 +34,8 @@ pub const DECODE_MAX_TOKENS: u32 = 8;
 const MAX_HEADS: u32 = 8;
 /// Invocations per workgroup.
 const WG: u32 = 128;
+/// Invocations per workgroup on a GPU in run mode (one sequence).
+const RUN_WG: u32 = 256;
 /// Most key pieces per (token, KV head, head chunk).
 const MAX_SPLIT: u32 = 64;
 /// On a GPU, GQA groups are cut into head chunks until there are about this many
@@ -105,6 +110,12 @@ fn floor_pow2(x: u32) -> u32 {
 ///   workgroups, each with less serial work), then the keys into pieces of at least
 ///   `min_chunk` = 64 keys until ~256 workgroups; a context of up to 64 keys is one piece (no
 ///   merge). Batches of many streams keep whole groups (every K/V row serves all of them).
+/// - GPU, one sequence (run mode): workgroups of 256 and at most 4 vec4s of a key row per lane
+///   (lanes per key >= head_dim / 16). `decode_fresh_timing` (H100, one token, µs per stage with
+///   its barrier, separate stages vs fused): gemma3's heads of 256 took 13.9 µs (18.3 fused) with
+///   128 invocations and 4 lanes per key — 64 floats of q and 128 of the K tiles per lane spill
+///   — and take 9.5 (12.3 fused) with 256 and 16; qwen2.5 / smollm2 (heads of 64) 8.2 → 8.0
+///   (9.65 → 9.0 fused). Batches of many streams (position tables) keep 128.
 /// - CPU (lavapipe): whole groups, a few pieces: SIMD lanes are not free there.
 ///
 /// The split is fixed when the chain is recorded (positions change between replays), from the
@@ -122,15 +133,20 @@ pub(crate) fn plan(caps: &DeviceCaps, a: &AttentionArgs) -> DecodePlan {
     };
     let n_hc = n_hc.max(group.div_ceil(MAX_HEADS));
     let hb = group.div_ceil(n_hc); // even chunks
-                                   // lanes per key: the lane's share of the queries (hb * NK4 vec4s) stays <= 32 vec4s
-    let lpk = (a.head_dim * hb)
-        .div_ceil(128)
-        .next_power_of_two()
-        .clamp(4, 16)
-        .min(sg);
+    let run = !cpu && a.positions == Positions::Run;
+    let wg = if run { RUN_WG } else { WG };
+    // lanes per key: the lane's share of the queries (hb * NK4 vec4s) stays <= 32 vec4s, and
+    // in run mode a lane's share of a key row <= 4 vec4s
+    let by_heads = (a.head_dim * hb).div_ceil(128).next_power_of_two();
+    let by_row = if run {
+        a.head_dim.div_ceil(16).next_power_of_two()
+    } else {
+        1
+    };
+    let lpk = by_heads.max(by_row).clamp(4, 16).min(sg);
     let nvl = a.head_dim_v.div_ceil(4);
-    let kg = floor_pow2(WG / nvl).min(sg);
-    let tile = WG / lpk;
+    let kg = floor_pow2(wg / nvl).min(sg);
+    let tile = wg / lpk;
     let min_chunk = if cpu { tile } else { tile.max(64) };
     let groups = pairs.saturating_mul(group.div_ceil(hb));
     let target: u32 = if cpu { 8 } else { 256 };
@@ -139,7 +155,7 @@ pub(crate) fn plan(caps: &DeviceCaps, a: &AttentionArgs) -> DecodePlan {
         .min(a.n_kv_rows.div_ceil(min_chunk))
         .clamp(1, MAX_SPLIT);
     DecodePlan {
-        wg: WG,
+        wg,
         lpk,
         hb,
         kg,
@@ -153,6 +169,8 @@ pub(crate) fn plan(caps: &DeviceCaps, a: &AttentionArgs) -> DecodePlan {
 pub(crate) struct Decode {
     pipelines: SpecPipelines,
     fresh: SpecPipelines,
+    /// RoPE frequency tables of the fused variant, per (n_rot, base bits, scale bits).
+    freqs: Mutex<HashMap<(u32, u32, u32), Buffer>>,
     part: QueueScratch,
     counts: QueueScratch,
 }
@@ -163,10 +181,11 @@ impl Decode {
             pipelines: SpecPipelines::new(shaders::ATTENTION_DECODE, 7, 52, "attention_decode"),
             fresh: SpecPipelines::new(
                 shaders::ATTENTION_DECODE_FRESH,
-                14,
-                88,
+                15,
+                76,
                 "attention_decode_fresh",
             ),
+            freqs: Mutex::new(HashMap::new()),
             part: QueueScratch::new("attention_decode_part"),
             counts: QueueScratch::zeroed("attention_decode_count"),
         }
@@ -222,6 +241,33 @@ impl Decode {
             }
         }
         self.dispatch(chain, a, p, Some(f))
+    }
+
+    /// The RoPE frequencies `scale * base^(-2i / n_rot)`, `i < n_rot / 2`, computed in f64 and
+    /// uploaded once per (n_rot, base, scale) as double-floats (hi, lo): the fused kernel only
+    /// multiplies them by the position, where `rope_store.comp` raises base^(-2/n_rot) to the
+    /// i-th power itself (a chain of double-float products too long for a stage's prologue).
+    fn frequencies(&self, chain: &Chain, f: &FreshKv) -> Result<BufferSlice> {
+        let key = (f.n_rot, f.base.to_bits(), f.scale.to_bits());
+        let mut cache = self.freqs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = cache.get(&key) {
+            return Ok(b.whole());
+        }
+        let table: Vec<f32> = (0..f.n_rot / 2)
+            .flat_map(|i| {
+                let e = -2.0 * f64::from(i) / f64::from(f.n_rot);
+                let c = f64::from(f.scale) * f64::from(f.base).powf(e);
+                let hi = c as f32;
+                [hi, (c - f64::from(hi)) as f32]
+            })
+            .collect();
+        let ctx = chain.context();
+        let size = (4 * table.len() as u64).max(8);
+        let b = Buffer::new(ctx, "rope_frequencies", size, MemoryKind::DeviceLocal)?;
+        ctx.upload(&b, 0, &table)?;
+        let whole = b.whole();
+        cache.insert(key, b);
+        Ok(whole)
     }
 
     /// Records `a` with layout `p` through the plain or (with `fresh`) the fused variant.
@@ -307,17 +353,10 @@ impl Decode {
             counts,
         ];
         if let Some(f) = fresh {
-            // r = base^(-2/n_rot) in f64, handed over as a double-float (as rope_store does)
-            let r = f64::from(f.base).powf(-2.0 / f64::from(f.n_rot));
-            let r_hi = r as f32;
-            let r_lo = (r - f64::from(r_hi)) as f32;
             push = push
                 .u32(f.n_rot)
                 .u32(u32::from(f.mode == RopeMode::Neox))
                 .u32(u32::from(f.freq_factors.is_some()))
-                .f32(f.scale)
-                .f32(r_hi)
-                .f32(r_lo)
                 .u32(u32::from(f.qk_norm.is_some()))
                 .f32(f.qk_norm.map_or(0.0, |n| n.2))
                 .u32(f.n_ctx);
@@ -331,6 +370,7 @@ impl Decode {
                 f.freq_factors.unwrap_or(f.k).clone(),
                 qw.clone(),
                 kw.clone(),
+                self.frequencies(chain, f)?,
             ]);
         }
         chain.dispatch(&pipeline, &bindings, &push, grid(groups, OP)?)?;

@@ -882,9 +882,10 @@ fn fused_decode_attention_matches_norm_rope_store_then_attention() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let att = Attention::new(&ctx).unwrap().without_coop();
     let sg = ctx.caps().subgroup.size;
-    let cases: [FreshCase; 12] = [
-        // qwen2.5 (neox, full rotation) at positions 0, 6, 599
+    let cases: [FreshCase; 13] = [
+        // qwen2.5 (neox, full rotation) at positions 0, 6, 599, 30000 (angles of ~3e4 rad)
         (1, (14, 2), (64, 64), 64, true, false, false, 1024, 0, 0),
+        (1, (4, 1), (64, 64), 64, true, false, false, 32768, 0, 30000),
         (1, (14, 2), (64, 64), 64, true, false, false, 1024, 0, 6),
         (1, (14, 2), (64, 64), 64, true, false, false, 1024, 0, 599),
         // gemma3: head norms, head_dim 256, sliding window
@@ -941,4 +942,172 @@ fn fused_decode_attention_matches_norm_rope_store_then_attention() {
         }
     }
     println!("fused decode attention: max relative error {worst:.2e}");
+}
+
+/// Timing, not a correctness test: one decode step's attention at model shapes, as separate
+/// stages (per-head RMSNorm for gemma3, `rope_store`, the decode kernel, barriers between) and
+/// fused (`record_fresh`), in the device's layout and with other lanes per key:
+/// `cargo test -p octoflow-kernels --release decode_fresh_timing -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn decode_fresh_timing() {
+    use crate::rms_norm::RmsNorm;
+    use crate::rope::RopeMode;
+    use crate::rope_store::{RopeStore, RopeStoreArgs};
+    let Some(ctx) = gpu_or_skip("decode_fresh_timing") else {
+        return;
+    };
+    let att = Attention::new(&ctx).unwrap();
+    let rope = RopeStore::new(&ctx).unwrap();
+    let norm = RmsNorm::new(&ctx).unwrap();
+    let sg = ctx.caps().subgroup.size;
+    // (label, n_head, n_head_kv, head_dim, window, qk norm, position)
+    let cases = [
+        ("qwen @64", 14, 2, 64, 0, false, 64),
+        ("qwen @600", 14, 2, 64, 0, false, 600),
+        ("smollm @64", 9, 3, 64, 0, false, 64),
+        ("gemma @64", 4, 1, 256, 512, true, 64),
+        ("gemma @600", 4, 1, 256, 512, true, 600),
+    ];
+    let rows = 1024usize;
+    let reps = 40;
+    for (label, n_head, n_kv, hd, window, qk, start) in cases {
+        let q = with(&ctx, "q", &vec![0.01f32; n_head * hd]);
+        let k = with(&ctx, "k", &vec![0.01f32; n_kv * hd]);
+        let v = with(&ctx, "v", &vec![0.01f32; n_kv * hd]);
+        let kc = with(&ctx, "kc", &vec![0.02f32; rows * n_kv * hd]);
+        let vc = with(&ctx, "vc", &vec![0.03f32; rows * n_kv * hd]);
+        let w = with(&ctx, "w", &vec![1.0f32; hd]);
+        let ob = poisoned(&ctx, "out", n_head * hd);
+        let pb = with(&ctx, "pos", &[start as u32]);
+        let (qw, kw, vw, kcw, vcw, ww, ow, pw) = (
+            q.whole(),
+            k.whole(),
+            v.whole(),
+            kc.whole(),
+            vc.whole(),
+            w.whole(),
+            ob.whole(),
+            pb.whole(),
+        );
+        let args = AttentionArgs {
+            q: &qw,
+            k: &kcw,
+            v: &vcw,
+            out: &ow,
+            n_tokens: 1,
+            n_head: n_head as u32,
+            n_head_kv: n_kv as u32,
+            head_dim: hd as u32,
+            head_dim_v: hd as u32,
+            n_kv_rows: rows as u32,
+            window,
+            scale: 0.125,
+            pos: &pw,
+            pos_offset: 0,
+            positions: Positions::Run,
+        };
+        let fresh = FreshKv {
+            k: &kw,
+            v: &vw,
+            n_ctx: rows as u32,
+            n_rot: hd as u32,
+            mode: RopeMode::Neox,
+            base: 10000.0,
+            scale: 1.0,
+            freq_factors: None,
+            qk_norm: qk.then_some((&ww, &ww, 1e-6)),
+        };
+        let base = plan(ctx.caps(), &args);
+        let time = |rec: &dyn Fn(&mut Chain)| -> f64 {
+            let build = || {
+                let mut chain = Chain::new(&ctx).unwrap();
+                for _ in 0..reps {
+                    rec(&mut chain);
+                    chain.compute_barrier().unwrap();
+                }
+                chain
+            };
+            build().run().unwrap(); // pipeline compile
+            let mut chain = build();
+            // clocks up: ~150 ms of work before measuring
+            let t0 = std::time::Instant::now();
+            while t0.elapsed().as_secs_f64() < 0.15 {
+                chain.run().unwrap();
+            }
+            let mut best = f64::MAX;
+            for _ in 0..10 {
+                let t = std::time::Instant::now();
+                chain.run().unwrap();
+                best = best.min(t.elapsed().as_secs_f64() / reps as f64);
+            }
+            best * 1e6
+        };
+        let separate = time(&|chain: &mut Chain| {
+            if qk {
+                norm.record(chain, &qw, &ww, &qw, n_head as u32, hd as u32, 1e-6)
+                    .unwrap();
+                norm.record(chain, &kw, &ww, &kw, n_kv as u32, hd as u32, 1e-6)
+                    .unwrap();
+                chain.compute_barrier().unwrap();
+            }
+            let ra = RopeStoreArgs {
+                q: &qw,
+                k: &kw,
+                v: &vw,
+                k_cache: &kcw,
+                v_cache: &vcw,
+                n_ctx: rows as u32,
+                n_tokens: 1,
+                n_head: n_head as u32,
+                n_head_kv: n_kv as u32,
+                head_dim: hd as u32,
+                head_dim_v: hd as u32,
+                n_rot: hd as u32,
+                mode: RopeMode::Neox,
+                base: 10000.0,
+                scale: 1.0,
+                freq_factors: None,
+                pos: &pw,
+                pos_offset: 0,
+                positions: Positions::Run,
+            };
+            rope.record(chain, &ra).unwrap();
+            chain.compute_barrier().unwrap();
+            att.decode.record(chain, &args, base).unwrap();
+        });
+        println!("{label:>12}: separate stages {separate:7.2} us  (layout {base:?})");
+        let group = (n_head / n_kv) as u32;
+        let nvl = (hd as u32).div_ceil(4);
+        for wg in [128u32, 256] {
+            for lpk in [4u32, 8, 16] {
+                if hd < 256 && lpk == 16 {
+                    continue;
+                }
+                let mut hbs = vec![1, 2];
+                hbs.dedup();
+                for hb in hbs.into_iter().filter(|&h| h <= group) {
+                    let kg = floor_pow2(wg / nvl).min(sg);
+                    if lpk > sg || wg < sg || kg == 0 {
+                        continue;
+                    }
+                    let p = DecodePlan {
+                        wg,
+                        lpk,
+                        hb,
+                        kg,
+                        ..base
+                    };
+                    let plain =
+                        time(&|chain: &mut Chain| att.decode.record(chain, &args, p).unwrap());
+                    let fused = time(&|chain: &mut Chain| {
+                        att.decode.record_fresh(chain, &args, &fresh, p).unwrap()
+                    });
+                    println!(
+                        "{label:>12}: wg {wg:3} lpk {lpk:2} hb {hb}: attention only {plain:7.2} us, fused {fused:7.2} us"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -66,6 +66,12 @@ pub struct Graph<'a> {
     pub lora: Option<GraphLora<'a>>,
 }
 
+/// `OCTOFLOW_UNFUSED_ROPE=1` records decode steps with the head norms, `rope_store` and the
+/// attention as separate stages (as prefill does): a switch to measure what the fusion gains.
+fn unfused_rope() -> bool {
+    std::env::var_os("OCTOFLOW_UNFUSED_ROPE").is_some_and(|v| v == "1")
+}
+
 /// The data of a matrix held in one piece (rows from 0).
 fn single(m: &GpuMatrix) -> Option<&BufferSlice> {
     match m.pieces.as_slice() {
@@ -201,7 +207,7 @@ impl Graph<'_> {
             pos_offset: ps.offset,
             positions: ps.mode,
         };
-        if fresh_applies(&args) {
+        if fresh_applies(&args) && !unfused_rope() {
             // decode steps: the head norms, RoPE and the cache write happen inside the
             // attention dispatch (one or two barrier stages fewer per layer)
             let fresh = FreshKv {
