@@ -3,7 +3,9 @@
 //! scratch buffers; the KV cache is f32 `[n_ctx, n_head_kv * head_dim]` per layer. Positions are
 //! read on the GPU ([`PosSource`]): for one sequence, the batch's first position from the control
 //! block (`ctl::POS`); for a batch of many sequences, a per-token (position, first cache row)
-//! table. Either way the same recording serves every position. Barriers between the kernels are
+//! table. Either way the same recording serves every position. Decode steps of one sequence
+//! (runs of at most 8 tokens) fold the per-head norms, RoPE and the KV-cache write into the
+//! attention dispatch ([`octoflow_kernels::Attention::record_fresh`]). Barriers between the kernels are
 //! compute-to-compute ([`Chain::compute_barrier`]); whoever follows a recording with a transfer
 //! or an indirect dispatch adds a full barrier.
 
