@@ -726,15 +726,14 @@ fn decode_attention_timing() {
 }
 
 /// One step of the fused kernel: (n_tokens, (n_head, n_head_kv), (head_dim, head_dim_v), n_rot,
-/// neox, qk_norm, freq factors, cache rows, window, start).
+/// rope ("neox" pairs or normal, with "norm": per-head RMSNorm of q and k, "ff": frequency
+/// factors), cache rows, window, start).
 type FreshCase = (
     usize,
     (usize, usize),
     (usize, usize),
     usize,
-    bool,
-    bool,
-    bool,
+    &'static str,
     usize,
     usize,
     usize,
@@ -754,7 +753,9 @@ fn run_fresh(
     use crate::rms_norm::rms_norm_ref;
     use crate::rope::RopeMode;
     use crate::rope_store::{rope_store_ref, run_rows, RopeStoreShape};
-    let (n_tok, (n_head, n_kv), (hd, hv), n_rot, neox, qk_norm, has_ff, rows, window, start) = c;
+    let (n_tok, (n_head, n_kv), (hd, hv), n_rot, rope, rows, window, start) = c;
+    let has = |w: &str| rope.split_whitespace().any(|x| x == w);
+    let (neox, qk_norm, has_ff) = (has("neox"), has("norm"), has("ff"));
     let mut gen = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
         (0..n).map(|_| rng.gen_range(lo..hi)).collect()
     };
@@ -884,45 +885,23 @@ fn fused_decode_attention_matches_norm_rope_store_then_attention() {
     let sg = ctx.caps().subgroup.size;
     let cases: [FreshCase; 13] = [
         // qwen2.5 (neox, full rotation) at positions 0, 6, 599, 30000 (angles of ~3e4 rad)
-        (1, (14, 2), (64, 64), 64, true, false, false, 1024, 0, 0),
-        (1, (4, 1), (64, 64), 64, true, false, false, 32768, 0, 30000),
-        (1, (14, 2), (64, 64), 64, true, false, false, 1024, 0, 6),
-        (1, (14, 2), (64, 64), 64, true, false, false, 1024, 0, 599),
+        (1, (14, 2), (64, 64), 64, "neox", 1024, 0, 0),
+        (1, (4, 1), (64, 64), 64, "neox", 32768, 0, 30000),
+        (1, (14, 2), (64, 64), 64, "neox", 1024, 0, 6),
+        (1, (14, 2), (64, 64), 64, "neox", 1024, 0, 599),
         // gemma3: head norms, head_dim 256, sliding window
-        (
-            1,
-            (4, 1),
-            (256, 256),
-            256,
-            true,
-            true,
-            false,
-            2048,
-            512,
-            1500,
-        ),
-        (1, (4, 1), (256, 256), 256, true, true, false, 2048, 0, 3),
+        (1, (4, 1), (256, 256), 256, "neox norm", 2048, 512, 1500),
+        (1, (4, 1), (256, 256), 256, "neox norm", 2048, 0, 3),
         // llama (normal pairs), partial rotation, frequency factors
-        (1, (9, 3), (64, 64), 64, false, false, false, 300, 0, 200),
-        (1, (8, 2), (64, 64), 32, false, false, true, 300, 0, 250),
-        (1, (8, 2), (128, 96), 96, true, true, true, 400, 0, 333),
+        (1, (9, 3), (64, 64), 64, "normal", 300, 0, 200),
+        (1, (8, 2), (64, 64), 32, "normal ff", 300, 0, 250),
+        (1, (8, 2), (128, 96), 96, "neox norm ff", 400, 0, 333),
         // several tokens of one run: each sees the step's earlier keys
-        (4, (14, 2), (64, 64), 64, true, false, false, 1024, 0, 597),
-        (
-            8,
-            (8, 1),
-            (256, 256),
-            128,
-            false,
-            true,
-            false,
-            700,
-            100,
-            650,
-        ),
+        (4, (14, 2), (64, 64), 64, "neox", 1024, 0, 597),
+        (8, (8, 1), (256, 256), 128, "normal norm", 700, 100, 650),
         // odd widths; the last tokens past the cache end (not stored, not seen)
-        (3, (6, 2), (38, 22), 20, true, true, false, 60, 0, 30),
-        (5, (9, 3), (64, 64), 64, false, false, false, 200, 0, 197),
+        (3, (6, 2), (38, 22), 20, "neox norm", 60, 0, 30),
+        (5, (9, 3), (64, 64), 64, "normal", 200, 0, 197),
     ];
     let many = DecodePlan {
         wg: 128.max(sg),
