@@ -290,7 +290,7 @@ impl Linear {
             let groups = cpu_groups(chain, w.n_rows, a.n_tokens, CPU_MATMUL_TN)?;
             chain.dispatch(&self.matmul[ti], &bindings, &push, groups)?;
         } else if small {
-            self.record_matvec(chain, ti, a, &bindings, push, plan, None)?;
+            return self.record_matvec(chain, ti, a, &bindings, push, plan, None);
         } else {
             let groups = [
                 w.n_rows.div_ceil(MATMUL_TM),
@@ -299,6 +299,8 @@ impl Linear {
             ];
             chain.dispatch(&self.matmul[ti], &bindings, &push, groups)?;
         }
+        let (bytes, flops) = product_cost(a);
+        chain.set_cost(bytes, flops);
         Ok(())
     }
 
@@ -321,8 +323,23 @@ impl Linear {
         let (g, eps) = norm.map_or_else(|| (x.clone(), 0.0), |(g, eps)| (g.clone(), eps));
         let push = push.f32(eps).u32(u32::from(norm.is_some()));
         chain.dispatch(&pipeline, &[wb, x, y, bias, g], &push, groups)?;
+        let (bytes, flops) = product_cost(a);
+        chain.set_cost(bytes, flops);
         Ok(())
     }
+}
+
+/// What the product of `a` moves and computes, for profiles ([`Chain::set_cost`]): the
+/// weights, x, and y written (and read when accumulating); 2 flops per weight and token.
+pub(crate) fn product_cost(a: &LinearArgs) -> (u64, u64) {
+    let (rows, cols, n) = (
+        u64::from(a.w.n_rows),
+        u64::from(a.w.n_cols),
+        u64::from(a.n_tokens),
+    );
+    let y_passes = if a.accumulate { 2 } else { 1 };
+    let bytes = a.w.data.size + 4 * n * cols + y_passes * 4 * n * rows;
+    (bytes, 2 * rows * cols * n)
 }
 
 /// The work layout of one GPU matvec dispatch (`matvec.comp`'s specialization constants).
@@ -525,6 +542,14 @@ impl Linear {
         let plan = plan.unwrap_or_else(|| MatvecPlan::choose_glu(g.n_rows, g.n_cols, a.n_tokens));
         let (pipeline, groups) = self.matvec_glu[ti].layout(chain, g.n_rows, a.n_tokens, plan)?;
         chain.dispatch(&pipeline, &[wb, x, y, bias, nw, up], &push, groups)?;
+        // both matrices, x, y; 2 flops per weight and token in each product
+        let (rows, cols, n) = (
+            u64::from(g.n_rows),
+            u64::from(g.n_cols),
+            u64::from(a.n_tokens),
+        );
+        let bytes = a.gate.data.size + a.up.data.size + 4 * n * (cols + rows);
+        chain.set_cost(bytes, 4 * rows * cols * n);
         Ok(())
     }
 }

@@ -20,6 +20,7 @@ use octoflow_vk::{
 };
 
 use crate::error::{KernelError, Result};
+use crate::linear::product_cost;
 use crate::linear::{check_args, linear_ref, LinearArgs, PUSH_BYTES};
 use crate::qweight::{variant, QOp, TYPES};
 use crate::scratch::QueueScratch;
@@ -209,10 +210,12 @@ impl MatmulCoop {
         let x_vec = a.w.n_cols.is_multiple_of(4) && a.x.offset.is_multiple_of(16);
         let push = push.clone().u32(k_per).u32(split).u32(u32::from(x_vec));
         let [w, x, y, bias] = bindings.clone();
+        let (cost_bytes, flops) = product_cost(a);
         if split == 1 {
             // part is never written: y stands in for the binding
             let all = [w, x, y.clone(), bias, y];
             chain.dispatch(pipeline, &all, &push, groups)?;
+            chain.set_cost(cost_bytes, flops);
             return Ok(());
         }
         let outputs = u64::from(a.n_tokens) * u64::from(a.w.n_rows);
@@ -220,6 +223,7 @@ impl MatmulCoop {
         let part = self.scratch.get_slice(chain, bytes)?;
         let all = [w, x, y.clone(), bias.clone(), part.clone()];
         chain.dispatch(pipeline, &all, &push, groups)?;
+        chain.set_cost(cost_bytes - 4 * outputs + bytes, flops);
         chain.compute_barrier()?;
         let target = SumTarget {
             n_rows: a.w.n_rows,
@@ -230,6 +234,9 @@ impl MatmulCoop {
             accumulate: a.accumulate,
         };
         self.sum.record(chain, &part, split, &y, &bias, &target)?;
+        // the pieces read, y written (and read when accumulating)
+        let y_passes = if a.accumulate { 2 } else { 1 };
+        chain.set_cost(bytes + y_passes * 4 * outputs, 0);
         chain.compute_barrier()?;
         Ok(())
     }

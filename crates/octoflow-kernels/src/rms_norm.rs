@@ -79,6 +79,14 @@ impl RmsNorm {
             &Push::new().u32(n_rows).u32(n).f32(eps),
             groups,
         )?;
+        // x read, out written (and read by the add variant), the weight; ~4 flops per element
+        let elems = u64::from(n_rows) * u64::from(n);
+        let passes = if std::ptr::eq(pipeline, &self.add) {
+            3
+        } else {
+            2
+        };
+        chain.set_cost(4 * (passes * elems + u64::from(n)), 4 * elems);
         Ok(())
     }
 }

@@ -50,7 +50,7 @@ pub use instance::VALIDATION_ENV;
 pub use pipeline::{Pipeline, PipelineDesc, Shader};
 pub use plain::{as_bytes, as_bytes_mut, Plain};
 pub use push::Push;
-pub use timestamps::{summarize, DispatchTime, LabelTime};
+pub use timestamps::{summarize, summarize_at, Cost, DispatchTime, LabelTime, FLOOR_RATES};
 
 /// Shaders used by this crate's own tests, built from `test_shaders/` by build.rs.
 #[cfg(test)]

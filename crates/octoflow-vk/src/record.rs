@@ -8,6 +8,7 @@ use crate::buffer::{Buffer, BufferSlice};
 use crate::chain::{Chain, State};
 use crate::error::{Result, VkError};
 use crate::pipeline::Pipeline;
+use crate::timestamps::Cost;
 use crate::transfer::check_fill;
 
 /// Every write stage and access a chain uses, for full barriers.
@@ -252,6 +253,14 @@ impl Chain {
             }
         }
         Ok(())
+    }
+
+    /// Declares what the last recorded dispatch moves through memory and computes, for the
+    /// floors of a profiled chain's timings ([`crate::summarize`]); nothing without profiling.
+    pub fn set_cost(&mut self, bytes: u64, flops: u64) {
+        if let Some(t) = self.timestamps.as_mut() {
+            t.set_last_cost(Cost { bytes, flops });
+        }
     }
 
     fn after_dispatch(&mut self, pipeline: &Pipeline) -> Result<()> {

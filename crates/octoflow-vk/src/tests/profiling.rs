@@ -26,6 +26,7 @@ fn profiled_chains_time_every_dispatch_under_its_label() {
     for layer in 0..3 {
         chain.set_scope(Some(&format!("layer{layer}")));
         chain.dispatch(&add, &binds, &push, groups).unwrap();
+        chain.set_cost(8 * n, n);
         chain.barrier().unwrap();
         chain.dispatch(&norm, &binds, &push, groups).unwrap();
     }
@@ -53,6 +54,17 @@ fn profiled_chains_time_every_dispatch_under_its_label() {
         );
         assert!(times.iter().map(|t| t.ns).sum::<f64>() > 0.0, "{times:?}");
         assert_eq!(summarize(&times).len(), 7);
+        // costs stay with their dispatches: the `add`s of the layers declared one, the rest not
+        let costs: Vec<u64> = times.iter().map(|t| t.cost.bytes).collect();
+        assert_eq!(costs, [8 * n, 0, 8 * n, 0, 8 * n, 0, 0]);
+        let floors = crate::summarize_at(&times, (1e9, 1e12));
+        let l0 = floors
+            .iter()
+            .find(|l| l.label == "layer0/control_add")
+            .unwrap();
+        assert_eq!(l0.floor_ns, Some(8.0 * n as f64));
+        let last = floors.iter().find(|l| l.label == "control_add").unwrap();
+        assert_eq!(last.floor_ns, None);
     }
 }
 
