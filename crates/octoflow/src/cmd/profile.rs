@@ -30,10 +30,10 @@ pub fn table(times: &[LabelTime], steps: usize) -> String {
             Some(f) if f > 0.0 => {
                 floor_sum += f;
                 covered += t.total_ns;
-                (
-                    format!("{:.2}", f / 1e3 / steps),
-                    format!("{:.1}", t.total_ns / f),
-                )
+                let us = f / 1e3 / steps;
+                // tiny floors keep three significant digits
+                let digits = if us < 0.1 { 4 } else { 2 };
+                (format!("{us:.digits$}"), format!("{:.1}", t.total_ns / f))
             }
             _ => ("-".to_string(), "-".to_string()),
         };
