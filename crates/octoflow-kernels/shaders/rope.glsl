@@ -48,7 +48,15 @@ vec2 dd_div_f(vec2 a, float b) {
     return quick_two_sum(q1, q2);
 }
 
-vec2 rope_cos_sin_freq(vec2 c, uint p);
+// vec2(cos, sin) of theta = c * p for a double-float frequency c (radians per position)
+vec2 rope_cos_sin_freq(vec2 c, uint p) {
+    vec2 theta = dd_mul_f(c, float(p));
+    vec2 turns = dd_mul(theta, vec2(uintBitsToFloat(0x3e22f983u), uintBitsToFloat(0x31dc9c88u)));
+    precise float f = (turns.x - floor(turns.x)) + turns.y;
+    f = f - round(f); // [-1/2, 1/2]
+    float ang = f * 6.2831853;
+    return vec2(cos(ang), sin(ang));
+}
 
 // vec2(cos, sin) of theta_i at position p (exact as a float below 2^24); r = vec2(r_hi, r_lo);
 // the frequency is divided by ff_i only when has_ff.
@@ -69,12 +77,3 @@ vec2 rope_cos_sin(uint i, uint p, vec2 r, float scale, bool has_ff, float ff_i) 
     return rope_cos_sin_freq(c, p);
 }
 
-// vec2(cos, sin) of theta = c * p for a double-float frequency c (radians per position)
-vec2 rope_cos_sin_freq(vec2 c, uint p) {
-    vec2 theta = dd_mul_f(c, float(p));
-    vec2 turns = dd_mul(theta, vec2(uintBitsToFloat(0x3e22f983u), uintBitsToFloat(0x31dc9c88u)));
-    precise float f = (turns.x - floor(turns.x)) + turns.y;
-    f = f - round(f); // [-1/2, 1/2]
-    float ang = f * 6.2831853;
-    return vec2(cos(ang), sin(ang));
-}

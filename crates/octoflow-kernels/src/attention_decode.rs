@@ -193,6 +193,7 @@ impl Decode {
 
     /// Records `a` with layout `p` (shapes and the layout checked first).
     pub(crate) fn record(&self, chain: &mut Chain, a: &AttentionArgs, p: DecodePlan) -> Result<()> {
+        validate(a)?;
         self.dispatch(chain, a, p, None)
     }
 
@@ -270,7 +271,8 @@ impl Decode {
         Ok(whole)
     }
 
-    /// Records `a` with layout `p` through the plain or (with `fresh`) the fused variant.
+    /// Records validated `a` with layout `p` (checked here) through the plain or (with `fresh`)
+    /// the fused variant.
     fn dispatch(
         &self,
         chain: &mut Chain,
@@ -279,7 +281,6 @@ impl Decode {
         fresh: Option<&FreshKv>,
     ) -> Result<()> {
         const OP: &str = "attention";
-        validate(a)?;
         let sg = chain.context().caps().subgroup.size;
         let pow2 = |x: u32| x.is_power_of_two();
         let nvl = a.head_dim_v.div_ceil(4);

@@ -20,8 +20,7 @@ use octoflow_vk::{
 };
 
 use crate::error::{KernelError, Result};
-use crate::linear::product_cost;
-use crate::linear::{check_args, linear_ref, LinearArgs, PUSH_BYTES};
+use crate::linear::{check_args, linear_ref, product_cost, LinearArgs, PUSH_BYTES};
 use crate::qweight::{variant, QOp, TYPES};
 use crate::scratch::QueueScratch;
 use crate::split_sum::{SplitSum, SumTarget};
@@ -211,6 +210,9 @@ impl MatmulCoop {
         let push = push.clone().u32(k_per).u32(split).u32(u32::from(x_vec));
         let [w, x, y, bias] = bindings.clone();
         let (cost_bytes, flops) = product_cost(a);
+        let outputs = u64::from(a.n_tokens) * u64::from(a.w.n_rows);
+        // y written (and read when accumulating): the product's with one piece, else the sum's
+        let y_bytes = if a.accumulate { 2 } else { 1 } * 4 * outputs;
         if split == 1 {
             // part is never written: y stands in for the binding
             let all = [w, x, y.clone(), bias, y];
@@ -218,12 +220,12 @@ impl MatmulCoop {
             chain.set_cost(cost_bytes, flops);
             return Ok(());
         }
-        let outputs = u64::from(a.n_tokens) * u64::from(a.w.n_rows);
         let bytes = 4 * u64::from(split) * outputs;
         let part = self.scratch.get_slice(chain, bytes)?;
         let all = [w, x, y.clone(), bias.clone(), part.clone()];
         chain.dispatch(pipeline, &all, &push, groups)?;
-        chain.set_cost(cost_bytes - 4 * outputs + bytes, flops);
+        // weights and x read, the pieces written (y is not touched)
+        chain.set_cost(cost_bytes - y_bytes + bytes, flops);
         chain.compute_barrier()?;
         let target = SumTarget {
             n_rows: a.w.n_rows,
@@ -235,8 +237,7 @@ impl MatmulCoop {
         };
         self.sum.record(chain, &part, split, &y, &bias, &target)?;
         // the pieces read, y written (and read when accumulating)
-        let y_passes = if a.accumulate { 2 } else { 1 };
-        chain.set_cost(bytes + y_passes * 4 * outputs, 0);
+        chain.set_cost(bytes + y_bytes, 0);
         chain.compute_barrier()?;
         Ok(())
     }
