@@ -23,6 +23,13 @@
 // past the ends are zero-filled. Results leave through a per-subgroup 16 x 16 staging tile so
 // the y writes run along rows.
 //
+// GLU variants (GLU defined): the FFN's gate and up products of the same rows and tokens in one
+// workgroup (up from binding 5, same type and shape; the W tile holds BM gate rows then BM up
+// rows, every subgroup keeps both accumulator sets and shares the x fragments between them) and
+// y = act(gate) * up (glu.glsl's op from flags >> 2) written once; never split-K. Benchmark-only
+// defines: WH / XH read W / x as f16 already in memory (whole 16-byte rows), what a dequantized
+// copy would cost; ABL_* take parts out (linear_bench.rs).
+//
 // x is read as vec4s when x_vec is set (n_cols a multiple of 4 and x's binding 16-byte aligned:
 // the host checks), else one float at a time.
 //
@@ -62,17 +69,31 @@
 #define FN (WN / 16u)        // accumulator tiles along tokens
 #define KCH (BK / 32u)       // W chunks per row per step
 #define LDA ((BK + 8u) / 4u) // shared row stride in f16vec4s: 16-byte aligned rows, spread banks
-#define JOBS ((BM * KCH + WGS - 1u) / WGS)    // W chunks per invocation per step
+#ifdef GLU
+// Two matrices of BM rows each (gate rows [0, BM) of the W tile, up rows [BM, 2 BM)); the
+// jobs of [0, BM * KCH) decode gate chunks, the rest up chunks (uniform per subgroup).
+#define NMAT 2u
+#else
+#define NMAT 1u
+#endif
+#define JOBS ((NMAT * BM * KCH + WGS - 1u) / WGS) // W chunks per invocation per step
 #define XV ((BN * BK / 4u + WGS - 1u) / WGS)  // x vec4s per invocation per step
+#define WHJ ((BM * BK / 8u + WGS - 1u) / WGS) // WH: W uvec4s (8 halves) per invocation per step
+#define XHJ ((BN * BK / 8u + WGS - 1u) / WGS) // XH: x uvec4s per invocation per step
 
 layout(local_size_x = WGS) in;
 
 layout(std430, binding = 0) readonly buffer W { uint w[]; };
 layout(std430, binding = 1) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
+layout(std430, binding = 0) readonly buffer WH4 { uvec4 wh4[]; }; // WH: 8 f16 weights
+layout(std430, binding = 1) readonly buffer XH4 { uvec4 xh4[]; }; // XH: 8 f16 inputs
 layout(std430, binding = 2) buffer Y { float y[]; };
 layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 4) writeonly buffer Part { float part[]; };
+#ifdef GLU
+layout(std430, binding = 5) readonly buffer W2 { uint w2[]; }; // the up matrix
+#endif
 
 layout(push_constant) uniform Push {
     uint n_rows;
@@ -88,8 +109,14 @@ layout(push_constant) uniform Push {
 } pc;
 
 #include "quant.glsl"
+#ifdef GLU
+#define QSECOND
+#include "quant.glsl" // chunk_fetch_2 / chunk_decode_2 read w2
+#undef QSECOND
+#include "glu.glsl"
+#endif
 
-shared f16vec4 ws[BM * LDA];   // W tile, [row][k]
+shared f16vec4 ws[NMAT * BM * LDA]; // W tile, [row][k] (GLU: gate rows, then up rows)
 shared f16vec4 xs[BN * LDA];   // x tile, [token][k]
 shared float cs[NSG * 256u];   // per-subgroup 16 x 16 output staging, [token][row]
 
@@ -97,29 +124,80 @@ shared float cs[NSG * 256u];   // per-subgroup 16 x 16 output staging, [token][r
 
 // Registers of one step: the raw words of the W chunks this invocation decodes (quant.glsl's
 // chunk_fetch) and its x vec4s.
+#ifdef WH
+uvec4 whreg[WHJ];
+#else
 uint wraw[JOBS][QRAW];
+#endif
+#ifdef XH
+uvec4 xhreg[XHJ];
+#else
 vec4 xreg[XV];
+#endif
 
 // Job q of this invocation in step k0: row r and chunk c of W; whether they lie inside W (never
 // with ABL_NODEQ: no weight loads, zero weights).
 bool w_job(uint k0, uint tid, uint row0, uint nc, uint q, out uint r, out uint c) {
-    uint job = tid + WGS * q;
+    uint job = (tid + WGS * q) % (BM * KCH);
     r = row0 + job / KCH;
     c = k0 / 32u + job % KCH;
 #ifdef ABL_NODEQ
     return false;
 #else
-    return job < BM * KCH && r < pc.n_rows && c < nc;
+    return tid + WGS * q < NMAT * BM * KCH && r < pc.n_rows && c < nc;
 #endif
+}
+
+// x vec4 q of this invocation in step k0 (zeros past the ends).
+vec4 x_fetch(uint k0, uint tid, uint tok0, uint q, bool xvec) {
+    uint e = tid + WGS * q;
+    uint t = tok0 + e / (BK / 4u);
+    uint col = k0 + 4u * (e % (BK / 4u));
+    vec4 v = vec4(0.0);
+#ifdef ABL_NOX
+    if (false) {
+#else
+    if (t < pc.n_tokens) {
+#endif
+        uint o = t * pc.n_cols + col;
+        if (xvec) {
+            if (col < pc.n_cols) {
+                v = x4[o / 4u];
+            }
+        } else {
+            [[unroll]] for (uint i = 0u; i < 4u; i++) {
+                if (col + i < pc.n_cols) {
+                    v[i] = x[o + i];
+                }
+            }
+        }
+    }
+    return v;
 }
 
 // Issues the global loads of step k0's share of the tiles into wraw / xreg (zeros past the
 // ends) and nothing that waits for them: the decoding is store_step's.
 void load_step(uint k0, uint tid, uint row0, uint tok0, uint nc, bool xvec) {
+#ifdef WH
+    [[unroll]] for (uint q = 0u; q < WHJ; q++) {
+        uint e = tid + WGS * q;
+        uint r = row0 + e / (BK / 8u);
+        uint col = k0 + 8u * (e % (BK / 8u));
+        whreg[q] = uvec4(0u);
+        if (e < BM * BK / 8u && r < pc.n_rows && col < pc.n_cols) {
+            whreg[q] = wh4[(r * pc.row_bytes) / 16u + col / 8u];
+        }
+    }
+#else
     [[unroll]] for (uint q = 0u; q < JOBS; q++) {
         uint r;
         uint c;
         if (w_job(k0, tid, row0, nc, q, r, c)) {
+#ifdef GLU
+            if (tid + WGS * q >= BM * KCH) {
+                chunk_fetch_2(r * pc.row_bytes, c, pc.n_cols, wraw[q]);
+            } else
+#endif
             chunk_fetch(r * pc.row_bytes, c, pc.n_cols, wraw[q]);
         } else {
             [[unroll]] for (uint i = 0u; i < QRAW; i++) {
@@ -127,46 +205,65 @@ void load_step(uint k0, uint tid, uint row0, uint tok0, uint nc, bool xvec) {
             }
         }
     }
-    [[unroll]] for (uint q = 0u; q < XV; q++) {
-        uint e = tid + WGS * q;
-        uint t = tok0 + e / (BK / 4u);
-        uint col = k0 + 4u * (e % (BK / 4u));
-        vec4 v = vec4(0.0);
-#ifdef ABL_NOX
-        if (false) {
-#else
-        if (t < pc.n_tokens) {
 #endif
-            uint o = t * pc.n_cols + col;
-            if (xvec) {
-                if (col < pc.n_cols) {
-                    v = x4[o / 4u];
-                }
-            } else {
-                [[unroll]] for (uint i = 0u; i < 4u; i++) {
-                    if (col + i < pc.n_cols) {
-                        v[i] = x[o + i];
-                    }
-                }
-            }
+#ifdef XH
+    [[unroll]] for (uint q = 0u; q < XHJ; q++) {
+        uint e = tid + WGS * q;
+        uint t = tok0 + e / (BK / 8u);
+        uint col = k0 + 8u * (e % (BK / 8u));
+        xhreg[q] = uvec4(0u);
+        if (e < BN * BK / 8u && t < pc.n_tokens && col < pc.n_cols) {
+            xhreg[q] = xh4[(t * pc.n_cols + col) / 8u];
         }
-        xreg[q] = v;
     }
+#else
+    [[unroll]] for (uint q = 0u; q < XV; q++) {
+        xreg[q] = x_fetch(k0, tid, tok0, q, xvec);
+    }
+#endif
 }
 
 // Decodes the W chunks of step k0 from wraw (zeros outside W) and writes them and the x vec4s,
 // rounded to f16, to the shared tiles.
-void store_step(uint k0, uint tid, uint row0, uint nc) {
+void store_step(uint k0, uint tid, uint row0, uint tok0, uint nc, bool xvec) {
 #ifdef ABL_NOSTORE
     return;
 #endif
+#ifdef WH
+    [[unroll]] for (uint q = 0u; q < WHJ; q++) {
+        uint e = tid + WGS * q;
+        if (e < BM * BK / 8u) {
+            uint o = (e / (BK / 8u)) * LDA + 2u * (e % (BK / 8u));
+            uvec4 u = whreg[q];
+            ws[o] = f16vec4(unpackFloat2x16(u.x), unpackFloat2x16(u.y));
+            ws[o + 1u] = f16vec4(unpackFloat2x16(u.z), unpackFloat2x16(u.w));
+        }
+    }
+#endif
+#ifdef XH
+    [[unroll]] for (uint q = 0u; q < XHJ; q++) {
+        uint e = tid + WGS * q;
+        if (e < BN * BK / 8u) {
+            uint o = (e / (BK / 8u)) * LDA + 2u * (e % (BK / 8u));
+            uvec4 u = xhreg[q];
+            xs[o] = f16vec4(unpackFloat2x16(u.x), unpackFloat2x16(u.y));
+            xs[o + 1u] = f16vec4(unpackFloat2x16(u.z), unpackFloat2x16(u.w));
+        }
+    }
+#endif
+#ifndef WH
     [[unroll]] for (uint q = 0u; q < JOBS; q++) {
         uint job = tid + WGS * q;
-        if (job < BM * KCH) {
+        if (job < NMAT * BM * KCH) {
             uint r;
             uint c;
             float v[32];
             if (w_job(k0, tid, row0, nc, q, r, c)) {
+#ifdef GLU
+                if (tid + WGS * q >= BM * KCH) {
+                    chunk_decode_2(wraw[q], r * pc.row_bytes, c, pc.n_cols, v);
+                } else
+#endif
                 chunk_decode(wraw[q], r * pc.row_bytes, c, pc.n_cols, v);
             } else {
                 [[unroll]] for (uint i = 0u; i < 32u; i++) {
@@ -179,12 +276,15 @@ void store_step(uint k0, uint tid, uint row0, uint nc) {
             }
         }
     }
+#endif
+#ifndef XH
     [[unroll]] for (uint q = 0u; q < XV; q++) {
         uint e = tid + WGS * q;
         if (e < BN * BK / 4u) {
             xs[(e / (BK / 4u)) * LDA + e % (BK / 4u)] = f16vec4(xreg[q]);
         }
     }
+#endif
 }
 
 void main() {
@@ -197,9 +297,15 @@ void main() {
     bool xvec = pc.x_vec != 0u;
 
     ACC acc[FM][FN];
+#ifdef GLU
+    ACC acc2[FM][FN]; // the up product of the same rows and tokens
+#endif
     [[unroll]] for (uint i = 0u; i < FM; i++) {
         [[unroll]] for (uint j = 0u; j < FN; j++) {
             acc[i][j] = ACC(0.0);
+#ifdef GLU
+            acc2[i][j] = ACC(0.0);
+#endif
         }
     }
 
@@ -209,7 +315,7 @@ void main() {
     uint ke = min(pc.n_cols, kb + pc.k_per);
     load_step(kb, tid, row0, tok0, nc, xvec);
     for (uint k0 = kb; k0 < ke; k0 += BK) {
-        store_step(k0, tid, row0, nc);
+        store_step(k0, tid, row0, tok0, nc, xvec);
 #ifndef ABL_NOBAR
         barrier();
 #endif
@@ -234,6 +340,17 @@ void main() {
                 }
             }
 #endif
+#ifdef GLU
+            [[unroll]] for (uint i = 0u; i < FM; i++) {
+                coopMatLoad(a[i], ws, (BM + wm0 + 16u * i) * LDA + kk, LDA,
+                            gl_CooperativeMatrixLayoutRowMajor);
+            }
+            [[unroll]] for (uint i = 0u; i < FM; i++) {
+                [[unroll]] for (uint j = 0u; j < FN; j++) {
+                    acc2[i][j] = coopMatMulAdd(a[i], b[j], acc2[i][j]);
+                }
+            }
+#endif
         }
 #ifndef ABL_NOBAR
         barrier();
@@ -250,13 +367,33 @@ void main() {
     [[unroll]] for (uint i = 0u; i < FM; i++) {
         [[unroll]] for (uint j = 0u; j < FN; j++) {
             // Column-major store: cs[base + 16 n + m] = C[m][n] (row m, token n).
+#ifdef GLU
+            // the gate's tile through the staging area first, kept in registers as act(gate)
             coopMatStore(acc[i][j], cs, base, 16u, gl_CooperativeMatrixLayoutColumnMajor);
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
+            float ga[8];
+            [[unroll]] for (uint e0 = 0u; e0 < 256u; e0 += 32u) {
+                ga[e0 / 32u] = glu_act(cs[base + e0 + lane], pc.flags >> 2u);
+            }
+            subgroupBarrier();
+            coopMatStore(acc2[i][j], cs, base, 16u, gl_CooperativeMatrixLayoutColumnMajor);
+#else
+            coopMatStore(acc[i][j], cs, base, 16u, gl_CooperativeMatrixLayoutColumnMajor);
+#endif
             subgroupMemoryBarrierShared();
             subgroupBarrier();
             [[unroll]] for (uint e0 = 0u; e0 < 256u; e0 += 32u) {
                 uint e = e0 + lane;
                 uint r = row0 + wm0 + 16u * i + e % 16u;
                 uint t = tok0 + wn0 + 16u * j + e / 16u;
+#ifdef GLU
+                // act(gate) * up; one piece (no split-K: the activation is not linear)
+                if (r < pc.n_rows && t < pc.n_tokens) {
+                    y[t * pc.y_stride + pc.y_col + r] = ga[e0 / 32u] * cs[base + e];
+                }
+                continue;
+#endif
                 if (r < pc.n_rows && t < pc.n_tokens && pc.split > 1u) {
                     part[(piece * pc.n_tokens + t) * pc.n_rows + r] = cs[base + e];
                 } else if (r < pc.n_rows && t < pc.n_tokens) {

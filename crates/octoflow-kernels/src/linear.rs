@@ -238,10 +238,18 @@ impl Linear {
     }
 
     /// Whether [`Linear::record_glu`] takes a batch of `n_tokens` with gate and up matrices of
-    /// these types: 1 ..= [`MATVEC_MAX_TOKENS`] tokens (the matvec path) and one supported type
-    /// for both. The matrices must also have the same shape (`record_glu` checks it).
+    /// these types: 1 ..= [`MATVEC_MAX_TOKENS`] tokens (the matvec path) or a batch for the
+    /// cooperative-matrix kernel ([`Linear::uses_coop`]), and one supported type for both. The
+    /// matrices must also have the same shape (`record_glu` checks it).
     pub fn fuses_glu(&self, n_tokens: u32, gate_ty: GgmlType, up_ty: GgmlType) -> bool {
-        (1..=MATVEC_MAX_TOKENS).contains(&n_tokens) && gate_ty == up_ty && Self::supports(gate_ty)
+        let path = (1..=MATVEC_MAX_TOKENS).contains(&n_tokens) || self.coop_glu(n_tokens);
+        path && gate_ty == up_ty && Self::supports(gate_ty)
+    }
+
+    /// Whether a batch of `n_tokens` takes the fused gate/up/activation of the
+    /// cooperative-matrix kernel.
+    fn coop_glu(&self, n_tokens: u32) -> bool {
+        self.uses_coop(n_tokens) && self.coop.as_ref().is_some_and(|c| c.glu.is_some())
     }
 
     /// Whether the kernels read weights of type `ty`.
@@ -509,7 +517,8 @@ impl Linear {
         })?;
         if !self.fuses_glu(a.n_tokens, g.ty, u.ty) {
             return Err(shape(format!(
-                "fused GLU: {} tokens; it takes 1..={MATVEC_MAX_TOKENS} (the matvec kernel)",
+                "fused GLU: {} tokens; it takes 1..={MATVEC_MAX_TOKENS} (the matvec kernel) or, \
+                 with cooperative matrices, {COOP_MIN_TOKENS} or more",
                 a.n_tokens
             )));
         }
@@ -521,6 +530,14 @@ impl Linear {
             u64::from(u.n_rows) * u64::from(rb),
         )?;
         let [wb, x, y, bias] = bindings;
+        if let Some(coop) = self.coop.as_ref().filter(|_| self.coop_glu(a.n_tokens)) {
+            if a.norm.is_some() {
+                return Err(shape(format!(
+                    "a fused norm needs the matvec kernel (at most {MATVEC_MAX_TOKENS} tokens)"
+                )));
+            }
+            return coop.dispatch_glu(chain, None, ti, a, &wb, &up, rb);
+        }
         let norm = match a.norm {
             Some((nw, eps)) => {
                 if !self.fuses_norm(a.n_tokens) {
@@ -1281,8 +1298,14 @@ pub(crate) mod tests {
             assert!(e.contains("gate is 8x64 and up 16x64"), "{e}");
             let e = run(w(q8, 8, &bw), w(GgmlType::Q4_0, 8, &bw), 1, None);
             assert!(e.contains("gate is Q8_0 and up Q4_0"), "{e}");
-            let e = run(w(q8, 8, &bw), w(q8, 8, &bw), 9, None);
-            assert!(e.contains("9 tokens") && e.contains("1..=8"), "{e}");
+            if lin.uses_coop(9) {
+                // batches on cooperative matrices fuse too, but without a norm
+                let e = run(w(q8, 8, &bw), w(q8, 8, &bw), 9, Some((&bw, 1e-6)));
+                assert!(e.contains("fused norm needs the matvec kernel"), "{e}");
+            } else {
+                let e = run(w(q8, 8, &bw), w(q8, 8, &bw), 9, None);
+                assert!(e.contains("9 tokens") && e.contains("1..=8"), "{e}");
+            }
             let e = run(w(q8, 8, &bw), w(q8, 8, &sw), 2, None);
             assert!(e.contains("up weights (small)"), "{e}");
             let e = run(
@@ -1300,7 +1323,8 @@ pub(crate) mod tests {
                 assert!(e.contains("norm (small)"), "{e}");
             }
             assert!(lin.fuses_glu(8, q8, q8) && lin.fuses_glu(1, q8, q8));
-            assert!(!lin.fuses_glu(9, q8, q8) && !lin.fuses_glu(0, q8, q8));
+            assert_eq!(lin.fuses_glu(9, q8, q8), lin.uses_coop(9));
+            assert!(!lin.fuses_glu(0, q8, q8));
             assert!(!lin.fuses_glu(1, q8, GgmlType::Q4_0));
             assert!(!lin.fuses_glu(1, GgmlType::Q2_K, GgmlType::Q2_K));
         }

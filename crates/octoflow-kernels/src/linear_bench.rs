@@ -9,6 +9,7 @@ use rand::{Rng, SeedableRng};
 use crate::linear::tests::{buffer_with, random_weights};
 use crate::linear::{Linear, LinearArgs, QWeightRef};
 use crate::matmul_coop::MatmulCoop;
+use crate::GluOp;
 
 /// utime + stime of this process (all threads), seconds.
 fn cpu_seconds() -> f64 {
@@ -242,6 +243,8 @@ fn coop_timing() {
     }
     if let Some(mm) = &coop {
         tile_experiments(&ctx, mm, &filter);
+        f16_operand_experiments(&ctx, mm, &filter);
+        glu_experiments(&ctx, mm, &filter);
     }
     // Only token counts measured at all four distinct layer shapes make a layer.
     let mut keys: Vec<_> = layer_ns.keys().copied().collect();
@@ -326,6 +329,19 @@ fn tile_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
             [128, 64, 64],
         ),
         ("nobar", Some(s::MATMUL_COOP_X_NOBAR_Q5_0), [128, 64, 64]),
+        ("wnodeq", Some(s::MATMUL_COOP_X_WNODEQ_Q5_0), [128, 128, 64]),
+        ("wnox", Some(s::MATMUL_COOP_X_WNOX_Q5_0), [128, 128, 64]),
+        (
+            "wnoload",
+            Some(s::MATMUL_COOP_X_WNOLOAD_Q5_0),
+            [128, 128, 64],
+        ),
+        ("wnomma", Some(s::MATMUL_COOP_X_WNOMMA_Q5_0), [128, 128, 64]),
+        (
+            "wmmaonly",
+            Some(s::MATMUL_COOP_X_WMMAONLY_Q5_0),
+            [128, 128, 64],
+        ),
         (
             "mmaonly",
             Some(s::MATMUL_COOP_X_MMAONLY_Q5_0),
@@ -392,6 +408,283 @@ fn tile_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
             }
             println!("{line}");
         }
+    }
+}
+
+/// GPU time of products whose operands are already f16 in memory (`WH`: weights dequantized to
+/// f16 rows, `XH`: inputs in f16) against the Q5_0 default: the same f16-rounded operands reach
+/// the tensor cores, so the outputs agree to rounding of the sums.
+fn f16_operand_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
+    use crate::shaders as s;
+    let variants = [
+        ("wh", s::MATMUL_COOP_X_WH, [128, 64, 64], true, false),
+        ("whxh", s::MATMUL_COOP_X_WHXH, [128, 64, 64], true, true),
+        ("wwhxh", s::MATMUL_COOP_X_WWHXH, [128, 128, 64], true, true),
+        (
+            "wxh",
+            s::MATMUL_COOP_X_WXH_Q5_0,
+            [128, 128, 64],
+            false,
+            true,
+        ),
+    ];
+    for (name, shader, _, _, _) in &variants {
+        let mut desc = octoflow_vk::PipelineDesc::new(*shader, 5, crate::linear::PUSH_BYTES + 12)
+            .subgroup_size(32)
+            .capture_statistics();
+        desc.full_subgroups = true;
+        let p = octoflow_vk::Pipeline::new(ctx, &desc).unwrap();
+        let stats: Vec<String> = p
+            .statistics()
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        println!("{name}: {}", stats.join(", "));
+    }
+    let mut rng = StdRng::seed_from_u64(3);
+    for (n_rows, n_cols) in [(896u32, 896u32), (4864, 896), (896, 4864)] {
+        let name = format!("Q5_0 {n_rows}x{n_cols} f16 operands");
+        if !name.to_lowercase().contains(filter) {
+            continue;
+        }
+        let wq = random_weights(&mut rng, GgmlType::Q5_0, n_rows as usize, n_cols as usize);
+        let mut wf = vec![0f32; (n_rows * n_cols) as usize];
+        octoflow_gguf::quant::dequantize(GgmlType::Q5_0, &wq, &mut wf).unwrap();
+        let wh: Vec<u16> = wf
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_bits())
+            .collect();
+        let wq_b = buffer_with(ctx, "wq", &wq);
+        let wh_b = buffer_with(ctx, "wh", octoflow_vk::as_bytes(&wh));
+        let x: Vec<f32> = (0..512 * n_cols as usize)
+            .map(|_| rng.gen_range(-1.0..1.0))
+            .collect();
+        // f16 inputs in a buffer of the f32 inputs' size (the checks see f32 operands)
+        let mut xh: Vec<u16> = x
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_bits())
+            .collect();
+        xh.resize(2 * x.len(), 0);
+        let x_b = buffer_with(ctx, "x", octoflow_vk::as_bytes(&x));
+        let xh_b = buffer_with(ctx, "xh", octoflow_vk::as_bytes(&xh));
+        let yb = Buffer::new(
+            ctx,
+            "y",
+            4 * 512 * u64::from(n_rows),
+            MemoryKind::DeviceLocal,
+        )
+        .unwrap();
+        let ys = yb.whole();
+        let (wq_s, wh_s, x_s, xh_s) = (wq_b.whole(), wh_b.whole(), x_b.whole(), xh_b.whole());
+        let built: Vec<_> = variants
+            .iter()
+            .map(|&(n, sh, tile, wh, xh)| {
+                (
+                    n,
+                    MatmulCoop::with_shaders(ctx, &[sh], tile).unwrap(),
+                    wh,
+                    xh,
+                )
+            })
+            .collect();
+        for n_tokens in [128u32, 512] {
+            let args = |wh: bool, xh: bool| LinearArgs {
+                w: QWeightRef {
+                    ty: if wh { GgmlType::F16 } else { GgmlType::Q5_0 },
+                    data: if wh { &wh_s } else { &wq_s },
+                    n_rows,
+                    n_cols,
+                },
+                x: if xh { &xh_s } else { &x_s },
+                y: &ys,
+                n_tokens,
+                y_stride: n_rows,
+                y_col: 0,
+                bias: None,
+                accumulate: false,
+                norm: None,
+            };
+            let flop = 2.0 * f64::from(n_rows) * f64::from(n_cols) * f64::from(n_tokens);
+            let outputs = (n_tokens * n_rows) as usize;
+            let run = |mm: &MatmulCoop, a: &LinearArgs| {
+                ctx.fill(&yb, 0, yb.size(), f32::NAN.to_bits()).unwrap();
+                let ns = gpu_total_ns(ctx, 11, &|c| mm.record(c, a).unwrap());
+                let mut got = vec![0f32; outputs];
+                ctx.download(&yb, 0, &mut got).unwrap();
+                (ns, got)
+            };
+            let (ns, want) = run(default, &args(false, false));
+            let mut line = format!(
+                "{name:<30} x{n_tokens:<4} q5_0 {:.1}us {:.0}GF",
+                ns / 1e3,
+                flop / ns
+            );
+            for (n, mm, wh, xh) in &built {
+                let (ns, got) = run(mm, &args(*wh, *xh));
+                let ok = match crate::check_close(&got, &want, 1e-3) {
+                    Ok(()) => "ok".to_string(),
+                    Err(e) => format!("WRONG ({e})"),
+                };
+                line += &format!(" {n} {:.1}us {:.0}GF {ok}", ns / 1e3, flop / ns);
+            }
+            println!("{line}");
+        }
+    }
+}
+
+/// Wall time (ns) per recording of `reps` back-to-back recordings of `rec` (barriers between,
+/// one submit), after a third of a second of the same work: barriers inside a recording count.
+fn wall_ns(ctx: &Context, reps: usize, rec: &dyn Fn(&mut Chain)) -> f64 {
+    let mut chain = Chain::new(ctx).unwrap();
+    for _ in 0..reps {
+        rec(&mut chain);
+        chain.barrier().unwrap();
+    }
+    let t = std::time::Instant::now();
+    while t.elapsed().as_secs_f64() < 0.33 {
+        chain.run().unwrap();
+    }
+    let best = (0..5)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            chain.run().unwrap();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min);
+    best * 1e9 / reps as f64
+}
+
+/// The FFN's gate, up and activation at qwen2.5-0.5B's shape (`LINEAR_BENCH=glu cargo test -p
+/// octoflow-kernels --release coop_timing -- --ignored --nocapture`): two products, a barrier
+/// and the GLU kernel against the fused tensor-core dispatch in each tile, wall time per
+/// recording (barriers included), outputs compared.
+fn glu_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
+    use crate::shaders as s;
+    if !"glu 4864x896".contains(filter) {
+        return;
+    }
+    let variants = [
+        ("64x128", s::MATMUL_COOP_GLU_Q5_0, [64, 128, 64]),
+        ("64x64", s::MATMUL_COOP_GLU_SMALL_Q5_0, [64, 64, 64]),
+        ("128x64x32", s::MATMUL_COOP_X_GLU_Q5_0, [128, 64, 32]),
+        ("64x128x32", s::MATMUL_COOP_X_GLUWK32_Q5_0, [64, 128, 32]),
+    ];
+    let built: Vec<_> = variants
+        .iter()
+        .map(|&(n, sh, tile)| {
+            let t = crate::matmul_coop::Tiled::with_bindings(ctx, &[sh], tile, 6).unwrap();
+            (n, t)
+        })
+        .collect();
+    let glu = crate::Glu::new(ctx).unwrap();
+    let (n_rows, n_cols) = (4864u32, 896u32);
+    let mut rng = StdRng::seed_from_u64(4);
+    let wg = random_weights(&mut rng, GgmlType::Q5_0, n_rows as usize, n_cols as usize);
+    let wu = random_weights(&mut rng, GgmlType::Q5_0, n_rows as usize, n_cols as usize);
+    let (wg_b, wu_b) = (buffer_with(ctx, "wg", &wg), buffer_with(ctx, "wu", &wu));
+    let x: Vec<f32> = (0..512 * n_cols as usize)
+        .map(|_| rng.gen_range(-1.0..1.0))
+        .collect();
+    let x_b = buffer_with(ctx, "x", octoflow_vk::as_bytes(&x));
+    let bytes = 4 * 512 * u64::from(n_rows);
+    let new = |name| Buffer::new(ctx, name, bytes, MemoryKind::DeviceLocal).unwrap();
+    let (g_b, u_b, f_b) = (new("g"), new("u"), new("f"));
+    let (wg_s, wu_s, x_s) = (wg_b.whole(), wu_b.whole(), x_b.whole());
+    let (g_s, u_s, f_s) = (g_b.whole(), u_b.whole(), f_b.whole());
+    let rb = octoflow_gguf::quant::quantized_size(GgmlType::Q5_0, n_cols as usize).unwrap() as u32;
+    let ti = crate::qweight::TYPES
+        .iter()
+        .position(|&t| t == GgmlType::Q5_0)
+        .unwrap();
+    for n_tokens in [9u32, 16, 32, 64, 128, 256, 512] {
+        fn product<'a>(
+            w: &'a BufferSlice,
+            x: &'a BufferSlice,
+            y: &'a BufferSlice,
+            shape: [u32; 3],
+        ) -> LinearArgs<'a> {
+            let [n_rows, n_cols, n_tokens] = shape;
+            LinearArgs {
+                w: QWeightRef {
+                    ty: GgmlType::Q5_0,
+                    data: w,
+                    n_rows,
+                    n_cols,
+                },
+                x,
+                y,
+                n_tokens,
+                y_stride: n_rows,
+                y_col: 0,
+                bias: None,
+                accumulate: false,
+                norm: None,
+            }
+        }
+        let shape = [n_rows, n_cols, n_tokens];
+        let (ag, au) = (
+            product(&wg_s, &x_s, &g_s, shape),
+            product(&wu_s, &x_s, &u_s, shape),
+        );
+        let n = n_tokens * n_rows;
+        let base = |c: &mut Chain| {
+            default.record(c, &ag).unwrap();
+            default.record(c, &au).unwrap();
+            c.compute_barrier().unwrap();
+            glu.record(c, &g_s, &u_s, &g_s, n, GluOp::Silu).unwrap();
+        };
+        let outputs = n as usize;
+        ctx.fill(&g_b, 0, bytes, f32::NAN.to_bits()).unwrap();
+        let ns = if std::env::var_os("GLU_SKIP_BASE").is_some() {
+            1.0
+        } else {
+            wall_ns(ctx, 20, &base)
+        };
+        let mut want = vec![0f32; outputs];
+        ctx.download(&g_b, 0, &mut want).unwrap();
+        let flop = 4.0 * f64::from(n_rows) * f64::from(n_cols) * f64::from(n_tokens);
+        let mut line = format!(
+            "GLU Q5_0 {n_rows}x{n_cols} x{n_tokens:<4} gate+up+glu {:.1}us {:.0}GF",
+            ns / 1e3,
+            flop / ns
+        );
+        let ga = crate::LinearGluArgs {
+            gate: QWeightRef {
+                ty: GgmlType::Q5_0,
+                data: &wg_s,
+                n_rows,
+                n_cols,
+            },
+            up: QWeightRef {
+                ty: GgmlType::Q5_0,
+                data: &wu_s,
+                n_rows,
+                n_cols,
+            },
+            x: &x_s,
+            y: &f_s,
+            n_tokens,
+            op: GluOp::Silu,
+            norm: None,
+        };
+        for (name, t) in &built {
+            ctx.fill(&f_b, 0, bytes, f32::NAN.to_bits()).unwrap();
+            let rec = |c: &mut Chain| {
+                default
+                    .dispatch_glu(c, Some(t), ti, &ga, &wg_s, &wu_s, rb)
+                    .unwrap()
+            };
+            let ns = wall_ns(ctx, 20, &rec);
+            let mut got = vec![0f32; outputs];
+            ctx.download(&f_b, 0, &mut got).unwrap();
+            let ok = match crate::check_close(&got, &want, 1e-3) {
+                Ok(()) => "ok".to_string(),
+                Err(e) => format!("WRONG ({e})"),
+            };
+            line += &format!(" {name} {:.1}us {:.0}GF {ok}", ns / 1e3, flop / ns);
+        }
+        println!("{line}");
     }
 }
 

@@ -29,6 +29,18 @@ use crate::split_sum::{SplitSum, SumTarget};
 const TILE: [u32; 3] = [128, 64, 64];
 /// The same for the wide variants (`matmul_coop_wide_*`, `BN` 128).
 const TILE_WIDE: [u32; 3] = [128, 128, 64];
+/// The same for the fused gate/up/activation variants (`matmul_coop_glu_*`: `BM` rows of both
+/// matrices) and for their small-batch variants (`matmul_coop_glu_small_*`, batches of up to
+/// [`GLU_SMALL_MAX_TOKENS`]). H100, qwen2.5-0.5B's Q5_0 4864 x 896 gate and up
+/// (`LINEAR_BENCH=glu` bench, wall time with barriers), µs at 9 / 16 / 32 / 64 / 128 / 256 / 512
+/// tokens: two products, a barrier and the GLU kernel 43.2 / 42.7 / 46.4 / 51.2 / 77.8 / 89.1 /
+/// 127.1; fused 64 x 128 34.3 / 35.8 / 37.7 / 36.8 / **40.6** / 75.3 / **107.0**; fused 64 x 64
+/// **28.5 / 28.3 / 29.6 / 30.6** / 52.2 / 74.7 / 118.3 (128 x 64 x 32: 51.7 ... 153.4).
+const TILE_GLU: [u32; 3] = [64, 128, 64];
+/// See [`TILE_GLU`].
+const TILE_GLU_SMALL: [u32; 3] = [64, 64, 64];
+/// See [`TILE_GLU`].
+const GLU_SMALL_MAX_TOKENS: u32 = 64;
 /// Batches of at least this many tokens may take the wide variants: each weight is decoded half
 /// as often, by half as many workgroups — which pays where the wide grid still fills the device
 /// ([`WIDE_MIN_TILES`]) or the rows are long enough for split-K pieces of several steps
@@ -52,7 +64,7 @@ const MAX_SPLIT: u32 = 16;
 const SUBGROUP: u32 = 32;
 
 /// Pipelines of one tile shape, one per weight type (indexed like `TYPES`).
-struct Tiled {
+pub(crate) struct Tiled {
     pipelines: Vec<Pipeline>,
     /// Rows, tokens and columns per step of a workgroup of these pipelines.
     tile: [u32; 3],
@@ -63,6 +75,9 @@ pub struct MatmulCoop {
     narrow: Tiled,
     /// For batches of [`WIDE_MIN_TOKENS`] or more (absent in benchmark-built instances).
     wide: Option<Tiled>,
+    /// Gate, up and the activation in one dispatch (`matmul_coop_glu_*`), and the same for
+    /// small batches (absent in benchmark-built instances).
+    pub(crate) glu: Option<(Tiled, Tiled)>,
     /// Split-K aims at this many workgroups ([`TARGET_GROUPS`]; benchmarks vary it).
     pub(crate) target_groups: u32,
     /// Adds split-K pieces into y.
@@ -103,6 +118,10 @@ impl MatmulCoop {
         let shaders = |op| (0..TYPES.len()).map(|i| variant(op, i)).collect::<Vec<_>>();
         let mut mm = Self::with_shaders(ctx, &shaders(QOp::MatmulCoop), TILE)?;
         mm.wide = Some(Tiled::new(ctx, &shaders(QOp::MatmulCoopWide), TILE_WIDE)?);
+        mm.glu = Some((
+            Tiled::with_bindings(ctx, &shaders(QOp::MatmulCoopGlu), TILE_GLU, 6)?,
+            Tiled::with_bindings(ctx, &shaders(QOp::MatmulCoopGluSmall), TILE_GLU_SMALL, 6)?,
+        ));
         Ok(mm)
     }
 
@@ -112,6 +131,7 @@ impl MatmulCoop {
         Ok(MatmulCoop {
             narrow: Tiled::new(ctx, shaders, tile)?,
             wide: None,
+            glu: None,
             target_groups: TARGET_GROUPS,
             sum: SplitSum::new(ctx)?,
             scratch: QueueScratch::new("matmul_split"),
@@ -243,6 +263,80 @@ impl MatmulCoop {
     }
 }
 
+impl MatmulCoop {
+    /// Records `y[t, r] = act(gate row r · x[t]) * (up row r · x[t])` on the GLU pipelines
+    /// `tiled` (by default the fused pipelines for the batch's size): weights `gate` and `up` (checked words of one
+    /// type and shape, type index `ti`, `row_bytes` each), `x` and `y` checked as one product of
+    /// the gate. One piece per tile (the activation is not linear: no split-K).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn dispatch_glu(
+        &self,
+        chain: &mut Chain,
+        tiled: Option<&Tiled>,
+        ti: usize,
+        a: &crate::LinearGluArgs,
+        gate: &BufferSlice,
+        up: &BufferSlice,
+        row_bytes: u32,
+    ) -> Result<()> {
+        let chosen = self.glu.as_ref().map(|(wide, small)| {
+            if a.n_tokens <= GLU_SMALL_MAX_TOKENS {
+                small
+            } else {
+                wide
+            }
+        });
+        let Some(tiled) = tiled.or(chosen) else {
+            // benchmark-built instances
+            return Err(KernelError::Shape {
+                op: "matmul_coop",
+                detail: "no fused GLU pipelines on this instance".into(),
+            });
+        };
+        let (tile, pipeline) = (tiled.tile, tiled.pipeline(ti));
+        let (n_rows, n_cols) = (a.gate.n_rows, a.gate.n_cols);
+        let groups = [n_rows.div_ceil(tile[0]), a.n_tokens.div_ceil(tile[1]), 1];
+        let max = chain.context().caps().max_workgroup_count;
+        if groups[0] > max[0] || groups[1] > max[1] {
+            return Err(KernelError::Shape {
+                op: "matmul_coop",
+                detail: format!(
+                    "{n_rows} rows x {} tokens need {}x{} workgroups, over {}x{}",
+                    a.n_tokens, groups[0], groups[1], max[0], max[1]
+                ),
+            });
+        }
+        let x_vec = n_cols.is_multiple_of(4) && a.x.offset.is_multiple_of(16);
+        let k_per = n_cols.div_ceil(tile[2]) * tile[2];
+        let push = Push::new()
+            .u32(n_rows)
+            .u32(n_cols)
+            .u32(a.n_tokens)
+            .u32(n_rows) // y_stride
+            .u32(0) // y_col
+            .u32(row_bytes)
+            .u32(a.op.code() << 2) // flags: no bias, no accumulation; the activation
+            .u32(k_per)
+            .u32(1)
+            .u32(u32::from(x_vec));
+        let y = a.y.clone();
+        // y stands in for the bias and split-K bindings (never read or written)
+        let all = [
+            gate.clone(),
+            a.x.clone(),
+            y.clone(),
+            y.clone(),
+            y,
+            up.clone(),
+        ];
+        chain.dispatch(pipeline, &all, &push, groups)?;
+        let (rows, cols, n) = (u64::from(n_rows), u64::from(n_cols), u64::from(a.n_tokens));
+        let bytes = a.gate.data.size + a.up.data.size + 4 * n * (cols + rows);
+        chain.set_cost(bytes, 4 * rows * cols * n);
+        Ok(())
+    }
+}
+
 /// A pipeline of a cooperative-matrix shader (laid out for full subgroups of [`SUBGROUP`],
 /// requested where the device's size varies): `bindings` storage buffers, `push` bytes of push
 /// constants. The device must be [`MatmulCoop::supported`].
@@ -263,9 +357,20 @@ pub(crate) fn coop_pipeline(
 
 impl Tiled {
     fn new(ctx: &Context, shaders: &[Shader], tile: [u32; 3]) -> Result<Self> {
+        Self::with_bindings(ctx, shaders, tile, 5)
+    }
+
+    /// Pipelines of `shaders` with `bindings` storage buffers (the GLU variants read a sixth:
+    /// the up matrix).
+    pub(crate) fn with_bindings(
+        ctx: &Context,
+        shaders: &[Shader],
+        tile: [u32; 3],
+        bindings: u32,
+    ) -> Result<Self> {
         let pipelines = shaders
             .iter()
-            .map(|&shader| coop_pipeline(ctx, shader, 5, PUSH_BYTES + 12))
+            .map(|&shader| coop_pipeline(ctx, shader, bindings, PUSH_BYTES + 12))
             .collect::<Result<_>>()?;
         Ok(Tiled { pipelines, tile })
     }
@@ -508,6 +613,110 @@ pub(crate) mod tests {
         gpu_matmul_coop_q5_1 => Q5_1, gpu_matmul_coop_q8_0 => Q8_0,
         gpu_matmul_coop_q4_k => Q4_K, gpu_matmul_coop_q5_k => Q5_K,
         gpu_matmul_coop_q6_k => Q6_K
+    );
+
+    /// Gate, up and the activation in one dispatch ([`crate::Linear::record_glu`] on batches
+    /// for this kernel) against the reference products of the f16-rounded operands and
+    /// [`crate::glu_ref`]: random shapes of `ty` (rows not a multiple of the 64-row tile, 1 to
+    /// 20 rows too, columns not a multiple of the 64-column step), batches of 9 to 300 tokens
+    /// (both tiles), both activations, the output poisoned first.
+    fn check_glu_type(ty: GgmlType) {
+        let name = format!("matmul_coop_glu_{ty}");
+        let Some(ctx) = gpu_or_skip(&name) else {
+            return;
+        };
+        let lin = crate::Linear::new(&ctx).unwrap();
+        if !lin.uses_coop(crate::linear::COOP_MIN_TOKENS) {
+            println!(
+                "{name}: skipped, {} has no 16x16x16 f16 -> f32 cooperative matrices",
+                ctx.caps().name
+            );
+            return;
+        }
+        let seed: u64 = rand::random();
+        let mut rng = StdRng::seed_from_u64(seed);
+        for case in 0..4 {
+            let n_rows = if case == 0 {
+                rng.gen_range(1..20usize)
+            } else {
+                rng.gen_range(65..400usize)
+            };
+            let n_cols = random_cols(&mut rng, ty);
+            let n_tokens = [
+                crate::linear::COOP_MIN_TOKENS as usize,
+                rng.gen_range(10..=GLU_SMALL_MAX_TOKENS as usize),
+                128,
+                rng.gen_range(129..300),
+            ][case];
+            let op = [crate::GluOp::Silu, crate::GluOp::GeluTanh][case % 2];
+            let wg = random_weights(&mut rng, ty, n_rows, n_cols);
+            let wu = random_weights(&mut rng, ty, n_rows, n_cols);
+            let x: Vec<f32> = (0..n_tokens * n_cols)
+                .map(|_| rng.gen_range(-1.0..1.0))
+                .collect();
+            let (gb, ub) = (buffer_with(&ctx, "gate", &wg), buffer_with(&ctx, "up", &wu));
+            let xb = buffer_with(&ctx, "x", octoflow_vk::as_bytes(&x));
+            let n_out = n_tokens * n_rows;
+            let yb = Buffer::new(&ctx, "y", 4 * n_out as u64, MemoryKind::DeviceLocal).unwrap();
+            ctx.fill(&yb, 0, yb.size(), f32::NAN.to_bits()).unwrap();
+            let weight = |data| QWeightRef {
+                ty,
+                data,
+                n_rows: n_rows as u32,
+                n_cols: n_cols as u32,
+            };
+            let (gs, us) = (gb.whole(), ub.whole());
+            let args = crate::LinearGluArgs {
+                gate: weight(&gs),
+                up: weight(&us),
+                x: &xb.whole(),
+                y: &yb.whole(),
+                n_tokens: n_tokens as u32,
+                op,
+                norm: None,
+            };
+            assert!(lin.fuses_glu(n_tokens as u32, ty, ty));
+            let mut chain = Chain::new(&ctx).unwrap();
+            lin.record_glu(&mut chain, &args).unwrap();
+            chain.run().unwrap();
+            let mut got = vec![0f32; n_out];
+            ctx.download(&yb, 0, &mut got).unwrap();
+            let product = |w: &[u8]| {
+                let mut y = vec![0f32; n_out];
+                matmul_coop_ref(
+                    ty, w, n_rows, n_cols, &x, n_tokens, &mut y, n_rows, 0, None, false,
+                )
+                .unwrap();
+                y
+            };
+            let (g, u) = (product(&wg), product(&wu));
+            let mut want = vec![f32::NAN; n_out];
+            crate::glu_ref(&g, &u, &mut want, op);
+            if let Err(e) = check_close(&got, &want, REL_COOP) {
+                panic!(
+                    "{ty} {n_rows}x{n_cols}, {n_tokens} tokens, {op:?}, seed {seed}: outputs \
+                     [token * {n_rows} + row]: {e}"
+                );
+            }
+        }
+        assert_no_validation_errors(&ctx);
+    }
+
+    macro_rules! glu_tests {
+        ($($name:ident => $ty:ident),*) => {$(
+            #[test]
+            fn $name() {
+                check_glu_type(GgmlType::$ty);
+            }
+        )*};
+    }
+
+    glu_tests!(
+        gpu_matmul_coop_glu_f32 => F32, gpu_matmul_coop_glu_f16 => F16,
+        gpu_matmul_coop_glu_q4_0 => Q4_0, gpu_matmul_coop_glu_q4_1 => Q4_1,
+        gpu_matmul_coop_glu_q5_0 => Q5_0, gpu_matmul_coop_glu_q5_1 => Q5_1,
+        gpu_matmul_coop_glu_q8_0 => Q8_0, gpu_matmul_coop_glu_q4_k => Q4_K,
+        gpu_matmul_coop_glu_q5_k => Q5_K, gpu_matmul_coop_glu_q6_k => Q6_K
     );
 
     #[test]

@@ -38,6 +38,10 @@ pub(crate) enum QOp {
     MatmulCoop,
     /// `matmul_coop` with 128 tokens per workgroup.
     MatmulCoopWide,
+    /// `matmul_coop` of gate and up with the activation (`GLU`).
+    MatmulCoopGlu,
+    /// `matmul_coop_glu` with 64 tokens per workgroup.
+    MatmulCoopGluSmall,
     GetRows,
 }
 
@@ -140,6 +144,30 @@ pub(crate) fn variant(op: QOp, i: usize) -> Shader {
             s::MATMUL_COOP_WIDE_Q4_K,
             s::MATMUL_COOP_WIDE_Q5_K,
             s::MATMUL_COOP_WIDE_Q6_K,
+        ],
+        QOp::MatmulCoopGlu => [
+            s::MATMUL_COOP_GLU_F32,
+            s::MATMUL_COOP_GLU_F16,
+            s::MATMUL_COOP_GLU_Q4_0,
+            s::MATMUL_COOP_GLU_Q4_1,
+            s::MATMUL_COOP_GLU_Q5_0,
+            s::MATMUL_COOP_GLU_Q5_1,
+            s::MATMUL_COOP_GLU_Q8_0,
+            s::MATMUL_COOP_GLU_Q4_K,
+            s::MATMUL_COOP_GLU_Q5_K,
+            s::MATMUL_COOP_GLU_Q6_K,
+        ],
+        QOp::MatmulCoopGluSmall => [
+            s::MATMUL_COOP_GLU_SMALL_F32,
+            s::MATMUL_COOP_GLU_SMALL_F16,
+            s::MATMUL_COOP_GLU_SMALL_Q4_0,
+            s::MATMUL_COOP_GLU_SMALL_Q4_1,
+            s::MATMUL_COOP_GLU_SMALL_Q5_0,
+            s::MATMUL_COOP_GLU_SMALL_Q5_1,
+            s::MATMUL_COOP_GLU_SMALL_Q8_0,
+            s::MATMUL_COOP_GLU_SMALL_Q4_K,
+            s::MATMUL_COOP_GLU_SMALL_Q5_K,
+            s::MATMUL_COOP_GLU_SMALL_Q6_K,
         ],
         QOp::GetRows => [
             s::GET_ROWS_F32,

@@ -74,6 +74,12 @@ fn unfused_rope() -> bool {
     std::env::var_os("OCTOFLOW_UNFUSED_ROPE").is_some_and(|v| v == "1")
 }
 
+/// `OCTOFLOW_UNFUSED_GLU=1` records batches on cooperative matrices with gate and up as two
+/// products, a barrier and the GLU kernel: a switch to measure what the fused dispatch gains.
+fn unfused_glu() -> bool {
+    std::env::var_os("OCTOFLOW_UNFUSED_GLU").is_some_and(|v| v == "1")
+}
+
 /// The data of a matrix held in one piece (rows from 0).
 fn single(m: &GpuMatrix) -> Option<&BufferSlice> {
     match m.pieces.as_slice() {
@@ -273,8 +279,9 @@ impl Graph<'_> {
         )
     }
 
-    /// `x += down(act(gate(h)) * up(h))` with `h = rmsnorm(x)` for layer `il`. Few-token steps
-    /// without adapters on gate/up record the two products and the activation as one dispatch
+    /// `x += down(act(gate(h)) * up(h))` with `h = rmsnorm(x)` for layer `il`. Without adapters
+    /// on gate/up, few-token steps (the matvec kernel) and batches on cooperative matrices record
+    /// the two products and the activation as one dispatch
     /// ([`octoflow_kernels::Linear::record_glu`]): one barrier stage and two dispatches fewer.
     fn ffn_block(&self, chain: &mut Chain, il: usize, n: u32) -> Result<()> {
         let (c, s, k) = (self.c, self.s, self.k);
@@ -327,7 +334,8 @@ impl Graph<'_> {
     }
 
     /// The arguments of layer `il`'s gate, up and activation as one fused dispatch into `out`,
-    /// where that applies: the matvec path ([`octoflow_kernels::Linear::fuses_glu`]), gate and
+    /// where that applies: the matvec path or the cooperative-matrix kernel
+    /// ([`octoflow_kernels::Linear::fuses_glu`]), gate and
     /// up single-piece matrices of one type and shape, and no adapters on either (their products
     /// must be added to gate and up before the activation).
     fn fused_glu<'b>(
@@ -352,6 +360,7 @@ impl Graph<'_> {
         if adapted
             || (g.n_rows, g.n_cols) != (u.n_rows, u.n_cols)
             || !self.k.linear.fuses_glu(n, g.ty, u.ty)
+            || (self.k.linear.uses_coop(n) && unfused_glu())
         {
             return None;
         }
