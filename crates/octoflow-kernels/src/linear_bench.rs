@@ -726,6 +726,14 @@ fn coop_split() {
             "128x128",
             MatmulCoop::with_shaders(&ctx, &[s::MATMUL_COOP_WIDE_Q5_0], [128, 128, 64]).unwrap(),
         ),
+        (
+            "64x64/4",
+            MatmulCoop::with_shaders(&ctx, &[s::MATMUL_COOP_X_M64_Q5_0], [64, 64, 64]).unwrap(),
+        ),
+        (
+            "64x64/8",
+            MatmulCoop::with_shaders(&ctx, &[s::MATMUL_COOP_X_M64W8_Q5_0], [64, 64, 64]).unwrap(),
+        ),
     ];
     let mut rng = StdRng::seed_from_u64(4);
     for (n_rows, n_cols) in [(896u32, 896u32), (128, 896), (4864, 896), (896, 4864)] {

@@ -54,9 +54,10 @@ const WIDE_MIN_TILES: u32 = 128;
 const WIDE_MIN_COLS: u32 = 2048;
 /// Invocations per workgroup (`WGS`: 8 subgroups of 32).
 const INVOCATIONS: u32 = 256;
-/// Split-K aims at this many workgroups (one per SM of an H100): below it, a product's
-/// workgroups each run all their column steps one after another, latency-bound. (264 measured
-/// 5% slower over a qwen2.5-0.5B layer at 512 tokens: more pieces to sum, more scratch.)
+/// Split-K fills up to this many workgroups (one per SM of an H100; the tiles' registers hold
+/// one workgroup per SM): below it, a product's workgroups each run all their column steps one
+/// after another, latency-bound; above it, a second round. (264 measured 5% slower over a
+/// qwen2.5-0.5B layer at 512 tokens: more pieces to sum, more scratch.)
 const TARGET_GROUPS: u32 = 132;
 /// Most split-K pieces.
 const MAX_SPLIT: u32 = 16;
@@ -382,10 +383,15 @@ impl Tiled {
 }
 
 /// Split-K pieces for a product of `tiles` workgroup tiles over `n_cols` columns in steps of
-/// `k`: enough to reach `target` workgroups, at most [`MAX_SPLIT`] and one per step.
+/// `k`: as many as keep the workgroups within `target` (one wave: the tiles hold one workgroup
+/// per SM), at least one, at most [`MAX_SPLIT`] and one per step. Rounding up instead (the
+/// first wave full, a few workgroups in a second) cost a whole second round: H100 `octoflow
+/// bench -p 512 -n 0 -r 5`, up → down: qwen2.5-0.5B 54.7k → 59.4k tok/s (896 x 896 at 512
+/// tokens: 56 tiles, 3 pieces = 168 workgroups → 2 = 112), smollm2 98.5k → 107.6k, gemma3
+/// 74.7k → 80.3k.
 fn split_for(tiles: u32, n_cols: u32, k: u32, target: u32) -> u32 {
     let steps = n_cols.div_ceil(k).max(1);
-    target.div_ceil(tiles.max(1)).clamp(1, MAX_SPLIT.min(steps))
+    (target / tiles.max(1)).clamp(1, MAX_SPLIT.min(steps))
 }
 
 /// CPU reference: [`linear_ref`] on the operands the kernel multiplies — every decoded weight
