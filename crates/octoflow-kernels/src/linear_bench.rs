@@ -736,7 +736,22 @@ fn coop_split() {
         ),
     ];
     let mut rng = StdRng::seed_from_u64(4);
-    for (n_rows, n_cols) in [(896u32, 896u32), (128, 896), (4864, 896), (896, 4864)] {
+    let targets: Vec<u32> = match std::env::var("COOP_SPLIT_TARGETS") {
+        Ok(t) => t.split(',').filter_map(|v| v.parse().ok()).collect(),
+        Err(_) => vec![1, 66, 132, 264, 528],
+    };
+    let shapes = [
+        (896u32, 896u32),
+        (128, 896),
+        (4864, 896),
+        (896, 4864),
+        (576, 576),
+        (192, 576),
+        (1024, 640),
+        (256, 640),
+        (640, 1024),
+    ];
+    for (n_rows, n_cols) in shapes {
         let product = Q5Product::new(&ctx, &mut rng, n_rows, n_cols);
         let ys = product.y.whole();
         for n_tokens in [128u32, 512] {
@@ -744,7 +759,7 @@ fn coop_split() {
             let mut line = format!("Q5_0 {n_rows}x{n_cols} x{n_tokens}:");
             for (name, mm) in tiles.iter_mut() {
                 line += &format!(" | {name}");
-                for target in [1u32, 66, 132, 264, 528] {
+                for &target in &targets {
                     mm.target_groups = target;
                     let ns = gpu_total_ns(&ctx, 11, &|c| mm.record(c, &args).unwrap());
                     line += &format!(" {target}:{:.1}", ns / 1e3);

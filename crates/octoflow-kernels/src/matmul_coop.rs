@@ -50,6 +50,22 @@ const GLU_SMALL_MAX_TOKENS: u32 = 64;
 pub const WIDE_MIN_TOKENS: u32 = 257;
 /// See [`WIDE_MIN_TOKENS`].
 const WIDE_MIN_TILES: u32 = 128;
+/// Rows, tokens and columns per step of the small variants (`matmul_coop_small_*`: 64 x 64,
+/// 2 x 4 subgroups of 32 x 16), for products of at most [`SMALL_MAX_ROWS`] rows of fewer than
+/// [`WIDE_MIN_COLS`] columns whose critical path ([`wave_cost`]) is no longer
+/// than with 128 x 64 tiles: as long, with fewer split-K pieces to sum. H100, Q5_0 at
+/// qwen2.5-0.5B's attention shapes (`coop_split` bench, product plus sum, µs): 128 x 896 at
+/// 128 / 512 tokens 13.9 / 14.2 → 11.9 / 12.9; 896 x 896 at 512 tokens 23.6 (two pieces) →
+/// 23.5 (one: no sum dispatch, no barrier). Taller or longer products lose with them
+/// (4864 x 896 at 128 tokens 29.5 → 41.1, 896 x 4864 32.6 → 40.0). `octoflow bench -p 512 -n
+/// 128 -r 3`, without small tiles → with them: qwen2.5-0.5B 59.3k → 60.8k / 61.3k tok/s;
+/// gemma3 79.7k → 79.2k / 80.3k; smollm2 109.0k → 104.0k / 105.6k (another machine; its
+/// runs vary by ±3k). Taking them for every short product whose 128 x 64 tiles would not fill
+/// the device (same machine): qwen 60.3k / 61.3k, gemma3 82.7k / 83.0k, smollm2 104.3k /
+/// 104.7k — which of smollm2's shapes loses (576 x 576, 192 x 576) is not measured yet.
+const TILE_SMALL: [u32; 3] = [64, 64, 64];
+/// See [`TILE_SMALL`].
+const SMALL_MAX_ROWS: u32 = 1024;
 /// See [`WIDE_MIN_TOKENS`].
 const WIDE_MIN_COLS: u32 = 2048;
 /// Invocations per workgroup (`WGS`: 8 subgroups of 32).
@@ -76,6 +92,8 @@ pub struct MatmulCoop {
     narrow: Tiled,
     /// For batches of [`WIDE_MIN_TOKENS`] or more (absent in benchmark-built instances).
     wide: Option<Tiled>,
+    /// For short products of few rows ([`TILE_SMALL`]; absent in benchmark-built instances).
+    small: Option<Tiled>,
     /// Gate, up and the activation in one dispatch (`matmul_coop_glu_*`), and the same for
     /// small batches (absent in benchmark-built instances).
     pub(crate) glu: Option<(Tiled, Tiled)>,
@@ -119,6 +137,7 @@ impl MatmulCoop {
         let shaders = |op| (0..TYPES.len()).map(|i| variant(op, i)).collect::<Vec<_>>();
         let mut mm = Self::with_shaders(ctx, &shaders(QOp::MatmulCoop), TILE)?;
         mm.wide = Some(Tiled::new(ctx, &shaders(QOp::MatmulCoopWide), TILE_WIDE)?);
+        mm.small = Some(Tiled::new(ctx, &shaders(QOp::MatmulCoopSmall), TILE_SMALL)?);
         mm.glu = Some((
             Tiled::with_bindings(ctx, &shaders(QOp::MatmulCoopGlu), TILE_GLU, 6)?,
             Tiled::with_bindings(ctx, &shaders(QOp::MatmulCoopGluSmall), TILE_GLU_SMALL, 6)?,
@@ -132,6 +151,7 @@ impl MatmulCoop {
         Ok(MatmulCoop {
             narrow: Tiled::new(ctx, shaders, tile)?,
             wide: None,
+            small: None,
             glu: None,
             target_groups: TARGET_GROUPS,
             sum: SplitSum::new(ctx)?,
@@ -141,16 +161,16 @@ impl MatmulCoop {
 
     /// The pipelines for a product of `n_rows` x `n_cols` over `n_tokens`.
     fn tiled(&self, n_rows: u32, n_cols: u32, n_tokens: u32) -> &Tiled {
-        match &self.wide {
-            Some(w) if n_tokens >= WIDE_MIN_TOKENS => {
-                let tiles = n_rows.div_ceil(w.tile[0]) * n_tokens.div_ceil(w.tile[1]);
-                if tiles >= WIDE_MIN_TILES || n_cols >= WIDE_MIN_COLS {
-                    w
-                } else {
-                    &self.narrow
-                }
+        if let Some(w) = self.wide.as_ref().filter(|_| n_tokens >= WIDE_MIN_TOKENS) {
+            let tiles = n_rows.div_ceil(w.tile[0]) * n_tokens.div_ceil(w.tile[1]);
+            if tiles >= WIDE_MIN_TILES || n_cols >= WIDE_MIN_COLS {
+                return w;
             }
-            _ => &self.narrow,
+        }
+        let (n, target) = (&self.narrow, self.target_groups);
+        match &self.small {
+            Some(s) if prefers_small(n.tile, s.tile, [n_rows, n_cols, n_tokens], target) => s,
+            _ => n,
         }
     }
 
@@ -382,6 +402,28 @@ impl Tiled {
     }
 }
 
+/// Whether a product of `shape` (rows, columns, tokens) takes the `small` tile instead of the
+/// `narrow` one: a short product ([`SMALL_MAX_ROWS`], [`WIDE_MIN_COLS`]) whose critical path
+/// ([`wave_cost`]) is no longer with it.
+fn prefers_small(narrow: [u32; 3], small: [u32; 3], shape: [u32; 3], target: u32) -> bool {
+    let [n_rows, n_cols, _] = shape;
+    n_rows <= SMALL_MAX_ROWS
+        && n_cols < WIDE_MIN_COLS
+        && wave_cost(small, shape, target) <= wave_cost(narrow, shape, target)
+}
+
+/// The critical path of a product of `shape` (rows, columns, tokens) in `tile`s, in 64 x 64
+/// tile steps: the column steps of one split-K piece ([`split_for`]) times the tile's size,
+/// times the rounds of workgroups past `target`.
+fn wave_cost(tile: [u32; 3], shape: [u32; 3], target: u32) -> u32 {
+    let [n_rows, n_cols, n_tokens] = shape;
+    let tiles = n_rows.div_ceil(tile[0]) * n_tokens.div_ceil(tile[1]);
+    let steps = n_cols.div_ceil(tile[2]).max(1);
+    let per = steps.div_ceil(split_for(tiles, n_cols, tile[2], target));
+    let rounds = (tiles * steps.div_ceil(per)).div_ceil(target.max(1));
+    rounds * per * (tile[0] * tile[1] / 4096)
+}
+
 /// Split-K pieces for a product of `tiles` workgroup tiles over `n_cols` columns in steps of
 /// `k`: as many as keep the workgroups within `target` (one wave: the tiles hold one workgroup
 /// per SM), at least one, at most [`MAX_SPLIT`] and one per step. Rounding up instead (the
@@ -469,11 +511,13 @@ pub(crate) mod tests {
         }
         let seed: u64 = rand::random();
         let mut rng = StdRng::seed_from_u64(seed);
-        // The device's choice of tile for each batch, and the wide tile for every batch (the
-        // choice takes it only for large products).
+        // The device's choice of tile for each batch, and each tile for every batch (the
+        // choice takes the wide one only for large products, the small one for short ones).
         let ti = TYPES.iter().position(|&t| t == ty).unwrap();
-        let wide =
-            MatmulCoop::with_shaders(&ctx, &[variant(QOp::MatmulCoopWide, ti)], TILE_WIDE).unwrap();
+        let tiled = |op, tile| MatmulCoop::with_shaders(&ctx, &[variant(op, ti)], tile).unwrap();
+        let wide = tiled(QOp::MatmulCoopWide, TILE_WIDE);
+        let narrow = tiled(QOp::MatmulCoop, TILE);
+        let small = tiled(QOp::MatmulCoopSmall, TILE_SMALL);
         let full = MatmulCoop::new(&ctx).unwrap();
         // Tile edges: rows not a multiple of 64 (1 row too), columns a multiple of 32 but often
         // not of 64 (the kernel's K step), odd for F32/F16.
@@ -494,10 +538,14 @@ pub(crate) mod tests {
             rng.gen_range(65..300),
             300,
         ];
-        let runs = sizes
-            .into_iter()
-            .enumerate()
-            .flat_map(|(case, n)| [(case, n, "chosen", &full), (case, n, "wide", &wide)]);
+        let runs = sizes.into_iter().enumerate().flat_map(|(case, n)| {
+            [
+                (case, n, "chosen", &full),
+                (case, n, "wide", &wide),
+                (case, n, "narrow", &narrow),
+                (case, n, "small", &small),
+            ]
+        });
         for (case, n_tokens, tile, mm) in runs {
             let with_bias = case % 2 == 0;
             let accumulate = case % 3 == 1;
@@ -724,6 +772,35 @@ pub(crate) mod tests {
         gpu_matmul_coop_glu_q8_0 => Q8_0, gpu_matmul_coop_glu_q4_k => Q4_K,
         gpu_matmul_coop_glu_q5_k => Q5_K, gpu_matmul_coop_glu_q6_k => Q6_K
     );
+
+    /// The tile rule on the models' shapes: the small tile for qwen2.5-0.5B's and gemma3's q
+    /// and k/v (as long a path, fewer split-K pieces), not for smollm2's 576 x 576 or gemma3's
+    /// 640 x 1024 output projection (a longer path) nor for FFN-sized products (measured
+    /// slower on the H100, see [`TILE_SMALL`]).
+    #[test]
+    fn small_tiles_take_short_products_whose_path_they_do_not_lengthen() {
+        let small = |rows, cols, tokens| {
+            prefers_small(TILE, TILE_SMALL, [rows, cols, tokens], TARGET_GROUPS)
+        };
+        for (rows, cols) in [(896, 896), (128, 896), (1024, 640), (256, 640)] {
+            assert!(small(rows, cols, 512), "{rows}x{cols}");
+        }
+        assert!(small(128, 896, 128));
+        for (rows, cols) in [
+            (576, 576),
+            (640, 1024),
+            (4864, 896),
+            (896, 4864),
+            (2048, 640),
+        ] {
+            assert!(!small(rows, cols, 512), "{rows}x{cols}");
+        }
+        assert!(!small(4864, 896, 128) && !small(896, 4864, 128));
+        // one wave: 896 x 896 at 512 tokens in 128 x 64 tiles is 56 tiles, two pieces each
+        assert_eq!(split_for(56, 896, 64, TARGET_GROUPS), 2);
+        assert_eq!(wave_cost(TILE, [896, 896, 512], TARGET_GROUPS), 14);
+        assert_eq!(wave_cost(TILE_SMALL, [896, 896, 512], TARGET_GROUPS), 14);
+    }
 
     #[test]
     fn without_cooperative_matrices_new_is_a_clear_error() {

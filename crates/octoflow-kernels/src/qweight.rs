@@ -38,6 +38,8 @@ pub(crate) enum QOp {
     MatmulCoop,
     /// `matmul_coop` with 128 tokens per workgroup.
     MatmulCoopWide,
+    /// `matmul_coop` with 64 rows per workgroup.
+    MatmulCoopSmall,
     /// `matmul_coop` of gate and up with the activation (`GLU`).
     MatmulCoopGlu,
     /// `matmul_coop_glu` with 64 tokens per workgroup.
@@ -144,6 +146,18 @@ pub(crate) fn variant(op: QOp, i: usize) -> Shader {
             s::MATMUL_COOP_WIDE_Q4_K,
             s::MATMUL_COOP_WIDE_Q5_K,
             s::MATMUL_COOP_WIDE_Q6_K,
+        ],
+        QOp::MatmulCoopSmall => [
+            s::MATMUL_COOP_SMALL_F32,
+            s::MATMUL_COOP_SMALL_F16,
+            s::MATMUL_COOP_SMALL_Q4_0,
+            s::MATMUL_COOP_SMALL_Q4_1,
+            s::MATMUL_COOP_SMALL_Q5_0,
+            s::MATMUL_COOP_SMALL_Q5_1,
+            s::MATMUL_COOP_SMALL_Q8_0,
+            s::MATMUL_COOP_SMALL_Q4_K,
+            s::MATMUL_COOP_SMALL_Q5_K,
+            s::MATMUL_COOP_SMALL_Q6_K,
         ],
         QOp::MatmulCoopGlu => [
             s::MATMUL_COOP_GLU_F32,
