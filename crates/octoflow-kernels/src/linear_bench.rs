@@ -98,22 +98,27 @@ fn linear_timing() {
     }
 }
 
+/// A chain of `reps` back-to-back recordings of `rec` (barriers between), replayed for a third
+/// of a second: an idle GPU's clocks (an H100 idles at 345 MHz) take that long to come up.
+fn warmed(ctx: &Context, reps: usize, rec: &dyn Fn(&mut Chain)) -> Chain {
+    let mut chain = Chain::new(ctx).unwrap();
+    for _ in 0..reps {
+        rec(&mut chain);
+        chain.barrier().unwrap();
+    }
+    let t = std::time::Instant::now();
+    while t.elapsed().as_secs_f64() < 0.33 {
+        chain.run().unwrap();
+    }
+    chain
+}
+
 /// Median GPU time (ns) of `reps` back-to-back recordings of `rec` (GPU timestamps, barriers
 /// between), or of the wall time per recording where the device has no timestamps. The chain
 /// is replayed for a third of a second first: an idle GPU's clocks (an H100 idles at 345 MHz)
 /// take that long to come up, and a cold measurement is several times too slow.
 fn gpu_ns(ctx: &Context, reps: usize, rec: &dyn Fn(&mut Chain)) -> f64 {
-    {
-        let mut warm = Chain::new(ctx).unwrap();
-        for _ in 0..reps {
-            rec(&mut warm);
-            warm.barrier().unwrap();
-        }
-        let t = std::time::Instant::now();
-        while t.elapsed().as_secs_f64() < 0.33 {
-            warm.run().unwrap();
-        }
-    }
+    warmed(ctx, reps, rec);
     let Ok(mut chain) = Chain::with_profiling(ctx) else {
         let mut chain = Chain::new(ctx).unwrap();
         for _ in 0..reps {
@@ -352,18 +357,7 @@ fn tile_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
         .into_iter()
         .chain(tiles.iter().filter_map(|&(n, sh, _)| sh.map(|sh| (n, sh))))
     {
-        let mut desc = octoflow_vk::PipelineDesc::new(shader, 5, crate::linear::PUSH_BYTES + 12)
-            .subgroup_size(32)
-            .capture_statistics();
-        desc.full_subgroups = true;
-        let p = octoflow_vk::Pipeline::new(ctx, &desc).unwrap();
-        let stats: Vec<String> = p
-            .statistics()
-            .unwrap()
-            .into_iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        println!("{name}: {}", stats.join(", "));
+        print_statistics(ctx, name, shader);
     }
     let built: Vec<(&str, Option<MatmulCoop>)> = tiles
         .iter()
@@ -399,10 +393,7 @@ fn tile_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
                     want = got;
                     "ref".to_string()
                 } else {
-                    match crate::check_close(&got, &want, 1e-3) {
-                        Ok(()) => "ok".to_string(),
-                        Err(e) => format!("WRONG ({e})"),
-                    }
+                    verdict(&got, &want)
                 };
                 line += &format!(" {tile} {:.1}us {:.0}GF {ok}", ns / 1e3, flop / ns);
             }
@@ -429,18 +420,7 @@ fn f16_operand_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
         ),
     ];
     for (name, shader, _, _, _) in &variants {
-        let mut desc = octoflow_vk::PipelineDesc::new(*shader, 5, crate::linear::PUSH_BYTES + 12)
-            .subgroup_size(32)
-            .capture_statistics();
-        desc.full_subgroups = true;
-        let p = octoflow_vk::Pipeline::new(ctx, &desc).unwrap();
-        let stats: Vec<String> = p
-            .statistics()
-            .unwrap()
-            .into_iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        println!("{name}: {}", stats.join(", "));
+        print_statistics(ctx, name, *shader);
     }
     let mut rng = StdRng::seed_from_u64(3);
     for (n_rows, n_cols) in [(896u32, 896u32), (4864, 896), (896, 4864)] {
@@ -522,10 +502,7 @@ fn f16_operand_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
             );
             for (n, mm, wh, xh) in &built {
                 let (ns, got) = run(mm, &args(*wh, *xh));
-                let ok = match crate::check_close(&got, &want, 1e-3) {
-                    Ok(()) => "ok".to_string(),
-                    Err(e) => format!("WRONG ({e})"),
-                };
+                let ok = verdict(&got, &want);
                 line += &format!(" {n} {:.1}us {:.0}GF {ok}", ns / 1e3, flop / ns);
             }
             println!("{line}");
@@ -533,18 +510,35 @@ fn f16_operand_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
     }
 }
 
+/// Prints the driver's statistics (registers, shared memory, ...) of a `matmul_coop.comp`
+/// pipeline.
+fn print_statistics(ctx: &Context, name: &str, shader: octoflow_vk::Shader) {
+    let mut desc = octoflow_vk::PipelineDesc::new(shader, 5, crate::linear::PUSH_BYTES + 12)
+        .subgroup_size(32)
+        .capture_statistics();
+    desc.full_subgroups = true;
+    let p = octoflow_vk::Pipeline::new(ctx, &desc).unwrap();
+    let stats: Vec<String> = p
+        .statistics()
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    println!("{name}: {}", stats.join(", "));
+}
+
+/// "ok" where an experiment's outputs match the reference variant's (1e-3), else what differs.
+fn verdict(got: &[f32], want: &[f32]) -> String {
+    match crate::check_close(got, want, 1e-3) {
+        Ok(()) => "ok".to_string(),
+        Err(e) => format!("WRONG ({e})"),
+    }
+}
+
 /// Wall time (ns) per recording of `reps` back-to-back recordings of `rec` (barriers between,
 /// one submit), after a third of a second of the same work: barriers inside a recording count.
 fn wall_ns(ctx: &Context, reps: usize, rec: &dyn Fn(&mut Chain)) -> f64 {
-    let mut chain = Chain::new(ctx).unwrap();
-    for _ in 0..reps {
-        rec(&mut chain);
-        chain.barrier().unwrap();
-    }
-    let t = std::time::Instant::now();
-    while t.elapsed().as_secs_f64() < 0.33 {
-        chain.run().unwrap();
-    }
+    let mut chain = warmed(ctx, reps, rec);
     let best = (0..5)
         .map(|_| {
             let t = std::time::Instant::now();
@@ -678,10 +672,7 @@ fn glu_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
             let ns = wall_ns(ctx, 20, &rec);
             let mut got = vec![0f32; outputs];
             ctx.download(&f_b, 0, &mut got).unwrap();
-            let ok = match crate::check_close(&got, &want, 1e-3) {
-                Ok(()) => "ok".to_string(),
-                Err(e) => format!("WRONG ({e})"),
-            };
+            let ok = verdict(&got, &want);
             line += &format!(" {name} {:.1}us {:.0}GF {ok}", ns / 1e3, flop / ns);
         }
         println!("{line}");

@@ -496,19 +496,24 @@ pub(crate) mod tests {
     /// mix-up (≥ 1e-2) fail it.
     pub(crate) const REL_COOP: f32 = 1e-3;
 
-    /// Random shapes of `ty` straight through the coopmat kernel, every batch size path.
-    fn check_type(ty: GgmlType) {
-        let name = format!("matmul_coop_{ty}");
-        let Some(ctx) = gpu_or_skip(&name) else {
-            return;
-        };
+    /// The test device where it runs this kernel (else the test is skipped, saying why).
+    fn coop_device(name: &str) -> Option<octoflow_vk::Context> {
+        let ctx = gpu_or_skip(name)?;
         if !MatmulCoop::supported(ctx.caps()) {
             println!(
                 "{name}: skipped, {} has no 16x16x16 f16 -> f32 cooperative matrices",
                 ctx.caps().name
             );
-            return;
+            return None;
         }
+        Some(ctx)
+    }
+
+    /// Random shapes of `ty` straight through the coopmat kernel, every batch size path.
+    fn check_type(ty: GgmlType) {
+        let Some(ctx) = coop_device(&format!("matmul_coop_{ty}")) else {
+            return;
+        };
         let seed: u64 = rand::random();
         let mut rng = StdRng::seed_from_u64(seed);
         // The device's choice of tile for each batch, and each tile for every batch (the
@@ -653,16 +658,16 @@ pub(crate) mod tests {
     }
 
     macro_rules! type_tests {
-        ($($name:ident => $ty:ident),*) => {$(
+        ($check:ident: $($name:ident => $ty:ident),*) => {$(
             #[test]
             fn $name() {
-                check_type(GgmlType::$ty);
+                $check(GgmlType::$ty);
             }
         )*};
     }
 
     type_tests!(
-        gpu_matmul_coop_f32 => F32, gpu_matmul_coop_f16 => F16, gpu_matmul_coop_q4_0 => Q4_0,
+        check_type: gpu_matmul_coop_f32 => F32, gpu_matmul_coop_f16 => F16, gpu_matmul_coop_q4_0 => Q4_0,
         gpu_matmul_coop_q4_1 => Q4_1, gpu_matmul_coop_q5_0 => Q5_0,
         gpu_matmul_coop_q5_1 => Q5_1, gpu_matmul_coop_q8_0 => Q8_0,
         gpu_matmul_coop_q4_k => Q4_K, gpu_matmul_coop_q5_k => Q5_K,
@@ -675,18 +680,10 @@ pub(crate) mod tests {
     /// 20 rows too, columns not a multiple of the 64-column step), batches of 9 to 300 tokens
     /// (both tiles), both activations, the output poisoned first.
     fn check_glu_type(ty: GgmlType) {
-        let name = format!("matmul_coop_glu_{ty}");
-        let Some(ctx) = gpu_or_skip(&name) else {
+        let Some(ctx) = coop_device(&format!("matmul_coop_glu_{ty}")) else {
             return;
         };
         let lin = crate::Linear::new(&ctx).unwrap();
-        if !lin.uses_coop(crate::linear::COOP_MIN_TOKENS) {
-            println!(
-                "{name}: skipped, {} has no 16x16x16 f16 -> f32 cooperative matrices",
-                ctx.caps().name
-            );
-            return;
-        }
         let seed: u64 = rand::random();
         let mut rng = StdRng::seed_from_u64(seed);
         for case in 0..4 {
@@ -756,17 +753,8 @@ pub(crate) mod tests {
         assert_no_validation_errors(&ctx);
     }
 
-    macro_rules! glu_tests {
-        ($($name:ident => $ty:ident),*) => {$(
-            #[test]
-            fn $name() {
-                check_glu_type(GgmlType::$ty);
-            }
-        )*};
-    }
-
-    glu_tests!(
-        gpu_matmul_coop_glu_f32 => F32, gpu_matmul_coop_glu_f16 => F16,
+    type_tests!(
+        check_glu_type: gpu_matmul_coop_glu_f32 => F32, gpu_matmul_coop_glu_f16 => F16,
         gpu_matmul_coop_glu_q4_0 => Q4_0, gpu_matmul_coop_glu_q4_1 => Q4_1,
         gpu_matmul_coop_glu_q5_0 => Q5_0, gpu_matmul_coop_glu_q5_1 => Q5_1,
         gpu_matmul_coop_glu_q8_0 => Q8_0, gpu_matmul_coop_glu_q4_k => Q4_K,
