@@ -148,6 +148,13 @@ bool w_job(uint k0, uint tid, uint row0, uint nc, uint q, out uint r, out uint c
 #endif
 }
 
+#ifdef GLU
+// Whether job q of this invocation decodes a chunk of the up matrix (else of the gate).
+bool up_job(uint tid, uint q) {
+    return tid + WGS * q >= BM * KCH;
+}
+#endif
+
 // x vec4 q of this invocation in step k0 (zeros past the ends).
 vec4 x_fetch(uint k0, uint tid, uint tok0, uint q, bool xvec) {
     uint e = tid + WGS * q;
@@ -194,7 +201,7 @@ void load_step(uint k0, uint tid, uint row0, uint tok0, uint nc, bool xvec) {
         uint c;
         if (w_job(k0, tid, row0, nc, q, r, c)) {
 #ifdef GLU
-            if (tid + WGS * q >= BM * KCH) {
+            if (up_job(tid, q)) {
                 chunk_fetch_2(r * pc.row_bytes, c, pc.n_cols, wraw[q]);
             } else
 #endif
@@ -225,7 +232,7 @@ void load_step(uint k0, uint tid, uint row0, uint tok0, uint nc, bool xvec) {
 
 // Decodes the W chunks of step k0 from wraw (zeros outside W) and writes them and the x vec4s,
 // rounded to f16, to the shared tiles.
-void store_step(uint k0, uint tid, uint row0, uint tok0, uint nc, bool xvec) {
+void store_step(uint k0, uint tid, uint row0, uint nc) {
 #ifdef ABL_NOSTORE
     return;
 #endif
@@ -260,7 +267,7 @@ void store_step(uint k0, uint tid, uint row0, uint tok0, uint nc, bool xvec) {
             float v[32];
             if (w_job(k0, tid, row0, nc, q, r, c)) {
 #ifdef GLU
-                if (tid + WGS * q >= BM * KCH) {
+                if (up_job(tid, q)) {
                     chunk_decode_2(wraw[q], r * pc.row_bytes, c, pc.n_cols, v);
                 } else
 #endif
@@ -315,7 +322,7 @@ void main() {
     uint ke = min(pc.n_cols, kb + pc.k_per);
     load_step(kb, tid, row0, tok0, nc, xvec);
     for (uint k0 = kb; k0 < ke; k0 += BK) {
-        store_step(k0, tid, row0, tok0, nc, xvec);
+        store_step(k0, tid, row0, nc);
 #ifndef ABL_NOBAR
         barrier();
 #endif

@@ -350,6 +350,18 @@ pub(crate) fn product_cost(a: &LinearArgs) -> (u64, u64) {
     (bytes, 2 * rows * cols * n)
 }
 
+/// What a fused gate/up/activation dispatch moves and computes (profile floors): both matrices,
+/// x and y; 2 flops per weight and token in each product.
+pub(crate) fn glu_cost(a: &LinearGluArgs) -> (u64, u64) {
+    let (rows, cols, n) = (
+        u64::from(a.gate.n_rows),
+        u64::from(a.gate.n_cols),
+        u64::from(a.n_tokens),
+    );
+    let bytes = a.gate.data.size + a.up.data.size + 4 * n * (cols + rows);
+    (bytes, 4 * rows * cols * n)
+}
+
 /// The work layout of one GPU matvec dispatch (`matvec.comp`'s specialization constants).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct MatvecPlan {
@@ -530,14 +542,6 @@ impl Linear {
             u64::from(u.n_rows) * u64::from(rb),
         )?;
         let [wb, x, y, bias] = bindings;
-        if let Some(coop) = self.coop.as_ref().filter(|_| self.coop_glu(a.n_tokens)) {
-            if a.norm.is_some() {
-                return Err(shape(format!(
-                    "a fused norm needs the matvec kernel (at most {MATVEC_MAX_TOKENS} tokens)"
-                )));
-            }
-            return coop.dispatch_glu(chain, None, ti, a, &wb, &up, rb);
-        }
         let norm = match a.norm {
             Some((nw, eps)) => {
                 if !self.fuses_norm(a.n_tokens) {
@@ -550,6 +554,10 @@ impl Linear {
             }
             None => None,
         };
+        if let Some(coop) = self.coop.as_ref().filter(|_| self.coop_glu(a.n_tokens)) {
+            // a norm was refused above: only the matvec kernel fuses one
+            return coop.dispatch_glu(chain, None, ti, a, &wb, &up, rb);
+        }
         let push = push
             .f32(norm.as_ref().map_or(0.0, |n| n.1))
             .u32(u32::from(norm.is_some()))
@@ -559,14 +567,8 @@ impl Linear {
         let plan = plan.unwrap_or_else(|| MatvecPlan::choose_glu(g.n_rows, g.n_cols, a.n_tokens));
         let (pipeline, groups) = self.matvec_glu[ti].layout(chain, g.n_rows, a.n_tokens, plan)?;
         chain.dispatch(&pipeline, &[wb, x, y, bias, nw, up], &push, groups)?;
-        // both matrices, x, y; 2 flops per weight and token in each product
-        let (rows, cols, n) = (
-            u64::from(g.n_rows),
-            u64::from(g.n_cols),
-            u64::from(a.n_tokens),
-        );
-        let bytes = a.gate.data.size + a.up.data.size + 4 * n * (cols + rows);
-        chain.set_cost(bytes, 4 * rows * cols * n);
+        let (bytes, flops) = glu_cost(a);
+        chain.set_cost(bytes, flops);
         Ok(())
     }
 }

@@ -20,7 +20,7 @@ use octoflow_vk::{
 };
 
 use crate::error::{KernelError, Result};
-use crate::linear::{check_args, linear_ref, product_cost, LinearArgs, PUSH_BYTES};
+use crate::linear::{check_args, glu_cost, linear_ref, product_cost, LinearArgs, PUSH_BYTES};
 use crate::qweight::{variant, QOp, TYPES};
 use crate::scratch::QueueScratch;
 use crate::split_sum::{SplitSum, SumTarget};
@@ -231,23 +231,8 @@ impl MatmulCoop {
         let per = steps.div_ceil(split.clamp(1, steps.max(1)));
         let split = steps.div_ceil(per).max(1);
         let k_per = per * tile[2];
-        let groups = [
-            a.w.n_rows.div_ceil(tile[0]),
-            a.n_tokens.div_ceil(tile[1]),
-            split,
-        ];
-        let max = chain.context().caps().max_workgroup_count;
-        if groups[0] > max[0] || groups[1] > max[1] {
-            return Err(KernelError::Shape {
-                op: "matmul_coop",
-                detail: format!(
-                    "{} rows x {} tokens need {}x{} workgroups, over {}x{}",
-                    a.w.n_rows, a.n_tokens, groups[0], groups[1], max[0], max[1]
-                ),
-            });
-        }
-        // vec4 reads of x: rows of whole vec4s from a 16-byte aligned start
-        let x_vec = a.w.n_cols.is_multiple_of(4) && a.x.offset.is_multiple_of(16);
+        let groups = grid(chain, tile, a.w.n_rows, a.n_tokens, split)?;
+        let x_vec = x_vec(a.w.n_cols, a.x);
         let push = push.clone().u32(k_per).u32(split).u32(u32::from(x_vec));
         let [w, x, y, bias] = bindings.clone();
         let (cost_bytes, flops) = product_cost(a);
@@ -282,13 +267,12 @@ impl MatmulCoop {
         chain.compute_barrier()?;
         Ok(())
     }
-}
 
-impl MatmulCoop {
     /// Records `y[t, r] = act(gate row r · x[t]) * (up row r · x[t])` on the GLU pipelines
-    /// `tiled` (by default the fused pipelines for the batch's size): weights `gate` and `up` (checked words of one
-    /// type and shape, type index `ti`, `row_bytes` each), `x` and `y` checked as one product of
-    /// the gate. One piece per tile (the activation is not linear: no split-K).
+    /// `tiled` (by default the fused pipelines for the batch's size): weights `gate` and `up`
+    /// (checked words of one type and shape, type index `ti`, `row_bytes` each), `x` and `y`
+    /// checked as one product of the gate. One piece per tile (the activation is not linear: no
+    /// split-K).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn dispatch_glu(
         &self,
@@ -316,18 +300,8 @@ impl MatmulCoop {
         };
         let (tile, pipeline) = (tiled.tile, tiled.pipeline(ti));
         let (n_rows, n_cols) = (a.gate.n_rows, a.gate.n_cols);
-        let groups = [n_rows.div_ceil(tile[0]), a.n_tokens.div_ceil(tile[1]), 1];
-        let max = chain.context().caps().max_workgroup_count;
-        if groups[0] > max[0] || groups[1] > max[1] {
-            return Err(KernelError::Shape {
-                op: "matmul_coop",
-                detail: format!(
-                    "{n_rows} rows x {} tokens need {}x{} workgroups, over {}x{}",
-                    a.n_tokens, groups[0], groups[1], max[0], max[1]
-                ),
-            });
-        }
-        let x_vec = n_cols.is_multiple_of(4) && a.x.offset.is_multiple_of(16);
+        let groups = grid(chain, tile, n_rows, a.n_tokens, 1)?;
+        let x_vec = x_vec(n_cols, a.x);
         let k_per = n_cols.div_ceil(tile[2]) * tile[2];
         let push = Push::new()
             .u32(n_rows)
@@ -351,11 +325,32 @@ impl MatmulCoop {
             up.clone(),
         ];
         chain.dispatch(pipeline, &all, &push, groups)?;
-        let (rows, cols, n) = (u64::from(n_rows), u64::from(n_cols), u64::from(a.n_tokens));
-        let bytes = a.gate.data.size + a.up.data.size + 4 * n * (cols + rows);
-        chain.set_cost(bytes, 4 * rows * cols * n);
+        let (bytes, flops) = glu_cost(a);
+        chain.set_cost(bytes, flops);
         Ok(())
     }
+}
+
+/// The workgroup grid of `tile`s over `n_rows` x `n_tokens` in `split` pieces, or a shape error
+/// past the device's limits.
+fn grid(chain: &Chain, tile: [u32; 3], n_rows: u32, n_tokens: u32, split: u32) -> Result<[u32; 3]> {
+    let groups = [n_rows.div_ceil(tile[0]), n_tokens.div_ceil(tile[1]), split];
+    let max = chain.context().caps().max_workgroup_count;
+    if groups[0] > max[0] || groups[1] > max[1] {
+        return Err(KernelError::Shape {
+            op: "matmul_coop",
+            detail: format!(
+                "{n_rows} rows x {n_tokens} tokens need {}x{} workgroups, over {}x{}",
+                groups[0], groups[1], max[0], max[1]
+            ),
+        });
+    }
+    Ok(groups)
+}
+
+/// Whether the kernel reads x as vec4s: rows of whole vec4s from a 16-byte aligned start.
+fn x_vec(n_cols: u32, x: &BufferSlice) -> bool {
+    n_cols.is_multiple_of(4) && x.offset.is_multiple_of(16)
 }
 
 /// A pipeline of a cooperative-matrix shader (laid out for full subgroups of [`SUBGROUP`],
