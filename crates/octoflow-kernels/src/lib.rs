@@ -60,7 +60,7 @@ pub use argmax::{argmax_ref, Argmax};
 pub use attention::{attention_ref, Attention, AttentionArgs, AttentionShape};
 pub use attention_coop::attention_coop_ref;
 pub use attention_decode::{fresh_applies, FreshKv, DECODE_MAX_TOKENS};
-pub use check::check_close;
+pub use check::{check_close, check_close_sum};
 pub use cross_entropy::{cross_entropy_ref, CrossEntropy, CrossEntropyArgs, IGNORE};
 pub use error::{KernelError, Result};
 pub use get_rows::{GetRows, GetRowsArgs};

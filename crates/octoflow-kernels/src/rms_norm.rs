@@ -128,8 +128,8 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
-    use crate::check_close;
     use crate::operand::test_bufs::{poisoned, read, with};
+    use crate::{check_close, check_close_sum};
 
     /// f32 sums of squares over up to 4096 values (relative error ~n * 2^-24 worst case, far less
     /// in practice with the tree reduction) and a 1/sqrt of a few ulps: 1e-5.
@@ -176,7 +176,8 @@ mod tests {
     }
 
     /// The fused post-norm and residual add against the reference norm plus an add (f32 add:
-    /// one more rounding); aliasing out and x is an error.
+    /// one more rounding, bounded against the addends: seed 8967051230209002494 gave -0.0462205
+    /// for -0.0462198, 1.2e-5 of the result, 1e-7 of the addends); aliasing out and x is an error.
     #[test]
     fn gpu_rms_norm_add_matches_the_reference_on_random_inputs() {
         let Some(ctx) = gpu_or_skip("gpu_rms_norm_add") else {
@@ -200,12 +201,11 @@ mod tests {
             k.record_add(&mut chain, &xb.whole(), &wb.whole(), &rb.whole(), r, c, eps)
                 .unwrap();
             chain.run().unwrap();
-            let mut want = vec![0f32; n_rows * n];
-            rms_norm_ref(&x, &w, &mut want, n, eps);
-            for (o, r) in want.iter_mut().zip(&res) {
-                *o += r;
-            }
-            if let Err(e) = check_close(&read(&ctx, &rb, n_rows * n), &want, REL) {
+            let mut normed = vec![0f32; n_rows * n];
+            rms_norm_ref(&x, &w, &mut normed, n, eps);
+            // the norm and the residual can nearly cancel: the add's rounding is relative to them
+            let got = read(&ctx, &rb, n_rows * n);
+            if let Err(e) = check_close_sum(&got, &normed, &res, REL) {
                 panic!("rms_norm_add {n_rows}x{n}, seed {seed}: {e}");
             }
             let mut chain = Chain::new(&ctx).unwrap();
