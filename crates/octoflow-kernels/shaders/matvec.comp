@@ -18,6 +18,13 @@
 // or GELU-tanh (push constant `act`, glu.glsl). Each chunk of x is read once for both rows; both
 // chunks are dequantized. Bias and accumulate do not apply (flags ignored); the fused norm does
 // (both products are of rms_norm(x[t]) * g).
+//
+// Pending post-norm (push constant `pend`, one-token pipelines, fused norm, n_cols a multiple of
+// 32): the input is x + rms_norm(p) * gp, a residual stream whose last block's post-norm (gemma3)
+// was left to its consumer. The product is linear in it, so the loop keeps the dots with x and
+// with p * gp apart, and the sums of squares the two norms need (p^2; x^2, x.(p gp), (p gp)^2),
+// and combines them at the end: no extra pass, no barrier. Bit 1 of `pend` also writes the input
+// (the settled residual) to xo, spread over the workgroups.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -49,7 +56,15 @@ layout(std430, binding = 4) readonly buffer G { float g[]; };
 layout(std430, binding = 4) readonly buffer G4 { vec4 g4[]; };
 #ifdef GLU
 layout(std430, binding = 5) readonly buffer W2 { uint w2[]; };
+#define PB 6
+#else
+#define PB 5
 #endif
+layout(std430, binding = PB) readonly buffer P { float p[]; };
+layout(std430, binding = PB) readonly buffer P4 { vec4 p4[]; };
+layout(std430, binding = PB + 1) readonly buffer GP { float gp[]; };
+layout(std430, binding = PB + 1) readonly buffer GP4 { vec4 gp4[]; };
+layout(std430, binding = PB + 2) writeonly buffer XO { float xo[]; };
 
 layout(push_constant) uniform Push {
     uint n_rows;
@@ -65,6 +80,8 @@ layout(push_constant) uniform Push {
 #ifdef GLU
     uint act;   // glu.glsl's op: 0 SiLU, 1 GELU-tanh
 #endif
+    uint pend;  // bit 0: the input is x + rms_norm(p) * gp (eps as the norm's); bit 1: write it
+                // to xo
 } pc;
 
 #include "quant.glsl"
@@ -76,16 +93,33 @@ layout(push_constant) uniform Push {
 #endif
 
 // Per-subgroup partial sums (at most WG subgroups): the products [MAXT][RPT][WG], then (fused
-// norm) the sums of squares of x [MAXT][WG], then (GLU) the up products [MAXT][RPT][WG].
+// norm) the sums of squares of x [MAXT][WG], then (GLU) the up products [MAXT][RPT][WG]; then
+// the pending post-norm's dots with p * gp (gate, and up for GLU) [RPT][WG] and its three sums
+// [3][WG] (one token).
 #ifdef GLU
-#define NPART (2u * MAXT * RPT + MAXT)
+#define NMAT 2u
 #else
-#define NPART (MAXT * RPT + MAXT)
+#define NMAT 1u
 #endif
+#define NPART (NMAT * MAXT * RPT + MAXT + NMAT * RPT + 3u)
 shared float partial[NPART * WG];
 #define P_ACC(t, k) (((t) * RPT + (k)) * WG)
 #define P_SSQ(t) ((MAXT * RPT + (t)) * WG)
 #define P_UP(t, k) ((MAXT * RPT + MAXT + (t) * RPT + (k)) * WG)
+#define P_PEND (NMAT * MAXT * RPT + MAXT)
+#define P_PACC(k) ((P_PEND + (k)) * WG)
+#define P_PUP(k) ((P_PEND + RPT + (k)) * WG)
+#define P_PSUM(j) ((P_PEND + NMAT * RPT + (j)) * WG)
+
+// The pending post-norm's scale 1/rms(p) from the sums of squares of p that the row group at
+// partial index `first` (per_row subgroups) left in shared memory.
+float pend_scale(uint first, uint per_row) {
+    float spp = 0.0;
+    for (uint j = 0u; j < per_row; j++) {
+        spp += partial[P_PSUM(0u) + first + j];
+    }
+    return 1.0 / sqrt(spp / float(pc.n_cols) + pc.eps);
+}
 
 void main() {
     uint group = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
@@ -113,6 +147,20 @@ void main() {
     [[unroll]] for (uint t = 0u; t < MAXT; t++) {
         ssq[t] = 0.0;
     }
+    // pending post-norm (one token): dots with q = p * gp (times g), and sum(p^2), sum(x.q),
+    // sum(q^2)
+    bool pend = MAXT == 1u && (pc.pend & 1u) != 0u;
+    float pacc[RPT];
+#ifdef GLU
+    float pacc2[RPT];
+#endif
+    [[unroll]] for (uint k = 0u; k < RPT; k++) {
+        pacc[k] = 0.0;
+#ifdef GLU
+        pacc2[k] = 0.0;
+#endif
+    }
+    vec3 psum = vec3(0.0);
     if (r0 < pc.n_rows) {
         uint nc = chunk_count(pc.n_cols);
         for (uint c = lane; c < nc; c += TPR) {
@@ -122,11 +170,20 @@ void main() {
                 // RPT rows (below, every row reads it again, and x and g outweigh the weights
                 // 8 to 1 in cache traffic).
                 vec4 xv[8];
+                vec4 qv[8];
                 [[unroll]] for (uint i = 0u; i < 8u; i++) {
                     xv[i] = x4[8u * c + i];
+                    if (pend) {
+                        vec4 pv = p4[8u * c + i];
+                        qv[i] = pv * gp4[8u * c + i];
+                        psum += vec3(dot(pv, pv), dot(xv[i], qv[i]), dot(qv[i], qv[i]));
+                    }
                     if (norm) {
                         ssq[0] += dot(xv[i], xv[i]);
                         xv[i] *= g4[8u * c + i];
+                        if (pend) {
+                            qv[i] *= g4[8u * c + i];
+                        }
                     }
                 }
                 [[unroll]] for (uint k = 0u; k < RPT; k++) {
@@ -153,6 +210,22 @@ void main() {
 #ifdef GLU
                     acc2[k] += s2;
 #endif
+                    if (pend) {
+                        float ps = 0.0;
+#ifdef GLU
+                        float ps2 = 0.0;
+#endif
+                        [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                            ps += dot(vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]), qv[i]);
+#ifdef GLU
+                            ps2 += dot(vec4(v2[4u * i], v2[4u * i + 1u], v2[4u * i + 2u], v2[4u * i + 3u]), qv[i]);
+#endif
+                        }
+                        pacc[k] += ps;
+#ifdef GLU
+                        pacc2[k] += ps2;
+#endif
+                    }
                 }
                 continue;
             }
@@ -217,6 +290,26 @@ void main() {
     }
 
     // Subgroup sums, then the TPR / gl_SubgroupSize partials of each row group.
+    if (pend) {
+        vec3 ps = subgroupAdd(psum);
+        if (subgroupElect()) {
+            partial[P_PSUM(0u) + gl_SubgroupID] = ps.x;
+            partial[P_PSUM(1u) + gl_SubgroupID] = ps.y;
+            partial[P_PSUM(2u) + gl_SubgroupID] = ps.z;
+        }
+        [[unroll]] for (uint k = 0u; k < RPT; k++) {
+            float s = subgroupAdd(pacc[k]);
+#ifdef GLU
+            float s2 = subgroupAdd(pacc2[k]);
+#endif
+            if (subgroupElect()) {
+                partial[P_PACC(k) + gl_SubgroupID] = s;
+#ifdef GLU
+                partial[P_PUP(k) + gl_SubgroupID] = s2;
+#endif
+            }
+        }
+    }
     [[unroll]] for (uint t = 0u; t < MAXT; t++) {
         if (t >= nt) {
             break;
@@ -250,6 +343,17 @@ void main() {
             for (uint j = 0u; j < per_row; j++) {
                 ss += partial[P_SSQ(t) + first + j];
             }
+            // pending: the input's sum of squares from x^2, x.q and q^2 with q scaled by 1/rms(p)
+            float pinv = pend ? pend_scale(first, per_row) : 0.0;
+            if (pend) {
+                float sxq = 0.0;
+                float sqq = 0.0;
+                for (uint j = 0u; j < per_row; j++) {
+                    sxq += partial[P_PSUM(1u) + first + j];
+                    sqq += partial[P_PSUM(2u) + first + j];
+                }
+                ss += pinv * (2.0 * sxq + pinv * sqq);
+            }
             float inv = norm ? 1.0 / sqrt(ss / float(pc.n_cols) + pc.eps) : 1.0;
             [[unroll]] for (uint k = 0u; k < RPT; k++) {
                 uint r = r0 + k;
@@ -257,14 +361,20 @@ void main() {
                     break;
                 }
                 float s = 0.0;
+                float ps = 0.0;
                 for (uint j = 0u; j < per_row; j++) {
                     s += partial[P_ACC(t, k) + first + j];
+                    ps += pend ? partial[P_PACC(k) + first + j] : 0.0;
                 }
+                s += pinv * ps;
 #ifdef GLU
                 float s2 = 0.0;
+                float ps2 = 0.0;
                 for (uint j = 0u; j < per_row; j++) {
                     s2 += partial[P_UP(t, k) + first + j];
+                    ps2 += pend ? partial[P_PUP(k) + first + j] : 0.0;
                 }
+                s2 += pinv * ps2;
                 y[t * pc.y_stride + pc.y_col + r] = glu_act(s * inv, pc.act) * (s2 * inv);
 #else
                 if (norm) {
@@ -280,6 +390,15 @@ void main() {
                 y[o] = s;
 #endif
             }
+        }
+    }
+    // the settled residual x + rms_norm(p) * gp, by the workgroups that hold rows (their first
+    // row group read all of x and p)
+    uint nvalid = (pc.n_rows + GROUPS * RPT - 1u) / (GROUPS * RPT);
+    if (pend && (pc.pend & 2u) != 0u && group < nvalid) {
+        float pinv = pend_scale(0u, TPR / gl_SubgroupSize);
+        for (uint i = group * WG + tid; i < pc.n_cols; i += nvalid * WG) {
+            xo[i] = x[i] + p[i] * pinv * gp[i];
         }
     }
 }

@@ -65,7 +65,7 @@ pub use cross_entropy::{cross_entropy_ref, CrossEntropy, CrossEntropyArgs, IGNOR
 pub use error::{KernelError, Result};
 pub use get_rows::{GetRows, GetRowsArgs};
 pub use glu::{glu_ref, Glu, GluOp};
-pub use linear::{Linear, LinearArgs, LinearGluArgs, QWeightRef};
+pub use linear::{Linear, LinearArgs, LinearGluArgs, PendingNorm, QWeightRef};
 pub use linear_t::{linear_t_ref, LinearT, LinearTArgs};
 pub use matmul_coop::{matmul_coop_ref, MatmulCoop};
 pub use operand::Positions;

@@ -22,6 +22,7 @@ use octoflow_vk::{BufferSlice, Chain, Context, DeviceKind, Pipeline, PipelineDes
 use crate::error::{KernelError, Result};
 use crate::glu::{glu_ref, GluOp};
 use crate::matmul_coop::MatmulCoop;
+use crate::operand::overlap;
 use crate::qweight::{check_words, row_bytes, type_index, variant, word_slice, QOp, TYPES};
 use crate::spec::SpecPipelines;
 
@@ -47,9 +48,16 @@ const CPU_MATMUL_TN: u32 = 8;
 pub(crate) const PUSH_BYTES: u32 = 28;
 /// Push-constant bytes of the GLU variants: those 7, eps, norm and the activation.
 const GLU_PUSH_BYTES: u32 = PUSH_BYTES + 12;
-/// Storage-buffer bindings of the GLU variants: weights, x, y, bias (unused), norm weight, up
-/// weights.
+/// Storage-buffer bindings of the CPU-driver GLU variants: weights, x, y, bias (unused), norm
+/// weight, up weights.
 const GLU_BINDINGS: u32 = 6;
+/// Storage-buffer bindings of the GPU matvec: weights, x, y, bias, norm weight, then the pending
+/// post-norm's input, weight and settled output ([`PendingNorm`]); the GLU variant has the up
+/// weights before those three.
+const MATVEC_BINDINGS: u32 = 8;
+/// Push-constant bytes of the GPU matvec: the 7 words, eps, norm and the pending flags; the GLU
+/// variant adds the activation before the flags.
+const MATVEC_PUSH_BYTES: u32 = PUSH_BYTES + 12;
 /// Batches of at least this many tokens use the cooperative-matrix kernel where the device has
 /// it (its products are of f16-rounded operands: see [`crate::matmul_coop`]). On the H100 it
 /// beats `matmul.comp` from 5 tokens up (~1.7x at 5..64 tokens), but has a floor of ~44 us per
@@ -91,6 +99,23 @@ pub struct LinearArgs<'a> {
     /// RMSNorm fused on the input: the product is of `rms_norm(x[t]) * weight` (eps given), with
     /// `weight` `[n_cols]` f32. Only where [`Linear::fuses_norm`] says so (the matvec path).
     pub norm: Option<(&'a BufferSlice, f32)>,
+    /// A post-norm left pending on the input (with `norm`, one token): see [`PendingNorm`].
+    pub pending: Option<PendingNorm<'a>>,
+}
+
+/// A residual stream whose last block's post-norm (gemma3's post-attention and post-FFN norms)
+/// is left to its consumer: the input of a fused-norm matvec becomes `x + rms_norm(p) * weight`
+/// (the norm's eps), which saves the post-norm's own barrier stage. Single tokens on the GPU
+/// matvec only ([`Linear::fuses_norm`], `n_cols` a multiple of 32).
+#[derive(Clone, Copy)]
+pub struct PendingNorm<'a> {
+    /// The block's output, `[n_cols]` f32.
+    pub p: &'a BufferSlice,
+    /// The post-norm's weight, `[n_cols]` f32.
+    pub weight: &'a BufferSlice,
+    /// Where to write the settled stream `x + rms_norm(p) * weight` (`[n_cols]` f32, apart from
+    /// x, p and the output), if anywhere.
+    pub settle: Option<&'a BufferSlice>,
 }
 
 /// `y[t * n_rows + r] = act(dot(gate row r, x[t])) * dot(up row r, x[t])` for t < n_tokens,
@@ -112,6 +137,8 @@ pub struct LinearGluArgs<'a> {
     /// RMSNorm fused on the input, as [`LinearArgs::norm`] (both products are of
     /// `rms_norm(x[t]) * weight`). Only where [`Linear::fuses_norm`] says so.
     pub norm: Option<(&'a BufferSlice, f32)>,
+    /// A post-norm pending on the input, as [`LinearArgs::pending`].
+    pub pending: Option<PendingNorm<'a>>,
 }
 
 /// The linear-layer kernels, a matvec and a matmul pipeline per weight type (and the
@@ -196,10 +223,11 @@ impl Linear {
         for i in 0..TYPES.len() {
             let (mv, glu) = (variant(QOp::Matvec, i), variant(QOp::MatvecGlu, i));
             matvec.push(Matvec::Spec(
-                SpecPipelines::new(mv, 5, PUSH_BYTES + 8, mv.name).subgroup_size(required),
+                SpecPipelines::new(mv, MATVEC_BINDINGS, MATVEC_PUSH_BYTES, mv.name)
+                    .subgroup_size(required),
             ));
             matvec_glu.push(Matvec::Spec(
-                SpecPipelines::new(glu, GLU_BINDINGS, GLU_PUSH_BYTES, glu.name)
+                SpecPipelines::new(glu, MATVEC_BINDINGS + 1, MATVEC_PUSH_BYTES + 4, glu.name)
                     .subgroup_size(required),
             ));
             let desc = PipelineDesc::new(variant(QOp::Matmul, i), 4, PUSH_BYTES);
@@ -275,6 +303,12 @@ impl Linear {
         let Checked { ti, push, bindings } = check_args(a)?;
         let plan = plan.unwrap_or_else(|| MatvecPlan::choose(a.w.n_rows, a.w.n_cols, a.n_tokens));
         let w = &a.w;
+        if a.pending.is_some() && a.norm.is_none() {
+            return Err(KernelError::Shape {
+                op: OP,
+                detail: "a pending post-norm needs the fused norm".into(),
+            });
+        }
         if let Some((g, eps)) = a.norm {
             if !self.fuses_norm(a.n_tokens) {
                 return Err(KernelError::Shape {
@@ -327,10 +361,17 @@ impl Linear {
     ) -> Result<()> {
         let (pipeline, groups) = self.matvec[ti].layout(chain, a.w.n_rows, a.n_tokens, plan)?;
         let [wb, x, y, bias] = bindings.clone();
+        let (pend, pb) = check_pending(a.pending, &a.w, a.x, a.y, a.n_tokens, plan)?;
         // no norm: x stands in for its binding (never read)
         let (g, eps) = norm.map_or_else(|| (x.clone(), 0.0), |(g, eps)| (g.clone(), eps));
-        let push = push.f32(eps).u32(u32::from(norm.is_some()));
-        chain.dispatch(&pipeline, &[wb, x, y, bias, g], &push, groups)?;
+        let push = push.f32(eps).u32(u32::from(norm.is_some())).u32(pend);
+        let [p, pw, settle] = pb.unwrap_or_else(|| [x.clone(), x.clone(), y.clone()]);
+        chain.dispatch(
+            &pipeline,
+            &[wb, x, y, bias, g, p, pw, settle],
+            &push,
+            groups,
+        )?;
         let (bytes, flops) = product_cost(a);
         chain.set_cost(bytes, flops);
         Ok(())
@@ -360,6 +401,54 @@ pub(crate) fn glu_cost(a: &LinearGluArgs) -> (u64, u64) {
     );
     let bytes = a.gate.data.size + a.up.data.size + 4 * n * (cols + rows);
     (bytes, 4 * rows * cols * n)
+}
+
+/// The push flags and bindings (input, weight, settled output) of a pending post-norm on the
+/// input of a GPU matvec in the layout `plan` (flags 0 and no bindings without one), or a shape
+/// error: it needs one token on a one-token layout, `n_cols` a multiple of 32 (whole chunks),
+/// `n_cols` floats in each operand, and the settled output apart from what the dispatch reads
+/// and writes.
+fn check_pending(
+    pending: Option<PendingNorm>,
+    w: &QWeightRef,
+    x: &BufferSlice,
+    y: &BufferSlice,
+    n_tokens: u32,
+    plan: MatvecPlan,
+) -> Result<(u32, Option<[BufferSlice; 3]>)> {
+    let Some(pn) = pending else {
+        return Ok((0, None));
+    };
+    let shape = |detail: String| KernelError::Shape { op: OP, detail };
+    if n_tokens != 1 || plan.maxt != 1 || !w.n_cols.is_multiple_of(32) {
+        return Err(shape(format!(
+            "a pending post-norm takes one token of a row whose length is a multiple of 32 \
+             ({n_tokens} tokens of {}, layout {plan:?})",
+            w.n_cols
+        )));
+    }
+    let n = u64::from(w.n_cols);
+    check_words(OP, "pending input", pn.p, n, "floats")?;
+    check_words(OP, "post-norm weight", pn.weight, n, "floats")?;
+    let settle = match pn.settle {
+        Some(st) => {
+            check_words(OP, "settled stream", st, n, "floats")?;
+            if [x, y, pn.p, pn.weight, w.data]
+                .iter()
+                .any(|b| overlap(st, b))
+            {
+                return Err(shape(
+                    "the settled stream must not overlap x, y, the pending input, its weight or \
+                     the weights"
+                        .into(),
+                ));
+            }
+            st.clone()
+        }
+        None => y.clone(),
+    };
+    let flags = 1 | (u32::from(pn.settle.is_some()) << 1);
+    Ok((flags, Some([pn.p.clone(), pn.weight.clone(), settle])))
 }
 
 /// The work layout of one GPU matvec dispatch (`matvec.comp`'s specialization constants).
@@ -434,7 +523,7 @@ impl MatvecPlan {
 
     /// Shared-memory bytes of the layout (`partial` in `matvec.comp`, the GLU variant's size).
     fn shared_bytes(&self) -> u32 {
-        4 * (2 * self.maxt * self.rpt + self.maxt) * self.wg
+        4 * (2 * self.maxt * self.rpt + self.maxt + 2 * self.rpt + 3) * self.wg
     }
 }
 
@@ -526,6 +615,7 @@ impl Linear {
             bias: None,
             accumulate: false,
             norm: None,
+            pending: None,
         })?;
         if !self.fuses_glu(a.n_tokens, g.ty, u.ty) {
             return Err(shape(format!(
@@ -542,6 +632,9 @@ impl Linear {
             u64::from(u.n_rows) * u64::from(rb),
         )?;
         let [wb, x, y, bias] = bindings;
+        if a.pending.is_some() && a.norm.is_none() {
+            return Err(shape("a pending post-norm needs the fused norm".into()));
+        }
         let norm = match a.norm {
             Some((nw, eps)) => {
                 if !self.fuses_norm(a.n_tokens) {
@@ -558,15 +651,23 @@ impl Linear {
             // a norm was refused above: only the matvec kernel fuses one
             return coop.dispatch_glu(chain, None, ti, a, &wb, &up, rb);
         }
-        let push = push
+        let plan = plan.unwrap_or_else(|| MatvecPlan::choose_glu(g.n_rows, g.n_cols, a.n_tokens));
+        let (pend, pb) = check_pending(a.pending, g, a.x, a.y, a.n_tokens, plan)?;
+        let mut push = push
             .f32(norm.as_ref().map_or(0.0, |n| n.1))
             .u32(u32::from(norm.is_some()))
             .u32(a.op.code());
+        if !self.cpu {
+            push = push.u32(pend);
+        }
         // no norm: x stands in for its binding (never read)
         let nw = norm.map_or_else(|| x.clone(), |n| n.0);
-        let plan = plan.unwrap_or_else(|| MatvecPlan::choose_glu(g.n_rows, g.n_cols, a.n_tokens));
         let (pipeline, groups) = self.matvec_glu[ti].layout(chain, g.n_rows, a.n_tokens, plan)?;
-        chain.dispatch(&pipeline, &[wb, x, y, bias, nw, up], &push, groups)?;
+        let mut bind = vec![wb, x.clone(), y.clone(), bias, nw, up];
+        if !self.cpu {
+            bind.extend(pb.unwrap_or_else(|| [x.clone(), x, y]));
+        }
+        chain.dispatch(&pipeline, &bind, &push, groups)?;
         let (bytes, flops) = glu_cost(a);
         chain.set_cost(bytes, flops);
         Ok(())
@@ -856,6 +957,7 @@ pub(crate) mod tests {
                 bias: bias_slice.as_ref(),
                 accumulate,
                 norm: fused.then_some((&gs, eps)),
+                pending: None,
             };
             let mut chain = Chain::new(&ctx).unwrap();
             lin.record(&mut chain, &args).unwrap();
@@ -1024,6 +1126,7 @@ pub(crate) mod tests {
                     bias: (!fused).then_some(&bs),
                     accumulate: !fused,
                     norm: fused.then_some((&gs, eps)),
+                    pending: None,
                 };
                 if fused {
                     let nan = vec![f32::NAN; len];
@@ -1054,6 +1157,7 @@ pub(crate) mod tests {
                 n_tokens: n_tokens as u32,
                 op: GluOp::Silu,
                 norm: Some((&gs, eps)),
+                pending: None,
             };
             let mut chain = Chain::new(&ctx).unwrap();
             lin.record_glu_with(&mut chain, &args, Some(plan)).unwrap();
@@ -1083,6 +1187,198 @@ pub(crate) mod tests {
         assert_no_validation_errors(&ctx);
     }
 
+    /// A post-norm pending on the input (`x + rms_norm(p) * gp`, then the fused norm): the
+    /// matvec and the fused GLU in every one-token layout (and the chosen ones) against the
+    /// references of the settled input, over random types and shapes; the settled stream
+    /// written by one dispatch checked against its addends. Outputs poisoned with NaN.
+    #[test]
+    fn gpu_pending_post_norm_matches_the_reference() {
+        use crate::operand::test_bufs::{poisoned, read, with};
+        let Some(ctx) = gpu_or_skip("matvec_pending_norm") else {
+            return;
+        };
+        let seed: u64 = rand::random();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let lin = Linear::with_layout(&ctx, false).unwrap();
+        let mut plans = vec![];
+        for tpr in [32u32, 64, 128] {
+            for wg in [tpr, 2 * tpr] {
+                for rpt in [1u32, 2, 4] {
+                    plans.push(MatvecPlan {
+                        wg,
+                        tpr,
+                        maxt: 1,
+                        rpt,
+                    });
+                }
+            }
+        }
+        // a random few per run (pipelines compile slowly on lavapipe), the chosen ones always
+        use rand::seq::SliceRandom;
+        plans.shuffle(&mut rng);
+        plans.truncate(4);
+        for (rows, cols) in [(1024, 640), (2048, 640), (640, 2048), (4864, 896)] {
+            for chosen in [
+                MatvecPlan::choose(rows, cols, 1),
+                MatvecPlan::choose_glu(rows, cols, 1),
+            ] {
+                if !plans.contains(&chosen) {
+                    plans.push(chosen);
+                }
+            }
+        }
+        let eps = 1e-6f32;
+        for plan in plans {
+            let ty = TYPES[rng.gen_range(0..TYPES.len())];
+            let n_rows = rng.gen_range(37..300usize);
+            let n_cols = 32 * rng.gen_range(3..40usize) * ty.block_size().div_ceil(32);
+            let what = format!("{plan:?} {ty} {n_rows}x{n_cols}, seed {seed}");
+            let wq = random_weights(&mut rng, ty, n_rows, n_cols);
+            let uq = random_weights(&mut rng, ty, n_rows, n_cols);
+            let (wb, ub) = (buffer_with(&ctx, "w", &wq), buffer_with(&ctx, "u", &uq));
+            let mut vec = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
+                (0..n).map(|_| rng.gen_range(lo..hi)).collect()
+            };
+            // a residual stream, a block's output on another scale, and the two norms' weights
+            let (x, p) = (vec(n_cols, -1.0, 1.0), vec(n_cols, -8.0, 8.0));
+            let (g, gp) = (vec(n_cols, 0.5, 1.5), vec(n_cols, -2.0, 2.0));
+            let (xb, pb, gb, gpb) = (
+                with(&ctx, "x", &x),
+                with(&ctx, "p", &p),
+                with(&ctx, "g", &g),
+                with(&ctx, "gp", &gp),
+            );
+            let mut post = vec![0f32; n_cols];
+            crate::rms_norm_ref(&p, &gp, &mut post, n_cols, eps);
+            let settled: Vec<f32> = x.iter().zip(&post).map(|(a, b)| a + b).collect();
+            let mut normed = vec![0f32; n_cols];
+            crate::rms_norm_ref(&settled, &g, &mut normed, n_cols, eps);
+            let w = |data| QWeightRef {
+                ty,
+                data,
+                n_rows: n_rows as u32,
+                n_cols: n_cols as u32,
+            };
+            let (ws, us, gs, ps, gps) =
+                (wb.whole(), ub.whole(), gb.whole(), pb.whole(), gpb.whole());
+            let (yb, sb) = (
+                poisoned(&ctx, "y", n_rows),
+                poisoned(&ctx, "settled", n_cols),
+            );
+            let ss = sb.whole();
+            let pending = |settle| {
+                Some(PendingNorm {
+                    p: &ps,
+                    weight: &gps,
+                    settle,
+                })
+            };
+            let args = LinearArgs {
+                w: w(&ws),
+                x: &xb.whole(),
+                y: &yb.whole(),
+                n_tokens: 1,
+                y_stride: n_rows as u32,
+                y_col: 0,
+                bias: None,
+                accumulate: false,
+                norm: Some((&gs, eps)),
+                pending: pending(Some(&ss)),
+            };
+            let mut chain = Chain::new(&ctx).unwrap();
+            lin.record_with(&mut chain, &args, Some(plan)).unwrap();
+            chain.run().unwrap();
+            let mut want = vec![0f32; n_rows];
+            linear_ref(
+                ty, &wq, n_rows, n_cols, &normed, 1, &mut want, n_rows, 0, None, false,
+            )
+            .unwrap();
+            if let Err(e) = check_close(&read(&ctx, &yb, n_rows), &want, REL) {
+                panic!("{what} (pending post-norm): {e}");
+            }
+            if let Err(e) = crate::check_close_sum(&read(&ctx, &sb, n_cols), &x, &post, 1e-5) {
+                panic!("{what} (settled stream): {e}");
+            }
+            // the fused GLU, not settling
+            let yb = poisoned(&ctx, "y", n_rows);
+            let args = LinearGluArgs {
+                gate: w(&ws),
+                up: w(&us),
+                x: &xb.whole(),
+                y: &yb.whole(),
+                n_tokens: 1,
+                op: GluOp::GeluTanh,
+                norm: Some((&gs, eps)),
+                pending: pending(None),
+            };
+            let mut chain = Chain::new(&ctx).unwrap();
+            lin.record_glu_with(&mut chain, &args, Some(plan)).unwrap();
+            chain.run().unwrap();
+            let mut want = vec![0f32; n_rows];
+            let op = GluOp::GeluTanh;
+            linear_glu_ref(ty, &wq, &uq, n_rows, n_cols, &normed, 1, &mut want, op).unwrap();
+            if let Err(e) = check_close(&read(&ctx, &yb, n_rows), &want, REL) {
+                panic!("{what} (GLU, pending post-norm): {e}");
+            }
+        }
+        assert_no_validation_errors(&ctx);
+    }
+
+    /// A pending post-norm without the fused norm, on more than one token, or settling onto what
+    /// the dispatch reads, is a clear error.
+    #[test]
+    fn pending_post_norm_misuse_is_a_clear_error() {
+        use crate::operand::test_bufs::{poisoned, with};
+        let Some(ctx) = gpu_or_skip("matvec_pending_misuse") else {
+            return;
+        };
+        let lin = Linear::with_layout(&ctx, false).unwrap();
+        let (n_rows, n_cols) = (64usize, 128usize);
+        let mut rng = StdRng::seed_from_u64(7);
+        let wq = random_weights(&mut rng, GgmlType::Q8_0, n_rows, n_cols);
+        let wb = buffer_with(&ctx, "w", &wq);
+        let ones = vec![1f32; 2 * n_cols];
+        let (xb, pb, gb) = (
+            with(&ctx, "x", &ones),
+            with(&ctx, "p", &ones),
+            with(&ctx, "g", &ones),
+        );
+        let yb = poisoned(&ctx, "y", 2 * n_rows);
+        let (ws, xs, ps, gs, ys) = (wb.whole(), xb.whole(), pb.whole(), gb.whole(), yb.whole());
+        let run = |n_tokens: u32, norm: bool, settle: Option<&BufferSlice>| {
+            let args = LinearArgs {
+                w: QWeightRef {
+                    ty: GgmlType::Q8_0,
+                    data: &ws,
+                    n_rows: n_rows as u32,
+                    n_cols: n_cols as u32,
+                },
+                x: &xs,
+                y: &ys,
+                n_tokens,
+                y_stride: n_rows as u32,
+                y_col: 0,
+                bias: None,
+                accumulate: false,
+                norm: norm.then_some((&gs, 1e-6)),
+                pending: Some(PendingNorm {
+                    p: &ps,
+                    weight: &gs,
+                    settle,
+                }),
+            };
+            let mut chain = Chain::new(&ctx).unwrap();
+            lin.record(&mut chain, &args).map_err(|e| e.to_string())
+        };
+        assert!(run(1, true, None).is_ok());
+        let e = run(1, false, None).unwrap_err();
+        assert!(e.contains("needs the fused norm"), "{e}");
+        let e = run(2, true, None).unwrap_err();
+        assert!(e.contains("one token"), "{e}");
+        let e = run(1, true, Some(&xs)).unwrap_err();
+        assert!(e.contains("must not overlap"), "{e}");
+    }
+
     /// A layout that does not fit the tokens or the device is a clear error, not a wrong result.
     #[test]
     fn gpu_matvec_bad_layouts_are_errors() {
@@ -1108,6 +1404,7 @@ pub(crate) mod tests {
             bias: None,
             accumulate: false,
             norm: None,
+            pending: None,
         };
         let base = MatvecPlan::DEFAULT;
         for plan in [
@@ -1209,6 +1506,7 @@ pub(crate) mod tests {
                         n_tokens: n_tokens as u32,
                         op,
                         norm: fused.then_some((&ns, eps)),
+                        pending: None,
                     };
                     let mut chain = Chain::new(&ctx).unwrap();
                     lin.record_glu(&mut chain, &args).unwrap();
@@ -1291,6 +1589,7 @@ pub(crate) mod tests {
                     n_tokens,
                     op: GluOp::Silu,
                     norm,
+                    pending: None,
                 };
                 let mut chain = Chain::new(&ctx).unwrap();
                 lin.record_glu(&mut chain, &a).unwrap_err().to_string()
@@ -1358,6 +1657,7 @@ pub(crate) mod tests {
                 bias: None,
                 accumulate: false,
                 norm: None,
+                pending: None,
             };
             let mut chain = Chain::new(&ctx).unwrap();
             lin.record(&mut chain, &a)
@@ -1387,6 +1687,7 @@ pub(crate) mod tests {
             bias: Some(&sw),
             accumulate: false,
             norm: None,
+            pending: None,
         };
         let mut chain = Chain::new(&ctx).unwrap();
         let e = lin.record(&mut chain, &a).unwrap_err().to_string();

@@ -71,6 +71,7 @@ fn linear_timing() {
                 bias: None,
                 accumulate: false,
                 norm: None,
+                pending: None,
             };
             // One dispatch to size the batch, then a chain of `n` (~0.3 s); the process CPU
             // time (all driver threads) is less noisy than wall time on a shared machine.
@@ -214,6 +215,7 @@ fn coop_timing() {
                 bias: None,
                 accumulate: false,
                 norm: None,
+                pending: None,
             };
             let reps = if n_rows > 100_000 { 5 } else { 21 };
             let flop = 2.0 * f64::from(n_rows) * f64::from(n_cols) * f64::from(n_tokens);
@@ -311,6 +313,7 @@ impl Q5Product {
             bias: None,
             accumulate: false,
             norm: None,
+            pending: None,
         }
     }
 }
@@ -484,6 +487,7 @@ fn f16_operand_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
                 bias: None,
                 accumulate: false,
                 norm: None,
+                pending: None,
             };
             let flop = 2.0 * f64::from(n_rows) * f64::from(n_cols) * f64::from(n_tokens);
             let outputs = (n_tokens * n_rows) as usize;
@@ -614,6 +618,7 @@ fn glu_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
                 bias: None,
                 accumulate: false,
                 norm: None,
+                pending: None,
             }
         }
         let shape = [n_rows, n_cols, n_tokens];
@@ -661,6 +666,7 @@ fn glu_experiments(ctx: &Context, default: &MatmulCoop, filter: &str) {
             n_tokens,
             op: GluOp::Silu,
             norm: None,
+            pending: None,
         };
         for (name, t) in &built {
             ctx.fill(&f_b, 0, bytes, f32::NAN.to_bits()).unwrap();
@@ -909,6 +915,7 @@ fn dispatch_overhead() {
             bias: None,
             accumulate: false,
             norm: None,
+            pending: None,
         };
         let reps = if n_rows > 100_000 { n / 20 + 1 } else { n };
         let us = per_dispatch(reps, &|c| {
@@ -1005,6 +1012,7 @@ fn glu_timing() {
                         n_tokens,
                         op: GluOp::Silu,
                         norm: None,
+                        pending: None,
                     };
                     lin.record_glu(chain, &args).unwrap();
                     chain.compute_barrier().unwrap();
@@ -1021,6 +1029,7 @@ fn glu_timing() {
                             bias: None,
                             accumulate: false,
                             norm: None,
+                            pending: None,
                         };
                         lin.record(chain, &args).unwrap();
                     }
@@ -1173,6 +1182,7 @@ fn matvec_layouts() {
                     n_tokens,
                     op: GluOp::Silu,
                     norm: normed,
+                    pending: None,
                 };
                 lin.record_glu_with(chain, &a, plan).unwrap();
             } else {
@@ -1186,6 +1196,7 @@ fn matvec_layouts() {
                     bias: None,
                     accumulate: false,
                     norm: normed,
+                    pending: None,
                 };
                 lin.record_with(chain, &a, plan).unwrap();
             }

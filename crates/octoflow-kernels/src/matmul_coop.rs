@@ -586,6 +586,7 @@ pub(crate) mod tests {
                 bias: bias_slice.as_ref(),
                 accumulate,
                 norm: None,
+                pending: None,
             };
             // split-K: the device's choice, none, or 3 pieces (the sum adds bias / accumulates)
             let split = [0u32, 1, 3][case % 3];
@@ -720,6 +721,7 @@ pub(crate) mod tests {
                 n_tokens: n_tokens as u32,
                 op,
                 norm: None,
+                pending: None,
             };
             assert!(lin.fuses_glu(n_tokens as u32, ty, ty));
             let mut chain = Chain::new(&ctx).unwrap();
@@ -809,6 +811,7 @@ pub(crate) mod tests {
                 bias: None,
                 accumulate: false,
                 norm: None,
+                pending: None,
             };
             let mut chain = Chain::new(&ctx).unwrap();
             let e = mm.record(&mut chain, &args).map(|_| ()).unwrap_err();

@@ -55,6 +55,11 @@ pub(crate) fn overlap(a: &BufferSlice, b: &BufferSlice) -> bool {
     a.buffer.raw() == b.buffer.raw() && a.offset < b.offset + b.size && b.offset < a.offset + a.size
 }
 
+/// Whether two slices are the same bytes of the same buffer.
+pub(crate) fn same(a: &BufferSlice, b: &BufferSlice) -> bool {
+    a.buffer.raw() == b.buffer.raw() && a.offset == b.offset && a.size == b.size
+}
+
 #[cfg(test)]
 pub(crate) mod test_bufs {
     use octoflow_vk::{Buffer, Context, MemoryKind};

@@ -4,7 +4,7 @@
 use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
 
 use crate::error::Result;
-use crate::operand::{bad, need, overlap};
+use crate::operand::{bad, need, overlap, same};
 use crate::shaders;
 
 /// The RMSNorm kernel, built once per device.
@@ -18,7 +18,7 @@ impl RmsNorm {
     pub fn new(ctx: &Context) -> Result<Self> {
         Ok(RmsNorm {
             pipeline: Pipeline::new(ctx, &PipelineDesc::new(shaders::RMS_NORM, 3, 12))?,
-            add: Pipeline::new(ctx, &PipelineDesc::new(shaders::RMS_NORM_ADD, 3, 12))?,
+            add: Pipeline::new(ctx, &PipelineDesc::new(shaders::RMS_NORM_ADD, 4, 12))?,
         })
     }
 
@@ -52,12 +52,42 @@ impl RmsNorm {
         n: u32,
         eps: f32,
     ) -> Result<()> {
+        self.record_add_to(chain, x, weight, out, out, n_rows, n, eps)
+    }
+
+    /// `out[r] = res[r] + x[r] / sqrt(mean(x[r]^2) + eps) * weight` per row: a post-norm added
+    /// to a residual stream that is read from `res` and written to `out` (`res` may be `out`;
+    /// neither may alias `x`, nor `res` overlap `out` otherwise than exactly).
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_add_to(
+        &self,
+        chain: &mut Chain,
+        x: &BufferSlice,
+        weight: &BufferSlice,
+        res: &BufferSlice,
+        out: &BufferSlice,
+        n_rows: u32,
+        n: u32,
+        eps: f32,
+    ) -> Result<()> {
         const OP: &str = "rms_norm_add";
         check(OP, x, weight, out, n_rows, n)?;
-        if overlap(x, out) {
-            return Err(bad(OP, "out must not alias x".into()));
+        need(OP, "res", res, u128::from(n_rows) * u128::from(n))?;
+        if overlap(x, out) || overlap(x, res) {
+            return Err(bad(OP, "out and res must not alias x".into()));
         }
-        self.dispatch(chain, &self.add, x, weight, out, n_rows, n, eps)
+        if overlap(res, out) && !same(res, out) {
+            return Err(bad(OP, "res must be out or apart from it".into()));
+        }
+        let groups = chain.context().groups_1d(u64::from(n_rows), 1)?;
+        chain.dispatch(
+            &self.add,
+            &[x.clone(), weight.clone(), out.clone(), res.clone()],
+            &Push::new().u32(n_rows).u32(n).f32(eps),
+            groups,
+        )?;
+        Self::cost(chain, n_rows, n, 3);
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -79,15 +109,16 @@ impl RmsNorm {
             &Push::new().u32(n_rows).u32(n).f32(eps),
             groups,
         )?;
-        // x read, out written (and read by the add variant), the weight; ~4 flops per element
-        let elems = u64::from(n_rows) * u64::from(n);
-        let passes = if std::ptr::eq(pipeline, &self.add) {
-            3
-        } else {
-            2
-        };
-        chain.set_cost(4 * (passes * elems + u64::from(n)), 4 * elems);
+        Self::cost(chain, n_rows, n, 2);
         Ok(())
+    }
+
+    /// The profile cost of a norm over `n_rows` x `n` that makes `passes` passes over the rows
+    /// (x read, out written, the residual read by the add variant), the weight; ~4 flops per
+    /// element.
+    fn cost(chain: &mut Chain, n_rows: u32, n: u32, passes: u64) {
+        let elems = u64::from(n_rows) * u64::from(n);
+        chain.set_cost(4 * (passes * elems + u64::from(n)), 4 * elems);
     }
 }
 
@@ -207,6 +238,41 @@ mod tests {
             let got = read(&ctx, &rb, n_rows * n);
             if let Err(e) = check_close_sum(&got, &normed, &res, REL) {
                 panic!("rms_norm_add {n_rows}x{n}, seed {seed}: {e}");
+            }
+            // the residual read from one buffer, the sum written to another
+            let (sb, ob) = (with(&ctx, "res", &res), poisoned(&ctx, "out", n_rows * n));
+            let mut chain = Chain::new(&ctx).unwrap();
+            k.record_add_to(
+                &mut chain,
+                &xb.whole(),
+                &wb.whole(),
+                &sb.whole(),
+                &ob.whole(),
+                r,
+                c,
+                eps,
+            )
+            .unwrap();
+            chain.run().unwrap();
+            let got = read(&ctx, &ob, n_rows * n);
+            if let Err(e) = check_close_sum(&got, &normed, &res, REL) {
+                panic!("rms_norm_add to another buffer {n_rows}x{n}, seed {seed}: {e}");
+            }
+            assert_eq!(read(&ctx, &sb, n_rows * n), res, "the residual was written");
+            if n_rows > 1 {
+                let part = sb.slice(0, 4 * n as u64).unwrap();
+                let mut chain = Chain::new(&ctx).unwrap();
+                let err = k.record_add_to(
+                    &mut chain,
+                    &xb.whole(),
+                    &wb.whole(),
+                    &sb.whole(),
+                    &part,
+                    1,
+                    c,
+                    eps,
+                );
+                assert!(err.is_err(), "a partly overlapping out accepted");
             }
             let mut chain = Chain::new(&ctx).unwrap();
             let err = k.record_add(&mut chain, &xb.whole(), &wb.whole(), &xb.whole(), r, c, eps);

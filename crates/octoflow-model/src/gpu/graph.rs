@@ -378,6 +378,7 @@ impl Graph<'_> {
             n_tokens: n,
             op,
             norm,
+            pending: None,
         })
     }
 
@@ -609,6 +610,7 @@ impl Graph<'_> {
                     bias,
                     accumulate,
                     norm,
+                    pending: None,
                 },
             )?;
         }

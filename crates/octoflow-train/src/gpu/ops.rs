@@ -106,6 +106,7 @@ impl Trainer {
                     bias,
                     accumulate: false,
                     norm: None,
+                    pending: None,
                 },
             )?;
         }
