@@ -249,8 +249,9 @@ fn steps(gm: &GpuModel, tokens: &[u32]) -> Vec<f32> {
 /// base model (fused in every layer) and the base with an adapter on layer 1's gate and up only
 /// (layer 0 fused, layer 1 not) give the CPU reference's logits over a 9-token prompt (the
 /// matrix path), then a step of 3 tokens and three of 1 token (norms fused into the
-/// projections); on a CPU driver, whose kernels fuse no norm, the base model also through the
-/// GPU kernels.
+/// projections, and for gemma3 its post-norms left to the next block's input,
+/// `Graph::defers_post_norms`); on a CPU driver, whose kernels fuse no norm, the base model also
+/// through the GPU kernels.
 #[test]
 fn fused_ffn_steps_match_the_cpu_reference() {
     let Some(ctx) = gpu_or_skip("fused_ffn_steps") else {

@@ -13,7 +13,7 @@ use octoflow_gguf::GgmlType;
 use octoflow_kernels::advance::ctl;
 use octoflow_kernels::{
     fresh_applies, AttentionArgs, FreshKv, GetRowsArgs, GluOp, LinearArgs, LinearGluArgs,
-    Positions, QWeightRef, RopeMode, RopeStoreArgs,
+    PendingNorm, Positions, QWeightRef, RopeMode, RopeStoreArgs,
 };
 use octoflow_vk::{Buffer, BufferSlice, Chain};
 
@@ -80,6 +80,21 @@ fn unfused_glu() -> bool {
     std::env::var_os("OCTOFLOW_UNFUSED_GLU").is_some_and(|v| v == "1")
 }
 
+/// `OCTOFLOW_UNFUSED_POST=1` records single-token steps of models with post-norms (gemma3) with
+/// each post-norm and its residual add as a stage of its own: a switch to measure what leaving
+/// them to the next block's input gains.
+fn unfused_post() -> bool {
+    std::env::var_os("OCTOFLOW_UNFUSED_POST").is_some_and(|v| v == "1")
+}
+
+/// The residual stream between blocks: the buffer holding it (`s.x`, or `s.h` while a
+/// single-token step of a post-norm model ping-pongs), and a block output whose post-norm and
+/// add are left to the next block's input (`rms_norm(p) * weight`, see [`PendingNorm`]).
+struct Stream {
+    base: BufferSlice,
+    pending: Option<(BufferSlice, BufferSlice)>,
+}
+
 /// The data of a matrix held in one piece (rows from 0).
 fn single(m: &GpuMatrix) -> Option<&BufferSlice> {
     match m.pieces.as_slice() {
@@ -110,15 +125,103 @@ impl Graph<'_> {
     /// Records embeddings and every layer of `n` tokens (the residual stream ends in `s.x`).
     pub fn layers(&self, chain: &mut Chain, n: u32, src: &TokenSource) -> Result<()> {
         self.embed(chain, n, src)?;
+        let x = f32s(&self.s.x, n as usize * self.c.n_embd)?;
+        let mut st = Stream {
+            base: x.clone(),
+            pending: None,
+        };
         for il in 0..self.c.n_layer {
             // the FFN's buffers are idle during the attention block: the kernels' temporaries
             // (split-K partial sums, attention pieces) go there instead of memory of their own
             chain.lend_scratch(Some(self.s.ffn_gate.whole()));
-            self.attention_block(chain, il, n)?;
+            self.attention_block(chain, il, n, &mut st)?;
             chain.lend_scratch(None);
-            self.ffn_block(chain, il, n)?;
+            self.ffn_block(chain, il, n, &mut st)?;
+        }
+        self.settle(chain, n, &mut st, &x)
+    }
+
+    /// Whether the post-norms of this step are left to the next block's input: single tokens
+    /// on the GPU matvec (whose fused norm takes them), no adapters, and a post-norm after
+    /// every block (gemma3). Two barrier stages fewer per layer.
+    fn defers_post_norms(&self, n: u32) -> bool {
+        n == 1
+            && self.lora.is_none()
+            && self.k.linear.fuses_norm(n)
+            && self.c.n_embd.is_multiple_of(32)
+            && self
+                .w
+                .blk
+                .iter()
+                .all(|l| l.post_attention_norm.is_some() && l.post_ffw_norm.is_some())
+            && !unfused_post()
+    }
+
+    /// Records the pending post-norm and its add (if any) so that the stream is whole in `out`
+    /// (its own buffer or another).
+    fn settle(&self, chain: &mut Chain, n: u32, st: &mut Stream, out: &BufferSlice) -> Result<()> {
+        let c = self.c;
+        if let Some((p, w)) = st.pending.take() {
+            self.k.rms_norm.record_add_to(
+                chain,
+                &p,
+                &w,
+                &st.base,
+                out,
+                n,
+                c.n_embd as u32,
+                c.rms_eps,
+            )?;
+            chain.compute_barrier()?;
+            st.base = out.clone();
         }
         Ok(())
+    }
+
+    /// The other buffer of the single-token ping-pong (`s.x` ↔ `s.h`): where a block that
+    /// consumes a pending post-norm writes the settled stream.
+    fn other(&self, base: &BufferSlice) -> Result<BufferSlice> {
+        let width = base.size / 4;
+        let x = f32s(&self.s.x, width as usize)?;
+        if base.buffer.raw() == x.buffer.raw() {
+            f32s(&self.s.h, width as usize)
+        } else {
+            Ok(x)
+        }
+    }
+
+    /// The input norm of a block over the stream `st`: the pending post-norm (if any) handed
+    /// to the block's fused-norm products with the buffer they settle the stream into, or
+    /// recorded first where the norm is not fused; then [`Graph::normed`].
+    #[allow(clippy::type_complexity)]
+    fn block_input(
+        &self,
+        chain: &mut Chain,
+        n: u32,
+        st: &mut Stream,
+        weight: &BufferSlice,
+        small: bool,
+    ) -> Result<(
+        BufferSlice,
+        Option<BufferSlice>,
+        Option<(BufferSlice, BufferSlice, BufferSlice)>,
+    )> {
+        let width = n as usize * self.c.n_embd;
+        let h = f32s(&self.s.h, width)?;
+        if st.pending.is_some() && !self.norm_fuses(n, small) {
+            // into s.x: the norm is about to be written to s.h
+            self.settle(chain, n, st, &f32s(&self.s.x, width)?)?;
+        }
+        let (input, fused) = self.normed(chain, n, &st.base, &h, weight, small)?;
+        let pending = match st.pending.take() {
+            Some((p, w)) => {
+                let to = self.other(&st.base)?;
+                st.base = to.clone();
+                Some((p, w, to))
+            }
+            None => None,
+        };
+        Ok((input, fused, pending))
     }
 
     /// `x = token_embd[ids] * embedding_scale`.
@@ -153,28 +256,35 @@ impl Graph<'_> {
 
     /// `x += attention(rmsnorm(x))` for layer `il`, writing this batch's keys and values into the
     /// layer's cache at the batch's positions.
-    fn attention_block(&self, chain: &mut Chain, il: usize, n: u32) -> Result<()> {
+    fn attention_block(&self, chain: &mut Chain, il: usize, n: u32, st: &mut Stream) -> Result<()> {
         let (c, s, k) = (self.c, self.s, self.k);
         let (lw, lc) = (&self.w.blk[il], &c.layers[il]);
         let rows = n as usize;
-        let x = f32s(&s.x, rows * c.n_embd)?;
-        let h = f32s(&s.h, rows * c.n_embd)?;
         let q = f32s(&s.q, rows * c.q_dim())?;
         let kk = f32s(&s.k, rows * c.k_dim())?;
         let v = f32s(&s.v, rows * c.v_dim())?;
         let att = f32s(&s.att, rows * c.n_head * c.head_dim_v)?;
         let eps = c.rms_eps;
 
-        let (input, fused) = self.normed(chain, n, &x, &h, &lw.attn_norm, true)?;
+        let (input, fused, pend) = self.block_input(chain, n, st, &lw.attn_norm, true)?;
         let norm = fused.as_ref().map(|g| (g, eps));
         let (bq, bk, bv) = (
             lw.attn_q_bias.as_ref(),
             lw.attn_k_bias.as_ref(),
             lw.attn_v_bias.as_ref(),
         );
-        self.linear(chain, &lw.attn_q, &input, &q, n, bq, false, norm)?;
-        self.linear(chain, &lw.attn_k, &input, &kk, n, bk, false, norm)?;
-        self.linear(chain, &lw.attn_v, &input, &v, n, bv, false, norm)?;
+        // with a pending post-norm, the q product also writes the settled stream
+        let pending = |settle: bool| {
+            pend.as_ref().map(|(p, w, to)| PendingNorm {
+                p,
+                weight: w,
+                settle: settle.then_some(to),
+            })
+        };
+        let (pq, pkv) = (pending(true), pending(false));
+        self.linear(chain, &lw.attn_q, &input, &q, n, bq, false, norm, pq)?;
+        self.linear(chain, &lw.attn_k, &input, &kk, n, bk, false, norm, pkv)?;
+        self.linear(chain, &lw.attn_v, &input, &v, n, bv, false, norm, pkv)?;
         self.adapt(
             chain,
             il,
@@ -276,6 +386,7 @@ impl Graph<'_> {
             &att,
             lw.post_attention_norm.as_ref(),
             n,
+            st,
         )
     }
 
@@ -283,12 +394,10 @@ impl Graph<'_> {
     /// on gate/up, few-token steps (the matvec kernel) and batches on cooperative matrices record
     /// the two products and the activation as one dispatch
     /// ([`octoflow_kernels::Linear::record_glu`]): one barrier stage and two dispatches fewer.
-    fn ffn_block(&self, chain: &mut Chain, il: usize, n: u32) -> Result<()> {
+    fn ffn_block(&self, chain: &mut Chain, il: usize, n: u32, st: &mut Stream) -> Result<()> {
         let (c, s, k) = (self.c, self.s, self.k);
         let lw = &self.w.blk[il];
         let rows = n as usize;
-        let x = f32s(&s.x, rows * c.n_embd)?;
-        let h = f32s(&s.h, rows * c.n_embd)?;
         let gate = f32s(&s.ffn_gate, rows * c.n_ff)?;
         let up = f32s(&s.ffn_up, rows * c.n_ff)?;
         let op = match c.activation {
@@ -300,14 +409,31 @@ impl Graph<'_> {
         // smollm2-135m +5%, gemma-3-270m +4%, qwen2.5-0.5b 805 → 858 tok/s since its 4864-row
         // GLU takes two rows per invocation, `MatvecPlan::choose_glu`; with one row each, every
         // row group re-read x and g for its sum of squares and qwen lost 1.5%)
-        let one_dispatch = self.fused_glu(il, n, &x, &gate, op, None).is_some();
-        let (input, fused) = self.normed(chain, n, &x, &h, &lw.ffn_norm, one_dispatch)?;
+        let one_dispatch = self.fused_glu(il, n, &st.base, &gate, op, None).is_some();
+        let (input, fused, pend) = self.block_input(chain, n, st, &lw.ffn_norm, one_dispatch)?;
         let norm = fused.as_ref().map(|g| (g, c.rms_eps));
-        if let Some(args) = self.fused_glu(il, n, &input, &gate, op, norm) {
+        let pending = pend.as_ref().map(|(p, w, to)| PendingNorm {
+            p,
+            weight: w,
+            settle: Some(to),
+        });
+        if let Some(mut args) = self.fused_glu(il, n, &input, &gate, op, norm) {
+            args.pending = pending;
             k.linear.record_glu(chain, &args)?;
         } else {
-            self.linear(chain, &lw.ffn_gate, &input, &gate, n, None, false, norm)?;
-            self.linear(chain, &lw.ffn_up, &input, &up, n, None, false, norm)?;
+            // a pending post-norm was settled by block_input: the norm is not fused here
+            self.linear(
+                chain,
+                &lw.ffn_gate,
+                &input,
+                &gate,
+                n,
+                None,
+                false,
+                norm,
+                None,
+            )?;
+            self.linear(chain, &lw.ffn_up, &input, &up, n, None, false, norm, None)?;
             self.adapt(
                 chain,
                 il,
@@ -328,6 +454,7 @@ impl Graph<'_> {
             &gate,
             lw.post_ffw_norm.as_ref(),
             n,
+            st,
         )?;
         chain.lend_scratch(None);
         Ok(())
@@ -382,8 +509,10 @@ impl Graph<'_> {
         })
     }
 
-    /// `x += post_norm(m · a)` (with `which`'s adapters); without a post-norm the projection
-    /// adds straight into `x`.
+    /// `x += post_norm(m · a)` (with `which`'s adapters) on the stream `st`; without a
+    /// post-norm the projection adds straight into it; where the step defers post-norms
+    /// ([`Graph::defers_post_norms`]) the product is left pending on the stream.
+    #[allow(clippy::too_many_arguments)]
     fn project_residual(
         &self,
         chain: &mut Chain,
@@ -392,22 +521,30 @@ impl Graph<'_> {
         a: &BufferSlice,
         post_norm: Option<&BufferSlice>,
         n: u32,
+        st: &mut Stream,
     ) -> Result<()> {
         let (c, s, k) = (self.c, self.s, self.k);
         let width = n as usize * c.n_embd;
-        let x = f32s(&s.x, width)?;
+        // the block's input took any pending post-norm; settled here all the same
+        let base = st.base.clone();
+        self.settle(chain, n, st, &base)?;
+        let x = &st.base;
         match post_norm {
             None => {
-                self.linear(chain, m, a, &x, n, None, true, None)?;
-                self.adapt(chain, which.0, n, &[(which.1, a, &x)])?;
+                self.linear(chain, m, a, x, n, None, true, None, None)?;
+                self.adapt(chain, which.0, n, &[(which.1, a, x)])?;
             }
             Some(norm) => {
                 let o = f32s(&s.o, width)?;
-                self.linear(chain, m, a, &o, n, None, false, None)?;
+                self.linear(chain, m, a, &o, n, None, false, None, None)?;
                 self.adapt(chain, which.0, n, &[(which.1, a, &o)])?;
                 chain.compute_barrier()?;
+                if self.defers_post_norms(n) {
+                    st.pending = Some((o, norm.clone()));
+                    return Ok(());
+                }
                 k.rms_norm
-                    .record_add(chain, &o, norm, &x, n, c.n_embd as u32, c.rms_eps)?;
+                    .record_add(chain, &o, norm, x, n, c.n_embd as u32, c.rms_eps)?;
             }
         }
         chain.compute_barrier()?;
@@ -443,7 +580,7 @@ impl Graph<'_> {
         )?;
         chain.compute_barrier()?;
         let out = f32s(&s.logits, rows as usize * c.n_vocab)?;
-        self.linear(chain, &w.output, &h, &out, rows, None, false, None)?;
+        self.linear(chain, &w.output, &h, &out, rows, None, false, None, None)?;
         chain.compute_barrier()?;
         Ok(())
     }
@@ -491,7 +628,7 @@ impl Graph<'_> {
         )?;
         chain.compute_barrier()?;
         let out = f32s(&s.logits, n_out as usize * c.n_vocab)?;
-        self.linear(chain, &w.output, &h, &out, n_out, None, false, None)?;
+        self.linear(chain, &w.output, &h, &out, n_out, None, false, None, None)?;
         chain.compute_barrier()?;
         Ok(())
     }
@@ -511,8 +648,7 @@ impl Graph<'_> {
         weight: &BufferSlice,
         small: bool,
     ) -> Result<(BufferSlice, Option<BufferSlice>)> {
-        // adapters read the normed input, so with them the norm is never fused
-        if small && n == 1 && self.lora.is_none() && self.k.linear.fuses_norm(n) {
+        if self.norm_fuses(n, small) {
             return Ok((x.clone(), Some(weight.clone())));
         }
         let c = self.c;
@@ -521,6 +657,12 @@ impl Graph<'_> {
             .record(chain, x, weight, h, n, c.n_embd as u32, c.rms_eps)?;
         chain.compute_barrier()?;
         Ok((h.clone(), None))
+    }
+
+    /// Whether [`Graph::normed`] fuses the norm into the products of a block (`small`: ones it
+    /// pays for). Adapters read the normed input, so with them the norm is never fused.
+    fn norm_fuses(&self, n: u32, small: bool) -> bool {
+        small && n == 1 && self.lora.is_none() && self.k.linear.fuses_norm(n)
     }
 
     /// Adds the adapters' products of layer `il` to projections whose base products were
@@ -572,7 +714,8 @@ impl Graph<'_> {
     }
 
     /// `y (+)= x · mᵀ (+ bias)` over `n` tokens, one dispatch per piece of `m`; with `norm`
-    /// (weight, eps) the product is of `rms_norm(x)` (fused in the matvec kernel).
+    /// (weight, eps) the product is of `rms_norm(x)` (fused in the matvec kernel), with
+    /// `pending` of `rms_norm(x + rms_norm(p) * weight)` (the first piece settles the stream).
     #[allow(clippy::too_many_arguments)]
     fn linear(
         &self,
@@ -584,6 +727,7 @@ impl Graph<'_> {
         bias: Option<&BufferSlice>,
         accumulate: bool,
         norm: Option<(&BufferSlice, f32)>,
+        pending: Option<PendingNorm>,
     ) -> Result<()> {
         if bias.is_some() && m.pieces.len() > 1 {
             return Err(ModelError::Gpu(format!(
@@ -592,7 +736,11 @@ impl Graph<'_> {
                 m.pieces.len()
             )));
         }
-        for p in &m.pieces {
+        for (i, p) in m.pieces.iter().enumerate() {
+            let pending = pending.map(|pn| PendingNorm {
+                settle: pn.settle.filter(|_| i == 0),
+                ..pn
+            });
             self.k.linear.record(
                 chain,
                 &LinearArgs {
@@ -610,7 +758,7 @@ impl Graph<'_> {
                     bias,
                     accumulate,
                     norm,
-                    pending: None,
+                    pending,
                 },
             )?;
         }
