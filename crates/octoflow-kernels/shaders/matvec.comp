@@ -19,8 +19,8 @@
 // chunks are dequantized. Bias and accumulate do not apply (flags ignored); the fused norm does
 // (both products are of rms_norm(x[t]) * g).
 //
-// Pending post-norm (push constant `pend`, one-token pipelines, fused norm, n_cols a multiple of
-// 32): the input is x + rms_norm(p) * gp, a residual stream whose last block's post-norm (gemma3)
+// Pending post-norm (specialization constant PEND, one-token pipelines, fused norm, n_cols a
+// multiple of 32): the input is x + rms_norm(p) * gp, a residual stream whose last block's post-norm (gemma3)
 // was left to its consumer. The product is linear in it, so the loop keeps the dots with x and
 // with p * gp apart, and the sums of squares the two norms need (p^2; x^2, x.(p gp), (p gp)^2),
 // and combines them at the end: no extra pass, no barrier. Bit 1 of `pend` also writes the input
@@ -43,6 +43,9 @@ layout(constant_id = 0) const uint WG = 128u;
 layout(constant_id = 1) const uint TPR = 32u;
 layout(constant_id = 2) const uint MAXT = 8u;
 layout(constant_id = 3) const uint RPT = 1u;
+// 1: the pipeline has the pending post-norm path (one token; shared memory and registers only
+// where it is used)
+layout(constant_id = 4) const uint PEND = 0u;
 const uint GROUPS = WG / TPR; // row groups per workgroup
 
 #include "common.glsl"
@@ -80,8 +83,8 @@ layout(push_constant) uniform Push {
 #ifdef GLU
     uint act;   // glu.glsl's op: 0 SiLU, 1 GELU-tanh
 #endif
-    uint pend;  // bit 0: the input is x + rms_norm(p) * gp (eps as the norm's); bit 1: write it
-                // to xo
+    uint pend;  // with PEND: bit 0 set (the input is x + rms_norm(p) * gp, eps as the norm's);
+                // bit 1: write it to xo
 } pc;
 
 #include "quant.glsl"
@@ -101,7 +104,7 @@ layout(push_constant) uniform Push {
 #else
 #define NMAT 1u
 #endif
-#define NPART (NMAT * MAXT * RPT + MAXT + NMAT * RPT + 3u)
+#define NPART (NMAT * MAXT * RPT + MAXT + PEND * (NMAT * RPT + 3u))
 shared float partial[NPART * WG];
 #define P_ACC(t, k) (((t) * RPT + (k)) * WG)
 #define P_SSQ(t) ((MAXT * RPT + (t)) * WG)
@@ -149,7 +152,7 @@ void main() {
     }
     // pending post-norm (one token): dots with q = p * gp (times g), and sum(p^2), sum(x.q),
     // sum(q^2)
-    bool pend = MAXT == 1u && (pc.pend & 1u) != 0u;
+    bool pend = PEND != 0u && MAXT == 1u;
     float pacc[RPT];
 #ifdef GLU
     float pacc2[RPT];

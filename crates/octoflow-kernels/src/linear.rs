@@ -326,7 +326,8 @@ impl Linear {
         }
         let small = a.n_tokens <= MATVEC_MAX_TOKENS;
         if self.cpu && small {
-            let (pipeline, groups) = self.matvec[ti].layout(chain, w.n_rows, a.n_tokens, plan)?;
+            let (pipeline, groups) =
+                self.matvec[ti].layout(chain, w.n_rows, a.n_tokens, plan, false)?;
             chain.dispatch(&pipeline, &bindings, &push, groups)?;
         } else if self.cpu {
             let groups = cpu_groups(chain, w.n_rows, a.n_tokens, CPU_MATMUL_TN)?;
@@ -359,9 +360,10 @@ impl Linear {
         plan: MatvecPlan,
         norm: Option<(&BufferSlice, f32)>,
     ) -> Result<()> {
-        let (pipeline, groups) = self.matvec[ti].layout(chain, a.w.n_rows, a.n_tokens, plan)?;
-        let [wb, x, y, bias] = bindings.clone();
         let (pend, pb) = check_pending(a.pending, &a.w, a.x, a.y, a.n_tokens, plan)?;
+        let (pipeline, groups) =
+            self.matvec[ti].layout(chain, a.w.n_rows, a.n_tokens, plan, pb.is_some())?;
+        let [wb, x, y, bias] = bindings.clone();
         // no norm: x stands in for its binding (never read)
         let (g, eps) = norm.map_or_else(|| (x.clone(), 0.0), |(g, eps)| (g.clone(), eps));
         let push = push.f32(eps).u32(u32::from(norm.is_some())).u32(pend);
@@ -521,9 +523,11 @@ impl MatvecPlan {
         self.wg / self.tpr * self.rpt
     }
 
-    /// Shared-memory bytes of the layout (`partial` in `matvec.comp`, the GLU variant's size).
-    fn shared_bytes(&self) -> u32 {
-        4 * (2 * self.maxt * self.rpt + self.maxt + 2 * self.rpt + 3) * self.wg
+    /// Shared-memory bytes of the layout (`partial` in `matvec.comp`, the GLU variant's size),
+    /// with the pending post-norm's sums where `pend`.
+    fn shared_bytes(&self, pend: bool) -> u32 {
+        let pend = if pend { 2 * self.rpt + 3 } else { 0 };
+        4 * (2 * self.maxt * self.rpt + self.maxt + pend) * self.wg
     }
 }
 
@@ -535,7 +539,8 @@ enum Matvec {
 
 impl Matvec {
     /// The pipeline and workgroup grid of `n_rows` rows in the layout `plan` (GPU layout; the
-    /// CPU layout has one layout and ignores the plan).
+    /// CPU layout has one layout and ignores the plan), the pipeline with the pending post-norm
+    /// path where `pend` (`PEND` in `matvec.comp`).
     /// Errors on a plan that does not fit `n_tokens` or the device.
     fn layout(
         &self,
@@ -543,6 +548,7 @@ impl Matvec {
         n_rows: u32,
         n_tokens: u32,
         plan: MatvecPlan,
+        pend: bool,
     ) -> Result<(Pipeline, [u32; 3])> {
         match self {
             Matvec::Fixed(pl) => Ok((
@@ -557,7 +563,7 @@ impl Matvec {
                     || !p.wg.is_multiple_of(p.tpr)
                     || p.wg > ctx.caps().max_workgroup_invocations
                     || p.rpt == 0
-                    || p.shared_bytes() > ctx.caps().max_shared_memory
+                    || p.shared_bytes(pend) > ctx.caps().max_shared_memory
                     || !(n_tokens..=MATVEC_MAX_TOKENS).contains(&p.maxt)
                 {
                     return Err(KernelError::Shape {
@@ -565,7 +571,16 @@ impl Matvec {
                         detail: format!("matvec layout {p:?} does not fit {n_tokens} tokens"),
                     });
                 }
-                let pl = s.get(ctx, [plan.wg, plan.tpr, plan.maxt, plan.rpt, 0, 0, 0])?;
+                let spec = [
+                    plan.wg,
+                    plan.tpr,
+                    plan.maxt,
+                    plan.rpt,
+                    u32::from(pend),
+                    0,
+                    0,
+                ];
+                let pl = s.get(ctx, spec)?;
                 let groups = ctx.groups_1d(u64::from(n_rows), plan.rows())?;
                 Ok((pl, groups))
             }
@@ -662,7 +677,8 @@ impl Linear {
         }
         // no norm: x stands in for its binding (never read)
         let nw = norm.map_or_else(|| x.clone(), |n| n.0);
-        let (pipeline, groups) = self.matvec_glu[ti].layout(chain, g.n_rows, a.n_tokens, plan)?;
+        let (pipeline, groups) =
+            self.matvec_glu[ti].layout(chain, g.n_rows, a.n_tokens, plan, pb.is_some())?;
         let mut bind = vec![wb, x.clone(), y.clone(), bias, nw, up];
         if !self.cpu {
             bind.extend(pb.unwrap_or_else(|| [x.clone(), x, y]));
@@ -1055,7 +1071,7 @@ pub(crate) mod tests {
             for wg in [tpr, 2 * tpr] {
                 for (maxt, rpt) in [(1u32, 1u32), (1, 4), (2, 2), (8, 1)] {
                     let plan = MatvecPlan { wg, tpr, maxt, rpt };
-                    if wg <= 256 && plan.shared_bytes() <= ctx.caps().max_shared_memory {
+                    if wg <= 256 && plan.shared_bytes(false) <= ctx.caps().max_shared_memory {
                         plans.push(plan);
                     }
                 }
