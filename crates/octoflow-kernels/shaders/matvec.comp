@@ -175,6 +175,10 @@ void main() {
                 vec4 xv[8];
                 vec4 qv[8];
                 [[unroll]] for (uint i = 0u; i < 8u; i++) {
+#ifdef ABL_NOX
+                    xv[i] = vec4(float(c + i) * 1e-3); // benchmark ablation: no x (or g) reads
+                    continue;
+#endif
                     xv[i] = x4[8u * c + i];
                     if (pend) {
                         vec4 pv = p4[8u * c + i];
@@ -196,11 +200,25 @@ void main() {
                     }
                     uint rb = r * pc.row_bytes;
                     float v[32];
-                    dequant_chunk(rb, c, pc.n_cols, v);
-                    float s = 0.0;
 #ifdef GLU
                     float v2[32];
+#endif
+#ifdef ABL_NOW
+                    // benchmark ablation: no weight reads
+                    [[unroll]] for (uint i = 0u; i < 32u; i++) {
+                        v[i] = float(i + c + k) * 1e-3;
+#ifdef GLU
+                        v2[i] = float(i + c) * 2e-3;
+#endif
+                    }
+#else
+                    dequant_chunk(rb, c, pc.n_cols, v);
+#ifdef GLU
                     dequant_chunk_2(rb, c, pc.n_cols, v2);
+#endif
+#endif
+                    float s = 0.0;
+#ifdef GLU
                     float s2 = 0.0;
 #endif
                     [[unroll]] for (uint i = 0u; i < 8u; i++) {

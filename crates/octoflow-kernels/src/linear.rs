@@ -247,6 +247,34 @@ impl Linear {
         })
     }
 
+    /// The same kernels with type `ty`'s single-token matvec and GLU pipelines built from other
+    /// `matvec.comp` variants (benchmark experiments of `variants.txt`).
+    #[cfg(test)]
+    pub(crate) fn with_matvec_variants(
+        mut self,
+        ty: GgmlType,
+        mv: octoflow_vk::Shader,
+        glu: octoflow_vk::Shader,
+    ) -> Self {
+        let ti = TYPES
+            .iter()
+            .position(|&t| t == ty)
+            .expect("a supported type");
+        self.matvec[ti] = Matvec::Spec(SpecPipelines::new(
+            mv,
+            MATVEC_BINDINGS,
+            MATVEC_PUSH_BYTES,
+            mv.name,
+        ));
+        self.matvec_glu[ti] = Matvec::Spec(SpecPipelines::new(
+            glu,
+            MATVEC_BINDINGS + 1,
+            MATVEC_PUSH_BYTES + 4,
+            glu.name,
+        ));
+        self
+    }
+
     /// The same kernels without the cooperative-matrix path (benchmarks compare the two).
     #[cfg(test)]
     pub(crate) fn without_coop(mut self) -> Self {
@@ -1206,7 +1234,8 @@ pub(crate) mod tests {
     /// A post-norm pending on the input (`x + rms_norm(p) * gp`, then the fused norm): the
     /// matvec and the fused GLU in every one-token layout (and the chosen ones) against the
     /// references of the settled input, over random types and shapes; the settled stream
-    /// written by one dispatch checked against its addends. Outputs poisoned with NaN.
+    /// written by one dispatch checked against its addends; the plain fused norm in the same
+    /// layouts. Outputs poisoned with NaN.
     #[test]
     fn gpu_pending_post_norm_matches_the_reference() {
         use crate::operand::test_bufs::{poisoned, read, with};
@@ -1277,6 +1306,33 @@ pub(crate) mod tests {
             };
             let (ws, us, gs, ps, gps) =
                 (wb.whole(), ub.whole(), gb.whole(), pb.whole(), gpb.whole());
+            // the plain fused norm in the same layout
+            let yb = poisoned(&ctx, "y", n_rows);
+            let args = LinearArgs {
+                w: w(&ws),
+                x: &xb.whole(),
+                y: &yb.whole(),
+                n_tokens: 1,
+                y_stride: n_rows as u32,
+                y_col: 0,
+                bias: None,
+                accumulate: false,
+                norm: Some((&gs, eps)),
+                pending: None,
+            };
+            let mut chain = Chain::new(&ctx).unwrap();
+            lin.record_with(&mut chain, &args, Some(plan)).unwrap();
+            chain.run().unwrap();
+            let mut plain = vec![0f32; n_cols];
+            crate::rms_norm_ref(&x, &g, &mut plain, n_cols, eps);
+            let mut want = vec![0f32; n_rows];
+            linear_ref(
+                ty, &wq, n_rows, n_cols, &plain, 1, &mut want, n_rows, 0, None, false,
+            )
+            .unwrap();
+            if let Err(e) = check_close(&read(&ctx, &yb, n_rows), &want, REL) {
+                panic!("{what} (fused norm): {e}");
+            }
             let (yb, sb) = (
                 poisoned(&ctx, "y", n_rows),
                 poisoned(&ctx, "settled", n_cols),

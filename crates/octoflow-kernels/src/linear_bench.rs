@@ -1132,7 +1132,7 @@ fn matvec_layouts() {
         }
     }
     // what the driver reports about one pipeline
-    let desc = PipelineDesc::new(variant(QOp::Matvec, 0), 5, 36)
+    let desc = PipelineDesc::new(variant(QOp::Matvec, 0), 8, 40)
         .spec(&[128, 32, 8])
         .capture_statistics();
     if let Ok(stats) = octoflow_vk::Pipeline::new(&ctx, &desc).and_then(|p| p.statistics()) {
@@ -1240,7 +1240,7 @@ fn matvec_layouts() {
                     })
                     .fold(0f32, f32::max);
                 let op = if glu { QOp::MatvecGlu } else { QOp::Matvec };
-                let (bindings, push) = if glu { (6, 40) } else { (5, 36) };
+                let (bindings, push) = if glu { (9, 44) } else { (8, 40) };
                 let spec = [plan.wg, plan.tpr, plan.maxt, plan.rpt];
                 let desc = PipelineDesc::new(
                     variant(op, type_index("bench", ty).unwrap()),
@@ -1284,6 +1284,211 @@ fn matvec_layouts() {
                 }
             }
             println!("{name:<28} x{n_tokens} BEST {:?} {:.2} us", best.1, best.0);
+        }
+    }
+}
+
+/// Where a single-token matvec's time goes, at qwen2.5-0.5B's decode shapes (the FFN's fused
+/// gate/up with its norm, 4864 x 896 Q5_0; a 896 x 896 Q5_0 projection with the norm; the
+/// 896 x 4864 Q4_K down projection; gemma-3-270M's 2048 x 640 GLU with and without a pending
+/// post-norm, its 1024 x 640 q projection with one): wall time per dispatch over a long chain
+/// with a compute barrier after each and with none, for the kernel and ablations without
+/// weight reads, without x reads and without either (`cargo test -p octoflow-kernels --release matvec_anatomy -- --ignored
+/// --nocapture --test-threads 1`).
+#[test]
+#[ignore]
+fn matvec_anatomy() {
+    use crate::glu::GluOp;
+    use crate::linear::LinearGluArgs;
+    use crate::shaders as s;
+    let Some(ctx) = gpu_or_skip("matvec_anatomy") else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(5);
+    let q5 = [
+        ("kernel", None),
+        (
+            "no W",
+            Some((s::MATVEC_X_NOW_Q5_0, s::MATVEC_GLU_X_NOW_Q5_0)),
+        ),
+        (
+            "no x",
+            Some((s::MATVEC_X_NOX_Q5_0, s::MATVEC_GLU_X_NOX_Q5_0)),
+        ),
+        (
+            "neither",
+            Some((s::MATVEC_X_NONE_Q5_0, s::MATVEC_GLU_X_NONE_Q5_0)),
+        ),
+    ];
+    let q4k = [
+        ("kernel", None),
+        ("no W", Some((s::MATVEC_X_NOW_Q4_K, s::MATVEC_X_NOW_Q4_K))),
+        ("no x", Some((s::MATVEC_X_NOX_Q4_K, s::MATVEC_X_NOX_Q4_K))),
+        (
+            "neither",
+            Some((s::MATVEC_X_NONE_Q4_K, s::MATVEC_X_NONE_Q4_K)),
+        ),
+    ];
+    let cases: [(&str, GgmlType, u32, u32, bool, bool, &[_]); 6] = [
+        (
+            "glu 4864x896 q5_0 +norm",
+            GgmlType::Q5_0,
+            4864,
+            896,
+            true,
+            false,
+            &q5,
+        ),
+        (
+            "896x896 q5_0 +norm",
+            GgmlType::Q5_0,
+            896,
+            896,
+            false,
+            false,
+            &q5,
+        ),
+        (
+            "down 896x4864 q4_k",
+            GgmlType::Q4_K,
+            896,
+            4864,
+            false,
+            false,
+            &q4k,
+        ),
+        (
+            "glu 2048x640 q5_0 +norm",
+            GgmlType::Q5_0,
+            2048,
+            640,
+            true,
+            false,
+            &q5[..1],
+        ),
+        (
+            "glu 2048x640 q5_0 +pend",
+            GgmlType::Q5_0,
+            2048,
+            640,
+            true,
+            true,
+            &q5[..1],
+        ),
+        (
+            "1024x640 q5_0 +pend",
+            GgmlType::Q5_0,
+            1024,
+            640,
+            false,
+            true,
+            &q5[..1],
+        ),
+    ];
+    for (name, ty, n_rows, n_cols, glu, pend, variants) in cases {
+        let (rows, cols) = (n_rows as usize, n_cols as usize);
+        let gb = buffer_with(&ctx, "gate", &random_weights(&mut rng, ty, rows, cols));
+        let ub = buffer_with(&ctx, "up", &random_weights(&mut rng, ty, rows, cols));
+        let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let g: Vec<f32> = (0..cols).map(|_| rng.gen_range(0.5..1.5)).collect();
+        let xb = buffer_with(&ctx, "x", octoflow_vk::as_bytes(&x));
+        let nb = buffer_with(&ctx, "norm", octoflow_vk::as_bytes(&g));
+        let yb = Buffer::new(&ctx, "y", 4 * u64::from(n_rows), MemoryKind::DeviceLocal).unwrap();
+        let (gw, uw, xs, ns, ys) = (gb.whole(), ub.whole(), xb.whole(), nb.whole(), yb.whole());
+        let norm = (ty != GgmlType::Q4_K).then_some((&ns, 1e-6f32));
+        let pb = buffer_with(&ctx, "p", octoflow_vk::as_bytes(&x));
+        let sb = Buffer::new(
+            &ctx,
+            "settled",
+            4 * u64::from(n_cols),
+            MemoryKind::DeviceLocal,
+        )
+        .unwrap();
+        let (ps, ss) = (pb.whole(), sb.whole());
+        let pending = pend.then_some(crate::PendingNorm {
+            p: &ps,
+            weight: &ns,
+            settle: (!glu).then_some(&ss),
+        });
+        let w = |data| QWeightRef {
+            ty,
+            data,
+            n_rows,
+            n_cols,
+        };
+        let mut reference: Option<Vec<f32>> = None;
+        for &(vname, shaders) in variants {
+            let lin = match shaders {
+                None => Linear::new(&ctx).unwrap(),
+                Some((mv, gl)) => Linear::new(&ctx).unwrap().with_matvec_variants(ty, mv, gl),
+            };
+            let rec = |c: &mut Chain| {
+                if glu {
+                    let args = LinearGluArgs {
+                        gate: w(&gw),
+                        up: w(&uw),
+                        x: &xs,
+                        y: &ys,
+                        n_tokens: 1,
+                        op: GluOp::Silu,
+                        norm,
+                        pending,
+                    };
+                    lin.record_glu(c, &args).unwrap();
+                } else {
+                    let args = LinearArgs {
+                        w: w(&gw),
+                        x: &xs,
+                        y: &ys,
+                        n_tokens: 1,
+                        y_stride: n_rows,
+                        y_col: 0,
+                        bias: None,
+                        accumulate: false,
+                        norm,
+                        pending,
+                    };
+                    lin.record(c, &args).unwrap();
+                }
+            };
+            let per = |barrier: bool| {
+                let time = |n: usize| {
+                    let mut chain = Chain::new(&ctx).unwrap();
+                    for _ in 0..n {
+                        rec(&mut chain);
+                        if barrier {
+                            chain.compute_barrier().unwrap();
+                        }
+                    }
+                    chain.run().unwrap();
+                    (0..5)
+                        .map(|_| {
+                            let t = std::time::Instant::now();
+                            chain.run().unwrap();
+                            t.elapsed().as_secs_f64() * 1e6 / n as f64
+                        })
+                        .fold(f64::INFINITY, f64::min)
+                };
+                // ~1 s of warm-up at full clocks first
+                let t0 = std::time::Instant::now();
+                while t0.elapsed().as_secs_f64() < 1.0 {
+                    time(500);
+                }
+                time(2000)
+            };
+            let (b, nb) = (per(true), per(false));
+            let mut chain = Chain::new(&ctx).unwrap();
+            rec(&mut chain);
+            chain.run().unwrap();
+            let y = crate::operand::test_bufs::read(&ctx, &yb, rows);
+            let check = match &reference {
+                None => String::new(),
+                Some(want) => verdict(&y, want),
+            };
+            if shaders.is_none() {
+                reference = Some(y);
+            }
+            println!("{name:<26} {vname:<9} barrier {b:7.2} us, none {nb:7.2} us {check}");
         }
     }
 }
