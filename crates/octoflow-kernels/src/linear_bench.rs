@@ -1293,13 +1293,14 @@ fn matvec_layouts() {
 /// 896 x 4864 Q4_K down projection; gemma-3-270M's 2048 x 640 GLU with and without a pending
 /// post-norm, its 1024 x 640 q projection with one): wall time per dispatch over a long chain
 /// with a compute barrier after each and with none, for the kernel and ablations without
-/// weight reads, without x reads and without either (`cargo test -p octoflow-kernels --release matvec_anatomy -- --ignored
+/// weight reads, without x reads and without either, and the pending-norm products in other
+/// layouts (workgroup / invocations per row / rows per invocation) (`cargo test -p octoflow-kernels --release matvec_anatomy -- --ignored
 /// --nocapture --test-threads 1`).
 #[test]
 #[ignore]
 fn matvec_anatomy() {
     use crate::glu::GluOp;
-    use crate::linear::LinearGluArgs;
+    use crate::linear::{LinearGluArgs, MatvecPlan};
     use crate::shaders as s;
     let Some(ctx) = gpu_or_skip("matvec_anatomy") else {
         return;
@@ -1417,7 +1418,31 @@ fn matvec_anatomy() {
             n_cols,
         };
         let mut reference: Option<Vec<f32>> = None;
-        for &(vname, shaders) in variants {
+        // the variants in the chosen layout; with a pending norm, the kernel in other layouts too
+        let mut runs: Vec<(String, Option<_>, Option<MatvecPlan>)> = variants
+            .iter()
+            .map(|&(vname, shaders)| (vname.to_string(), shaders, None))
+            .collect();
+        if pend {
+            for (wg, tpr, rpt) in [
+                (64, 32, 1),
+                (32, 32, 2),
+                (64, 32, 2),
+                (128, 32, 2),
+                (32, 32, 4),
+                (128, 64, 1),
+                (128, 64, 2),
+            ] {
+                let plan = MatvecPlan {
+                    wg,
+                    tpr,
+                    maxt: 1,
+                    rpt,
+                };
+                runs.push((format!("{wg}/{tpr}/{rpt}"), None, Some(plan)));
+            }
+        }
+        for (vname, shaders, plan) in runs {
             let lin = match shaders {
                 None => Linear::new(&ctx).unwrap(),
                 Some((mv, gl)) => Linear::new(&ctx).unwrap().with_matvec_variants(ty, mv, gl),
@@ -1434,7 +1459,7 @@ fn matvec_anatomy() {
                         norm,
                         pending,
                     };
-                    lin.record_glu(c, &args).unwrap();
+                    lin.record_glu_with(c, &args, plan).unwrap();
                 } else {
                     let args = LinearArgs {
                         w: w(&gw),
@@ -1448,7 +1473,7 @@ fn matvec_anatomy() {
                         norm,
                         pending,
                     };
-                    lin.record(c, &args).unwrap();
+                    lin.record_with(c, &args, plan).unwrap();
                 }
             };
             let per = |barrier: bool| {
@@ -1485,7 +1510,7 @@ fn matvec_anatomy() {
                 None => String::new(),
                 Some(want) => verdict(&y, want),
             };
-            if shaders.is_none() {
+            if shaders.is_none() && plan.is_none() {
                 reference = Some(y);
             }
             println!("{name:<26} {vname:<9} barrier {b:7.2} us, none {nb:7.2} us {check}");
