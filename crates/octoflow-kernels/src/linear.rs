@@ -1306,37 +1306,39 @@ pub(crate) mod tests {
             };
             let (ws, us, gs, ps, gps) =
                 (wb.whole(), ub.whole(), gb.whole(), pb.whole(), gpb.whole());
-            // the plain fused norm in the same layout
-            let yb = poisoned(&ctx, "y", n_rows);
-            let args = LinearArgs {
-                w: w(&ws),
-                x: &xb.whole(),
-                y: &yb.whole(),
-                n_tokens: 1,
-                y_stride: n_rows as u32,
-                y_col: 0,
-                bias: None,
-                accumulate: false,
-                norm: Some((&gs, eps)),
-                pending: None,
+            // the single-token product of `input` (as the kernel sees it) with the fused norm
+            // and, where given, a pending post-norm, against the reference
+            let product = |pending: Option<PendingNorm>, input: &[f32], case: &str| {
+                let yb = poisoned(&ctx, "y", n_rows);
+                let args = LinearArgs {
+                    w: w(&ws),
+                    x: &xb.whole(),
+                    y: &yb.whole(),
+                    n_tokens: 1,
+                    y_stride: n_rows as u32,
+                    y_col: 0,
+                    bias: None,
+                    accumulate: false,
+                    norm: Some((&gs, eps)),
+                    pending,
+                };
+                let mut chain = Chain::new(&ctx).unwrap();
+                lin.record_with(&mut chain, &args, Some(plan)).unwrap();
+                chain.run().unwrap();
+                let mut want = vec![0f32; n_rows];
+                linear_ref(
+                    ty, &wq, n_rows, n_cols, input, 1, &mut want, n_rows, 0, None, false,
+                )
+                .unwrap();
+                if let Err(e) = check_close(&read(&ctx, &yb, n_rows), &want, REL) {
+                    panic!("{what} ({case}): {e}");
+                }
             };
-            let mut chain = Chain::new(&ctx).unwrap();
-            lin.record_with(&mut chain, &args, Some(plan)).unwrap();
-            chain.run().unwrap();
+            // the plain fused norm in the same layout
             let mut plain = vec![0f32; n_cols];
             crate::rms_norm_ref(&x, &g, &mut plain, n_cols, eps);
-            let mut want = vec![0f32; n_rows];
-            linear_ref(
-                ty, &wq, n_rows, n_cols, &plain, 1, &mut want, n_rows, 0, None, false,
-            )
-            .unwrap();
-            if let Err(e) = check_close(&read(&ctx, &yb, n_rows), &want, REL) {
-                panic!("{what} (fused norm): {e}");
-            }
-            let (yb, sb) = (
-                poisoned(&ctx, "y", n_rows),
-                poisoned(&ctx, "settled", n_cols),
-            );
+            product(None, &plain, "fused norm");
+            let sb = poisoned(&ctx, "settled", n_cols);
             let ss = sb.whole();
             let pending = |settle| {
                 Some(PendingNorm {
@@ -1345,29 +1347,7 @@ pub(crate) mod tests {
                     settle,
                 })
             };
-            let args = LinearArgs {
-                w: w(&ws),
-                x: &xb.whole(),
-                y: &yb.whole(),
-                n_tokens: 1,
-                y_stride: n_rows as u32,
-                y_col: 0,
-                bias: None,
-                accumulate: false,
-                norm: Some((&gs, eps)),
-                pending: pending(Some(&ss)),
-            };
-            let mut chain = Chain::new(&ctx).unwrap();
-            lin.record_with(&mut chain, &args, Some(plan)).unwrap();
-            chain.run().unwrap();
-            let mut want = vec![0f32; n_rows];
-            linear_ref(
-                ty, &wq, n_rows, n_cols, &normed, 1, &mut want, n_rows, 0, None, false,
-            )
-            .unwrap();
-            if let Err(e) = check_close(&read(&ctx, &yb, n_rows), &want, REL) {
-                panic!("{what} (pending post-norm): {e}");
-            }
+            product(pending(Some(&ss)), &normed, "pending post-norm");
             if let Err(e) = crate::check_close_sum(&read(&ctx, &sb, n_cols), &x, &post, 1e-5) {
                 panic!("{what} (settled stream): {e}");
             }
