@@ -41,7 +41,8 @@ if ! python3 -c "import openai" >/dev/null 2>&1; then
 fi
 
 # llama.cpp itself (llama-cpp-python, PyPI; built from source: ~8 minutes on 2 cores), for the
-# LoRA/merge compatibility test (crates/octoflow/tests/llama_cpp.rs). The version the golden
+# LoRA/merge compatibility test (crates/octoflow/tests/llama_cpp.rs) and the tokenizer / chat-template
+# differential test (crates/octoflow-text/tests/llama_cpp.rs). The version the golden
 # files were made with.
 if ! python3 -c "import llama_cpp" >/dev/null 2>&1; then
   echo "installing: llama-cpp-python 0.3.36 (pip, builds llama.cpp from source)" >&2

@@ -4,43 +4,10 @@
 
 mod common;
 
+use common::{random_char, seed};
 use octoflow_text::Tokenizer;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-fn seed() -> u64 {
-    std::env::var("OCTOFLOW_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random)
-}
-
-/// A random character, drawn from pools that stress different paths: ASCII words and
-/// punctuation, white space runs, digits, accented Latin, combining marks, CJK, Hangul, emoji
-/// (4-byte UTF-8), and any scalar value at all.
-fn random_char(rng: &mut StdRng) -> char {
-    const POOLS: &[&str] = &[
-        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
-        "     \t\n\r\n",
-        "0123456789",
-        ".,;:!?'\"()[]{}<>/\\|-_=+*&^%$#@~`",
-        "àáâãäåæçèéêëìíîïñòóôõöøùúûüýÿßẞΩЖж",
-        "\u{300}\u{301}\u{308}\u{327}\u{200d}\u{fe0f}",
-        "日本語のテキスト中文字符",
-        "한국어텍스트",
-        "🚀🔥👍🏽😀🎉🧪",
-        "\u{a0}\u{2003}\u{3000}\u{85}\u{0}\u{7f}",
-    ];
-    if rng.gen_bool(0.1) {
-        loop {
-            if let Some(c) = char::from_u32(rng.gen_range(0..0x11_0000)) {
-                return c;
-            }
-        }
-    }
-    let pool: Vec<char> = POOLS[rng.gen_range(0..POOLS.len())].chars().collect();
-    pool[rng.gen_range(0..pool.len())]
-}
 
 fn random_text(rng: &mut StdRng, tok: &Tokenizer) -> String {
     let len = rng.gen_range(0..80);
