@@ -59,11 +59,13 @@ const MATVEC_BINDINGS: u32 = 8;
 /// variant adds the activation before the flags.
 const MATVEC_PUSH_BYTES: u32 = PUSH_BYTES + 12;
 /// Batches of at least this many tokens use the cooperative-matrix kernel where the device has
-/// it (its products are of f16-rounded operands: see [`crate::matmul_coop`]). On the H100 it
-/// beats `matmul.comp` from 5 tokens up (~1.7x at 5..64 tokens), but has a floor of ~44 us per
-/// product, while `matvec.comp` reads the weights once for up to 8 tokens (22 us for 4 tokens
-/// of a 896 x 896 Q8_0 matrix).
-pub const COOP_MIN_TOKENS: u32 = MATVEC_MAX_TOKENS + 1;
+/// it (its products are of f16-rounded operands: see [`crate::matmul_coop`]); smaller ones the
+/// matvec kernel, and on devices without cooperative matrices every batch of up to
+/// [`MATVEC_MAX_TOKENS`]. On the H100 (qwen2.5-0.5B, `octoflow bench --streams`, whole decode
+/// steps) the matvec kernel's step grows with its tokens — 1.26 / 2.15 / 3.28 / 5.30 ms for 1 /
+/// 2 / 4 / 8 — while the cooperative-matrix step stays near 3.0 ms from 9 to 32 rows: each
+/// token of `matvec.comp` reads x again per row, the tiles pad to 64 tokens.
+pub const COOP_MIN_TOKENS: u32 = 4;
 
 /// A weight matrix on the device in its GGUF encoding: `n_rows` rows of `n_cols` elements.
 #[derive(Clone, Copy)]
@@ -290,12 +292,12 @@ impl Linear {
 
     /// Whether a batch of `n_tokens` can take [`LinearArgs::norm`] (the GPU matvec kernel).
     pub fn fuses_norm(&self, n_tokens: u32) -> bool {
-        !self.cpu && n_tokens <= MATVEC_MAX_TOKENS
+        !self.cpu && n_tokens <= MATVEC_MAX_TOKENS && !self.uses_coop(n_tokens)
     }
 
     /// Whether [`Linear::record_glu`] takes a batch of `n_tokens` with gate and up matrices of
-    /// these types: 1 ..= [`MATVEC_MAX_TOKENS`] tokens (the matvec path) or a batch for the
-    /// cooperative-matrix kernel ([`Linear::uses_coop`]), and one supported type for both. The
+    /// these types: a batch for the cooperative-matrix kernel ([`Linear::uses_coop`]) or else
+    /// 1 ..= [`MATVEC_MAX_TOKENS`] tokens (the matvec path), and one supported type for both. The
     /// matrices must also have the same shape (`record_glu` checks it).
     pub fn fuses_glu(&self, n_tokens: u32, gate_ty: GgmlType, up_ty: GgmlType) -> bool {
         let path = (1..=MATVEC_MAX_TOKENS).contains(&n_tokens) || self.coop_glu(n_tokens);
@@ -308,13 +310,20 @@ impl Linear {
         self.uses_coop(n_tokens) && self.coop.as_ref().is_some_and(|c| c.glu.is_some())
     }
 
+    /// Whether a layout given for the matvec kernel (benchmarks and tests comparing layouts)
+    /// takes this batch to it even where the cooperative-matrix kernel would take it.
+    fn forces_matvec(&self, plan: Option<MatvecPlan>, n_tokens: u32) -> bool {
+        plan.is_some() && !self.cpu && (1..=MATVEC_MAX_TOKENS).contains(&n_tokens)
+    }
+
     /// Whether the kernels read weights of type `ty`.
     pub fn supports(ty: GgmlType) -> bool {
         TYPES.contains(&ty)
     }
 
-    /// Records `y (=|+=) x · Wᵀ (+ bias)`: the matvec kernel for `n_tokens <=`
-    /// [`MATVEC_MAX_TOKENS`], the tiled matmul above. Checks the type, the shapes and every
+    /// Records `y (=|+=) x · Wᵀ (+ bias)`: the cooperative-matrix kernel for batches of
+    /// [`COOP_MIN_TOKENS`] or more where the device has it, else the matvec kernel for
+    /// `n_tokens <=` [`MATVEC_MAX_TOKENS`], the tiled matmul above. Checks the type, the shapes and every
     /// operand's size. `y` must not alias `x`, `bias` or the weights.
     pub fn record(&self, chain: &mut Chain, a: &LinearArgs) -> Result<()> {
         self.record_with(chain, a, None)
@@ -329,6 +338,7 @@ impl Linear {
         plan: Option<MatvecPlan>,
     ) -> Result<()> {
         let Checked { ti, push, bindings } = check_args(a)?;
+        let forced = self.forces_matvec(plan, a.n_tokens);
         let plan = plan.unwrap_or_else(|| MatvecPlan::choose(a.w.n_rows, a.w.n_cols, a.n_tokens));
         let w = &a.w;
         if a.pending.is_some() && a.norm.is_none() {
@@ -338,18 +348,22 @@ impl Linear {
             });
         }
         if let Some((g, eps)) = a.norm {
-            if !self.fuses_norm(a.n_tokens) {
+            if !self.fuses_norm(a.n_tokens) && !forced {
                 return Err(KernelError::Shape {
                     op: OP,
                     detail: format!(
-                        "a fused norm needs the matvec kernel (at most {MATVEC_MAX_TOKENS} tokens, GPU layout)"
+                        "a fused norm needs the matvec kernel (GPU layout; at most {MATVEC_MAX_TOKENS} tokens, fewer than {COOP_MIN_TOKENS} with cooperative matrices)"
                     ),
                 });
             }
             check_words(OP, "norm", g, u64::from(w.n_cols), "floats")?;
             return self.record_matvec(chain, ti, a, &bindings, push, plan, Some((g, eps)));
         }
-        if let Some(coop) = self.coop.as_ref().filter(|_| self.uses_coop(a.n_tokens)) {
+        if let Some(coop) = self
+            .coop
+            .as_ref()
+            .filter(|_| self.uses_coop(a.n_tokens) && !forced)
+        {
             return coop.dispatch(chain, ti, a, &bindings, &push);
         }
         let small = a.n_tokens <= MATVEC_MAX_TOKENS;
@@ -663,7 +677,7 @@ impl Linear {
         if !self.fuses_glu(a.n_tokens, g.ty, u.ty) {
             return Err(shape(format!(
                 "fused GLU: {} tokens; it takes 1..={MATVEC_MAX_TOKENS} (the matvec kernel) or, \
-                 with cooperative matrices, {COOP_MIN_TOKENS} or more",
+                 with cooperative matrices, any batch ({COOP_MIN_TOKENS} or more on them)",
                 a.n_tokens
             )));
         }
@@ -678,11 +692,12 @@ impl Linear {
         if a.pending.is_some() && a.norm.is_none() {
             return Err(shape("a pending post-norm needs the fused norm".into()));
         }
+        let forced = self.forces_matvec(plan, a.n_tokens);
         let norm = match a.norm {
             Some((nw, eps)) => {
-                if !self.fuses_norm(a.n_tokens) {
+                if !self.fuses_norm(a.n_tokens) && !forced {
                     return Err(shape(format!(
-                        "a fused norm needs the matvec kernel (at most {MATVEC_MAX_TOKENS} tokens, GPU layout)"
+                        "a fused norm needs the matvec kernel (GPU layout; at most {MATVEC_MAX_TOKENS} tokens, fewer than {COOP_MIN_TOKENS} with cooperative matrices)"
                     )));
                 }
                 check_words(OP, "norm", nw, u64::from(g.n_cols), "floats")?;
@@ -690,7 +705,11 @@ impl Linear {
             }
             None => None,
         };
-        if let Some(coop) = self.coop.as_ref().filter(|_| self.coop_glu(a.n_tokens)) {
+        if let Some(coop) = self
+            .coop
+            .as_ref()
+            .filter(|_| self.coop_glu(a.n_tokens) && !forced)
+        {
             // a norm was refused above: only the matvec kernel fuses one
             return coop.dispatch_glu(chain, None, ti, a, &wb, &up, rb);
         }
@@ -1532,9 +1551,14 @@ pub(crate) mod tests {
                 .collect();
             let xb = with(&ctx, "x", &x);
             let len = n_tokens * n_rows;
+            // where batches of this size go to the cooperative-matrix kernel (its own tests),
+            // the matvec kernel is asked for by its layout
+            let plan = lin
+                .uses_coop(n_tokens as u32)
+                .then(|| MatvecPlan::choose_glu(n_rows as u32, n_cols as u32, n_tokens as u32));
             for op in [GluOp::Silu, GluOp::GeluTanh] {
                 for fused in [false, true] {
-                    if fused && !lin.fuses_norm(n_tokens as u32) {
+                    if fused && !lin.fuses_norm(n_tokens as u32) && plan.is_none() {
                         continue;
                     }
                     // 5 floats past y's end must stay NaN
@@ -1561,7 +1585,7 @@ pub(crate) mod tests {
                         pending: None,
                     };
                     let mut chain = Chain::new(&ctx).unwrap();
-                    lin.record_glu(&mut chain, &args).unwrap();
+                    lin.record_glu_with(&mut chain, &args, plan).unwrap();
                     chain.run().unwrap();
                     let got = read(&ctx, &yb, len + 5);
                     let x_in = if fused {
