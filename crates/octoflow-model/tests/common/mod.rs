@@ -154,8 +154,9 @@ fn check_prompt(name: &str, open: &mut Open<'_>, case: &GreedyCase) -> Outcome {
 }
 
 /// The single-token decode path (fused quantized dots) agrees with the batched path (GEMM
-/// over dequantized tiles) on a real model.
-fn check_decode_matches_batch(open: &mut Open<'_>, case: &GreedyCase) {
+/// over dequantized tiles) on a real model: within `rel(n)` of the largest |logit| for a batch
+/// of n tokens.
+fn check_decode_matches_batch(open: &mut Open<'_>, case: &GreedyCase, rel: &dyn Fn(usize) -> f32) {
     let mut tokens = case.prompt_ids.clone();
     tokens.extend_from_slice(&case.greedy_ids[..2]);
     let mut s = open(tokens.len());
@@ -164,6 +165,7 @@ fn check_decode_matches_batch(open: &mut Open<'_>, case: &GreedyCase) {
     s.truncate(0);
     let n_prompt = case.prompt_ids.len();
     s.prefill(&tokens[..n_prompt], 256).unwrap();
+    let bound = rel(tokens.len());
     for i in 0..2 {
         let step = s.decode(case.greedy_ids[i]).unwrap();
         let want = &batch[(n_prompt + i) * n_vocab..][..n_vocab];
@@ -172,17 +174,31 @@ fn check_decode_matches_batch(open: &mut Open<'_>, case: &GreedyCase) {
             .zip(want)
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
         assert!(
-            err < 2e-2,
-            "decode step {i} differs from the batch by {err}"
+            err <= bound * scale,
+            "decode step {i} differs from the batch of {} tokens by {err} (bound {bound} of {scale})",
+            tokens.len()
         );
     }
 }
 
-/// Checks every golden prompt of one model, the decode path against the batch path, and that
-/// at least half of the prompts agree on all compared greedy tokens.
+/// Checks every golden prompt of one model, the decode path against the batch path (both
+/// exact f32 math: within 1e-3 of the largest |logit|), and that at least half of the prompts
+/// agree on all compared greedy tokens.
 pub fn check_prompts(name: &str, golden: &Golden, open: &mut Open<'_>) {
-    check_decode_matches_batch(open, &golden.greedy[0]);
+    check_prompts_within(name, golden, open, &|_| 1e-3);
+}
+
+/// [`check_prompts`] with the decode path held to `rel(n)` of the largest |logit| against a
+/// batch of n tokens (on the GPU: [`gpu_logit_bound`], whose batches may run on f16 operands).
+pub fn check_prompts_within(
+    name: &str,
+    golden: &Golden,
+    open: &mut Open<'_>,
+    rel: &dyn Fn(usize) -> f32,
+) {
+    check_decode_matches_batch(open, &golden.greedy[0], rel);
     let (exact, total) = greedy_counts(name, golden, open);
     assert!(
         2 * exact >= total,
