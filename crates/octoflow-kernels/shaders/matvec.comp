@@ -7,6 +7,10 @@
 // consecutive blocks), dequantizes a chunk once and uses it for every token. Reduction: subgroup
 // sums, then the per-subgroup partials of a row through shared memory (the host guarantees the
 // subgroup size divides TPR). Workgroups form a 2-D grid flattened as in common.glsl.
+// Several tokens (MAXT > 1, rows of whole chunks): the workgroup stages x (times the norm
+// weight) in shared memory 32 chunks at a time and each lane takes one chunk of the tile: every
+// lane reading its own chunk of x from global memory touches a different cache line per load,
+// and that cost grew with the tokens (qwen's decode step on the H100: 5.3 ms for 8 rows).
 // Measured on the H100 (docs/BENCHMARKS.md): branch-free windowed weight reads (QWINDOW) and x
 // read as vec4s (a chunk of x is 16-byte aligned: n_cols is a multiple of 32 for every block
 // type) take the kernel from ~110 to ~215 GB/s on qwen's 4864x896 Q5_0 and from 167 to ~800 GB/s
@@ -105,7 +109,16 @@ layout(push_constant) uniform Push {
 #define NMAT 1u
 #endif
 #define NPART (NMAT * MAXT * RPT + MAXT + PEND * (NMAT * RPT + 3u))
-shared float partial[NPART * WG];
+// Staged x (pipelines for several tokens): a tile of XS_CHUNKS chunks of every token's x (times
+// the norm weight), XS_CHUNKS * 8 vec4 per token, the vec4 i of chunk c at slot i ^ (c & 7) so
+// that the 8 lanes of a 128-byte shared-memory access read 8 different slots. The partial sums
+// share the array (they are written after the last tile).
+const uint XS_CHUNKS = 32u;
+const uint STAGED = MAXT > 1u ? 1u : 0u;
+const uint SH_PART = NPART * WG / 4u;
+const uint SH_XS = STAGED * MAXT * XS_CHUNKS * 8u;
+shared vec4 sh[SH_PART > SH_XS ? SH_PART : SH_XS];
+#define PART(i) sh[(i) >> 2][(i) & 3u]
 #define P_ACC(t, k) (((t) * RPT + (k)) * WG)
 #define P_SSQ(t) ((MAXT * RPT + (t)) * WG)
 #define P_UP(t, k) ((MAXT * RPT + MAXT + (t) * RPT + (k)) * WG)
@@ -119,7 +132,7 @@ shared float partial[NPART * WG];
 float pend_scale(uint first, uint per_row) {
     float spp = 0.0;
     for (uint j = 0u; j < per_row; j++) {
-        spp += partial[P_PSUM(0u) + first + j];
+        spp += PART(P_PSUM(0u) + first + j);
     }
     return 1.0 / sqrt(spp / float(pc.n_cols) + pc.eps);
 }
@@ -164,7 +177,67 @@ void main() {
 #endif
     }
     vec3 psum = vec3(0.0);
-    if (r0 < pc.n_rows) {
+    // Several tokens, whole chunks: x read from shared memory (every invocation takes part in
+    // the staging and its barriers, rows or not). The sums of squares are of the elements each
+    // invocation staged: the whole workgroup's add up to each token's.
+    bool staged = STAGED != 0u && (pc.n_cols & 31u) == 0u;
+    if (staged) {
+        uint nc = pc.n_cols >> 5;
+        for (uint cb = 0u; cb < nc; cb += XS_CHUNKS) {
+            uint tc = min(XS_CHUNKS, nc - cb);
+            barrier(); // the last tile's reads are done
+            for (uint j = tid; j < tc * 8u; j += WG) {
+                uint c = j >> 3;
+                uint i = j & 7u;
+                vec4 gv = norm ? g4[8u * (cb + c) + i] : vec4(1.0);
+                [[unroll]] for (uint t = 0u; t < MAXT; t++) {
+                    if (t < nt) {
+                        vec4 xv = x4[((t * pc.n_cols) >> 2) + 8u * (cb + c) + i];
+                        ssq[t] += dot(xv, xv);
+                        sh[(t * XS_CHUNKS + c) * 8u + (i ^ (c & 7u))] = xv * gv;
+                    }
+                }
+            }
+            barrier();
+            uint c = lane;
+            if (r0 < pc.n_rows && c < tc) {
+                [[unroll]] for (uint k = 0u; k < RPT; k++) {
+                    uint r = r0 + k;
+                    if (r >= pc.n_rows) {
+                        break;
+                    }
+                    uint rb = r * pc.row_bytes;
+                    float v[32];
+                    dequant_chunk(rb, cb + c, pc.n_cols, v);
+#ifdef GLU
+                    float v2[32];
+                    dequant_chunk_2(rb, cb + c, pc.n_cols, v2);
+#endif
+                    [[unroll]] for (uint t = 0u; t < MAXT; t++) {
+                        if (t >= nt) {
+                            break;
+                        }
+                        float s = 0.0;
+#ifdef GLU
+                        float s2 = 0.0;
+#endif
+                        [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                            vec4 xv = sh[(t * XS_CHUNKS + c) * 8u + (i ^ (c & 7u))];
+                            s += dot(vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]), xv);
+#ifdef GLU
+                            s2 += dot(vec4(v2[4u * i], v2[4u * i + 1u], v2[4u * i + 2u], v2[4u * i + 3u]), xv);
+#endif
+                        }
+                        acc[t * RPT + k] += s;
+#ifdef GLU
+                        acc2[t * RPT + k] += s2;
+#endif
+                    }
+                }
+            }
+        }
+        barrier(); // the partial sums below reuse the staging memory
+    } else if (r0 < pc.n_rows) {
         uint nc = chunk_count(pc.n_cols);
         for (uint c = lane; c < nc; c += TPR) {
             uint len = chunk_len(c, pc.n_cols);
@@ -314,9 +387,9 @@ void main() {
     if (pend) {
         vec3 ps = subgroupAdd(psum);
         if (subgroupElect()) {
-            partial[P_PSUM(0u) + gl_SubgroupID] = ps.x;
-            partial[P_PSUM(1u) + gl_SubgroupID] = ps.y;
-            partial[P_PSUM(2u) + gl_SubgroupID] = ps.z;
+            PART(P_PSUM(0u) + gl_SubgroupID) = ps.x;
+            PART(P_PSUM(1u) + gl_SubgroupID) = ps.y;
+            PART(P_PSUM(2u) + gl_SubgroupID) = ps.z;
         }
         [[unroll]] for (uint k = 0u; k < RPT; k++) {
             float s = subgroupAdd(pacc[k]);
@@ -324,9 +397,9 @@ void main() {
             float s2 = subgroupAdd(pacc2[k]);
 #endif
             if (subgroupElect()) {
-                partial[P_PACC(k) + gl_SubgroupID] = s;
+                PART(P_PACC(k) + gl_SubgroupID) = s;
 #ifdef GLU
-                partial[P_PUP(k) + gl_SubgroupID] = s2;
+                PART(P_PUP(k) + gl_SubgroupID) = s2;
 #endif
             }
         }
@@ -337,7 +410,7 @@ void main() {
         }
         float q = norm ? subgroupAdd(ssq[t]) : 0.0;
         if (subgroupElect()) {
-            partial[P_SSQ(t) + gl_SubgroupID] = q;
+            PART(P_SSQ(t) + gl_SubgroupID) = q;
         }
         [[unroll]] for (uint k = 0u; k < RPT; k++) {
             float s = subgroupAdd(acc[t * RPT + k]);
@@ -345,9 +418,9 @@ void main() {
             float s2 = subgroupAdd(acc2[t * RPT + k]);
 #endif
             if (subgroupElect()) {
-                partial[P_ACC(t, k) + gl_SubgroupID] = s;
+                PART(P_ACC(t, k) + gl_SubgroupID) = s;
 #ifdef GLU
-                partial[P_UP(t, k) + gl_SubgroupID] = s2;
+                PART(P_UP(t, k) + gl_SubgroupID) = s2;
 #endif
             }
         }
@@ -361,8 +434,11 @@ void main() {
                 break;
             }
             float ss = 0.0;
-            for (uint j = 0u; j < per_row; j++) {
-                ss += partial[P_SSQ(t) + first + j];
+            // staged: every subgroup staged part of x; else the row group's lanes read all of it
+            uint sfirst = staged ? 0u : first;
+            uint scount = staged ? WG / gl_SubgroupSize : per_row;
+            for (uint j = 0u; j < scount; j++) {
+                ss += PART(P_SSQ(t) + sfirst + j);
             }
             // pending: the input's sum of squares from x^2, x.q and q^2 with q scaled by 1/rms(p)
             float pinv = pend ? pend_scale(first, per_row) : 0.0;
@@ -370,8 +446,8 @@ void main() {
                 float sxq = 0.0;
                 float sqq = 0.0;
                 for (uint j = 0u; j < per_row; j++) {
-                    sxq += partial[P_PSUM(1u) + first + j];
-                    sqq += partial[P_PSUM(2u) + first + j];
+                    sxq += PART(P_PSUM(1u) + first + j);
+                    sqq += PART(P_PSUM(2u) + first + j);
                 }
                 ss += pinv * (2.0 * sxq + pinv * sqq);
             }
@@ -384,16 +460,16 @@ void main() {
                 float s = 0.0;
                 float ps = 0.0;
                 for (uint j = 0u; j < per_row; j++) {
-                    s += partial[P_ACC(t, k) + first + j];
-                    ps += pend ? partial[P_PACC(k) + first + j] : 0.0;
+                    s += PART(P_ACC(t, k) + first + j);
+                    ps += pend ? PART(P_PACC(k) + first + j) : 0.0;
                 }
                 s += pinv * ps;
 #ifdef GLU
                 float s2 = 0.0;
                 float ps2 = 0.0;
                 for (uint j = 0u; j < per_row; j++) {
-                    s2 += partial[P_UP(t, k) + first + j];
-                    ps2 += pend ? partial[P_PUP(k) + first + j] : 0.0;
+                    s2 += PART(P_UP(t, k) + first + j);
+                    ps2 += pend ? PART(P_PUP(k) + first + j) : 0.0;
                 }
                 s2 += pinv * ps2;
                 y[t * pc.y_stride + pc.y_col + r] = glu_act(s * inv, pc.act) * (s2 * inv);

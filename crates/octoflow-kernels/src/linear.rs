@@ -67,6 +67,19 @@ const MATVEC_PUSH_BYTES: u32 = PUSH_BYTES + 12;
 /// token of `matvec.comp` reads x again per row, the tiles pad to 64 tokens.
 pub const COOP_MIN_TOKENS: u32 = 4;
 
+/// [`COOP_MIN_TOKENS`], or `OCTOFLOW_COOP_MIN_TOKENS` (2 ..= 9) where set: a switch to
+/// measure where the two kernels cross (tests assume the default).
+fn coop_min_tokens() -> u32 {
+    static MIN: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var("OCTOFLOW_COOP_MIN_TOKENS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| (2..=MATVEC_MAX_TOKENS + 1).contains(n))
+            .unwrap_or(COOP_MIN_TOKENS)
+    })
+}
+
 /// A weight matrix on the device in its GGUF encoding: `n_rows` rows of `n_cols` elements.
 #[derive(Clone, Copy)]
 pub struct QWeightRef<'a> {
@@ -287,7 +300,7 @@ impl Linear {
     /// Whether a batch of `n_tokens` runs on the cooperative-matrix kernel, whose products
     /// are of f16-rounded weights and inputs ([`crate::matmul_coop::matmul_coop_ref`]).
     pub fn uses_coop(&self, n_tokens: u32) -> bool {
-        self.coop.is_some() && n_tokens >= COOP_MIN_TOKENS
+        self.coop.is_some() && n_tokens >= coop_min_tokens()
     }
 
     /// Whether a batch of `n_tokens` can take [`LinearArgs::norm`] (the GPU matvec kernel).
@@ -530,17 +543,27 @@ impl MatvecPlan {
     pub(crate) fn choose(n_rows: u32, n_cols: u32, n_tokens: u32) -> MatvecPlan {
         let maxt = n_tokens.clamp(1, MATVEC_MAX_TOKENS).next_power_of_two();
         let long = n_cols.div_ceil(32) >= 64;
-        let (wg, tpr) = match (long, maxt) {
-            (true, 1) => (128, 128),
-            (true, _) => (64, 64),
-            (false, _) => (64, MATVEC_TPR),
-        };
+        let vocab = n_rows >= 32768;
+        if maxt > 1 {
+            // several tokens: x staged in shared memory 32 chunks at a time, one chunk per lane
+            // (wider rows would leave lanes idle); four row groups share each staged tile, and
+            // vocabulary-sized matrices give each lane four rows, so that fewer workgroups
+            // stage x
+            let rpt = if vocab { 4 } else { 1 };
+            return MatvecPlan {
+                wg: 4 * MATVEC_TPR,
+                tpr: MATVEC_TPR,
+                maxt,
+                rpt,
+            };
+        }
+        let (wg, tpr) = if long { (128, 128) } else { (64, MATVEC_TPR) };
         // one token: x is read once per chunk for all of an invocation's rows, which pays on
         // vocabulary-sized matrices (qwen's 151936 x 896 output: 109 µs at 4 rows, 171 at 2)
         // and a little on long rows (896 x 4864 Q4_K: 8.6 → 8.0 µs at 2)
-        let rpt = match (maxt, n_rows >= 32768, long) {
-            (1, true, _) => 4,
-            (1, false, true) => 2,
+        let rpt = match (vocab, long) {
+            (true, _) => 4,
+            (false, true) => 2,
             _ => 1,
         };
         MatvecPlan { wg, tpr, maxt, rpt }
@@ -567,9 +590,17 @@ impl MatvecPlan {
 
     /// Shared-memory bytes of the layout (`partial` in `matvec.comp`, the GLU variant's size),
     /// with the pending post-norm's sums where `pend`.
+    /// The staged x of pipelines for several tokens shares that memory: 32 chunks of 32
+    /// floats per token.
     fn shared_bytes(&self, pend: bool) -> u32 {
         let pend = if pend { 2 * self.rpt + 3 } else { 0 };
-        4 * (2 * self.maxt * self.rpt + self.maxt + pend) * self.wg
+        let partial = 4 * (2 * self.maxt * self.rpt + self.maxt + pend) * self.wg;
+        let staged = if self.maxt > 1 {
+            self.maxt * 32 * 32 * 4
+        } else {
+            0
+        };
+        partial.max(staged)
     }
 }
 
@@ -1147,8 +1178,15 @@ pub(crate) mod tests {
         let eps = 1e-6f32;
         for plan in plans {
             let ty = TYPES[rng.gen_range(0..TYPES.len())];
-            let n_rows = rng.gen_range(37..200usize);
-            let n_cols = random_cols(&mut rng, ty);
+            // pipelines for several tokens stage x 1024 columns at a time: half the cases
+            // have a second, partial tile (and fewer rows, for lavapipe's time)
+            let (n_rows, n_cols) = match ty.block_size() {
+                bs if plan.maxt > 1 && bs > 1 && rng.gen_bool(0.5) => (
+                    rng.gen_range(37..80usize),
+                    bs * rng.gen_range(1056 / bs..=1800 / bs),
+                ),
+                _ => (rng.gen_range(37..200usize), random_cols(&mut rng, ty)),
+            };
             let n_tokens = rng.gen_range(1..=plan.maxt as usize);
             let what = format!("{plan:?} {ty} {n_rows}x{n_cols}, {n_tokens} tokens, seed {seed}");
             let wq = random_weights(&mut rng, ty, n_rows, n_cols);
