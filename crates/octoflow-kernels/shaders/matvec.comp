@@ -7,7 +7,7 @@
 // consecutive blocks), dequantizes a chunk once and uses it for every token. Reduction: subgroup
 // sums, then the per-subgroup partials of a row through shared memory (the host guarantees the
 // subgroup size divides TPR). Workgroups form a 2-D grid flattened as in common.glsl.
-// Several tokens (MAXT > 1, rows of whole chunks): the workgroup stages x (times the norm
+// Two or four tokens (MAXT 2, 4; rows of whole chunks): the workgroup stages x (times the norm
 // weight) in shared memory 32 chunks at a time and each lane takes one chunk of the tile: every
 // lane reading its own chunk of x from global memory touches a different cache line per load,
 // and that cost grew with the tokens (qwen's decode step on the H100: 5.3 ms for 8 rows).
@@ -109,16 +109,15 @@ layout(push_constant) uniform Push {
 #define NMAT 1u
 #endif
 #define NPART (NMAT * MAXT * RPT + MAXT + PEND * (NMAT * RPT + 3u))
-// Staged x (pipelines for several tokens): a tile of XS_CHUNKS chunks of every token's x (times
+shared float partial[NPART * WG];
+// Staged x (pipelines for 2 or 4 tokens): a tile of XS_CHUNKS chunks of every token's x (times
 // the norm weight), XS_CHUNKS * 8 vec4 per token, the vec4 i of chunk c at slot i ^ (c & 7) so
-// that the 8 lanes of a 128-byte shared-memory access read 8 different slots. The partial sums
-// share the array (they are written after the last tile).
+// that the 8 lanes of a 128-byte shared-memory access read 8 different slots. Pipelines for 8
+// tokens read x from global memory: a 32 KB tile left too few workgroups per SM to hide the
+// weight reads (H100: slower than unstaged).
 const uint XS_CHUNKS = 32u;
-const uint STAGED = MAXT > 1u ? 1u : 0u;
-const uint SH_PART = NPART * WG / 4u;
-const uint SH_XS = STAGED * MAXT * XS_CHUNKS * 8u;
-shared vec4 sh[SH_PART > SH_XS ? SH_PART : SH_XS];
-#define PART(i) sh[(i) >> 2][(i) & 3u]
+const uint STAGED = (MAXT > 1u && MAXT <= 4u) ? 1u : 0u;
+shared vec4 xs[STAGED != 0u ? MAXT * XS_CHUNKS * 8u : 1u];
 #define P_ACC(t, k) (((t) * RPT + (k)) * WG)
 #define P_SSQ(t) ((MAXT * RPT + (t)) * WG)
 #define P_UP(t, k) ((MAXT * RPT + MAXT + (t) * RPT + (k)) * WG)
@@ -132,7 +131,7 @@ shared vec4 sh[SH_PART > SH_XS ? SH_PART : SH_XS];
 float pend_scale(uint first, uint per_row) {
     float spp = 0.0;
     for (uint j = 0u; j < per_row; j++) {
-        spp += PART(P_PSUM(0u) + first + j);
+        spp += partial[P_PSUM(0u) + first + j];
     }
     return 1.0 / sqrt(spp / float(pc.n_cols) + pc.eps);
 }
@@ -194,7 +193,7 @@ void main() {
                     if (t < nt) {
                         vec4 xv = x4[((t * pc.n_cols) >> 2) + 8u * (cb + c) + i];
                         ssq[t] += dot(xv, xv);
-                        sh[(t * XS_CHUNKS + c) * 8u + (i ^ (c & 7u))] = xv * gv;
+                        xs[(t * XS_CHUNKS + c) * 8u + (i ^ (c & 7u))] = xv * gv;
                     }
                 }
             }
@@ -222,7 +221,7 @@ void main() {
                         float s2 = 0.0;
 #endif
                         [[unroll]] for (uint i = 0u; i < 8u; i++) {
-                            vec4 xv = sh[(t * XS_CHUNKS + c) * 8u + (i ^ (c & 7u))];
+                            vec4 xv = xs[(t * XS_CHUNKS + c) * 8u + (i ^ (c & 7u))];
                             s += dot(vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]), xv);
 #ifdef GLU
                             s2 += dot(vec4(v2[4u * i], v2[4u * i + 1u], v2[4u * i + 2u], v2[4u * i + 3u]), xv);
@@ -236,7 +235,6 @@ void main() {
                 }
             }
         }
-        barrier(); // the partial sums below reuse the staging memory
     } else if (r0 < pc.n_rows) {
         uint nc = chunk_count(pc.n_cols);
         for (uint c = lane; c < nc; c += TPR) {
@@ -387,9 +385,9 @@ void main() {
     if (pend) {
         vec3 ps = subgroupAdd(psum);
         if (subgroupElect()) {
-            PART(P_PSUM(0u) + gl_SubgroupID) = ps.x;
-            PART(P_PSUM(1u) + gl_SubgroupID) = ps.y;
-            PART(P_PSUM(2u) + gl_SubgroupID) = ps.z;
+            partial[P_PSUM(0u) + gl_SubgroupID] = ps.x;
+            partial[P_PSUM(1u) + gl_SubgroupID] = ps.y;
+            partial[P_PSUM(2u) + gl_SubgroupID] = ps.z;
         }
         [[unroll]] for (uint k = 0u; k < RPT; k++) {
             float s = subgroupAdd(pacc[k]);
@@ -397,9 +395,9 @@ void main() {
             float s2 = subgroupAdd(pacc2[k]);
 #endif
             if (subgroupElect()) {
-                PART(P_PACC(k) + gl_SubgroupID) = s;
+                partial[P_PACC(k) + gl_SubgroupID] = s;
 #ifdef GLU
-                PART(P_PUP(k) + gl_SubgroupID) = s2;
+                partial[P_PUP(k) + gl_SubgroupID] = s2;
 #endif
             }
         }
@@ -410,7 +408,7 @@ void main() {
         }
         float q = norm ? subgroupAdd(ssq[t]) : 0.0;
         if (subgroupElect()) {
-            PART(P_SSQ(t) + gl_SubgroupID) = q;
+            partial[P_SSQ(t) + gl_SubgroupID] = q;
         }
         [[unroll]] for (uint k = 0u; k < RPT; k++) {
             float s = subgroupAdd(acc[t * RPT + k]);
@@ -418,9 +416,9 @@ void main() {
             float s2 = subgroupAdd(acc2[t * RPT + k]);
 #endif
             if (subgroupElect()) {
-                PART(P_ACC(t, k) + gl_SubgroupID) = s;
+                partial[P_ACC(t, k) + gl_SubgroupID] = s;
 #ifdef GLU
-                PART(P_UP(t, k) + gl_SubgroupID) = s2;
+                partial[P_UP(t, k) + gl_SubgroupID] = s2;
 #endif
             }
         }
@@ -438,7 +436,7 @@ void main() {
             uint sfirst = staged ? 0u : first;
             uint scount = staged ? WG / gl_SubgroupSize : per_row;
             for (uint j = 0u; j < scount; j++) {
-                ss += PART(P_SSQ(t) + sfirst + j);
+                ss += partial[P_SSQ(t) + sfirst + j];
             }
             // pending: the input's sum of squares from x^2, x.q and q^2 with q scaled by 1/rms(p)
             float pinv = pend ? pend_scale(first, per_row) : 0.0;
@@ -446,8 +444,8 @@ void main() {
                 float sxq = 0.0;
                 float sqq = 0.0;
                 for (uint j = 0u; j < per_row; j++) {
-                    sxq += PART(P_PSUM(1u) + first + j);
-                    sqq += PART(P_PSUM(2u) + first + j);
+                    sxq += partial[P_PSUM(1u) + first + j];
+                    sqq += partial[P_PSUM(2u) + first + j];
                 }
                 ss += pinv * (2.0 * sxq + pinv * sqq);
             }
@@ -460,16 +458,16 @@ void main() {
                 float s = 0.0;
                 float ps = 0.0;
                 for (uint j = 0u; j < per_row; j++) {
-                    s += PART(P_ACC(t, k) + first + j);
-                    ps += pend ? PART(P_PACC(k) + first + j) : 0.0;
+                    s += partial[P_ACC(t, k) + first + j];
+                    ps += pend ? partial[P_PACC(k) + first + j] : 0.0;
                 }
                 s += pinv * ps;
 #ifdef GLU
                 float s2 = 0.0;
                 float ps2 = 0.0;
                 for (uint j = 0u; j < per_row; j++) {
-                    s2 += PART(P_UP(t, k) + first + j);
-                    ps2 += pend ? PART(P_PUP(k) + first + j) : 0.0;
+                    s2 += partial[P_UP(t, k) + first + j];
+                    ps2 += pend ? partial[P_PUP(k) + first + j] : 0.0;
                 }
                 s2 += pinv * ps2;
                 y[t * pc.y_stride + pc.y_col + r] = glu_act(s * inv, pc.act) * (s2 * inv);

@@ -62,10 +62,10 @@ const MATVEC_PUSH_BYTES: u32 = PUSH_BYTES + 12;
 /// it (its products are of f16-rounded operands: see [`crate::matmul_coop`]); smaller ones the
 /// matvec kernel, and on devices without cooperative matrices every batch of up to
 /// [`MATVEC_MAX_TOKENS`]. On the H100 (qwen2.5-0.5B, `octoflow bench --streams`, whole decode
-/// steps) the matvec kernel's step grows with its tokens — 1.26 / 2.15 / 3.28 / 5.30 ms for 1 /
-/// 2 / 4 / 8 — while the cooperative-matrix step stays near 3.0 ms from 9 to 32 rows: each
-/// token of `matvec.comp` reads x again per row, the tiles pad to 64 tokens.
-pub const COOP_MIN_TOKENS: u32 = 4;
+/// steps) the cooperative-matrix step stays near 2.9 ms from 3 to 32 rows (its tiles pad to 64
+/// tokens), while the matvec kernel's grows with its tokens: 1.26 / 1.77 / 2.38 ms for 1 / 2 / 4
+/// (x staged in shared memory), 6.1 ms for 8 (read from global memory per row).
+pub const COOP_MIN_TOKENS: u32 = 5;
 
 /// [`COOP_MIN_TOKENS`], or `OCTOFLOW_COOP_MIN_TOKENS` (2 ..= 9) where set: a switch to
 /// measure where the two kernels cross (tests assume the default).
@@ -544,10 +544,10 @@ impl MatvecPlan {
         let maxt = n_tokens.clamp(1, MATVEC_MAX_TOKENS).next_power_of_two();
         let long = n_cols.div_ceil(32) >= 64;
         let vocab = n_rows >= 32768;
-        if maxt > 1 {
-            // several tokens: x staged in shared memory 32 chunks at a time, one chunk per lane
-            // (wider rows would leave lanes idle); four row groups share each staged tile, and
-            // vocabulary-sized matrices give each lane four rows, so that fewer workgroups
+        if maxt == 2 || maxt == 4 {
+            // two or four tokens: x staged in shared memory 32 chunks at a time, one chunk per
+            // lane (wider rows would leave lanes idle); four row groups share each staged tile,
+            // and vocabulary-sized matrices give each lane four rows, so that fewer workgroups
             // stage x
             let rpt = if vocab { 4 } else { 1 };
             return MatvecPlan {
@@ -557,13 +557,17 @@ impl MatvecPlan {
                 rpt,
             };
         }
-        let (wg, tpr) = if long { (128, 128) } else { (64, MATVEC_TPR) };
+        let (wg, tpr) = match (long, maxt) {
+            (true, 1) => (128, 128),
+            (true, _) => (64, 64),
+            (false, _) => (64, MATVEC_TPR),
+        };
         // one token: x is read once per chunk for all of an invocation's rows, which pays on
         // vocabulary-sized matrices (qwen's 151936 x 896 output: 109 µs at 4 rows, 171 at 2)
         // and a little on long rows (896 x 4864 Q4_K: 8.6 → 8.0 µs at 2)
-        let rpt = match (vocab, long) {
-            (true, _) => 4,
-            (false, true) => 2,
+        let rpt = match (maxt, vocab, long) {
+            (1, true, _) => 4,
+            (1, false, true) => 2,
             _ => 1,
         };
         MatvecPlan { wg, tpr, maxt, rpt }
@@ -590,17 +594,16 @@ impl MatvecPlan {
 
     /// Shared-memory bytes of the layout (`partial` in `matvec.comp`, the GLU variant's size),
     /// with the pending post-norm's sums where `pend`.
-    /// The staged x of pipelines for several tokens shares that memory: 32 chunks of 32
-    /// floats per token.
+    /// Pipelines for two or four tokens add their staged x: 32 chunks of 32 floats per token.
     fn shared_bytes(&self, pend: bool) -> u32 {
         let pend = if pend { 2 * self.rpt + 3 } else { 0 };
         let partial = 4 * (2 * self.maxt * self.rpt + self.maxt + pend) * self.wg;
-        let staged = if self.maxt > 1 {
+        let staged = if matches!(self.maxt, 2 | 4) {
             self.maxt * 32 * 32 * 4
         } else {
-            0
+            16
         };
-        partial.max(staged)
+        partial + staged
     }
 }
 
@@ -1178,10 +1181,10 @@ pub(crate) mod tests {
         let eps = 1e-6f32;
         for plan in plans {
             let ty = TYPES[rng.gen_range(0..TYPES.len())];
-            // pipelines for several tokens stage x 1024 columns at a time: half the cases
+            // pipelines for two or four tokens stage x 1024 columns at a time: half the cases
             // have a second, partial tile (and fewer rows, for lavapipe's time)
             let (n_rows, n_cols) = match ty.block_size() {
-                bs if plan.maxt > 1 && bs > 1 && rng.gen_bool(0.5) => (
+                bs if matches!(plan.maxt, 2 | 4) && bs > 1 && rng.gen_bool(0.5) => (
                     rng.gen_range(37..80usize),
                     bs * rng.gen_range(1056 / bs..=1800 / bs),
                 ),
