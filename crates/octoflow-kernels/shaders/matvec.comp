@@ -109,15 +109,33 @@ layout(push_constant) uniform Push {
 #define NMAT 1u
 #endif
 #define NPART (NMAT * MAXT * RPT + MAXT + PEND * (NMAT * RPT + 3u))
-shared float partial[NPART * WG];
 // Staged x (pipelines for 2 or 4 tokens): a tile of XS_CHUNKS chunks of every token's x (times
 // the norm weight), XS_CHUNKS * 8 vec4 per token, the vec4 i of chunk c at slot i ^ (c & 7) so
-// that the 8 lanes of a 128-byte shared-memory access read 8 different slots. Pipelines for 8
-// tokens read x from global memory: a 32 KB tile left too few workgroups per SM to hide the
-// weight reads (H100: slower than unstaged).
+// that the 8 lanes of a 128-byte shared-memory access read 8 different slots. The partial sums
+// of those pipelines share its memory (written after the last tile): more workgroups per SM,
+// which the H100 needed (4-token steps 3.5 -> 3.0 ms). Pipelines for 8 tokens read x from
+// global memory: a 32 KB tile left too few workgroups per SM to hide the weight reads.
 const uint XS_CHUNKS = 32u;
 const uint STAGED = (MAXT > 1u && MAXT <= 4u) ? 1u : 0u;
-shared vec4 xs[STAGED != 0u ? MAXT * XS_CHUNKS * 8u : 1u];
+const uint SH_PART = NPART * WG;
+const uint SH_XS = MAXT * XS_CHUNKS * 8u;
+shared float partial[STAGED != 0u ? 1u : SH_PART];
+shared vec4 xs[STAGED != 0u ? (SH_XS > SH_PART / 4u ? SH_XS : SH_PART / 4u) : 1u];
+
+float part(uint i) {
+    if (STAGED != 0u) {
+        return xs[i >> 2][i & 3u];
+    }
+    return partial[i];
+}
+
+void part_set(uint i, float v) {
+    if (STAGED != 0u) {
+        xs[i >> 2][i & 3u] = v;
+    } else {
+        partial[i] = v;
+    }
+}
 #define P_ACC(t, k) (((t) * RPT + (k)) * WG)
 #define P_SSQ(t) ((MAXT * RPT + (t)) * WG)
 #define P_UP(t, k) ((MAXT * RPT + MAXT + (t) * RPT + (k)) * WG)
@@ -131,7 +149,7 @@ shared vec4 xs[STAGED != 0u ? MAXT * XS_CHUNKS * 8u : 1u];
 float pend_scale(uint first, uint per_row) {
     float spp = 0.0;
     for (uint j = 0u; j < per_row; j++) {
-        spp += partial[P_PSUM(0u) + first + j];
+        spp += part(P_PSUM(0u) + first + j);
     }
     return 1.0 / sqrt(spp / float(pc.n_cols) + pc.eps);
 }
@@ -235,6 +253,7 @@ void main() {
                 }
             }
         }
+        barrier(); // the partial sums below reuse the staging memory
     } else if (r0 < pc.n_rows) {
         uint nc = chunk_count(pc.n_cols);
         for (uint c = lane; c < nc; c += TPR) {
@@ -385,9 +404,9 @@ void main() {
     if (pend) {
         vec3 ps = subgroupAdd(psum);
         if (subgroupElect()) {
-            partial[P_PSUM(0u) + gl_SubgroupID] = ps.x;
-            partial[P_PSUM(1u) + gl_SubgroupID] = ps.y;
-            partial[P_PSUM(2u) + gl_SubgroupID] = ps.z;
+            part_set(P_PSUM(0u) + gl_SubgroupID, ps.x);
+            part_set(P_PSUM(1u) + gl_SubgroupID, ps.y);
+            part_set(P_PSUM(2u) + gl_SubgroupID, ps.z);
         }
         [[unroll]] for (uint k = 0u; k < RPT; k++) {
             float s = subgroupAdd(pacc[k]);
@@ -395,9 +414,9 @@ void main() {
             float s2 = subgroupAdd(pacc2[k]);
 #endif
             if (subgroupElect()) {
-                partial[P_PACC(k) + gl_SubgroupID] = s;
+                part_set(P_PACC(k) + gl_SubgroupID, s);
 #ifdef GLU
-                partial[P_PUP(k) + gl_SubgroupID] = s2;
+                part_set(P_PUP(k) + gl_SubgroupID, s2);
 #endif
             }
         }
@@ -408,7 +427,7 @@ void main() {
         }
         float q = norm ? subgroupAdd(ssq[t]) : 0.0;
         if (subgroupElect()) {
-            partial[P_SSQ(t) + gl_SubgroupID] = q;
+            part_set(P_SSQ(t) + gl_SubgroupID, q);
         }
         [[unroll]] for (uint k = 0u; k < RPT; k++) {
             float s = subgroupAdd(acc[t * RPT + k]);
@@ -416,9 +435,9 @@ void main() {
             float s2 = subgroupAdd(acc2[t * RPT + k]);
 #endif
             if (subgroupElect()) {
-                partial[P_ACC(t, k) + gl_SubgroupID] = s;
+                part_set(P_ACC(t, k) + gl_SubgroupID, s);
 #ifdef GLU
-                partial[P_UP(t, k) + gl_SubgroupID] = s2;
+                part_set(P_UP(t, k) + gl_SubgroupID, s2);
 #endif
             }
         }
@@ -436,7 +455,7 @@ void main() {
             uint sfirst = staged ? 0u : first;
             uint scount = staged ? WG / gl_SubgroupSize : per_row;
             for (uint j = 0u; j < scount; j++) {
-                ss += partial[P_SSQ(t) + sfirst + j];
+                ss += part(P_SSQ(t) + sfirst + j);
             }
             // pending: the input's sum of squares from x^2, x.q and q^2 with q scaled by 1/rms(p)
             float pinv = pend ? pend_scale(first, per_row) : 0.0;
@@ -444,8 +463,8 @@ void main() {
                 float sxq = 0.0;
                 float sqq = 0.0;
                 for (uint j = 0u; j < per_row; j++) {
-                    sxq += partial[P_PSUM(1u) + first + j];
-                    sqq += partial[P_PSUM(2u) + first + j];
+                    sxq += part(P_PSUM(1u) + first + j);
+                    sqq += part(P_PSUM(2u) + first + j);
                 }
                 ss += pinv * (2.0 * sxq + pinv * sqq);
             }
@@ -458,16 +477,16 @@ void main() {
                 float s = 0.0;
                 float ps = 0.0;
                 for (uint j = 0u; j < per_row; j++) {
-                    s += partial[P_ACC(t, k) + first + j];
-                    ps += pend ? partial[P_PACC(k) + first + j] : 0.0;
+                    s += part(P_ACC(t, k) + first + j);
+                    ps += pend ? part(P_PACC(k) + first + j) : 0.0;
                 }
                 s += pinv * ps;
 #ifdef GLU
                 float s2 = 0.0;
                 float ps2 = 0.0;
                 for (uint j = 0u; j < per_row; j++) {
-                    s2 += partial[P_UP(t, k) + first + j];
-                    ps2 += pend ? partial[P_PUP(k) + first + j] : 0.0;
+                    s2 += part(P_UP(t, k) + first + j);
+                    ps2 += pend ? part(P_PUP(k) + first + j) : 0.0;
                 }
                 s2 += pinv * ps2;
                 y[t * pc.y_stride + pc.y_col + r] = glu_act(s * inv, pc.act) * (s2 * inv);

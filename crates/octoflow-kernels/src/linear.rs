@@ -594,16 +594,16 @@ impl MatvecPlan {
 
     /// Shared-memory bytes of the layout (`partial` in `matvec.comp`, the GLU variant's size),
     /// with the pending post-norm's sums where `pend`.
-    /// Pipelines for two or four tokens add their staged x: 32 chunks of 32 floats per token.
+    /// Pipelines for two or four tokens stage x (32 chunks of 32 floats per token) in memory
+    /// the partial sums share.
     fn shared_bytes(&self, pend: bool) -> u32 {
         let pend = if pend { 2 * self.rpt + 3 } else { 0 };
         let partial = 4 * (2 * self.maxt * self.rpt + self.maxt + pend) * self.wg;
-        let staged = if matches!(self.maxt, 2 | 4) {
-            self.maxt * 32 * 32 * 4
+        if matches!(self.maxt, 2 | 4) {
+            partial.max(self.maxt * 32 * 32 * 4) + 4
         } else {
-            16
-        };
-        partial + staged
+            partial + 16
+        }
     }
 }
 
