@@ -122,6 +122,11 @@ const uint SH_XS = MAXT * XS_CHUNKS * 8u;
 shared float partial[STAGED != 0u ? 1u : SH_PART];
 shared vec4 xs[STAGED != 0u ? (SH_XS > SH_PART / 4u ? SH_XS : SH_PART / 4u) : 1u];
 
+// The slot of vec4 i of chunk c of token t in the staged tile.
+uint xs_slot(uint t, uint c, uint i) {
+    return (t * XS_CHUNKS + c) * 8u + (i ^ (c & 7u));
+}
+
 float part(uint i) {
     if (STAGED != 0u) {
         return xs[i >> 2][i & 3u];
@@ -211,7 +216,7 @@ void main() {
                     if (t < nt) {
                         vec4 xv = x4[((t * pc.n_cols) >> 2) + 8u * (cb + c) + i];
                         ssq[t] += dot(xv, xv);
-                        xs[(t * XS_CHUNKS + c) * 8u + (i ^ (c & 7u))] = xv * gv;
+                        xs[xs_slot(t, c, i)] = xv * gv;
                     }
                 }
             }
@@ -239,7 +244,7 @@ void main() {
                         float s2 = 0.0;
 #endif
                         [[unroll]] for (uint i = 0u; i < 8u; i++) {
-                            vec4 xv = xs[(t * XS_CHUNKS + c) * 8u + (i ^ (c & 7u))];
+                            vec4 xv = xs[xs_slot(t, c, i)];
                             s += dot(vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]), xv);
 #ifdef GLU
                             s2 += dot(vec4(v2[4u * i], v2[4u * i + 1u], v2[4u * i + 2u], v2[4u * i + 3u]), xv);

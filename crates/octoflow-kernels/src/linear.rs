@@ -329,6 +329,20 @@ impl Linear {
         plan.is_some() && !self.cpu && (1..=MATVEC_MAX_TOKENS).contains(&n_tokens)
     }
 
+    /// A fused norm needs the matvec kernel: refuses a batch that goes elsewhere (unless a
+    /// matvec layout was `forced`).
+    fn check_norm_path(&self, n_tokens: u32, forced: bool) -> Result<()> {
+        if self.fuses_norm(n_tokens) || forced {
+            return Ok(());
+        }
+        Err(KernelError::Shape {
+            op: OP,
+            detail: format!(
+                "a fused norm needs the matvec kernel (GPU layout; at most {MATVEC_MAX_TOKENS} tokens, fewer than {COOP_MIN_TOKENS} with cooperative matrices)"
+            ),
+        })
+    }
+
     /// Whether the kernels read weights of type `ty`.
     pub fn supports(ty: GgmlType) -> bool {
         TYPES.contains(&ty)
@@ -361,14 +375,7 @@ impl Linear {
             });
         }
         if let Some((g, eps)) = a.norm {
-            if !self.fuses_norm(a.n_tokens) && !forced {
-                return Err(KernelError::Shape {
-                    op: OP,
-                    detail: format!(
-                        "a fused norm needs the matvec kernel (GPU layout; at most {MATVEC_MAX_TOKENS} tokens, fewer than {COOP_MIN_TOKENS} with cooperative matrices)"
-                    ),
-                });
-            }
+            self.check_norm_path(a.n_tokens, forced)?;
             check_words(OP, "norm", g, u64::from(w.n_cols), "floats")?;
             return self.record_matvec(chain, ti, a, &bindings, push, plan, Some((g, eps)));
         }
@@ -544,7 +551,7 @@ impl MatvecPlan {
         let maxt = n_tokens.clamp(1, MATVEC_MAX_TOKENS).next_power_of_two();
         let long = n_cols.div_ceil(32) >= 64;
         let vocab = n_rows >= 32768;
-        if maxt == 2 || maxt == 4 {
+        if Self::stages_x(maxt) {
             // two or four tokens: x staged in shared memory 32 chunks at a time, one chunk per
             // lane (wider rows would leave lanes idle); four row groups share each staged tile,
             // and vocabulary-sized matrices give each lane four rows, so that fewer workgroups
@@ -587,6 +594,12 @@ impl MatvecPlan {
         }
     }
 
+    /// Whether pipelines for `maxt` tokens stage x in shared memory (`STAGED` in
+    /// `matvec.comp`): two or four tokens.
+    pub(crate) fn stages_x(maxt: u32) -> bool {
+        matches!(maxt, 2 | 4)
+    }
+
     /// Rows per workgroup.
     fn rows(&self) -> u32 {
         self.wg / self.tpr * self.rpt
@@ -599,7 +612,7 @@ impl MatvecPlan {
     fn shared_bytes(&self, pend: bool) -> u32 {
         let pend = if pend { 2 * self.rpt + 3 } else { 0 };
         let partial = 4 * (2 * self.maxt * self.rpt + self.maxt + pend) * self.wg;
-        if matches!(self.maxt, 2 | 4) {
+        if Self::stages_x(self.maxt) {
             partial.max(self.maxt * 32 * 32 * 4) + 4
         } else {
             partial + 16
@@ -729,11 +742,7 @@ impl Linear {
         let forced = self.forces_matvec(plan, a.n_tokens);
         let norm = match a.norm {
             Some((nw, eps)) => {
-                if !self.fuses_norm(a.n_tokens) && !forced {
-                    return Err(shape(format!(
-                        "a fused norm needs the matvec kernel (GPU layout; at most {MATVEC_MAX_TOKENS} tokens, fewer than {COOP_MIN_TOKENS} with cooperative matrices)"
-                    )));
-                }
+                self.check_norm_path(a.n_tokens, forced)?;
                 check_words(OP, "norm", nw, u64::from(g.n_cols), "floats")?;
                 Some((nw.clone(), eps))
             }
@@ -1184,7 +1193,7 @@ pub(crate) mod tests {
             // pipelines for two or four tokens stage x 1024 columns at a time: half the cases
             // have a second, partial tile (and fewer rows, for lavapipe's time)
             let (n_rows, n_cols) = match ty.block_size() {
-                bs if matches!(plan.maxt, 2 | 4) && bs > 1 && rng.gen_bool(0.5) => (
+                bs if MatvecPlan::stages_x(plan.maxt) && bs > 1 && rng.gen_bool(0.5) => (
                     rng.gen_range(37..80usize),
                     bs * rng.gen_range(1056 / bs..=1800 / bs),
                 ),

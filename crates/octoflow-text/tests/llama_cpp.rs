@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{random_char, seed};
+use common::{ids, random_char, seed};
 use octoflow_text::{ChatTemplate, Message, TokenAttr, Tokenizer};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -130,10 +130,6 @@ fn llama_cpp(model: &Path, request: &Value) -> Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).expect("llama_text.py printed JSON")
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    common::ids(v)
 }
 
 #[test]
