@@ -4,6 +4,7 @@
 mod buffers;
 mod chains;
 mod devices;
+mod pipeline_cache;
 mod pipelines;
 mod profiling;
 mod subgroups;

@@ -146,7 +146,7 @@ pub fn generate(
 
 /// The sampler's parameters for the device sampler, when it can take them (no penalties: they
 /// need the CPU's window of recent tokens).
-fn gpu_draw(sampler: &Sampler) -> Option<GpuDraw> {
+pub(super) fn gpu_draw(sampler: &Sampler) -> Option<GpuDraw> {
     if sampler.penalized() {
         return None;
     }

@@ -15,3 +15,4 @@ pub mod serve;
 pub mod tokenize;
 pub mod train;
 pub mod train_config;
+pub mod warm;
