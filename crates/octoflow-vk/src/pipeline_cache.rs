@@ -233,7 +233,7 @@ mod tests {
 
     #[test]
     fn save_is_atomic_and_load_reads_back_or_starts_empty() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = crate::tests::TempDir::new("pipeline_cache");
         let sub = dir.path().join("pipelines");
         let (data, how) = load(&sub, &id());
         assert!(data.is_empty() && matches!(how, CacheLoad::Missing(_)), "{how}");

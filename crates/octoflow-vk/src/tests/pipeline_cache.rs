@@ -46,7 +46,7 @@ fn a_saved_cache_is_loaded_by_the_next_start_and_builds_pipelines() {
     let Some(_) = gpu_or_skip("pipeline_cache_round_trip") else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::tests::TempDir::new("pipeline_cache");
     let (first, saved) = open_build_save(dir.path());
     assert!(
         matches!(first.pipeline_cache_load(), CacheLoad::Missing(_)),
@@ -68,7 +68,7 @@ fn a_corrupt_or_truncated_cache_file_is_ignored_with_an_empty_cache() {
     let Some(_) = gpu_or_skip("pipeline_cache_corrupt") else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::tests::TempDir::new("pipeline_cache");
     let (_, saved) = open_build_save(dir.path());
     let (path, _) = saved.expect("the first start writes the cache");
     let good = std::fs::read(&path).unwrap();
@@ -101,7 +101,7 @@ fn a_cache_from_another_device_is_ignored() {
     let Some(_) = gpu_or_skip("pipeline_cache_foreign") else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::tests::TempDir::new("pipeline_cache");
     let (_, saved) = open_build_save(dir.path());
     let (path, _) = saved.expect("the first start writes the cache");
     let mut foreign = std::fs::read(&path).unwrap();
