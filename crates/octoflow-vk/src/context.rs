@@ -248,7 +248,8 @@ impl Context {
                 return Err(e);
             }
         };
-        let (cache, cache_file, cache_load) = create_pipeline_cache(&instance, pdev, &device, cache_dir);
+        let (cache, cache_file, cache_load) =
+            create_pipeline_cache(&instance, pdev, &device, cache_dir);
         if matches!(cache_load, CacheLoad::Rejected { .. }) {
             tracing::warn!("{cache_load}");
         } else {
@@ -395,7 +396,11 @@ fn create_pipeline_cache(
         Ok(cache) => (Ok(cache), Some(file), load),
         Err(e) => {
             let reason = format!("the driver refused its data: {e}");
-            (empty(), Some(file.clone()), CacheLoad::Rejected { path: file, reason })
+            (
+                empty(),
+                Some(file.clone()),
+                CacheLoad::Rejected { path: file, reason },
+            )
         }
     }
 }

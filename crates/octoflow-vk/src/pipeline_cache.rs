@@ -75,8 +75,7 @@ impl std::fmt::Display for CacheLoad {
             CacheLoad::Missing(p) => write!(f, "no pipeline cache yet at {}", p.display()),
             CacheLoad::Loaded { path, bytes } => write!(
                 f,
-                "pipeline cache of {:.1} KiB loaded from {}",
-                *bytes as f64 / 1024.0,
+                "pipeline cache of {bytes} bytes loaded from {}",
                 path.display()
             ),
             CacheLoad::Rejected { path, reason } => write!(
@@ -236,11 +235,17 @@ mod tests {
         let dir = crate::tests::TempDir::new("pipeline_cache");
         let sub = dir.path().join("pipelines");
         let (data, how) = load(&sub, &id());
-        assert!(data.is_empty() && matches!(how, CacheLoad::Missing(_)), "{how}");
+        assert!(
+            data.is_empty() && matches!(how, CacheLoad::Missing(_)),
+            "{how}"
+        );
         let path = sub.join(id().file_name());
         let blob = header(&id());
         assert!(save(&path, &blob).unwrap(), "first save writes");
-        assert!(!save(&path, &blob).unwrap(), "an unchanged cache is not rewritten");
+        assert!(
+            !save(&path, &blob).unwrap(),
+            "an unchanged cache is not rewritten"
+        );
         let leftovers: Vec<_> = fs::read_dir(&sub).unwrap().collect();
         assert_eq!(leftovers.len(), 1, "no temporary file is left behind");
         let (data, how) = load(&sub, &id());
@@ -254,6 +259,9 @@ mod tests {
         );
         fs::write(&path, b"not a cache").unwrap();
         let (data, how) = load(&sub, &id());
-        assert!(data.is_empty() && matches!(how, CacheLoad::Rejected { .. }), "{how}");
+        assert!(
+            data.is_empty() && matches!(how, CacheLoad::Rejected { .. }),
+            "{how}"
+        );
     }
 }

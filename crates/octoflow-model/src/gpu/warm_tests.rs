@@ -29,7 +29,9 @@ fn greedy() -> GpuDraw {
 /// sequences already prefilled as decode rows before them, one sampled or logits row per
 /// sequence whose prompt ends or which decodes. Returns the rows of every step.
 fn scheduled_steps(rng: &mut StdRng, n_vocab: u32) -> Vec<Vec<BatchRow>> {
-    let prompts: Vec<usize> = (0..SLOTS).map(|_| rng.gen_range(1..=MAX_ROWS + 8)).collect();
+    let prompts: Vec<usize> = (0..SLOTS)
+        .map(|_| rng.gen_range(1..=MAX_ROWS + 8))
+        .collect();
     let mut fed = vec![0usize; SLOTS];
     let mut steps = Vec::new();
     for _ in 0..12 {
@@ -49,10 +51,17 @@ fn scheduled_steps(rng: &mut StdRng, n_vocab: u32) -> Vec<Vec<BatchRow>> {
         }
         for (slot, &len) in prompts.iter().enumerate() {
             let room = MAX_ROWS - rows.len();
-            let take = rng.gen_range(1..=MAX_ROWS).min(room).min(len.saturating_sub(fed[slot]));
+            let take = rng
+                .gen_range(1..=MAX_ROWS)
+                .min(room)
+                .min(len.saturating_sub(fed[slot]));
             for _ in 0..take {
                 let last = fed[slot] + 1 == len;
-                let output = if last { RowOutput::Logits } else { RowOutput::None };
+                let output = if last {
+                    RowOutput::Logits
+                } else {
+                    RowOutput::None
+                };
                 let token = TokenIn::Id(rng.gen_range(0..n_vocab));
                 rows.push((slot, fed[slot] as u32, token, output));
                 fed[slot] += 1;
@@ -87,7 +96,11 @@ fn after_a_batch_warm_up_no_step_builds_a_pipeline_and_results_are_unchanged() {
     let mut warm = gm.batch(SLOTS, N_CTX, MAX_ROWS).unwrap();
     let recorded = warm.warm_up().unwrap();
     assert!(recorded > 0, "a fresh engine records its chains");
-    assert_eq!(warm.warm_up().unwrap(), 0, "a second warm-up records nothing");
+    assert_eq!(
+        warm.warm_up().unwrap(),
+        0,
+        "a second warm-up records nothing"
+    );
     let built = ctx.pipelines_built();
     let steps = scheduled_steps(&mut r, TINY.n_vocab as u32);
     let mut warm_out = Vec::new();

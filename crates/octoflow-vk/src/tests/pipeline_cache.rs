@@ -5,7 +5,9 @@ use std::path::Path;
 
 use crate::test_shaders::CONTROL_ADD;
 use crate::testing::{assert_no_validation_errors, gpu_or_skip};
-use crate::{Buffer, CacheLoad, Chain, Context, DeviceChoice, MemoryKind, Pipeline, PipelineDesc, Push};
+use crate::{
+    Buffer, CacheLoad, Chain, Context, DeviceChoice, MemoryKind, Pipeline, PipelineDesc, Push,
+};
 
 /// Builds a pipeline on `ctx` and checks it computes `x + c` (so a pipeline that came out of a
 /// loaded cache is shown to work, not only to exist).

@@ -51,7 +51,7 @@ pub fn warm_up(
     let built = ctx.pipelines_built();
     let chains = warm().context("warming up (recording the chains requests replay)")?;
     eprintln!(
-        "{tag}: warm-up {:.2} s ({chains} chains recorded, {} pipelines built; {})",
+        "{tag}: warm-up {:.2} s ({chains} chains recorded, {} pipeline(s) built; {})",
         t0.elapsed().as_secs_f64(),
         ctx.pipelines_built() - built,
         ctx.pipeline_cache_load()
