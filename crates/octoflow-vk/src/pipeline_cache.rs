@@ -198,7 +198,8 @@ mod tests {
     fn a_matching_header_passes_and_every_mismatch_is_named() {
         let good = header(&id());
         assert_eq!(header_mismatch(&good, &id()), None);
-        let cases: [(&dyn Fn(&mut Vec<u8>), &str); 5] = [
+        type Spoil = dyn Fn(&mut Vec<u8>);
+        let cases: [(&Spoil, &str); 5] = [
             (&|d| d.truncate(20), "shorter than"),
             (&|d| d[0] = 200, "header length"),
             (&|d| d[4] = 2, "version"),

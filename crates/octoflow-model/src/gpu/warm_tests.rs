@@ -32,7 +32,7 @@ fn scheduled_steps(rng: &mut StdRng, n_vocab: u32) -> Vec<Vec<BatchRow>> {
     let prompts: Vec<usize> = (0..SLOTS)
         .map(|_| rng.gen_range(1..=MAX_ROWS + 8))
         .collect();
-    let mut fed = vec![0usize; SLOTS];
+    let mut fed = [0usize; SLOTS];
     let mut steps = Vec::new();
     for _ in 0..12 {
         let mut rows = Vec::new();
