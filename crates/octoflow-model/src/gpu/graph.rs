@@ -68,25 +68,6 @@ pub struct Graph<'a> {
     pub lora: Option<GraphLora<'a>>,
 }
 
-/// `OCTOFLOW_UNFUSED_ROPE=1` records decode steps with the head norms, `rope_store` and the
-/// attention as separate stages (as prefill does): a switch to measure what the fusion gains.
-fn unfused_rope() -> bool {
-    std::env::var_os("OCTOFLOW_UNFUSED_ROPE").is_some_and(|v| v == "1")
-}
-
-/// `OCTOFLOW_UNFUSED_GLU=1` records batches on cooperative matrices with gate and up as two
-/// products, a barrier and the GLU kernel: a switch to measure what the fused dispatch gains.
-fn unfused_glu() -> bool {
-    std::env::var_os("OCTOFLOW_UNFUSED_GLU").is_some_and(|v| v == "1")
-}
-
-/// `OCTOFLOW_UNFUSED_POST=1` records single-token steps of models with post-norms (gemma3) with
-/// each post-norm and its residual add as a stage of its own: a switch to measure what leaving
-/// them to the next block's input gains.
-fn unfused_post() -> bool {
-    std::env::var_os("OCTOFLOW_UNFUSED_POST").is_some_and(|v| v == "1")
-}
-
 /// The residual stream between blocks: the buffer holding it (`s.x`, or `s.h` while a
 /// single-token step of a post-norm model ping-pongs), and a block output whose post-norm and
 /// add are left to the next block's input (`rms_norm(p) * weight`, see [`PendingNorm`]).
@@ -154,7 +135,7 @@ impl Graph<'_> {
                 .blk
                 .iter()
                 .all(|l| l.post_attention_norm.is_some() && l.post_ffw_norm.is_some())
-            && !unfused_post()
+            && !self.k.linear.tuning().unfused_post
     }
 
     /// Records the pending post-norm and its add (if any) so that the stream is whole in `out`
@@ -325,7 +306,7 @@ impl Graph<'_> {
             pos_offset: ps.offset,
             positions: ps.mode,
         };
-        if fresh_applies(&args) && !unfused_rope() {
+        if fresh_applies(&args) && !self.k.linear.tuning().unfused_rope {
             // decode steps: the head norms, RoPE and the cache write happen inside the
             // attention dispatch (one or two barrier stages fewer per layer)
             let fresh = FreshKv {
@@ -487,7 +468,7 @@ impl Graph<'_> {
         if adapted
             || (g.n_rows, g.n_cols) != (u.n_rows, u.n_cols)
             || !self.k.linear.fuses_glu(n, g.ty, u.ty)
-            || (self.k.linear.uses_coop(n) && unfused_glu())
+            || (self.k.linear.uses_coop(n) && self.k.linear.tuning().unfused_glu)
         {
             return None;
         }
