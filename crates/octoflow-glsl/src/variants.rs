@@ -132,7 +132,11 @@ mod tests {
     use super::*;
 
     fn sources() -> Vec<String> {
-        vec!["add.comp".into(), "matvec.comp".into(), "train/gemm.comp".into()]
+        vec![
+            "add.comp".into(),
+            "matvec.comp".into(),
+            "train/gemm.comp".into(),
+        ]
     }
 
     #[test]

@@ -19,9 +19,9 @@ use octoflow_vk::{Buffer, BufferSlice, Chain, Context, MemoryKind};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::testkit::{buffer_with, random_weights};
 use crate::linear::{Linear, LinearArgs, QWeightRef};
 use crate::matmul_coop::MatmulCoop;
+use crate::testkit::{buffer_with, random_weights};
 use crate::GluOp;
 
 /// utime + stime of this process (all threads), seconds.

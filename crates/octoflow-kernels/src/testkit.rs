@@ -60,12 +60,7 @@ pub fn buffer_with(ctx: &Context, name: &str, bytes: &[u8]) -> Buffer {
 }
 
 /// Random `n_rows x n_cols` weights in `ty`'s encoding.
-pub fn random_weights(
-    rng: &mut StdRng,
-    ty: GgmlType,
-    n_rows: usize,
-    n_cols: usize,
-) -> Vec<u8> {
+pub fn random_weights(rng: &mut StdRng, ty: GgmlType, n_rows: usize, n_cols: usize) -> Vec<u8> {
     let f: Vec<f32> = (0..n_rows * n_cols)
         .map(|_| rng.gen_range(-1.0..1.0))
         .collect();

@@ -96,7 +96,10 @@ mod tests {
     #[test]
     fn split_targets_follow_the_reported_compute_units() {
         let t = Tuning::from_compute_units(Some(132));
-        assert_eq!((t.matmul_target_groups, t.attention_target_groups), (132, 528));
+        assert_eq!(
+            (t.matmul_target_groups, t.attention_target_groups),
+            (132, 528)
+        );
         let t = Tuning::from_compute_units(None);
         assert_eq!(t.matmul_target_groups, FALLBACK_COMPUTE_UNITS);
         assert_eq!(t.coop_min_tokens, COOP_MIN_TOKENS);
@@ -127,7 +130,10 @@ mod tests {
             &[("OCTOFLOW_COOP_MIN_TOKENS", "x")],
         ];
         for pairs in bad {
-            assert_eq!(base.with_switches(env(pairs)).coop_min_tokens, COOP_MIN_TOKENS);
+            assert_eq!(
+                base.with_switches(env(pairs)).coop_min_tokens,
+                COOP_MIN_TOKENS
+            );
         }
     }
 }

@@ -128,7 +128,7 @@ pub fn attention_coop_ref(
 #[cfg(test)]
 mod tests {
     use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
 
     use super::*;
     use crate::attention::Attention;
@@ -171,8 +171,7 @@ mod tests {
             );
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         for case in 0..12 {
             let hd = if case % 2 == 0 { 64 } else { 128 };
             let n_kv = [1usize, 2, 4][case % 3];

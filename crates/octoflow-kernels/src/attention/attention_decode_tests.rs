@@ -2,7 +2,7 @@
 
 use octoflow_vk::testing::gpu_or_skip;
 use octoflow_vk::{Buffer, Context};
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 use super::*;
 use crate::attention::{attention_ref, Attention, AttentionShape};
@@ -209,8 +209,7 @@ fn decode_attention_matches_the_reference_on_random_inputs() {
     let Some(ctx) = gpu_or_skip("decode_attention_matches_the_reference") else {
         return;
     };
-    let seed: u64 = rand::random();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let k = Attention::new(&ctx).unwrap().without_coop();
     let cases: [Case; 22] = [
         // contexts 1, 7, 33, 600, 2000 at qwen2.5-0.5B's shape (GQA 7)
@@ -258,8 +257,7 @@ fn every_decode_layout_matches_the_reference() {
     let Some(ctx) = gpu_or_skip("decode_attention_layouts") else {
         return;
     };
-    let seed: u64 = rand::random();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let k = Attention::new(&ctx).unwrap().without_coop();
     let sg = ctx.caps().subgroup.size;
     let cases: [Case; 5] = [
@@ -341,8 +339,7 @@ fn decode_position_table_attends_each_token_to_its_own_sequence() {
     let Some(ctx) = gpu_or_skip("decode_attention_position_table") else {
         return;
     };
-    let seed: u64 = rand::random();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let k = Attention::new(&ctx).unwrap().without_coop();
     let sg = ctx.caps().subgroup.size;
     // ((n_head, n_head_kv), (head_dim, head_dim_v), rows per sequence, window, sequences, tokens)
@@ -386,8 +383,7 @@ fn a_replayed_decode_chain_merges_every_time() {
     let Some(ctx) = gpu_or_skip("decode_attention_replay") else {
         return;
     };
-    let seed: u64 = rand::random();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let k = Attention::new(&ctx).unwrap().without_coop();
     let sg = ctx.caps().subgroup.size;
     let mut run_pr = Problem::new(&mut rng, 2, (14, 2), (64, 64), 1500, 1500, 0);
@@ -677,8 +673,7 @@ fn fused_decode_attention_matches_norm_rope_store_then_attention() {
     let Some(ctx) = gpu_or_skip("fused_decode_attention") else {
         return;
     };
-    let seed: u64 = rand::random();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let att = Attention::new(&ctx).unwrap().without_coop();
     let sg = ctx.caps().subgroup.size;
     let cases: [FreshCase; 13] = [

@@ -1,7 +1,7 @@
 //! Device tests of `attention.rs`.
 
 use octoflow_vk::testing::gpu_or_skip;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 use super::*;
 use crate::check_close;
@@ -80,8 +80,7 @@ fn gpu_attention_matches_the_reference_on_random_inputs() {
     let Some(ctx) = gpu_or_skip("gpu_attention_matches_the_reference") else {
         return;
     };
-    let seed: u64 = rand::random();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let k = Attention::new(&ctx).unwrap().without_coop();
     let cases: [Case; 13] = [
         (1, 9, 3, 64, 64, 600, 0, 577),
@@ -110,8 +109,7 @@ fn every_work_layout_matches_the_reference() {
     let Some(ctx) = gpu_or_skip("attention_work_layouts") else {
         return;
     };
-    let seed: u64 = rand::random();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let k = Attention::new(&ctx).unwrap().without_coop();
     let sg = ctx.caps().subgroup.size;
     let cases: [Case; 4] = [
@@ -276,8 +274,7 @@ fn position_table_attends_each_query_to_its_own_sequence() {
     let Some(ctx) = gpu_or_skip("attention_position_table") else {
         return;
     };
-    let seed: u64 = rand::random();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let k = Attention::new(&ctx).unwrap().without_coop();
     // (n_head, n_head_kv, head_dim, head_dim_v, rows per sequence, window, sequences, queries)
     for (n_head, n_kv, hd, hv, rows, window, n_seq, n_tok) in [

@@ -22,12 +22,12 @@ use octoflow_vk::{
 };
 
 use crate::attention_coop::AttentionCoop;
-use crate::attention_decode::{self, Decode, FreshKv};
 use crate::error::Result;
 use crate::operand::{bad, need, Positions};
 use crate::scratch::QueueScratch;
 use crate::shaders;
 use crate::spec::SpecPipelines;
+use attention_decode::{Decode, FreshKv};
 
 /// Largest `head_dim` / `head_dim_v` (`MAX_D` in `attention.comp`).
 pub const MAX_HEAD_DIM: u32 = 256;

@@ -202,7 +202,7 @@ fn rotate_ref(x: &mut [f32], a: RopeShape, freq_factors: Option<&[f32]>, start: 
 #[cfg(test)]
 mod tests {
     use octoflow_vk::testing::gpu_or_skip;
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
 
     use super::*;
     use crate::check_close;
@@ -220,8 +220,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("gpu_rope_matches_the_reference") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let k = Rope::new(&ctx).unwrap();
         // (n_tokens, n_heads, head_dim, n_rot, mode, base, scale, freq_factors, start)
         let cases = [
@@ -299,8 +298,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("rope_position_table") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let k = Rope::new(&ctx).unwrap();
         let (n_tok, n_heads, hd, n_rot) = (9usize, 3usize, 64usize, 64usize);
         let x: Vec<f32> = (0..n_tok * n_heads * hd)
@@ -437,8 +435,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("gpu_inverse_rope") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         for (n_tok, n_heads, hd, n_rot, mode) in [
             (1, 1, 2, 2, RopeMode::Normal),
             (37, 3, 64, 64, RopeMode::Neox),
@@ -479,8 +476,7 @@ mod tests {
     fn back_reference_is_the_gradient_of_the_forward_reference() {
         // L(x) = sum dy . rope(x); dL/dx = rope_back(dy). Central differences in f64 of the f32
         // forward (the actual step (x+h) - (x-h) after f32 rounding is used).
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let (n_heads, hd, n_rot) = (2usize, 8usize, 6usize);
         let ff: Vec<f32> = (0..n_rot / 2).map(|_| rng.gen_range(1.0..4.0)).collect();
         for mode in [RopeMode::Normal, RopeMode::Neox] {

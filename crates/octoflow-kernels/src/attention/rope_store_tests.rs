@@ -1,7 +1,7 @@
 //! Device tests of `rope_store.rs`.
 
 use octoflow_vk::testing::gpu_or_skip;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 use super::*;
 use crate::check_close;
@@ -206,8 +206,7 @@ fn gpu_rope_store_matches_rope_then_set_rows_on_random_inputs() {
     let Some(ctx) = gpu_or_skip("gpu_rope_store_matches_the_reference") else {
         return;
     };
-    let seed: u64 = rand::random();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let kern = RopeStore::new(&ctx).unwrap();
     let base = Case {
         n: 1,

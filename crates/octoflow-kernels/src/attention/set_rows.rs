@@ -84,7 +84,7 @@ pub fn set_rows_ref(src: &[f32], dst: &mut [f32], width: usize, start: usize) {
 #[cfg(test)]
 mod tests {
     use octoflow_vk::testing::gpu_or_skip;
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
 
     use super::*;
     use crate::check_close;
@@ -95,8 +95,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("gpu_set_rows_matches_the_reference") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let k = SetRows::new(&ctx).unwrap();
         // (n_rows, width, dst_rows, start): the last two run past the end / start past it
         for (n_rows, width, dst_rows, start) in [
@@ -140,8 +139,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("set_rows_position_table") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let k = SetRows::new(&ctx).unwrap();
         let (n_rows, width, n_seq, per_seq) = (13usize, 130usize, 4usize, 20usize);
         let dst_rows = n_seq * per_seq;

@@ -71,7 +71,7 @@ pub fn soft_max_ref(x: &[f32], out: &mut [f32], n: usize, scale: f32) {
 #[cfg(test)]
 mod tests {
     use octoflow_vk::testing::gpu_or_skip;
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
 
     use super::*;
     use crate::check_close;
@@ -87,8 +87,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("gpu_soft_max_matches_the_reference") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let k = SoftMax::new(&ctx).unwrap();
         for (n_rows, n, scale) in [
             (1, 49_152, 1.0),

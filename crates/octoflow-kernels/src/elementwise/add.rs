@@ -65,7 +65,7 @@ pub fn add_ref(a: &[f32], b: &[f32], out: &mut [f32]) {
 mod tests {
     use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
     use octoflow_vk::{Buffer, MemoryKind};
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
 
     use super::*;
     use crate::check_close;
@@ -78,8 +78,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("gpu_add_matches_the_reference") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let n = rng.gen_range(1..200_000u32);
         let a: Vec<f32> = (0..n).map(|_| rng.gen_range(-10.0..10.0)).collect();
         let b: Vec<f32> = (0..n).map(|_| rng.gen_range(-10.0..10.0)).collect();

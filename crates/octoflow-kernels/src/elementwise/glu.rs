@@ -83,7 +83,7 @@ pub fn glu_ref(gate: &[f32], up: &[f32], out: &mut [f32], op: GluOp) {
 #[cfg(test)]
 mod tests {
     use octoflow_vk::testing::gpu_or_skip;
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
 
     use super::*;
     use crate::check_close;
@@ -99,8 +99,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("gpu_glu_matches_the_reference") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let k = Glu::new(&ctx).unwrap();
         for op in [GluOp::Silu, GluOp::GeluTanh] {
             for n in [1usize, 255, 8960, 37 * 1536 + 3] {

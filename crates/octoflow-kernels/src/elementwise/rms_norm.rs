@@ -156,7 +156,7 @@ pub fn rms_norm_ref(x: &[f32], weight: &[f32], out: &mut [f32], n: usize, eps: f
 #[cfg(test)]
 mod tests {
     use octoflow_vk::testing::gpu_or_skip;
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
 
     use super::*;
     use crate::testkit::{poisoned, read, with};
@@ -171,8 +171,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("gpu_rms_norm_matches_the_reference") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let k = RmsNorm::new(&ctx).unwrap();
         for (n_rows, n) in [
             (1, 4096),
@@ -214,8 +213,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("gpu_rms_norm_add") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let k = RmsNorm::new(&ctx).unwrap();
         for (n_rows, n) in [(1, 640), (7, 576), (3, 1000), (2, 4096)] {
             let x: Vec<f32> = (0..n_rows * n).map(|_| rng.gen_range(-3.0..3.0)).collect();

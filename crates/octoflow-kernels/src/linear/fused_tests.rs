@@ -2,12 +2,14 @@
 //! fit, the gate/up/activation dispatch, and the clear errors of misuse.
 
 use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
+use octoflow_vk::{Buffer, MemoryKind};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::tests::REL;
 use super::*;
 use crate::check_close;
+use crate::glu::GluOp;
 use crate::testkit::{buffer_with, random_cols, random_weights};
 
 /// A post-norm pending on the input (`x + rms_norm(p) * gp`, then the fused norm): the
@@ -21,8 +23,7 @@ fn gpu_pending_post_norm_matches_the_reference() {
     let Some(ctx) = gpu_or_skip("matvec_pending_norm") else {
         return;
     };
-    let seed: u64 = rand::random();
-    let mut rng = StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let lin = Linear::with_layout(&ctx, false, Tuning::from_caps(ctx.caps())).unwrap();
     let mut plans = vec![];
     for tpr in [32u32, 64, 128] {
@@ -83,8 +84,7 @@ fn gpu_pending_post_norm_matches_the_reference() {
             n_rows: n_rows as u32,
             n_cols: n_cols as u32,
         };
-        let (ws, us, gs, ps, gps) =
-            (wb.whole(), ub.whole(), gb.whole(), pb.whole(), gpb.whole());
+        let (ws, us, gs, ps, gps) = (wb.whole(), ub.whole(), gb.whole(), pb.whole(), gpb.whole());
         // the single-token product of `input` (as the kernel sees it) with the fused norm
         // and, where given, a pending post-norm, against the reference
         let product = |pending: Option<PendingNorm>, input: &[f32], case: &str| {
@@ -292,8 +292,7 @@ fn check_glu_layout(ty: GgmlType, cpu: bool) {
         println!("linear_glu_{ty}: CPU-driver layout skipped (no 8-wide subgroups)");
         return;
     }
-    let seed: u64 = rand::random();
-    let mut rng = StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let lin = Linear::with_layout(&ctx, cpu, Tuning::from_caps(ctx.caps())).unwrap();
     let n_rows = rng.gen_range(96..300usize);
     let n_cols = random_cols(&mut rng, ty);

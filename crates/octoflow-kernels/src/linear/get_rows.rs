@@ -136,8 +136,7 @@ pub fn get_rows_ref(
 mod tests {
     use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
     use octoflow_vk::{as_bytes, Buffer, MemoryKind};
-    use rand::rngs::StdRng;
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
 
     use super::*;
     use crate::check_close;
@@ -152,8 +151,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("get_rows_split_table") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let gr = GetRows::new(&ctx).unwrap();
         for ty in TYPES {
             let n_rows = rng.gen_range(2..60u32);

@@ -2,7 +2,7 @@
 
 use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 use super::*;
 use crate::check_close;
@@ -200,8 +200,7 @@ fn gpu_lora_matches_the_reference_on_edge_shapes() {
     let Some(ctx) = gpu_or_skip("gpu_lora_edge_shapes") else {
         return;
     };
-    let seed: u64 = rand::random();
-    let mut rng = StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let k = Lora::new(&ctx).unwrap();
     let (t, f) = (true, false);
     let cases = [
@@ -279,8 +278,7 @@ fn gpu_lora_matches_the_reference_on_random_shapes() {
     let Some(ctx) = gpu_or_skip("gpu_lora_random_shapes") else {
         return;
     };
-    let seed: u64 = rand::random();
-    let mut rng = StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let k = Lora::new(&ctx).unwrap();
     for _ in 0..6 {
         let n_adapters = rng.gen_range(1..=5);
@@ -320,8 +318,7 @@ fn gpu_lora_does_not_read_adapters_with_zero_scale() {
     let Some(ctx) = gpu_or_skip("gpu_lora_zero_scale") else {
         return;
     };
-    let seed: u64 = rand::random();
-    let mut rng = StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let k = Lora::new(&ctx).unwrap();
     let (t, f) = (true, false);
     // Adapter 1 (NaN A rows and B columns) is off everywhere; its rows share shrink workgroups

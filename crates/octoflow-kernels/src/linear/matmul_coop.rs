@@ -124,7 +124,7 @@ impl MatmulCoop {
                     .into(),
             }));
         }
-        let shaders = |op| (0..TYPES.len()).map(|i| op.variant(i)).collect::<Vec<_>>();
+        let shaders = |op: QOp| (0..TYPES.len()).map(|i| op.variant(i)).collect::<Vec<_>>();
         let mut mm = Self::with_shaders(ctx, &shaders(QOp::MatmulCoop), TILE)?;
         mm.wide = Some(Tiled::new(ctx, &shaders(QOp::MatmulCoopWide), TILE_WIDE)?);
         mm.small = Some(Tiled::new(ctx, &shaders(QOp::MatmulCoopSmall), TILE_SMALL)?);
@@ -463,13 +463,12 @@ pub fn matmul_coop_ref(
 pub(crate) mod tests {
     use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
     use octoflow_vk::{Buffer, MemoryKind};
-    use rand::rngs::StdRng;
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
 
     use super::*;
     use crate::check_close;
-    use crate::testkit::{buffer_with, random_cols, random_weights};
     use crate::linear::QWeightRef;
+    use crate::testkit::{buffer_with, random_cols, random_weights};
 
     /// The reference multiplies the same f16-rounded operands as the kernel (the decoding is
     /// bit-exact: `qmad` in quant.glsl), so what is left is the f32 accumulation: products of
@@ -498,12 +497,12 @@ pub(crate) mod tests {
         let Some(ctx) = coop_device(&format!("matmul_coop_{ty}")) else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         // The device's choice of tile for each batch, and each tile for every batch (the
         // choice takes the wide one only for large products, the small one for short ones).
         let ti = TYPES.iter().position(|&t| t == ty).unwrap();
-        let tiled = |op, tile| MatmulCoop::with_shaders(&ctx, &[op.variant(ti)], tile).unwrap();
+        let tiled =
+            |op: QOp, tile| MatmulCoop::with_shaders(&ctx, &[op.variant(ti)], tile).unwrap();
         let wide = tiled(QOp::MatmulCoopWide, TILE_WIDE);
         let narrow = tiled(QOp::MatmulCoop, TILE);
         let small = tiled(QOp::MatmulCoopSmall, TILE_SMALL);
@@ -669,8 +668,7 @@ pub(crate) mod tests {
             return;
         };
         let lin = crate::Linear::new(&ctx).unwrap();
-        let seed: u64 = rand::random();
-        let mut rng = StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         for case in 0..4 {
             let n_rows = if case == 0 {
                 rng.gen_range(1..20usize)

@@ -26,6 +26,8 @@
 //! shaders are in `shaders/linear/`.
 
 mod args;
+#[cfg(test)]
+mod fused_tests;
 pub mod get_rows;
 mod glu;
 pub mod lora;
@@ -35,12 +37,10 @@ pub(crate) mod qweight;
 mod reference;
 pub mod split_sum;
 #[cfg(test)]
-mod fused_tests;
-#[cfg(test)]
 mod tests;
 
-pub use args::{LinearArgs, LinearGluArgs, PendingNorm, QWeightRef};
 pub(crate) use args::{check_args, glu_cost, product_cost, Checked};
+pub use args::{LinearArgs, LinearGluArgs, PendingNorm, QWeightRef};
 pub(crate) use plan::MatvecPlan;
 pub use reference::{linear_glu_ref, linear_ref};
 
@@ -48,12 +48,12 @@ use octoflow_gguf::GgmlType;
 use octoflow_vk::{BufferSlice, Chain, Context, DeviceKind, Pipeline, PipelineDesc, Push, VkError};
 
 use crate::error::{KernelError, Result};
+use crate::spec::SpecPipelines;
 use crate::tuning::Tuning;
 use args::check_pending;
 use matmul_coop::MatmulCoop;
 use plan::{cpu_groups, Matvec};
 use qweight::{check_words, QOp, TYPES};
-use crate::spec::SpecPipelines;
 
 const OP: &str = "linear";
 
@@ -222,7 +222,7 @@ impl Linear {
 
     /// The same kernels with type `ty`'s single-token matvec and GLU pipelines built from other
     /// `matvec.comp` variants (benchmark experiments of `variants.txt`).
-    #[cfg(test)]
+    #[cfg(all(test, feature = "bench"))]
     pub(crate) fn with_matvec_variants(
         mut self,
         ty: GgmlType,
@@ -249,7 +249,7 @@ impl Linear {
     }
 
     /// The same kernels without the cooperative-matrix path (benchmarks compare the two).
-    #[cfg(test)]
+    #[cfg(all(test, feature = "bench"))]
     pub(crate) fn without_coop(mut self) -> Self {
         self.coop = None;
         self

@@ -108,7 +108,7 @@ pub fn split_sum_ref(part: &[f32], split: usize, y: &mut [f32], bias: &[f32], t:
 #[cfg(test)]
 mod tests {
     use octoflow_vk::testing::gpu_or_skip;
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
 
     use super::*;
     use crate::check_close;
@@ -119,8 +119,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("gpu_split_sum") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let k = SplitSum::new(&ctx).unwrap();
         for (case, (rows, tokens, split)) in [(1usize, 1usize, 2usize), (300, 7, 5), (65, 33, 16)]
             .into_iter()

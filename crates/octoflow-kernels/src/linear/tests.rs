@@ -1,12 +1,13 @@
 //! Random-input tests of [`Linear`]'s products on every weight type, through both layouts
 //! and every matvec work layout, against [`linear_ref`].
 
+use octoflow_gguf::quant::QuantError;
 use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 use super::*;
 use crate::check_close;
+use crate::glu::GluOp;
 use crate::testkit::{buffer_with, random_cols, random_weights};
 
 /// The shader decodes weights exactly as the CPU codec (up to a fused multiply-add in
@@ -49,8 +50,7 @@ fn check_layout(ty: GgmlType, cpu: bool) {
         println!("linear_{ty}: CPU-driver layout skipped (no 8-wide subgroups)");
         return;
     }
-    let seed: u64 = rand::random();
-    let mut rng = StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let lin = Linear::with_layout(&ctx, cpu, Tuning::from_caps(ctx.caps())).unwrap();
     let n_rows = rng.gen_range(96..300usize);
     let n_cols = random_cols(&mut rng, ty);
@@ -190,8 +190,7 @@ fn gpu_matvec_layouts_agree_with_the_references() {
     let Some(ctx) = gpu_or_skip("matvec_layouts") else {
         return;
     };
-    let seed: u64 = rand::random();
-    let mut rng = StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let lin = Linear::with_layout(&ctx, false, Tuning::from_caps(ctx.caps())).unwrap();
     let mut plans = vec![];
     for tpr in [32u32, 64, 128, 256] {

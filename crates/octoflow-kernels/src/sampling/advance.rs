@@ -125,7 +125,7 @@ pub fn advance_ref(c: &mut [u32], out: &mut [u32], n_fed: u32) {
 mod tests {
     use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
     use octoflow_vk::{Buffer, MemoryKind};
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
 
     use super::ctl::*;
     use super::*;
@@ -135,8 +135,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("advance_matches_the_reference") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let adv = Advance::new(&ctx).unwrap();
         let out_len = 6u32;
         let c = Buffer::new(&ctx, "ctl", 4 * u64::from(WORDS), MemoryKind::Upload).unwrap();

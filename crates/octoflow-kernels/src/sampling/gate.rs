@@ -70,7 +70,7 @@ pub fn gate_ref(ctl: &[u32], stop_word: usize, template: &[u32], args: &mut [u32
 mod tests {
     use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
     use octoflow_vk::{Buffer, MemoryKind};
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
 
     use super::*;
 
@@ -79,8 +79,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("gate_copies_the_template_or_zeros") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let gate = Gate::new(&ctx).unwrap();
         for _ in 0..4 {
             let n = rng.gen_range(1..700u32);

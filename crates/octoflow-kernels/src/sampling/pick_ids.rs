@@ -73,7 +73,7 @@ pub fn pick_ids_ref(src: &[u32], prev: &[u32]) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use octoflow_vk::testing::gpu_or_skip;
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
 
     use super::*;
     use crate::testkit::with;
@@ -83,8 +83,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("gpu_pick_ids") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let k = PickIds::new(&ctx).unwrap();
         for (n, n_prev) in [(1usize, 1usize), (300, 129), (7, 3)] {
             let prev: Vec<u32> = (0..n_prev).map(|_| rng.gen_range(0..200_000)).collect();

@@ -171,8 +171,8 @@ mod tests {
 
     use super::*;
     use crate::check_close;
-    use crate::testkit::{poisoned, read, with};
     use crate::sum_squares::{sum_squares_ref, SumSquares};
+    use crate::testkit::{poisoned, read, with};
 
     /// Every quantity is a handful of f32 operations per step on the same inputs in the same
     /// order; they differ only where the device may use a 2.5-ulp division, a ~3-ulp sqrt or
@@ -282,8 +282,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("gpu_adamw_matches_the_reference") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (_, mut rng) = crate::testkit::seeded(module_path!());
         let plain = base_step(&mut rng);
         // Gradients in ±0.05: the global norm is ~0.03 sqrt(n), so a threshold of 0.01 sqrt(n)
         // always clips and 1e3 sqrt(n) never does.

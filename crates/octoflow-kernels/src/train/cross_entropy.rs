@@ -135,7 +135,7 @@ pub fn cross_entropy_ref(
 mod tests {
     use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
     use rand::rngs::StdRng;
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
 
     use super::*;
     use crate::check_close;
@@ -175,8 +175,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("gpu_cross_entropy_matches_the_reference") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let k = CrossEntropy::new(&ctx).unwrap();
         for (n_rows, n_vocab) in [(7usize, 50usize), (6, 1000), (3, 49_152), (3, 151_936)] {
             // row 1 ignored (IGNORE), row 4 an out-of-range id (also ignored) where present

@@ -116,7 +116,7 @@ pub fn dropout_ref(x: &[f32], out: &mut [f32], p: f32, seed: u32, salt: u32) {
 mod tests {
     use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
     use octoflow_vk::Buffer;
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
 
     use super::*;
     use crate::testkit::{poisoned, read, with};
@@ -159,8 +159,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("gpu_dropout_equals_the_reference") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         for (n, p, in_place) in [
             (1usize, 0.5f32, false),
             (1000, 0.1, false),
@@ -188,8 +187,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("kept_fraction_is_one_minus_p") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let n = 1_000_000usize;
         let x = vec![1.0f32; n];
         for p in [0.1f32, 0.5, 0.75] {
@@ -223,8 +221,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("a_recorded_chain_follows_the_seed_buffer") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let n = 5000usize;
         let x: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
         let (xb, ob) = (with(&ctx, "x", &x), poisoned(&ctx, "out", n));
@@ -264,8 +261,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("dropout_p_zero_is_the_identity") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let x: Vec<f32> = (0..4099).map(|_| rng.gen_range(-1e3..1e3)).collect();
         let got = run(&ctx, &x, 0.0, rng.gen(), rng.gen(), false);
         assert_eq!(bits(&got), bits(&x), "seed {seed}");

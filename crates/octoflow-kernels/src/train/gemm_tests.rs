@@ -3,7 +3,7 @@
 use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
 use octoflow_vk::{Buffer, MemoryKind};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 use super::*;
 use crate::check_close;
@@ -242,8 +242,7 @@ fn gpu_gemm_all_transposes_and_lora_shapes() {
     let Some(ctx) = gpu_or_skip("gpu_gemm_all_transposes_and_lora_shapes") else {
         return;
     };
-    let seed: u64 = rand::random();
-    let mut rng = StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let random_mnk = (
         rng.gen_range(1..90),
         rng.gen_range(1..90),
@@ -264,8 +263,7 @@ fn gpu_gemm_edge_sizes_overwrite_nan_with_beta_zero() {
     let Some(ctx) = gpu_or_skip("gpu_gemm_edge_sizes") else {
         return;
     };
-    let seed: u64 = rand::random();
-    let mut rng = StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     for gemm in variants(&ctx) {
         for (m, n, k, batch) in [
             (1, 1, 1, [1, 1]),
@@ -287,8 +285,7 @@ fn gpu_gemm_batched_grouped_and_accumulating() {
     let Some(ctx) = gpu_or_skip("gpu_gemm_batched_grouped_and_accumulating") else {
         return;
     };
-    let seed: u64 = rand::random();
-    let mut rng = StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     for gemm in variants(&ctx) {
         for (d, alpha, beta) in [
             ((23, 41, 30, 3, [2, 3], 3), 0.75, 0.0),
@@ -308,8 +305,7 @@ fn gpu_gemm_random_cases() {
     let Some(ctx) = gpu_or_skip("gpu_gemm_random_cases") else {
         return;
     };
-    let seed: u64 = rand::random();
-    let mut rng = StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     for gemm in variants(&ctx) {
         for _ in 0..6 {
             let batch = [rng.gen_range(1..3), rng.gen_range(1..4)];
@@ -337,8 +333,7 @@ fn gpu_gemm_attention_layouts() {
     let Some(ctx) = gpu_or_skip("gpu_gemm_attention_layouts") else {
         return;
     };
-    let seed: u64 = rand::random();
-    let mut rng = StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let (n_seq, seq, n_head, n_kv) = (2usize, rng.gen_range(1..40usize), 6usize, 3usize);
     let hd = rng.gen_range(1..40usize);
     let ratio = n_head / n_kv;

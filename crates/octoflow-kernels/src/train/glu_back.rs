@@ -106,7 +106,7 @@ pub fn glu_back_ref(
 #[cfg(test)]
 mod tests {
     use octoflow_vk::testing::gpu_or_skip;
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
 
     use super::*;
     use crate::check_close;
@@ -125,8 +125,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("gpu_glu_back_matches_the_reference") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let k = GluBack::new(&ctx).unwrap();
         for op in [GluOp::Silu, GluOp::GeluTanh] {
             for n in [1usize, 255, 8960, 37 * 1536 + 3] {
@@ -178,8 +177,7 @@ mod tests {
 
     #[test]
     fn back_reference_is_the_gradient_of_the_forward_reference() {
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         for op in [GluOp::Silu, GluOp::GeluTanh] {
             let n = 24;
             let g: Vec<f32> = (0..n).map(|_| rng.gen_range(-5.0..5.0)).collect();

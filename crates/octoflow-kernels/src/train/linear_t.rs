@@ -14,7 +14,6 @@ use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
 use crate::error::{KernelError, Result};
 use crate::linear::QWeightRef;
 use crate::qweight::{check_words, row_bytes, type_index, word_slice, QOp, TYPES};
-use crate::shaders;
 
 const OP: &str = "linear_t";
 /// In-columns and tokens per workgroup tile (`TI`, `TT` in `linear_t.comp`).
@@ -51,7 +50,12 @@ impl LinearT {
     /// Builds every type's pipeline.
     pub fn new(ctx: &Context) -> Result<Self> {
         let pipelines = (0..TYPES.len())
-            .map(|ti| Pipeline::new(ctx, &PipelineDesc::new(QOp::LinearT.variant(ti), 3, PUSH_BYTES)))
+            .map(|ti| {
+                Pipeline::new(
+                    ctx,
+                    &PipelineDesc::new(QOp::LinearT.variant(ti), 3, PUSH_BYTES),
+                )
+            })
             .collect::<std::result::Result<Vec<_>, _>>()?;
         Ok(LinearT { pipelines })
     }
@@ -169,7 +173,7 @@ mod tests {
     use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
     use octoflow_vk::{Buffer, MemoryKind};
     use rand::rngs::StdRng;
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
 
     use super::*;
     use crate::check_close;
@@ -257,8 +261,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip(&format!("linear_t_{ty}")) else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let k = LinearT::new(&ctx).unwrap();
         let bs = ty.block_size();
         let cases = [
@@ -311,8 +314,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("linear_t_many_rows") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let k = LinearT::new(&ctx).unwrap();
         let n_rows = rng.gen_range(6000..9000);
         check_case(

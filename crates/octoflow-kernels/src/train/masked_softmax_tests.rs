@@ -3,7 +3,7 @@
 
 use octoflow_vk::testing::gpu_or_skip;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 use super::*;
 use crate::check_close;
@@ -67,8 +67,7 @@ fn gpu_masked_softmax_matches_the_references_on_random_inputs() {
     let Some(ctx) = gpu_or_skip("gpu_masked_softmax_matches_the_references") else {
         return;
     };
-    let seed: u64 = rand::random();
-    let mut rng = StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let k = MaskedSoftmax::new(&ctx).unwrap();
     // (n_seq, n_head, seq_len, window, pos_stride, scale)
     let cases = [
@@ -180,8 +179,7 @@ fn references_mask_by_document_and_window() {
 
 #[test]
 fn back_reference_is_the_gradient_of_the_forward_reference() {
-    let seed: u64 = rand::random();
-    let mut rng = StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let (n_seq, n_head, seq_len) = (2usize, 2usize, 6usize);
     for (window, scale) in [(0usize, 0.7f32), (3, -1.3)] {
         let n = n_seq * n_head * seq_len * seq_len;

@@ -95,13 +95,13 @@ pub fn rms_norm_back_ref(
 #[cfg(test)]
 mod tests {
     use octoflow_vk::testing::gpu_or_skip;
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
 
     use super::*;
     use crate::check_close;
     use crate::grad_check::{central_difference, dot};
-    use crate::testkit::{poisoned, read, with};
     use crate::rms_norm_ref;
+    use crate::testkit::{poisoned, read, with};
 
     /// f32 sums over up to 4096 terms and a 1/sqrt of a few ulps, then `s (w dy - x c)`, whose
     /// two terms can cancel: the absolute error is ~1e-7 of |s w dy|, i.e. ~1e-5 of check_close's
@@ -114,8 +114,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("gpu_rms_norm_back_matches_the_reference") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let k = RmsNormBack::new(&ctx).unwrap();
         for (n_rows, n) in [
             (1, 4096),
@@ -165,8 +164,7 @@ mod tests {
 
     #[test]
     fn back_reference_is_the_gradient_of_the_forward_reference() {
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         for (n_rows, n, eps) in [(3usize, 6usize, 1e-5f32), (2, 1, 0.3), (1, 13, 0.1)] {
             let x: Vec<f32> = (0..n_rows * n).map(|_| rng.gen_range(-2.0..2.0)).collect();
             let w: Vec<f32> = (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect();

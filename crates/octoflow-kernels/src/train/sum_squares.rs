@@ -59,7 +59,7 @@ pub fn sum_squares_ref(x: &[f32]) -> f64 {
 #[cfg(test)]
 mod tests {
     use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
 
     use super::*;
     use crate::check_close;
@@ -96,8 +96,7 @@ mod tests {
         let Some(ctx) = gpu_or_skip("gpu_sum_squares_matches_f64") else {
             return;
         };
-        let seed: u64 = rand::random();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
         for n in [1usize, 2, 255, 257, 1000, 1023, 2048, 2049, 3_000_001] {
             // Gradient-like values: mostly small, spread over a few orders of magnitude.
             let x: Vec<f32> = (0..n)
