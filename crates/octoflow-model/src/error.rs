@@ -74,11 +74,13 @@ pub enum ModelError {
     /// which row and why).
     #[error("invalid batch step: {0}")]
     Batch(String),
-    /// The GPU path cannot run this model or request (the message says why).
+    /// A draw asked of a device sampler that cannot take it (see `device_samples`).
+    #[error("device sampling: {0}")]
+    DeviceSampling(String),
     /// A LoRA adapter that cannot be applied (bad file, wrong model, bad shapes).
     #[error("LoRA: {0}")]
     Lora(String),
-
+    /// The GPU path cannot run this model or request (the message says why).
     #[error("GPU: {0}")]
     Gpu(String),
     /// A GPU kernel could not be built or recorded.

@@ -39,7 +39,7 @@ pub mod testing;
 
 pub use adapter::{Adapter, LoraTensor, Target};
 pub use arch::Architecture;
-pub use backend::Forward;
+pub use backend::{Forward, Steps};
 pub use batch::{BatchForward, BatchRow, RowOutput, RowResult, TokenIn, MAX_IN_FLIGHT};
 pub use config::{Activation, LayerConfig, ModelConfig, RopeType};
 pub use cpu_batch::CpuBatch;
