@@ -44,7 +44,11 @@ fn a_stop_string_split_across_tokens_ends_the_choice_unreleased() {
     let tok = tokenizer();
     let mut c = Choice::new(&tok, &limits(None, &["Arr!"]), 0, 100);
     assert_eq!(c.push(MATEY), go(" matey"));
-    assert_eq!(c.push(ARR), go(""), "a possible start of the stop string is held");
+    assert_eq!(
+        c.push(ARR),
+        go(""),
+        "a possible start of the stop string is held"
+    );
     assert_eq!(c.push(BANG), end("", Finish::Stop));
     // A held prefix that turns out not to be the stop string is released.
     let mut c = Choice::new(&tok, &limits(None, &["Arr?"]), 0, 100);

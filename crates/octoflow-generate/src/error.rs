@@ -16,8 +16,14 @@ pub enum PromptError {
         cached: usize,
         n_ctx: usize,
     },
-    #[error("token id {id} (prompt position {index}) is outside the vocabulary (n_vocab = {n_vocab})")]
-    OutOfVocabulary { id: u32, index: usize, n_vocab: usize },
+    #[error(
+        "token id {id} (prompt position {index}) is outside the vocabulary (n_vocab = {n_vocab})"
+    )]
+    OutOfVocabulary {
+        id: u32,
+        index: usize,
+        n_vocab: usize,
+    },
 }
 
 /// Why [`crate::generate()`] failed.

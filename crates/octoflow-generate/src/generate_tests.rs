@@ -149,7 +149,10 @@ fn an_end_of_generation_token_ends_it_on_the_cpu_and_on_the_device() {
     let at = fresh_index(&free);
     let (model, tok) = open(&mut w, Some(free[at]));
     let (tokens, text, stats) = run(&mut model.session(64), &tok, &limits(Some(12), false));
-    assert_eq!((tokens.as_slice(), stats.finish), (&free[..=at], Finish::Eog));
+    assert_eq!(
+        (tokens.as_slice(), stats.finish),
+        (&free[..=at], Finish::Eog)
+    );
     let mut device = Device {
         cpu: model.session(64),
         burst: 3,
@@ -211,5 +214,8 @@ fn the_gpu_chains_stop_for_the_limit_the_context_and_end_of_generation() {
         &tok,
         &limits(Some(10), false),
     );
-    assert_eq!((tokens.as_slice(), stats.finish), (&free[..=at], Finish::Eog));
+    assert_eq!(
+        (tokens.as_slice(), stats.finish),
+        (&free[..=at], Finish::Eog)
+    );
 }

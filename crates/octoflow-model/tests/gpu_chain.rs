@@ -36,7 +36,9 @@ fn chain_tokens(gpu: &GpuModel, prompt: &[u32], n: usize, steps: usize, gated: b
     let mut out = vec![top1(&logits)];
     while out.len() < n {
         let last = *out.last().unwrap();
-        let r = s.decode_steps(last, &Draw::greedy(0), n - out.len(), &[]).unwrap();
+        let r = s
+            .decode_steps(last, &Draw::greedy(0), n - out.len(), &[])
+            .unwrap();
         assert!(!r.tokens.is_empty());
         out.extend(&r.tokens);
         assert_eq!(
@@ -81,11 +83,15 @@ fn multi_step_chain_equals_token_by_token_decoding_and_stops_on_its_flags() {
         s.prefill(prompt, 256).unwrap();
         let eog = want[6];
         let first = (1..=6).find(|&j| want[j] == eog).unwrap_or(6);
-        let r = s.decode_steps(want[0], &Draw::greedy(0), 100, &[eog]).unwrap();
+        let r = s
+            .decode_steps(want[0], &Draw::greedy(0), 100, &[eog])
+            .unwrap();
         assert_eq!(r.stop, Some(Finish::Eog), "gated {gated}");
         assert_eq!(r.tokens, want[1..=first].to_vec(), "gated {gated}");
         assert_eq!(s.n_past(), prompt.len() + first, "gated {gated}");
-        let more = s.decode_steps(want[first], &Draw::greedy(0), 5, &[]).unwrap();
+        let more = s
+            .decode_steps(want[first], &Draw::greedy(0), 5, &[])
+            .unwrap();
         assert_eq!(
             more.tokens,
             want[first + 1..first + 6].to_vec(),
@@ -163,7 +169,8 @@ fn dropping_a_model_and_its_sessions_frees_every_buffer() {
         let gpu = GpuModel::load(&ctx, &model).unwrap();
         let mut s = gpu.session(64, 4).unwrap();
         let logits = s.prefill(&golden.greedy[0].prompt_ids, 256).unwrap();
-        s.decode_steps(top1(&logits), &Draw::greedy(0), 4, &[]).unwrap();
+        s.decode_steps(top1(&logits), &Draw::greedy(0), 4, &[])
+            .unwrap();
         let held = ctx.memory_usage().0;
         // weights, KV cache and scratch are all on the device while the session lives
         assert!(

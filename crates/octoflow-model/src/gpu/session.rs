@@ -7,8 +7,8 @@
 
 use std::collections::HashMap;
 
-use octoflow_kernels::advance::ctl;
 use octoflow_core::{Draw, Finish};
+use octoflow_kernels::advance::ctl;
 use octoflow_kernels::{Positions, Sample, SamplerState};
 use octoflow_vk::{gate_words, summarize, Chain, Context, LabelTime};
 
@@ -413,7 +413,9 @@ impl GpuSession<'_> {
         block[ctl::N_EOG as usize] = n_eog as u32;
         block[ctl::EOG as usize..ctl::EOG as usize + n_eog].copy_from_slice(&eog[..n_eog]);
         self.s.ctl.write(0, &block)?;
-        self.s.sampler.write(0, &SamplerState::from_draw(draw).to_words())?;
+        self.s
+            .sampler
+            .write(0, &SamplerState::from_draw(draw).to_words())?;
         let chain = self
             .step_chains
             .get_mut(&key)
