@@ -33,6 +33,10 @@ pub enum ModelError {
     /// A tensor the architecture needs is absent.
     #[error("tensor {name:?} is missing (required by architecture {arch})")]
     MissingTensor { name: String, arch: &'static str },
+    /// The block plan calls for a tensor the weights in hand lack (weights not loaded from
+    /// that plan).
+    #[error("the block plan calls for tensor {name:?}, which these weights lack")]
+    PlanWithoutTensor { name: String },
     /// A tensor's shape disagrees with the hyper-parameters.
     #[error("tensor {name:?}: expected shape {expected:?} (ggml order), found {found:?}")]
     TensorShape {

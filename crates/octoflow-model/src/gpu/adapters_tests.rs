@@ -47,7 +47,7 @@ fn adapters_on_the_fly_match_the_merged_model() {
     let Some(ctx) = gpu_or_skip("adapters_on_the_fly") else {
         return;
     };
-    for arch in ["llama", "qwen2", "gemma3"] {
+    for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
         let mut rng = rng(&format!("adapters_on_the_fly_{arch}"));
         let base = Arc::new(open(&tiny_writer(arch, TINY, &mut rng)).expect("tiny model"));
         let model = Model::from_gguf(base.clone()).expect("model");
@@ -249,7 +249,7 @@ fn fused_ffn_steps_match_the_cpu_reference() {
     let Some(ctx) = gpu_or_skip("fused_ffn_steps") else {
         return;
     };
-    for arch in ["llama", "qwen2", "gemma3"] {
+    for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
         let mut rng = rng(&format!("fused_ffn_steps_{arch}"));
         let base = Arc::new(open(&tiny_writer(arch, TINY, &mut rng)).expect("tiny model"));
         let model = Model::from_gguf(base.clone()).expect("model");
