@@ -1,6 +1,6 @@
 #version 450
 // Draws one token from a row of logits with the sampler state in a device buffer, exactly as the
-// CPU sampler (octoflow-text `Sampler::sample`, no penalties):
+// CPU sampler (octoflow-core `Sampler::sample`, no penalties):
 //   temperature <= 0: argmax;
 //   otherwise top-k -> softmax -> top-p -> min-p -> softmax(logit / temperature) -> draw with
 //   u = SplitMix64 hash of (seed, step), candidates ordered by logit descending (f32 total order),
@@ -57,7 +57,7 @@ uvec2 shr64(uvec2 a, uint s) {
     return uvec2((a.x >> s) | (a.y << (32u - s)), a.y >> s);
 }
 
-// octoflow-text `uniform(seed, step)`: a number in [0, 1) with 24 random bits.
+// octoflow-core `uniform(seed, step)`: a number in [0, 1) with 24 random bits.
 float uniform01(uvec2 seed, uvec2 step) {
     uvec2 z = seed ^ add64(mul64(step, uvec2(0x7F4A7C15u, 0x9E3779B9u)),
                            uvec2(0xD192ED03u, 0xD1B54A32u));

@@ -135,11 +135,11 @@ pub(crate) fn check_out(
     Ok(())
 }
 
-/// CPU reference: the CPU sampler's own `argmax` (octoflow-text): the index of the first largest
+/// CPU reference: the CPU sampler's own `argmax` (octoflow-core): the index of the first largest
 /// value, compared with `>` from -inf at index 0 (so NaN is never chosen, -0.0 ties with +0.0,
 /// and an all-NaN or all-(-inf) row gives 0).
 pub fn argmax_ref(logits: &[f32]) -> u32 {
-    octoflow_text::sampling::argmax(logits)
+    octoflow_core::sampling::argmax(logits)
 }
 
 #[cfg(test)]

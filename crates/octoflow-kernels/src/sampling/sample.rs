@@ -1,11 +1,12 @@
 //! Token sampling on the device (shader `sample.comp`): argmax, or llama.cpp's
 //! top-k → softmax → top-p → min-p → temperature → draw, choosing the same token as the CPU
-//! sampler (octoflow-text `Sampler::sample` without penalties) for the same logits, parameters,
+//! sampler (octoflow-core `Sampler::sample` without penalties) for the same logits, parameters,
 //! seed and step, up to float rounding exactly at a cumulative-probability boundary.
 //!
 //! All state lives in a device buffer ([`SamplerState`]) so a decode chain can run several steps
 //! per submit: the draw counter advances on the GPU.
 
+use octoflow_core::Draw;
 use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
 
 use crate::argmax::{argmax_ref, check_out, check_rows};
@@ -52,6 +53,12 @@ impl SamplerState {
             top_p,
             min_p,
         }
+    }
+
+    /// The state for `draw`.
+    pub fn from_draw(draw: &Draw) -> Self {
+        let d = draw;
+        Self::new(d.seed, d.step, d.temperature, d.top_k, d.top_p, d.min_p)
     }
 
     /// The seed.
@@ -169,10 +176,10 @@ impl Sample {
     }
 }
 
-/// CPU reference of the draw's random number: the CPU sampler's own `uniform` (octoflow-text),
+/// CPU reference of the draw's random number: the CPU sampler's own `uniform` (octoflow-core),
 /// the SplitMix64 finalizer over `(seed, step)`, top 24 bits as a number in [0, 1).
 pub fn uniform_ref(seed: u64, step: u64) -> f32 {
-    octoflow_text::sampling::uniform(seed, step)
+    octoflow_core::sampling::uniform(seed, step)
 }
 
 /// Softmax terms `exp(v - v[0])` of values sorted descending, and their sequential sum.

@@ -1,6 +1,6 @@
-//! Tests of `sample.rs`: the GPU sampler against octoflow-text's CPU `Sampler`.
+//! Tests of `sample.rs`: the GPU sampler against octoflow-core's CPU `Sampler`.
 
-use octoflow_text::sampling::{Sampler, SamplingParams};
+use octoflow_core::sampling::{Sampler, SamplingParams};
 use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
 use octoflow_vk::{Buffer, MemoryKind};
 use rand::{Rng, SeedableRng};
