@@ -11,7 +11,7 @@
 // weight) in shared memory 32 chunks at a time and each lane takes one chunk of the tile: every
 // lane reading its own chunk of x from global memory touches a different cache line per load,
 // and that cost grew with the tokens (qwen's decode step on the H100: 5.3 ms for 8 rows).
-// Measured on the H100 (docs/BENCHMARKS.md): branch-free windowed weight reads (QWINDOW) and x
+// Measured on the H100 (docs/perf-log/): branch-free windowed weight reads (QWINDOW) and x
 // read as vec4s (a chunk of x is 16-byte aligned: n_cols is a multiple of 32 for every block
 // type) take the kernel from ~110 to ~215 GB/s on qwen's 4864x896 Q5_0 and from 167 to ~800 GB/s
 // on its 151936x896 Q8_0 output matrix.

@@ -399,10 +399,7 @@ impl Graph<'_> {
         let up = f32s(&s.ffn_up, rows * c.n_ff)?;
         let op = glu_op(plan.act);
         // the norm is fused into single-token steps whose gate, up and activation are one
-        // dispatch: one barrier stage less per layer (H100, tg128, norm separate → fused:
-        // smollm2-135m +5%, gemma-3-270m +4%, qwen2.5-0.5b 805 → 858 tok/s since its 4864-row
-        // GLU takes two rows per invocation, `MatvecPlan::choose_glu`; with one row each, every
-        // row group re-read x and g for its sum of squares and qwen lost 1.5%)
+        // dispatch: one barrier stage less per layer (measured: docs/perf-log/kernel-comment-notes.md)
         let one_dispatch = self.fused_glu(il, n, &st.base, &gate, op, None).is_some();
         let (input, fused, pend) = self.block_input(chain, n, st, &lw.ffn_norm, one_dispatch)?;
         let norm = fused.as_ref().map(|g| (g, c.rms_eps));
@@ -629,10 +626,9 @@ impl Graph<'_> {
 
     /// The input of a block's projections: `x` itself when the norm is fused into them
     /// (returned: its weight), else `rms_norm(x)` recorded into `h`. Fused (`small`) for
-    /// single-token steps of the attention block, whose projections are small and latency-bound
-    /// (H100 tg128: qwen 403 → 412, smollm2 475 → 493, gemma3 481 → 476 tok/s), and of the FFN
-    /// where gate, up and the activation are one dispatch (H100 tg128 -p 0: qwen 482 → 475,
-    /// smollm2 579 → 612, gemma3 572 → 593 tok/s; docs/BENCHMARKS.md).
+    /// single-token steps of the attention block, whose projections are small and latency-bound,
+    /// and of the FFN where gate, up and the activation are one dispatch (each measured faster:
+    /// docs/perf-log/kernel-comment-notes.md).
     fn normed(
         &self,
         chain: &mut Chain,
