@@ -1,4 +1,4 @@
--- wrk script for the HTTP load test of `octoflow serve` (docs/BENCHMARKS.md):
+-- wrk script for the HTTP load test of `octoflow serve` (docs/PERFORMANCE.md):
 --   wrk -t8 -c64 -d30s --latency -s scripts/bench/completions.lua http://127.0.0.1:8080
 -- Every request asks for a greedy completion of a short prompt; MAX_TOKENS sets its length.
 local max_tokens = tonumber(os.getenv("MAX_TOKENS") or "128")

@@ -10,12 +10,21 @@ use glslang::{
 
 use crate::variants::Variant;
 
-/// Resolves `#include "name"` to `<shader folder>/name`.
-struct Includer<'a>(&'a Path);
+/// Resolves `#include "name"` to `name` in the source's own folder if there is one, else in
+/// the shader folder (where the headers several families share live).
+struct Includer<'a> {
+    own: &'a Path,
+    root: &'a Path,
+}
 
 impl IncludeHandler for Includer<'_> {
     fn include(&mut self, _: IncludeType, name: &str, _: &str, _: usize) -> Option<IncludeResult> {
-        let path = self.0.join(name);
+        let own = self.own.join(name);
+        let path = if own.is_file() {
+            own
+        } else {
+            self.root.join(name)
+        };
         let data = std::fs::read_to_string(&path).ok()?;
         Some(IncludeResult {
             name: path.display().to_string(),
@@ -53,7 +62,10 @@ pub(crate) fn compile(dir: &Path, v: &Variant) -> Result<Vec<u32>, String> {
         .iter()
         .map(|(k, val)| (k.as_str(), val.as_deref()))
         .collect();
-    let mut includer = Includer(dir);
+    let mut includer = Includer {
+        own: path.parent().unwrap_or(dir),
+        root: dir,
+    };
     let input = ShaderInput::new(
         &source,
         ShaderStage::Compute,

@@ -19,11 +19,13 @@ use std::path::Path;
 
 pub use variants::Variant;
 
-/// Compiles `shader_dir/*.comp` (with `#include "x.glsl"` resolved in `shader_dir`) into
-/// `out_dir/<variant>.spv` and writes `out_dir/<module_file>`, whose constants have type
-/// `shader_type` (a path such as `octoflow_vk::Shader`, a struct with `name: &'static str` and
-/// `spirv: &'static [u8]`). Prints `cargo:rerun-if-changed` for the folder and each file.
-/// The error is the compiler log of the first shader that failed.
+/// Compiles the `*.comp` files of `shader_dir` and its subfolders (with `#include "x.glsl"`
+/// resolved in `shader_dir`) into `out_dir/<variant>.spv` and writes `out_dir/<module_file>`,
+/// whose constants have type `shader_type` (a path such as `octoflow_vk::Shader`, a struct with
+/// `name: &'static str` and `spirv: &'static [u8]`). Variants tagged `@feature` are built only
+/// when the build script runs with that cargo feature (`CARGO_FEATURE_<FEATURE>`). Prints
+/// `cargo:rerun-if-changed` for the folders and each file. Returns the variants built; the
+/// error is the compiler log of the first shader that failed.
 #[cfg(feature = "compile")]
 pub fn build_shader_dir(
     shader_dir: &Path,
@@ -39,7 +41,10 @@ pub fn build_shader_dir(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(format!("{}: {e}", list.display())),
     };
-    let variants = variants::plan(&text, &sources)?;
+    let variants: Vec<Variant> = variants::plan(&text, &sources)?
+        .into_iter()
+        .filter(|v| v.feature.as_deref().map_or(true, feature_on))
+        .collect();
 
     let mut module = format!(
         "// Generated from {} by octoflow-glsl; do not edit.\n\n",
@@ -70,20 +75,37 @@ pub fn build_shader_dir(
     Ok(variants)
 }
 
-/// Names of the `.comp` files in `dir`, sorted; registers every file for rebuilds.
+/// Whether the crate being built has cargo feature `name` on.
+#[cfg(feature = "compile")]
+fn feature_on(name: &str) -> bool {
+    let var = format!("CARGO_FEATURE_{}", name.to_uppercase().replace('-', "_"));
+    std::env::var_os(var).is_some()
+}
+
+/// Paths (relative to `dir`, `/`-separated) of the `.comp` files in `dir` and its subfolders,
+/// sorted; registers every file and folder for rebuilds.
 #[cfg(feature = "compile")]
 fn list_sources(dir: &Path) -> Result<Vec<String>, String> {
     let mut names = Vec::new();
+    collect_sources(dir, "", &mut names)?;
+    names.sort();
+    Ok(names)
+}
+
+#[cfg(feature = "compile")]
+fn collect_sources(dir: &Path, prefix: &str, names: &mut Vec<String>) -> Result<(), String> {
     let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     for entry in entries {
         let path = entry.map_err(|e| e.to_string())?.path();
         println!("cargo:rerun-if-changed={}", path.display());
-        if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
-            if name.ends_with(".comp") {
-                names.push(name.to_string());
-            }
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        if path.is_dir() {
+            collect_sources(&path, &format!("{prefix}{name}/"), names)?;
+        } else if name.ends_with(".comp") {
+            names.push(format!("{prefix}{name}"));
         }
     }
-    names.sort();
-    Ok(names)
+    Ok(())
 }

@@ -59,36 +59,3 @@ pub(crate) fn overlap(a: &BufferSlice, b: &BufferSlice) -> bool {
 pub(crate) fn same(a: &BufferSlice, b: &BufferSlice) -> bool {
     a.buffer.raw() == b.buffer.raw() && a.offset == b.offset && a.size == b.size
 }
-
-#[cfg(test)]
-pub(crate) mod test_bufs {
-    use octoflow_vk::{Buffer, Context, MemoryKind};
-
-    /// A device buffer holding `data`.
-    pub fn with<T: octoflow_vk::Plain>(ctx: &Context, name: &str, data: &[T]) -> Buffer {
-        let b = Buffer::new(
-            ctx,
-            name,
-            (std::mem::size_of_val(data) as u64).max(4),
-            MemoryKind::DeviceLocal,
-        )
-        .unwrap();
-        ctx.upload(&b, 0, data).unwrap();
-        b
-    }
-
-    /// A device buffer of `n` floats, all NaN.
-    pub fn poisoned(ctx: &Context, name: &str, n: usize) -> Buffer {
-        let bytes = 4 * n as u64;
-        let b = Buffer::new(ctx, name, bytes, MemoryKind::DeviceLocal).unwrap();
-        ctx.fill(&b, 0, bytes, f32::NAN.to_bits()).unwrap();
-        b
-    }
-
-    /// The first `n` floats of `b`.
-    pub fn read(ctx: &Context, b: &Buffer, n: usize) -> Vec<f32> {
-        let mut v = vec![0f32; n];
-        ctx.download(b, 0, &mut v).unwrap();
-        v
-    }
-}

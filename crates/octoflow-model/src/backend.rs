@@ -5,7 +5,17 @@
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::forward::Logits;
-use crate::gpu::{GpuDraw, Steps};
+use octoflow_core::{Draw, Finish};
+
+/// What one run of decode steps on the device produced ([`Forward::decode_steps`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Steps {
+    /// Sampled tokens in order; all but the last were fed to the model.
+    pub tokens: Vec<u32>,
+    /// Why the device stopped before running every step (an end-of-generation token, the last
+    /// of `tokens`; the token limit; a full context), if it did.
+    pub stop: Option<Finish>,
+}
 
 /// One sequence being run through a model on some device.
 pub trait Forward {
@@ -50,18 +60,28 @@ pub trait Forward {
         self.forward(&[token], self.n_past(), Logits::Last)
     }
 
+    /// Whether [`Forward::decode_steps`] can sample with `draw` on the device.
+    fn device_samples(&self, draw: &Draw) -> bool {
+        let _ = draw;
+        false
+    }
+
     /// Feeds `token` and runs several decode steps with sampling on the device, without the
-    /// CPU between tokens ([`crate::gpu::GpuSession::decode_steps`]). `None` where this path
-    /// has no such chain or cannot sample with `draw`: then decode token by token.
+    /// CPU between tokens ([`crate::gpu::GpuSession::decode_steps`]), stopping at a token of
+    /// `eog`, after `max_tokens` tokens or at a full context. Only where
+    /// [`Forward::device_samples`] holds for `draw`; elsewhere decode token by token.
     fn decode_steps(
         &mut self,
         token: u32,
-        draw: &GpuDraw,
-        max_new: usize,
+        draw: &Draw,
+        max_tokens: usize,
         eog: &[u32],
-    ) -> Option<Result<Steps>> {
-        let _ = (token, draw, max_new, eog);
-        None
+    ) -> Result<Steps> {
+        let _ = (token, max_tokens, eog);
+        Err(ModelError::DeviceSampling(format!(
+            "this forward path has no multi-step decode (temperature {}, top_k {})",
+            draw.temperature, draw.top_k
+        )))
     }
 }
 

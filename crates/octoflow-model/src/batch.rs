@@ -10,9 +10,10 @@
 //! next step can be submitted before the previous one's results are read
 //! ([`BatchForward::collect`]). At most [`BatchForward::MAX_IN_FLIGHT`] steps are in flight.
 
+use octoflow_core::Draw;
+
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::gpu::GpuDraw;
 
 /// Steps that may be submitted and not yet collected.
 pub const MAX_IN_FLIGHT: usize = 2;
@@ -33,8 +34,8 @@ pub enum RowOutput {
     /// Nothing (a prompt token before the last).
     None,
     /// The next token, drawn on the device with these parameters
-    /// ([`GpuDraw::supported`] must hold; `draw.step` is this draw's counter).
-    Sample(GpuDraw),
+    /// ([`BatchForward::device_samples`] must hold; `draw.step` is this draw's counter).
+    Sample(Draw),
     /// The row's logits `[n_vocab]` (for CPU sampling: penalties, logprobs).
     Logits,
 }
@@ -81,6 +82,9 @@ pub trait BatchForward {
 
     /// Most rows per step.
     fn max_rows(&self) -> usize;
+
+    /// Whether a row may ask for [`RowOutput::Sample`] with `draw` (else it asks for logits).
+    fn device_samples(&self, draw: &Draw) -> bool;
 
     /// Queues one step (validating it first: slots, positions within `n_ctx`, consecutive
     /// positions per slot, token ids, row count, [`TokenIn::Sampled`] only after a sampled row

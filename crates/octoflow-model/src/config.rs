@@ -1,13 +1,14 @@
 //! Hyper-parameters of a model, read from GGUF metadata (`{arch}.block_count`, ...).
 //!
 //! [`ModelConfig::from_gguf`] reads the keys every architecture shares, then hands them to the
-//! architecture's own file (`arch/llama.rs`, ...) which adds what is particular to it: RoPE
-//! style, activation, norms, per-layer attention windows.
+//! architecture's own file (`arch/llama.rs`, ...), which describes its blocks ([`BlockPlan`]:
+//! norms, biases, RoPE, attention kind, feed-forward) from them and its own keys.
 
 use octoflow_gguf::GgufFile;
 
 use crate::arch::{self, Architecture};
 use crate::error::{ModelError, Result};
+use crate::plan::{BlockPlan, RopePlan};
 
 /// How RoPE pairs the dimensions of a head (llama.cpp's `LLAMA_ROPE_TYPE_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,18 +26,6 @@ pub enum Activation {
     Silu,
     /// GELU, tanh approximation (GeGLU: gemma3).
     GeluTanh,
-}
-
-/// What differs between layers: the attention window and the RoPE frequencies.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LayerConfig {
-    /// `Some(w)`: a query at position `p` sees keys at positions `j` with `p - j < w`
-    /// (llama.cpp's standard SWA); `None`: every earlier position.
-    pub sliding_window: Option<usize>,
-    /// RoPE base frequency `theta` of this layer.
-    pub rope_base: f32,
-    /// RoPE position scale (linear scaling: `1 / factor`; 1.0 without scaling).
-    pub rope_scale: f32,
 }
 
 /// Every hyper-parameter the forward pass uses.
@@ -60,23 +49,12 @@ pub struct ModelConfig {
     pub head_dim_v: usize,
     /// Epsilon of every RMSNorm.
     pub rms_eps: f32,
-    pub rope_type: RopeType,
     /// Leading dimensions of each head that RoPE rotates (`{arch}.rope.dimension_count`).
     pub n_rot: usize,
-    pub activation: Activation,
     /// Factor applied to token embeddings before the first layer (gemma: `sqrt(n_embd)`).
     pub embedding_scale: f32,
-    /// Factor applied to `q . k` before the softmax.
-    pub attention_scale: f32,
-    /// Q, K, V projections carry biases (`attn_q.bias`, ...) that must be present.
-    pub qkv_bias: bool,
-    /// Per-head RMSNorm of Q and K before RoPE (`attn_q_norm`, `attn_k_norm`).
-    pub qk_norm: bool,
-    /// RMSNorm of the attention and FFN outputs before the residual add
-    /// (`post_attention_norm`, `post_ffw_norm`).
-    pub post_norms: bool,
-    /// One entry per layer.
-    pub layers: Vec<LayerConfig>,
+    /// What each layer's block computes, one entry per layer.
+    pub blocks: Vec<BlockPlan>,
 }
 
 impl ModelConfig {
@@ -111,15 +89,9 @@ impl ModelConfig {
             head_dim: base.head_dim,
             head_dim_v: base.head_dim_v,
             rms_eps: base.rms_eps,
-            rope_type: recipe.rope_type,
             n_rot: base.n_rot,
-            activation: recipe.activation,
             embedding_scale: recipe.embedding_scale,
-            attention_scale: recipe.attention_scale,
-            qkv_bias: recipe.qkv_bias,
-            qk_norm: recipe.qk_norm,
-            post_norms: recipe.post_norms,
-            layers: recipe.layers,
+            blocks: recipe.blocks,
         }
     }
 
@@ -194,14 +166,8 @@ impl ModelConfig {
 /// What an architecture adds to the shared hyper-parameters (see [`ModelConfig`] for the fields).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Recipe {
-    pub rope_type: RopeType,
-    pub activation: Activation,
     pub embedding_scale: f32,
-    pub attention_scale: f32,
-    pub qkv_bias: bool,
-    pub qk_norm: bool,
-    pub post_norms: bool,
-    pub layers: Vec<LayerConfig>,
+    pub blocks: Vec<BlockPlan>,
 }
 
 /// The hyper-parameters whose keys every supported architecture shares.
@@ -257,16 +223,13 @@ impl BaseHParams {
         1.0 / (self.head_dim as f32).sqrt()
     }
 
-    /// Every layer alike: full attention with the model's RoPE base and scale.
-    pub fn uniform_layers(&self) -> Vec<LayerConfig> {
-        vec![
-            LayerConfig {
-                sliding_window: None,
-                rope_base: self.rope_base,
-                rope_scale: self.rope_scale,
-            };
-            self.n_layer
-        ]
+    /// The model's RoPE (base and scale from the file) in the pairing `kind`.
+    pub fn rope(&self, kind: RopeType) -> RopePlan {
+        RopePlan {
+            kind,
+            base: self.rope_base,
+            scale: self.rope_scale,
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use octoflow_gguf::value::Value;
 use octoflow_gguf::GgufWriter;
 
 use crate::testing::{open, rng, tiny_writer, TINY};
-use crate::{ModelConfig, ModelError, ModelWeights, RopeType};
+use crate::{Activation, AttnKind, ModelConfig, ModelError, ModelWeights, RopeType};
 
 fn config(w: &GgufWriter) -> crate::Result<ModelConfig> {
     ModelConfig::from_gguf(&open(w).expect("parses"))
@@ -27,17 +27,20 @@ fn every_hyper_parameter_comes_from_metadata() {
         (c.n_head, c.n_head_kv, c.head_dim, c.n_vocab),
         (4, 2, 16, 50)
     );
-    assert_eq!(
-        (c.rope_type, c.n_rot, c.gqa_group()),
-        (RopeType::Normal, 16, 2)
-    );
-    assert_eq!(c.attention_scale, 0.25);
-    assert!(c
-        .layers
-        .iter()
-        .all(|l| l.sliding_window.is_none() && l.rope_base == 10_000.0));
+    assert_eq!((c.n_rot, c.gqa_group(), c.blocks.len()), (16, 2, 2));
+    for b in &c.blocks {
+        let a = &b.attn;
+        assert_eq!(
+            (a.rope.kind, a.rope.base, a.scale),
+            (RopeType::Normal, 10_000.0, 0.25)
+        );
+        assert_eq!(a.kind, AttnKind::Full);
+        assert!(!a.qkv_bias && !a.qk_norm && !a.post_norm && !b.glu().post_norm);
+        assert_eq!(b.glu().act, Activation::Silu);
+    }
     let q = config(&tiny_writer("qwen2", TINY, &mut rng("config_qwen2"))).unwrap();
-    assert_eq!((q.rope_type, q.qkv_bias), (RopeType::Neox, true));
+    let a = &q.blocks[0].attn;
+    assert_eq!((a.rope.kind, a.qkv_bias), (RopeType::Neox, true));
 }
 
 #[test]
@@ -46,7 +49,7 @@ fn unsupported_architecture_is_named_with_the_supported_list() {
     w.set("general.architecture", Value::String("mamba".into()));
     let e = config(&w).unwrap_err().to_string();
     assert!(
-        e.contains("\"mamba\"") && e.contains("llama, qwen2, gemma3"),
+        e.contains("\"mamba\"") && e.contains("llama, qwen2, qwen3, gemma3"),
         "{e}"
     );
 }
@@ -75,7 +78,7 @@ fn linear_rope_scaling_sets_the_position_scale_and_yarn_is_refused() {
     let mut w = tiny_writer("llama", TINY, &mut rng("config_rope_scaling"));
     w.set("llama.rope.scaling.type", Value::String("linear".into()));
     w.set("llama.rope.scaling.factor", Value::F32(4.0));
-    assert_eq!(config(&w).unwrap().layers[0].rope_scale, 0.25);
+    assert_eq!(config(&w).unwrap().blocks[0].attn.rope.scale, 0.25);
     w.set("llama.rope.scaling.type", Value::String("yarn".into()));
     let e = config(&w).unwrap_err().to_string();
     assert!(
@@ -93,22 +96,21 @@ fn gemma3_has_five_local_layers_then_one_global() {
     let mut w = tiny_writer("gemma3", shape, &mut rng("config_gemma3"));
     w.set("gemma3.rope.freq_base", Value::F32(1_000_000.0));
     let c = config(&w).unwrap();
-    for (il, l) in c.layers.iter().enumerate() {
-        let global = il == 5 || il == 11;
-        assert_eq!(
-            l.sliding_window,
-            if global { None } else { Some(4) },
-            "layer {il}"
-        );
-        assert_eq!(
-            l.rope_base,
-            if global { 1_000_000.0 } else { 10_000.0 },
-            "layer {il}"
-        );
+    for (il, b) in c.blocks.iter().enumerate() {
+        let (a, global) = (&b.attn, il == 5 || il == 11);
+        let kind = if global {
+            AttnKind::Full
+        } else {
+            AttnKind::SlidingWindow(4)
+        };
+        assert_eq!(a.kind, kind, "layer {il}");
+        let base = if global { 1_000_000.0 } else { 10_000.0 };
+        assert_eq!(a.rope.base, base, "layer {il}");
+        assert_eq!(a.scale, 0.25); // 1/sqrt(head_dim 16)
+        assert!(a.qk_norm && a.post_norm && b.glu().post_norm && a.rope.kind == RopeType::Neox);
+        assert_eq!(b.glu().act, Activation::GeluTanh);
     }
     assert_eq!(c.embedding_scale, (32f32).sqrt());
-    assert_eq!(c.attention_scale, 0.25); // 1/sqrt(head_dim 16)
-    assert!(c.qk_norm && c.post_norms && c.rope_type == RopeType::Neox);
 }
 
 #[test]

@@ -2,20 +2,19 @@
 //!
 //! A step's rows are grouped by slot; each group runs as one [`Session::forward`] call at the
 //! position of its first row (so a prompt chunk reads the weights once per layer). Rows that ask
-//! for [`RowOutput::Sample`] are drawn with the CPU sampler (`octoflow_text::sampling`) set up
-//! with the draw's parameters and counter, which is the specification the GPU sampler follows,
-//! so both give the same token for the same logits. [`BatchForward::submit`] computes the step
+//! for [`RowOutput::Sample`] are drawn with the CPU sampler ([`Draw::sample_cpu`]), which is
+//! the specification the GPU sampler follows, so both give the same token for the same logits;
+//! they take the draws the GPU takes, so a scheduler decides alike over either. [`BatchForward::submit`] computes the step
 //! at once and queues its results for [`BatchForward::collect`].
 
 use std::collections::VecDeque;
 
-use octoflow_text::sampling::{Sampler, SamplingParams};
+use octoflow_core::Draw;
 
 use crate::batch::{BatchForward, BatchRow, RowOutput, RowResult, TokenIn, MAX_IN_FLIGHT};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::forward::{Logits, Session};
-use crate::gpu::GpuDraw;
 use crate::model::Model;
 
 /// Many sequences on the CPU reference, one KV cache each.
@@ -94,7 +93,7 @@ impl<'m> CpuBatch<'m> {
                 _ => {}
             }
             if let RowOutput::Sample(draw) = &row.output {
-                if !draw.supported() {
+                if !self.device_samples(draw) {
                     return bad(format!(
                         "row {i}: the device sampler cannot draw with temperature {} and top_k {} \
                          (ask for logits instead)",
@@ -141,23 +140,6 @@ impl<'m> CpuBatch<'m> {
     }
 }
 
-/// Draws one token as the device sampler would for `draw` (same parameters, same counter).
-pub fn draw_cpu(draw: &GpuDraw, logits: &[f32]) -> u32 {
-    let mut sampler = Sampler::new(SamplingParams {
-        temperature: draw.temperature,
-        top_k: draw.top_k as usize,
-        top_p: draw.top_p,
-        min_p: draw.min_p,
-        repeat_penalty: 1.0,
-        presence_penalty: 0.0,
-        frequency_penalty: 0.0,
-        seed: draw.seed,
-        ..SamplingParams::default()
-    });
-    sampler.skip(draw.step);
-    sampler.sample(logits)
-}
-
 impl BatchForward for CpuBatch<'_> {
     fn config(&self) -> &ModelConfig {
         &self.model.config
@@ -173,6 +155,10 @@ impl BatchForward for CpuBatch<'_> {
 
     fn max_rows(&self) -> usize {
         self.max_rows
+    }
+
+    fn device_samples(&self, draw: &Draw) -> bool {
+        octoflow_kernels::Sample::supports(draw.temperature, draw.top_k)
     }
 
     fn submit(&mut self, rows: &[BatchRow]) -> Result<()> {
@@ -213,7 +199,7 @@ impl BatchForward for CpuBatch<'_> {
                     RowOutput::None => RowResult::None,
                     RowOutput::Logits => RowResult::Logits(row_logits.to_vec()),
                     RowOutput::Sample(draw) => {
-                        let t = draw_cpu(draw, row_logits);
+                        let t = draw.sample_cpu(row_logits);
                         sampled[*slot] = Some(t);
                         RowResult::Token(t)
                     }

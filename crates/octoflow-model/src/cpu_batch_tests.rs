@@ -5,17 +5,6 @@ use crate::testing::{rng, tiny_model, TINY};
 
 const N_CTX: usize = 32;
 
-fn greedy(step: u64) -> GpuDraw {
-    GpuDraw {
-        temperature: 0.0,
-        top_k: 1,
-        top_p: 1.0,
-        min_p: 0.0,
-        seed: 0,
-        step,
-    }
-}
-
 fn row(slot: u32, pos: u32, token: TokenIn, output: RowOutput) -> BatchRow {
     BatchRow {
         slot,
@@ -138,7 +127,7 @@ fn sampled_tokens_feed_the_next_step_as_greedy_decoding_alone() {
         .map(|(k, &t)| row(1, k as u32, TokenIn::Id(t), RowOutput::None))
         .collect();
     if let Some(last) = rows.last_mut() {
-        last.output = RowOutput::Sample(greedy(0));
+        last.output = RowOutput::Sample(Draw::greedy(0));
     }
     b.submit(&rows).expect("prefill");
     let mut got = Vec::new();
@@ -148,7 +137,7 @@ fn sampled_tokens_feed_the_next_step_as_greedy_decoding_alone() {
             1,
             pos,
             TokenIn::Sampled,
-            RowOutput::Sample(greedy(1 + u64::from(k))),
+            RowOutput::Sample(Draw::greedy(1 + u64::from(k))),
         )])
         .expect("decode submit");
         assert_eq!(b.pending(), 2);
@@ -162,36 +151,6 @@ fn sampled_tokens_feed_the_next_step_as_greedy_decoding_alone() {
         other => panic!("unexpected results {other:?}"),
     }
     assert_eq!(got, want);
-}
-
-#[test]
-fn sampling_matches_the_cpu_sampler_with_the_same_counter() {
-    let mut r = rng("sampling_matches_the_cpu_sampler_with_the_same_counter");
-    let logits: Vec<f32> = (0..300).map(|_| r.gen_range(-3.0..3.0)).collect();
-    let seed: u64 = r.gen();
-    let mut sampler = Sampler::new(SamplingParams {
-        temperature: 0.9,
-        top_k: 50,
-        top_p: 0.9,
-        min_p: 0.01,
-        seed,
-        ..SamplingParams::default()
-    });
-    for step in 0..64 {
-        let draw = GpuDraw {
-            temperature: 0.9,
-            top_k: 50,
-            top_p: 0.9,
-            min_p: 0.01,
-            seed,
-            step,
-        };
-        assert_eq!(
-            draw_cpu(&draw, &logits),
-            sampler.sample(&logits),
-            "step {step}"
-        );
-    }
 }
 
 #[test]
@@ -212,10 +171,10 @@ fn invalid_steps_are_clear_errors() {
     assert!(msg(&mut b, &[row(0, 0, id(1), none), row(0, 2, id(1), none)]).contains("consecutive"));
     assert!(msg(&mut b, &[row(0, 0, TokenIn::Sampled, none)]).contains("Sampled"));
     assert!(msg(&mut b, &vec![row(0, 0, id(1), none); 5]).contains("at most 4"));
-    let hot = GpuDraw {
+    let hot = Draw {
         temperature: 1.0,
         top_k: 0,
-        ..greedy(0)
+        ..Draw::greedy(0)
     };
     assert!(msg(&mut b, &[row(0, 0, id(1), RowOutput::Sample(hot))]).contains("top_k 0"));
     assert!(matches!(b.submit(&[]), Err(ModelError::EmptyBatch)));

@@ -33,6 +33,10 @@ pub enum ModelError {
     /// A tensor the architecture needs is absent.
     #[error("tensor {name:?} is missing (required by architecture {arch})")]
     MissingTensor { name: String, arch: &'static str },
+    /// The block plan calls for a tensor the weights in hand lack (weights not loaded from
+    /// that plan).
+    #[error("the block plan calls for tensor {name:?}, which these weights lack")]
+    PlanWithoutTensor { name: String },
     /// A tensor's shape disagrees with the hyper-parameters.
     #[error("tensor {name:?}: expected shape {expected:?} (ggml order), found {found:?}")]
     TensorShape {
@@ -74,11 +78,13 @@ pub enum ModelError {
     /// which row and why).
     #[error("invalid batch step: {0}")]
     Batch(String),
-    /// The GPU path cannot run this model or request (the message says why).
+    /// A draw asked of a device sampler that cannot take it (see `device_samples`).
+    #[error("device sampling: {0}")]
+    DeviceSampling(String),
     /// A LoRA adapter that cannot be applied (bad file, wrong model, bad shapes).
     #[error("LoRA: {0}")]
     Lora(String),
-
+    /// The GPU path cannot run this model or request (the message says why).
     #[error("GPU: {0}")]
     Gpu(String),
     /// A GPU kernel could not be built or recorded.

@@ -1,19 +1,20 @@
 //! The CPU reference forward pass: one sequence, a batch of tokens at a time, f32 math.
 //!
-//! Per batch of `T` tokens (activations row-major, one row per token):
+//! Per batch of `T` tokens (activations row-major, one row per token), each layer walking its
+//! [`crate::plan::BlockPlan`]:
 //! ```text
 //! x = token_embd[tokens] * embedding_scale                     [T, n_embd]
 //! for each layer:
 //!     h = rmsnorm(x, attn_norm)
 //!     q, k, v = h·attn_qᵀ (+ bias), h·attn_kᵀ (+ bias), h·attn_vᵀ (+ bias)
-//!     q, k = rmsnorm per head (attn_q_norm, attn_k_norm)       (gemma3)
-//!     q, k = rope(q), rope(k); append k, v to the KV cache
-//!     a = attention(q, cache) · attn_outputᵀ
-//!     a = rmsnorm(a, post_attention_norm)                        (gemma3)
+//!     q, k = rmsnorm per head (attn_q_norm, attn_k_norm)       (plan: qk_norm)
+//!     q, k = rope(q), rope(k); append k, v to the KV cache      (plan: rope)
+//!     a = attention(q, cache) · attn_outputᵀ                    (plan: kind, scale)
+//!     a = rmsnorm(a, post_attention_norm)                        (plan: post_norm)
 //!     x = x + a
 //!     h = rmsnorm(x, ffn_norm)
-//!     f = (act(h·ffn_gateᵀ) * h·ffn_upᵀ) · ffn_downᵀ
-//!     f = rmsnorm(f, post_ffw_norm)                              (gemma3)
+//!     f = (act(h·ffn_gateᵀ) * h·ffn_upᵀ) · ffn_downᵀ             (plan: Glu's act)
+//!     f = rmsnorm(f, post_ffw_norm)                              (plan: post_norm)
 //!     x = x + f
 //! logits = rmsnorm(x, output_norm) · outputᵀ                   [T or 1, n_vocab]
 //! ```
@@ -30,6 +31,7 @@ use crate::matmul::matmul;
 use crate::model::Model;
 use crate::numerics::{gelu_ggml, rope_angles_ggml, round_f16_slice, Numerics};
 use crate::ops::{add_bias_rows, add_in_place, gelu_tanh, rmsnorm_rows, rope, rope_angles, silu};
+use crate::plan::{planned, qk_norms, AttnPlan, FfnPlan, GluPlan};
 use crate::weights::{BlockWeights, QMatrix};
 
 /// Which positions of a batch get logits.
@@ -131,9 +133,11 @@ impl<'m> Session<'m> {
 
         let mut x = self.embed(tokens)?;
         observe(tap(None, "inp_embd", n, &x));
-        for il in 0..c.n_layer {
-            self.attention_block(il, &mut x, start_pos, observe)?;
-            ffn_block(c, &w.blk[il], il, &mut x, self.numerics, observe)?;
+        for (il, plan) in c.blocks.iter().enumerate() {
+            self.attention_block(il, &plan.attn, &mut x, start_pos, observe)?;
+            match &plan.ffn {
+                FfnPlan::Glu(g) => glu_block(c, g, &w.blk[il], il, &mut x, self.numerics, observe)?,
+            }
             observe(tap(Some(il), "l_out", n, &x));
         }
         self.cache.set_len(start_pos + n);
@@ -174,12 +178,13 @@ impl<'m> Session<'m> {
     fn attention_block(
         &mut self,
         il: usize,
+        plan: &AttnPlan,
         x: &mut [f32],
         start_pos: usize,
         observe: &mut dyn FnMut(Tap<'_>),
     ) -> Result<()> {
         let (c, w) = (&self.model.config, &self.model.weights);
-        let (lw, lc) = (&w.blk[il], &c.layers[il]);
+        let lw = &w.blk[il];
         let nm = self.numerics;
         let n = x.len() / c.n_embd;
         let mut t = |name, data: &[f32]| observe(tap(Some(il), name, n, data));
@@ -192,7 +197,7 @@ impl<'m> Session<'m> {
         let mut q = linear_bias(&lw.attn_q, &h, lw.attn_q_bias.as_deref(), nm)?;
         let mut k = linear_bias(&lw.attn_k, &h, lw.attn_k_bias.as_deref(), nm)?;
         let mut v = linear_bias(&lw.attn_v, &h, lw.attn_v_bias.as_deref(), nm)?;
-        if let (Some(qn), Some(kn)) = (&lw.attn_q_norm, &lw.attn_k_norm) {
+        if let Some((qn, kn)) = qk_norms(il, plan, &lw.attn_q_norm, &lw.attn_k_norm)? {
             rmsnorm_rows(&mut q, qn, c.rms_eps);
             rmsnorm_rows(&mut k, kn, c.rms_eps);
         }
@@ -207,12 +212,18 @@ impl<'m> Session<'m> {
             let angles = match nm {
                 Numerics::Exact => rope_angles,
                 Numerics::Ggml => rope_angles_ggml,
-            }(start_pos + i, c.n_rot, lc.rope_base, lc.rope_scale, freqs);
+            }(
+                start_pos + i,
+                c.n_rot,
+                plan.rope.base,
+                plan.rope.scale,
+                freqs,
+            );
             for head in qt
                 .chunks_exact_mut(c.head_dim)
                 .chain(kt.chunks_exact_mut(c.head_dim))
             {
-                rope(head, &angles, c.rope_type);
+                rope(head, &angles, plan.rope.kind);
             }
         }
         t("Qcur", &q);
@@ -231,8 +242,8 @@ impl<'m> Session<'m> {
             n_head_kv: c.n_head_kv,
             head_dim: c.head_dim,
             head_dim_v: c.head_dim_v,
-            window: lc.sliding_window,
-            scale: c.attention_scale,
+            window: plan.kind.window(),
+            scale: plan.scale,
         };
         let mut att = vec![0f32; n * c.n_head * c.head_dim_v];
         let (keys, values) = (self.cache.keys(il, end), self.cache.values(il, end));
@@ -244,7 +255,8 @@ impl<'m> Session<'m> {
 
         let mut o = linear(&lw.attn_output, &att, nm)?;
         t("attn_out", &o);
-        if let Some(pn) = &lw.post_attention_norm {
+        let post = &lw.post_attention_norm;
+        if let Some(pn) = planned(il, plan.post_norm, post, "post_attention_norm")? {
             rmsnorm_rows(&mut o, pn, c.rms_eps);
             t("attn_post_norm", &o);
         }
@@ -277,8 +289,9 @@ impl Forward for Session<'_> {
 }
 
 /// `x += ffn(x)` for one layer: `down(act(gate(h)) * up(h))` with `h = rmsnorm(x)`.
-fn ffn_block(
+fn glu_block(
     c: &ModelConfig,
+    plan: &GluPlan,
     lw: &BlockWeights,
     il: usize,
     x: &mut [f32],
@@ -293,7 +306,7 @@ fn ffn_block(
 
     let mut gate = linear(&lw.ffn_gate, &h, nm)?;
     let up = linear(&lw.ffn_up, &h, nm)?;
-    let act = match (c.activation, nm) {
+    let act = match (plan.act, nm) {
         (Activation::Silu, _) => silu,
         (Activation::GeluTanh, Numerics::Exact) => gelu_tanh,
         (Activation::GeluTanh, Numerics::Ggml) => gelu_ggml,
@@ -305,7 +318,7 @@ fn ffn_block(
 
     let mut f = linear(&lw.ffn_down, &gate, nm)?;
     t("ffn_out", &f);
-    if let Some(pn) = &lw.post_ffw_norm {
+    if let Some(pn) = planned(il, plan.post_norm, &lw.post_ffw_norm, "post_ffw_norm")? {
         rmsnorm_rows(&mut f, pn, c.rms_eps);
         t("ffn_post_norm", &f);
     }

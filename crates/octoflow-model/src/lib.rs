@@ -31,6 +31,7 @@ pub mod model;
 pub mod nll;
 pub mod numerics;
 pub mod ops;
+pub mod plan;
 pub mod weights;
 
 /// Test support (tiny random models); also for other crates' tests with feature `testing`.
@@ -39,9 +40,9 @@ pub mod testing;
 
 pub use adapter::{Adapter, LoraTensor, Target};
 pub use arch::Architecture;
-pub use backend::Forward;
+pub use backend::{Forward, Steps};
 pub use batch::{BatchForward, BatchRow, RowOutput, RowResult, TokenIn, MAX_IN_FLIGHT};
-pub use config::{Activation, LayerConfig, ModelConfig, RopeType};
+pub use config::{Activation, ModelConfig, RopeType};
 pub use cpu_batch::CpuBatch;
 pub use error::{ModelError, Result};
 pub use forward::{Logits, Session, Tap};
@@ -49,4 +50,5 @@ pub use kv_cache::KvCache;
 pub use model::Model;
 pub use nll::{mean_nll, mean_nll_with, token_nlls, token_nlls_with};
 pub use numerics::Numerics;
+pub use plan::{AttnKind, AttnPlan, BlockPlan, FfnPlan, GluPlan, RopePlan};
 pub use weights::{BlockWeights, ModelWeights, QMatrix};

@@ -108,9 +108,11 @@ pub fn tiny_writer(arch: &str, s: TinyShape, rng: &mut StdRng) -> GgufWriter<'st
             add(b("attn_k.bias"), &[kv as u64], false);
             add(b("attn_v.bias"), &[kv as u64], false);
         }
-        if arch == "gemma3" {
+        if arch == "gemma3" || arch == "qwen3" {
             add(b("attn_q_norm.weight"), &[s.head_dim as u64], true);
             add(b("attn_k_norm.weight"), &[s.head_dim as u64], true);
+        }
+        if arch == "gemma3" {
             add(b("post_attention_norm.weight"), &[e], true);
             add(b("post_ffw_norm.weight"), &[e], true);
         }

@@ -170,12 +170,13 @@ impl Loader<'_> {
         let name = |t: &str| format!("blk.{il}.{t}");
         let m = |t: &str, rows, cols| self.matrix(&name(t), rows, cols);
         let v = |t: &str, n| self.vector(&name(t), n);
+        let (attn, glu) = (&c.blocks[il].attn, c.blocks[il].glu());
         // Biases are loaded wherever present (llama.cpp does the same for llama), but required
-        // only where the architecture has them.
+        // only where the plan has them.
         let bias = |t: &str, n| -> Result<Option<Vec<f32>>> {
             match self.file.tensor(&name(t)) {
                 Some(_) => v(t, n).map(Some),
-                None if c.qkv_bias => Err(self.missing(&name(t))),
+                None if attn.qkv_bias => Err(self.missing(&name(t))),
                 None => Ok(None),
             }
         };
@@ -189,15 +190,15 @@ impl Loader<'_> {
             attn_q_bias: bias("attn_q.bias", c.q_dim())?,
             attn_k_bias: bias("attn_k.bias", c.k_dim())?,
             attn_v_bias: bias("attn_v.bias", c.v_dim())?,
-            attn_q_norm: when(c.qk_norm, "attn_q_norm.weight", c.head_dim)?,
-            attn_k_norm: when(c.qk_norm, "attn_k_norm.weight", c.head_dim)?,
+            attn_q_norm: when(attn.qk_norm, "attn_q_norm.weight", c.head_dim)?,
+            attn_k_norm: when(attn.qk_norm, "attn_k_norm.weight", c.head_dim)?,
             attn_output: m("attn_output.weight", c.n_embd, attn_out_cols)?,
-            post_attention_norm: when(c.post_norms, "post_attention_norm.weight", c.n_embd)?,
+            post_attention_norm: when(attn.post_norm, "post_attention_norm.weight", c.n_embd)?,
             ffn_norm: v("ffn_norm.weight", c.n_embd)?,
             ffn_gate: m("ffn_gate.weight", c.n_ff, c.n_embd)?,
             ffn_up: m("ffn_up.weight", c.n_ff, c.n_embd)?,
             ffn_down: m("ffn_down.weight", c.n_embd, c.n_ff)?,
-            post_ffw_norm: when(c.post_norms, "post_ffw_norm.weight", c.n_embd)?,
+            post_ffw_norm: when(glu.post_norm, "post_ffw_norm.weight", c.n_embd)?,
         })
     }
 

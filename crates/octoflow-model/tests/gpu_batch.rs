@@ -6,13 +6,10 @@
 mod common;
 
 use common::*;
-use octoflow_model::gpu::{GpuDraw, GpuModel};
+use octoflow_core::Draw;
+use octoflow_model::gpu::GpuModel;
 use octoflow_model::{BatchForward, BatchRow, Logits, Model, RowOutput, RowResult, TokenIn};
 use octoflow_vk::testing::gpu_or_skip;
-
-fn greedy() -> GpuDraw {
-    greedy_draw()
-}
 
 /// Rows feeding `tokens` to `slot` from position `start`; the last one asks for `out`.
 fn rows(slot: u32, start: u32, tokens: &[u32], out: RowOutput) -> Vec<BatchRow> {
@@ -137,7 +134,7 @@ fn rows_of_several_sequences_match_each_sequence_alone() {
             slot: *slot,
             pos: seq.len() as u32,
             token: TokenIn::Id(*next),
-            output: RowOutput::Sample(greedy()),
+            output: RowOutput::Sample(Draw::greedy(0)),
             adapter: None,
         })
         .collect();
@@ -221,10 +218,10 @@ fn bad_steps_are_clear_errors() {
     assert!(err(&mut b, &jump).contains("jumps"));
     let many: Vec<BatchRow> = (0..9).map(|i| row(0, i, TokenIn::Id(1))).collect();
     assert!(err(&mut b, &many).contains("at most 8"));
-    let hot = GpuDraw {
+    let hot = Draw {
         temperature: 0.7,
         top_k: 0,
-        ..greedy()
+        ..Draw::greedy(0)
     };
     let unsupported = [BatchRow {
         output: RowOutput::Sample(hot),

@@ -5,14 +5,11 @@
 mod common;
 
 use common::*;
-use octoflow_model::gpu::{GpuDraw, GpuModel, GpuStop};
+use octoflow_core::sampling::{Sampler, SamplingParams};
+use octoflow_core::{Draw, Finish};
+use octoflow_model::gpu::GpuModel;
 use octoflow_model::{Forward, Logits};
-use octoflow_text::sampling::{Sampler, SamplingParams};
 use octoflow_vk::testing::gpu_or_skip;
-
-fn greedy() -> GpuDraw {
-    greedy_draw()
-}
 
 #[test]
 fn gpu_logits_track_the_cpu_reference() {
@@ -39,7 +36,9 @@ fn chain_tokens(gpu: &GpuModel, prompt: &[u32], n: usize, steps: usize, gated: b
     let mut out = vec![top1(&logits)];
     while out.len() < n {
         let last = *out.last().unwrap();
-        let r = s.decode_steps(last, &greedy(), n - out.len(), &[]).unwrap();
+        let r = s
+            .decode_steps(last, &Draw::greedy(0), n - out.len(), &[])
+            .unwrap();
         assert!(!r.tokens.is_empty());
         out.extend(&r.tokens);
         assert_eq!(
@@ -84,11 +83,15 @@ fn multi_step_chain_equals_token_by_token_decoding_and_stops_on_its_flags() {
         s.prefill(prompt, 256).unwrap();
         let eog = want[6];
         let first = (1..=6).find(|&j| want[j] == eog).unwrap_or(6);
-        let r = s.decode_steps(want[0], &greedy(), 100, &[eog]).unwrap();
-        assert_eq!(r.stop, Some(GpuStop::Eog), "gated {gated}");
+        let r = s
+            .decode_steps(want[0], &Draw::greedy(0), 100, &[eog])
+            .unwrap();
+        assert_eq!(r.stop, Some(Finish::Eog), "gated {gated}");
         assert_eq!(r.tokens, want[1..=first].to_vec(), "gated {gated}");
         assert_eq!(s.n_past(), prompt.len() + first, "gated {gated}");
-        let more = s.decode_steps(want[first], &greedy(), 5, &[]).unwrap();
+        let more = s
+            .decode_steps(want[first], &Draw::greedy(0), 5, &[])
+            .unwrap();
         assert_eq!(
             more.tokens,
             want[first + 1..first + 6].to_vec(),
@@ -98,14 +101,14 @@ fn multi_step_chain_equals_token_by_token_decoding_and_stops_on_its_flags() {
         let mut s = gpu.session(256, 16).unwrap();
         s.set_gated(gated);
         s.prefill(prompt, 256).unwrap();
-        let r = s.decode_steps(want[0], &greedy(), 3, &[]).unwrap();
-        assert_eq!((r.stop, r.tokens.len()), (Some(GpuStop::Length), 3));
+        let r = s.decode_steps(want[0], &Draw::greedy(0), 3, &[]).unwrap();
+        assert_eq!((r.stop, r.tokens.len()), (Some(Finish::Length), 3));
         let n_ctx = prompt.len() + 5;
         let mut s = gpu.session(n_ctx, 16).unwrap();
         s.set_gated(gated);
         s.prefill(prompt, 256).unwrap();
-        let r = s.decode_steps(want[0], &greedy(), 100, &[]).unwrap();
-        assert_eq!(r.stop, Some(GpuStop::Context));
+        let r = s.decode_steps(want[0], &Draw::greedy(0), 100, &[]).unwrap();
+        assert_eq!(r.stop, Some(Finish::Context));
         assert_eq!(
             s.n_past() + 1,
             n_ctx,
@@ -145,14 +148,7 @@ fn seeded_gpu_sampling_draws_what_the_cpu_sampler_draws() {
     let mut sampler = Sampler::new(params.clone());
     let mut got = vec![sampler.sample(&s.prefill(prompt, 256).unwrap())];
     while got.len() < n {
-        let draw = GpuDraw {
-            temperature: params.temperature,
-            top_k: params.top_k as u32,
-            top_p: params.top_p,
-            min_p: params.min_p,
-            seed,
-            step: sampler.step(),
-        };
+        let draw = Draw::from_sampler(&sampler).unwrap();
         let r = s
             .decode_steps(*got.last().unwrap(), &draw, n - got.len(), &[])
             .unwrap();
@@ -173,7 +169,8 @@ fn dropping_a_model_and_its_sessions_frees_every_buffer() {
         let gpu = GpuModel::load(&ctx, &model).unwrap();
         let mut s = gpu.session(64, 4).unwrap();
         let logits = s.prefill(&golden.greedy[0].prompt_ids, 256).unwrap();
-        s.decode_steps(top1(&logits), &greedy(), 4, &[]).unwrap();
+        s.decode_steps(top1(&logits), &Draw::greedy(0), 4, &[])
+            .unwrap();
         let held = ctx.memory_usage().0;
         // weights, KV cache and scratch are all on the device while the session lives
         assert!(

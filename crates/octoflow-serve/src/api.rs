@@ -7,7 +7,7 @@
 
 use serde::Deserialize;
 
-use octoflow_text::sampling::SamplingParams;
+use octoflow_core::SamplingParams;
 
 use crate::error::ApiError;
 use crate::job::GenParams;

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use octoflow_text::sampling::SamplingParams;
+use octoflow_core::{Finish, SamplingParams};
 use tokio::sync::mpsc::UnboundedSender;
 
 /// How a request generates.
@@ -39,25 +39,6 @@ pub struct Job {
     pub events: UnboundedSender<Event>,
     /// When the request was queued (for the time-to-first-token metric).
     pub enqueued: Instant,
-}
-
-/// Why a choice ended (OpenAI's `finish_reason`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
-    /// An end-of-generation token or a stop string.
-    Stop,
-    /// `max_tokens` or the context was reached.
-    Length,
-}
-
-impl Finish {
-    /// OpenAI's name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Finish::Stop => "stop",
-            Finish::Length => "length",
-        }
-    }
 }
 
 /// The log-probability of one generated token and its most likely alternatives.

@@ -11,12 +11,21 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream};
+use octoflow_core::Finish;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
 use crate::job::{Event, TokenLogprob};
 use crate::metrics::Metrics;
+
+/// OpenAI's `finish_reason` for `finish`.
+pub fn finish_reason(finish: Finish) -> &'static str {
+    match finish {
+        Finish::Eog | Finish::Stop => "stop",
+        Finish::Length | Finish::Context => "length",
+    }
+}
 
 /// Which endpoint answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,7 +179,7 @@ pub async fn complete(
                 finish: f,
                 completion_tokens,
             }) if index < meta.n => {
-                finish[index] = Some(f.as_str());
+                finish[index] = Some(finish_reason(f));
                 completion += completion_tokens;
                 open -= 1;
             }
@@ -235,7 +244,7 @@ impl StreamState {
                 completion_tokens,
             }) => {
                 self.completion += completion_tokens;
-                let c = m.chunk_choice(index, json!({}), Value::Null, Some(finish.as_str()));
+                let c = m.chunk_choice(index, json!({}), Value::Null, Some(finish_reason(finish)));
                 self.out.push_back(data(&m.chunk(vec![c], None)));
                 self.open = self.open.saturating_sub(1);
                 if self.open == 0 {

@@ -12,6 +12,7 @@ use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use octoflow_generate::PromptError;
 use octoflow_text::{ChatTemplate, Message, Tokenizer};
 use serde_json::json;
 
@@ -162,35 +163,20 @@ fn check_model(st: &AppState, model: &Option<String>) -> Result<(Option<u32>, St
 }
 
 fn check_prompt(st: &AppState, prompt: &[u32], param: &str) -> Result<(), ApiError> {
-    if prompt.is_empty() {
-        return Err(ApiError::invalid(
-            param.to_string(),
-            "the prompt is empty (no tokens)",
-        ));
-    }
-    if prompt.len() >= st.n_ctx {
-        return Err(ApiError::invalid(
+    let n_vocab = st.tokenizer.n_vocab();
+    octoflow_generate::check_prompt(prompt, 0, st.n_ctx, n_vocab).map_err(|e| match e {
+        PromptError::TooLong { prompt, .. } => ApiError::invalid(
             param.to_string(),
             format!(
-                "This model's maximum context length is {} tokens. However, your prompt has {} \
-                 tokens, which leaves no room for a completion. Please reduce the length of the \
-                 prompt.",
+                "This model's maximum context length is {} tokens. However, your prompt has \
+                 {prompt} tokens, which leaves no room for a completion. Please reduce the length \
+                 of the prompt.",
                 st.n_ctx,
-                prompt.len()
             ),
         )
-        .with_code("context_length_exceeded"));
-    }
-    if let Some(bad) = prompt
-        .iter()
-        .find(|&&t| t as usize >= st.tokenizer.n_vocab())
-    {
-        return Err(ApiError::invalid(
-            param.to_string(),
-            format!("token id {bad} is outside the vocabulary"),
-        ));
-    }
-    Ok(())
+        .with_code("context_length_exceeded"),
+        e => ApiError::invalid(param.to_string(), e.to_string()),
+    })
 }
 
 /// Queues the job and answers: a stream of chunks, or one body once every choice ended.

@@ -242,6 +242,7 @@ impl<'t> Loop<'_, 't> {
                     self.next_id,
                     index,
                     &job,
+                    &*self.engine,
                     self.tokenizer,
                     self.metrics,
                 ));
@@ -285,10 +286,7 @@ impl<'t> Loop<'_, 't> {
             } else {
                 continue;
             };
-            let output = match seq.next_draw() {
-                Some(draw) if seq.device => RowOutput::Sample(draw),
-                _ => RowOutput::Logits,
-            };
+            let output = seq.next_draw().map_or(RowOutput::Logits, RowOutput::Sample);
             meta.push(RowMeta {
                 row: rows.len(),
                 slot,
@@ -333,10 +331,7 @@ impl<'t> Loop<'_, 't> {
                         consumed: false,
                     });
                     seq.requested += 1;
-                    match seq.next_draw() {
-                        Some(draw) if seq.device => RowOutput::Sample(draw),
-                        _ => RowOutput::Logits,
-                    }
+                    seq.next_draw().map_or(RowOutput::Logits, RowOutput::Sample)
                 };
                 rows.push(BatchRow {
                     slot: slot as u32,

@@ -1,18 +1,18 @@
 //! One choice of one request in one instance: its prompt progress, its sampler, and turning its
-//! sampled tokens into text events (streaming detokenization, stop strings, end-of-generation,
-//! log-probabilities).
+//! sampled tokens into text events (through the shared [`Choice`]: streaming detokenization,
+//! stop strings, end-of-generation, limits) with metrics and log-probabilities.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use octoflow_model::gpu::GpuDraw;
-use octoflow_text::sampling::{softmax, Sampler};
-use octoflow_text::stop::StopMatcher;
-use octoflow_text::stream::StreamDecoder;
+use octoflow_core::sampling::{softmax, Sampler};
+use octoflow_core::{Draw, Finish};
+use octoflow_generate::{Choice, Limits};
+use octoflow_model::BatchForward;
 use octoflow_text::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::job::{Event, Finish, Job, TokenLogprob};
+use crate::job::{Event, Job, TokenLogprob};
 use crate::metrics::Metrics;
 
 /// A sequence in an instance.
@@ -36,14 +36,10 @@ pub struct Seq<'t> {
     /// Rows asking for a token submitted so far (never more than `max_tokens`).
     pub requested: usize,
     pub max_tokens: usize,
+    /// Its counter also counts the draws submitted to the device.
     sampler: Sampler,
-    /// Draws submitted to the device (the device sampler's counter).
-    draws: u64,
     logprobs: Option<usize>,
-    ignore_eos: bool,
-    generated: usize,
-    decoder: StreamDecoder<'t>,
-    stop: StopMatcher,
+    choice: Choice<'t>,
     tokenizer: &'t Tokenizer,
     metrics: &'t Metrics,
     events: UnboundedSender<Event>,
@@ -60,11 +56,12 @@ pub enum Outcome {
 }
 
 impl<'t> Seq<'t> {
-    /// Choice `index` of `job`.
+    /// Choice `index` of `job`, run by `engine`.
     pub fn new(
         id: u64,
         index: usize,
         job: &Job,
+        engine: &dyn BatchForward,
         tokenizer: &'t Tokenizer,
         metrics: &'t Metrics,
     ) -> Self {
@@ -75,56 +72,39 @@ impl<'t> Seq<'t> {
         for &t in job.prompt.iter() {
             sampler.accept(t);
         }
-        let mut seq = Self {
+        // Log-probabilities need the logits on the CPU.
+        let device = p.logprobs.is_none()
+            && Draw::from_sampler(&sampler).is_some_and(|d| engine.device_samples(&d));
+        let limits = Limits {
+            max_tokens: Some(p.max_tokens),
+            stops: p.stops.clone(),
+            ignore_eos: p.ignore_eos,
+        };
+        Self {
             id,
             index,
             prompt: job.prompt.clone(),
             adapter: job.adapter,
             fed: 0,
             next_pos: 0,
-            device: false,
+            device,
             pending: None,
             requested: 0,
             max_tokens: p.max_tokens,
             sampler,
-            draws: 0,
             logprobs: p.logprobs,
-            ignore_eos: p.ignore_eos,
-            generated: 0,
-            decoder: tokenizer.stream_decoder(),
-            stop: StopMatcher::new(p.stops.iter().cloned()),
+            choice: Choice::new(tokenizer, &limits, job.prompt.len(), engine.n_ctx()),
             tokenizer,
             metrics,
             events: job.events.clone(),
             enqueued: job.enqueued,
-        };
-        seq.device = seq.device_draw_params().is_some();
-        seq
-    }
-
-    /// The device sampler's parameters for this sequence, when it can draw for it (no
-    /// penalties, no log-probabilities, parameters the device supports).
-    fn device_draw_params(&self) -> Option<GpuDraw> {
-        if self.sampler.penalized() || self.logprobs.is_some() {
-            return None;
         }
-        let p = self.sampler.params();
-        let draw = GpuDraw {
-            temperature: p.temperature,
-            top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
-            top_p: p.top_p,
-            min_p: p.min_p,
-            seed: p.seed,
-            step: 0,
-        };
-        draw.supported().then_some(draw)
     }
 
     /// The next device draw (advances the draw counter). Only for `device` sequences.
-    pub fn next_draw(&mut self) -> Option<GpuDraw> {
-        let mut draw = self.device_draw_params()?;
-        draw.step = self.draws;
-        self.draws += 1;
+    pub fn next_draw(&mut self) -> Option<Draw> {
+        let draw = Draw::from_sampler(&self.sampler).filter(|_| self.device)?;
+        self.sampler.skip(1);
         Some(draw)
     }
 
@@ -184,44 +164,17 @@ impl<'t> Seq<'t> {
 
     /// Takes a sampled token: emits its text and decides whether the choice ends.
     pub fn push(&mut self, token: u32, logprob: Option<TokenLogprob>) -> Outcome {
-        if self.generated == 0 {
+        if self.choice.generated() == 0 {
             self.metrics.first_token(self.enqueued.elapsed());
         }
         Metrics::inc(&self.metrics.generation_tokens);
-        self.generated += 1;
         self.sampler.accept(token);
-        if !self.ignore_eos && self.tokenizer.is_eog(token) {
-            let (text, _) = self.flush();
-            self.send_text(text, logprob);
-            return self.finish(Finish::Stop);
+        let release = self.choice.push(token);
+        self.send_text(release.text, logprob);
+        match release.finish {
+            Some(finish) => self.finish(finish),
+            None => Outcome::Continue,
         }
-        let step = self.stop.push(&self.decoder.push(token));
-        self.send_text(step.emit, logprob);
-        if step.stopped {
-            return self.finish(Finish::Stop);
-        }
-        if self.generated >= self.max_tokens {
-            let (text, stopped) = self.flush();
-            self.send_text(text, None);
-            let finish = if stopped {
-                Finish::Stop
-            } else {
-                Finish::Length
-            };
-            return self.finish(finish);
-        }
-        Outcome::Continue
-    }
-
-    /// What the decoder and the stop matcher still hold (the choice ends); whether a stop
-    /// string was found in it.
-    fn flush(&mut self) -> (String, bool) {
-        let rest = self.stop.push(&self.decoder.finish());
-        let mut text = rest.emit;
-        if !rest.stopped {
-            text.push_str(&self.stop.finish());
-        }
-        (text, rest.stopped)
     }
 
     fn send_text(&self, text: String, logprob: Option<TokenLogprob>) {
@@ -238,14 +191,14 @@ impl<'t> Seq<'t> {
         let _ = self.events.send(Event::Done {
             index: self.index,
             finish,
-            completion_tokens: self.generated,
+            completion_tokens: self.choice.generated(),
         });
         Outcome::Finished
     }
 
     /// Tokens generated so far.
     pub fn generated(&self) -> usize {
-        self.generated
+        self.choice.generated()
     }
 
     /// Ends the choice with an error event (shutdown, engine failure).

@@ -1,4 +1,4 @@
-//! Text in and out of models: tokenizers built from GGUF metadata, chat templates, sampling.
+//! Text in and out of models: tokenizers built from GGUF metadata, chat templates, stop strings.
 //!
 //! ```no_run
 //! use octoflow_text::{ChatTemplate, Message, Tokenizer};
@@ -34,5 +34,4 @@ pub use stream::StreamDecoder;
 pub use tokenizer::Tokenizer;
 pub use vocab::{TokenAttr, Vocab};
 
-pub mod sampling;
 pub mod stop;

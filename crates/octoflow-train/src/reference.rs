@@ -3,7 +3,8 @@
 //! of this function and compare them with the GPU's backward.
 
 use octoflow_kernels::dropout_uniform;
-use octoflow_model::{Activation, Model, RopeType};
+use octoflow_model::plan::planned;
+use octoflow_model::{Activation, AttnPlan, FfnPlan, Model, RopePlan, RopeType};
 
 use crate::error::Result;
 use crate::gpu::Rows;
@@ -52,15 +53,16 @@ struct Block {
     k: Mat,
     v: Mat,
     biases: [Option<Vec<f64>>; 3],
-    q_norm: Option<Vec<f64>>,
-    k_norm: Option<Vec<f64>>,
+    /// Empty where the plan has no such step.
+    q_norm: Vec<f64>,
+    k_norm: Vec<f64>,
     o: Mat,
-    post_attn: Option<Vec<f64>>,
+    post_attn: Vec<f64>,
     ffn_norm: Vec<f64>,
     gate: Mat,
     up: Mat,
     down: Mat,
-    post_ffw: Option<Vec<f64>>,
+    post_ffw: Vec<f64>,
 }
 
 /// A model dequantized to f64 for the reference loss.
@@ -90,7 +92,13 @@ impl<'a> RefModel<'a> {
         let blocks = w
             .blk
             .iter()
-            .map(|b| {
+            .zip(&model.config.blocks)
+            .enumerate()
+            .map(|(il, (b, plan))| {
+                let (ap, glu) = (&plan.attn, plan.glu());
+                let norm = |on, t: &Option<Vec<f32>>, name| -> Result<Vec<f64>> {
+                    Ok(planned(il, on, t, name)?.map_or_else(Vec::new, |v| v64(v)))
+                };
                 Ok(Block {
                     attn_norm: v64(&b.attn_norm),
                     q: Mat::of(&b.attn_q)?,
@@ -101,15 +109,15 @@ impl<'a> RefModel<'a> {
                         b.attn_k_bias.as_deref().map(v64),
                         b.attn_v_bias.as_deref().map(v64),
                     ],
-                    q_norm: b.attn_q_norm.as_deref().map(v64),
-                    k_norm: b.attn_k_norm.as_deref().map(v64),
+                    q_norm: norm(ap.qk_norm, &b.attn_q_norm, "attn_q_norm")?,
+                    k_norm: norm(ap.qk_norm, &b.attn_k_norm, "attn_k_norm")?,
                     o: Mat::of(&b.attn_output)?,
-                    post_attn: b.post_attention_norm.as_deref().map(v64),
+                    post_attn: norm(ap.post_norm, &b.post_attention_norm, "post_attention_norm")?,
                     ffn_norm: v64(&b.ffn_norm),
                     gate: Mat::of(&b.ffn_gate)?,
                     up: Mat::of(&b.ffn_up)?,
                     down: Mat::of(&b.ffn_down)?,
-                    post_ffw: b.post_ffw_norm.as_deref().map(v64),
+                    post_ffw: norm(glu.post_norm, &b.post_ffw_norm, "post_ffw_norm")?,
                 })
             })
             .collect::<Result<_>>()?;
@@ -204,7 +212,8 @@ impl<'a> RefModel<'a> {
                 *o = v * f64::from(c.embedding_scale);
             }
         }
-        for (l, bw) in self.blocks.iter().enumerate() {
+        for (l, (bw, plan)) in self.blocks.iter().zip(&c.blocks).enumerate() {
+            let (ap, FfnPlan::Glu(glu)) = (&plan.attn, &plan.ffn);
             let mut h = x.clone();
             rmsnorm(&mut h, &bw.attn_norm, eps);
             let mut qkv = Vec::new();
@@ -222,17 +231,17 @@ impl<'a> RefModel<'a> {
                 qkv.push(y);
             }
             let (mut q, mut k, v) = (qkv.remove(0), qkv.remove(0), qkv.remove(0));
-            if let (Some(qn), Some(kn)) = (&bw.q_norm, &bw.k_norm) {
-                rmsnorm(&mut q, qn, eps);
-                rmsnorm(&mut k, kn, eps);
+            if ap.qk_norm {
+                rmsnorm(&mut q, &bw.q_norm, eps);
+                rmsnorm(&mut k, &bw.k_norm, eps);
             }
-            self.rope(&mut q, c.n_head, l, &rows.pos);
-            self.rope(&mut k, c.n_head_kv, l, &rows.pos);
-            let att = self.attention(&q, &k, &v, l, &rows.pos, seq_len);
+            self.rope(&mut q, c.n_head, &ap.rope, &rows.pos);
+            self.rope(&mut k, c.n_head_kv, &ap.rope, &rows.pos);
+            let att = self.attention(&q, &k, &v, ap, &rows.pos, seq_len);
             let mut a = bw.o.apply(&att);
             self.lora(lay, params, l, Target::O, &att, &mut a, drop);
-            if let Some(pn) = &bw.post_attn {
-                rmsnorm(&mut a, pn, eps);
+            if ap.post_norm {
+                rmsnorm(&mut a, &bw.post_attn, eps);
             }
             x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
             let mut h = x.clone();
@@ -245,7 +254,7 @@ impl<'a> RefModel<'a> {
                 .iter()
                 .zip(&u)
                 .map(|(&gi, &ui)| {
-                    let a = match c.activation {
+                    let a = match glu.act {
                         Activation::Silu => gi / (1.0 + (-gi).exp()),
                         Activation::GeluTanh => {
                             let k = (2.0 / std::f64::consts::PI).sqrt();
@@ -257,8 +266,8 @@ impl<'a> RefModel<'a> {
                 .collect();
             let mut fo = bw.down.apply(&hg);
             self.lora(lay, params, l, Target::Down, &hg, &mut fo, drop);
-            if let Some(pn) = &bw.post_ffw {
-                rmsnorm(&mut fo, pn, eps);
+            if glu.post_norm {
+                rmsnorm(&mut fo, &bw.post_ffw, eps);
             }
             x.iter_mut().zip(&fo).for_each(|(xi, fi)| *xi += fi);
         }
@@ -278,18 +287,17 @@ impl<'a> RefModel<'a> {
     }
 
     /// RoPE in f64 at each row's own position.
-    fn rope(&self, x: &mut [f64], heads: usize, l: usize, pos: &[u32]) {
+    fn rope(&self, x: &mut [f64], heads: usize, rope: &RopePlan, pos: &[u32]) {
         let c = &self.model.config;
-        let lc = &c.layers[l];
         let (hd, half) = (c.head_dim, c.n_rot / 2);
         let ff = self.model.weights.rope_freqs.as_deref();
         for (r, row) in x.chunks_exact_mut(heads * hd).enumerate() {
             for head in row.chunks_exact_mut(hd) {
                 for i in 0..half {
-                    let inv = f64::from(lc.rope_base).powf(-2.0 * i as f64 / c.n_rot as f64);
+                    let inv = f64::from(rope.base).powf(-2.0 * i as f64 / c.n_rot as f64);
                     let fac = ff.map_or(1.0, |f| f64::from(f[i]));
-                    let th = f64::from(pos[r]) * f64::from(lc.rope_scale) * inv / fac;
-                    let (a, b) = match c.rope_type {
+                    let th = f64::from(pos[r]) * f64::from(rope.scale) * inv / fac;
+                    let (a, b) = match rope.kind {
                         RopeType::Normal => (2 * i, 2 * i + 1),
                         RopeType::Neox => (i, i + half),
                     };
@@ -308,7 +316,7 @@ impl<'a> RefModel<'a> {
         q: &[f64],
         k: &[f64],
         v: &[f64],
-        l: usize,
+        plan: &AttnPlan,
         pos: &[u32],
         s: usize,
     ) -> Vec<f64> {
@@ -316,7 +324,7 @@ impl<'a> RefModel<'a> {
         let (hd, hdv, g) = (c.head_dim, c.head_dim_v, c.gqa_group());
         let (qd, kd, vd) = (c.q_dim(), c.k_dim(), c.v_dim());
         let t = q.len() / qd;
-        let window = c.layers[l].sliding_window;
+        let window = plan.kind.window();
         let mut out = vec![0.0; t * c.n_head * hdv];
         for r in 0..t {
             let (seq0, i) = (r / s * s, r % s);
@@ -331,8 +339,7 @@ impl<'a> RefModel<'a> {
                     .iter()
                     .map(|&j| {
                         let kr = &k[(seq0 + j) * kd + kh * hd..(seq0 + j) * kd + (kh + 1) * hd];
-                        f64::from(c.attention_scale)
-                            * qv.iter().zip(kr).map(|(a, b)| a * b).sum::<f64>()
+                        f64::from(plan.scale) * qv.iter().zip(kr).map(|(a, b)| a * b).sum::<f64>()
                     })
                     .collect();
                 let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);

@@ -178,6 +178,11 @@ fn qwen2_gradients_match_finite_differences() {
 }
 
 #[test]
+fn qwen3_gradients_match_finite_differences() {
+    check_arch("qwen3", 0.0);
+}
+
+#[test]
 fn gemma3_gradients_match_finite_differences() {
     check_arch("gemma3", 0.0);
 }

@@ -14,7 +14,7 @@ use rand::Rng;
 
 #[test]
 fn merged_model_equals_base_plus_adapters() {
-    for arch in ["llama", "qwen2", "gemma3"] {
+    for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
         let mut rng = rng(&format!("merge_{arch}"));
         let base = Arc::new(open(&tiny_writer(arch, TINY, &mut rng)).unwrap());
         let model = Model::from_gguf(base.clone()).unwrap();

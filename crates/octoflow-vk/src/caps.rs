@@ -125,6 +125,11 @@ pub struct DeviceCaps {
     pub pipeline_statistics: bool,
     pub buffer_device_address: bool,
     pub timeline_semaphore: bool,
+    /// Compute units (NVIDIA SMs from `VK_NV_shader_sm_builtins`, AMD compute units from
+    /// `VK_AMD_shader_core_properties`); `None` where the driver reports no count. Absent from
+    /// device descriptions recorded before it existed.
+    #[serde(default)]
+    pub compute_units: Option<u32>,
     /// `maxComputeSharedMemorySize`, bytes.
     pub max_shared_memory: u32,
     /// `maxMemoryAllocationSize`, bytes (one allocation).

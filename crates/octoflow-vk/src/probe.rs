@@ -12,6 +12,8 @@ use crate::instance::Instance;
 pub(crate) const COOPMAT_EXT: &CStr = c"VK_KHR_cooperative_matrix";
 pub(crate) const COOPMAT2_EXT: &CStr = c"VK_NV_cooperative_matrix2";
 pub(crate) const PIPELINE_EXEC_EXT: &CStr = c"VK_KHR_pipeline_executable_properties";
+const SM_BUILTINS_EXT: &CStr = c"VK_NV_shader_sm_builtins";
+const AMD_CORE_EXT: &CStr = c"VK_AMD_shader_core_properties";
 
 /// Properties and features of one physical device, plus the queue family we compute on.
 pub(crate) struct Probe {
@@ -45,6 +47,10 @@ pub(crate) fn probe(instance: &Instance, pdev: vk::PhysicalDevice, index: usize)
     let mut fcm = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
     let has_exec = has_ext(PIPELINE_EXEC_EXT);
     let mut fpe = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default();
+    let has_sm = has_ext(SM_BUILTINS_EXT);
+    let has_amd = has_ext(AMD_CORE_EXT);
+    let mut psm = vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV::default();
+    let mut pamd = vk::PhysicalDeviceShaderCorePropertiesAMD::default();
     let mut props = vk::PhysicalDeviceProperties2::default();
     let mut feats = vk::PhysicalDeviceFeatures2::default();
     if api >= vk::API_VERSION_1_2 {
@@ -57,6 +63,12 @@ pub(crate) fn probe(instance: &Instance, pdev: vk::PhysicalDevice, index: usize)
     }
     if has_coopmat {
         feats = feats.push_next(&mut fcm);
+    }
+    if has_sm {
+        props = props.push_next(&mut psm);
+    }
+    if has_amd {
+        props = props.push_next(&mut pamd);
     }
     if has_exec {
         feats = feats.push_next(&mut fpe);
@@ -104,6 +116,7 @@ pub(crate) fn probe(instance: &Instance, pdev: vk::PhysicalDevice, index: usize)
         pipeline_statistics: has_exec && fpe.pipeline_executable_info == vk::TRUE,
         buffer_device_address: f12.buffer_device_address == vk::TRUE,
         timeline_semaphore: f12.timeline_semaphore == vk::TRUE,
+        compute_units: compute_units(has_sm.then_some(&psm), has_amd.then_some(&pamd)),
         max_shared_memory: limits.max_compute_shared_memory_size,
         max_allocation: if api >= vk::API_VERSION_1_2 {
             p11.max_memory_allocation_size
@@ -126,6 +139,18 @@ pub(crate) fn probe(instance: &Instance, pdev: vk::PhysicalDevice, index: usize)
         queue_family,
         queue_count,
     })
+}
+
+/// The compute-unit count a vendor extension reports (queried where exposed), if any.
+fn compute_units(
+    nv: Option<&vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV>,
+    amd: Option<&vk::PhysicalDeviceShaderCorePropertiesAMD>,
+) -> Option<u32> {
+    let nv = nv.map(|p| p.shader_sm_count);
+    let amd = amd.map(|p| {
+        p.shader_engine_count * p.shader_arrays_per_engine_count * p.compute_units_per_shader_array
+    });
+    nv.or(amd).filter(|&n| n > 0)
 }
 
 fn cstr(s: std::result::Result<&CStr, std::ffi::FromBytesUntilNulError>) -> String {

@@ -1,6 +1,6 @@
 //! `octoflow train` as a user runs it, on a tiny random llama model with a byte-level
 //! SentencePiece tokenizer and a ChatML template (a real model takes minutes per step on
-//! lavapipe; the real-model runs are on the H100, docs/BENCHMARKS.md) and the pirate dataset of
+//! lavapipe; the real-model runs are on the H100, docs/PERFORMANCE.md) and the pirate dataset of
 //! `data/pirate/`: the training and eval losses fall; a run killed with SIGKILL after a checkpoint
 //! and resumed logs the same losses as an uninterrupted run; `octoflow run --lora` loads the
 //! result.

@@ -13,8 +13,9 @@
 //!   62-layer 27B model, which uses `1/sqrt(n_embd / n_head)`.
 //! - No logit soft-capping in the sliding-window graph.
 
-use crate::config::{Activation, BaseHParams, LayerConfig, Meta, Recipe, RopeType};
+use crate::config::{Activation, BaseHParams, Meta, Recipe, RopeType};
 use crate::error::Result;
+use crate::plan::{AttnKind, AttnPlan, BlockPlan, FfnPlan, GluPlan, RopePlan};
 
 /// Every `SWA_PATTERN`-th layer (the last of each group) attends globally.
 const SWA_PATTERN: usize = 6;
@@ -28,36 +29,41 @@ pub(super) fn configure(meta: &Meta, base: &BaseHParams) -> Result<Recipe> {
     if window == 0 {
         return Err(meta.bad("attention.sliding_window", "must be positive, found 0"));
     }
-    let layers = (0..base.n_layer)
-        .map(|il| {
-            if il % SWA_PATTERN < SWA_PATTERN - 1 {
-                LayerConfig {
-                    sliding_window: Some(window),
-                    rope_base: SWA_ROPE_BASE,
-                    rope_scale: 1.0,
-                }
-            } else {
-                LayerConfig {
-                    sliding_window: None,
-                    rope_base: base.rope_base,
-                    rope_scale: base.rope_scale,
-                }
-            }
-        })
-        .collect();
     let query_pre_attn_scalar = if base.n_layer == N_LAYER_27B {
         (base.n_embd / base.n_head) as f32
     } else {
         base.head_dim as f32
     };
+    let blocks = (0..base.n_layer)
+        .map(|il| {
+            let (kind, rope) = if il % SWA_PATTERN < SWA_PATTERN - 1 {
+                let local = RopePlan {
+                    kind: RopeType::Neox,
+                    base: SWA_ROPE_BASE,
+                    scale: 1.0,
+                };
+                (AttnKind::SlidingWindow(window), local)
+            } else {
+                (AttnKind::Full, base.rope(RopeType::Neox))
+            };
+            BlockPlan {
+                attn: AttnPlan {
+                    qkv_bias: false,
+                    qk_norm: true,
+                    rope,
+                    kind,
+                    scale: 1.0 / query_pre_attn_scalar.sqrt(),
+                    post_norm: true,
+                },
+                ffn: FfnPlan::Glu(GluPlan {
+                    act: Activation::GeluTanh,
+                    post_norm: true,
+                }),
+            }
+        })
+        .collect();
     Ok(Recipe {
-        rope_type: RopeType::Neox,
-        activation: Activation::GeluTanh,
         embedding_scale: (base.n_embd as f32).sqrt(),
-        attention_scale: 1.0 / query_pre_attn_scalar.sqrt(),
-        qkv_bias: false,
-        qk_norm: true,
-        post_norms: true,
-        layers,
+        blocks,
     })
 }

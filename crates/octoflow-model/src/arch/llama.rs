@@ -4,6 +4,7 @@
 
 use crate::config::{Activation, BaseHParams, Meta, Recipe, RopeType};
 use crate::error::Result;
+use crate::plan::{AttnKind, AttnPlan, BlockPlan, FfnPlan, GluPlan};
 
 pub(super) fn configure(meta: &Meta, base: &BaseHParams) -> Result<Recipe> {
     // Some llama-family files store an explicit scale (`attention.scale`); 0 or absent means
@@ -12,14 +13,22 @@ pub(super) fn configure(meta: &Meta, base: &BaseHParams) -> Result<Recipe> {
         .opt_f32("attention.scale")?
         .filter(|s| *s != 0.0)
         .unwrap_or_else(|| base.default_attention_scale());
+    let block = BlockPlan {
+        attn: AttnPlan {
+            qkv_bias: false,
+            qk_norm: false,
+            rope: base.rope(RopeType::Normal),
+            kind: AttnKind::Full,
+            scale: attention_scale,
+            post_norm: false,
+        },
+        ffn: FfnPlan::Glu(GluPlan {
+            act: Activation::Silu,
+            post_norm: false,
+        }),
+    };
     Ok(Recipe {
-        rope_type: RopeType::Normal,
-        activation: Activation::Silu,
         embedding_scale: 1.0,
-        attention_scale,
-        qkv_bias: false,
-        qk_norm: false,
-        post_norms: false,
-        layers: base.uniform_layers(),
+        blocks: vec![block; base.n_layer],
     })
 }

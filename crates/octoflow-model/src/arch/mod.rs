@@ -1,11 +1,12 @@
-//! The supported architectures. Each file turns the shared hyper-parameters into a
-//! [`Recipe`]: what is particular to its family (RoPE style, activation, which norms and biases
-//! exist, per-layer attention windows). The forward pass reads only the resulting
-//! [`crate::ModelConfig`], so a new family with the same block shape needs only a new file here.
+//! The supported architectures. Each file turns the shared hyper-parameters (and its family's
+//! own keys) into the plan of its blocks ([`crate::plan::BlockPlan`]: which norms and biases
+//! exist, RoPE pairing and frequencies, attention kind per layer, the feed-forward). Every
+//! forward walks that plan, so a family built from known pieces is one file here.
 
 mod gemma3;
 mod llama;
 mod qwen2;
+mod qwen3;
 
 use crate::config::{BaseHParams, Meta, Recipe};
 use crate::error::Result;
@@ -19,11 +20,13 @@ pub enum Architecture {
     Qwen2,
     /// Gemma 3: GeGLU, Q/K norms, post-norms, scaled embeddings, sliding-window layers.
     Gemma3,
+    /// Qwen3 (dense): llama plus per-head Q/K norms, NeoX RoPE.
+    Qwen3,
 }
 
 impl Architecture {
     /// The supported names, for error messages.
-    pub const SUPPORTED: &'static str = "llama, qwen2, gemma3";
+    pub const SUPPORTED: &'static str = "llama, qwen2, qwen3, gemma3";
 
     /// Parses a `general.architecture` value.
     pub fn from_name(name: &str) -> Option<Self> {
@@ -31,6 +34,7 @@ impl Architecture {
             "llama" => Some(Self::Llama),
             "qwen2" => Some(Self::Qwen2),
             "gemma3" => Some(Self::Gemma3),
+            "qwen3" => Some(Self::Qwen3),
             _ => None,
         }
     }
@@ -41,6 +45,7 @@ impl Architecture {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
             Self::Gemma3 => "gemma3",
+            Self::Qwen3 => "qwen3",
         }
     }
 }
@@ -57,5 +62,6 @@ pub(crate) fn configure(meta: &Meta, base: &BaseHParams) -> Result<Recipe> {
         Architecture::Llama => llama::configure(meta, base),
         Architecture::Qwen2 => Ok(qwen2::configure(base)),
         Architecture::Gemma3 => gemma3::configure(meta, base),
+        Architecture::Qwen3 => Ok(qwen3::configure(base)),
     }
 }

@@ -2,16 +2,25 @@
 //! NeoX layout (pairs `(i, i + n_rot/2)`).
 
 use crate::config::{Activation, BaseHParams, Recipe, RopeType};
+use crate::plan::{AttnKind, AttnPlan, BlockPlan, FfnPlan, GluPlan};
 
 pub(super) fn configure(base: &BaseHParams) -> Recipe {
+    let block = BlockPlan {
+        attn: AttnPlan {
+            qkv_bias: true,
+            qk_norm: false,
+            rope: base.rope(RopeType::Neox),
+            kind: AttnKind::Full,
+            scale: base.default_attention_scale(),
+            post_norm: false,
+        },
+        ffn: FfnPlan::Glu(GluPlan {
+            act: Activation::Silu,
+            post_norm: false,
+        }),
+    };
     Recipe {
-        rope_type: RopeType::Neox,
-        activation: Activation::Silu,
         embedding_scale: 1.0,
-        attention_scale: base.default_attention_scale(),
-        qkv_bias: true,
-        qk_norm: false,
-        post_norms: false,
-        layers: base.uniform_layers(),
+        blocks: vec![block; base.n_layer],
     }
 }

@@ -10,7 +10,7 @@ use octoflow_vk::testing::gpu_or_skip;
 use rand::Rng;
 
 use crate::adapter::{merged_file, Adapter, Target};
-use crate::gpu::{GpuDraw, GpuModel};
+use crate::gpu::GpuModel;
 use crate::testing::{open, random_adapter, rng, tiny_writer, TINY};
 use crate::{BatchForward, BatchRow, Forward, Logits, Model, RowOutput, RowResult, TokenIn};
 
@@ -47,7 +47,7 @@ fn adapters_on_the_fly_match_the_merged_model() {
     let Some(ctx) = gpu_or_skip("adapters_on_the_fly") else {
         return;
     };
-    for arch in ["llama", "qwen2", "gemma3"] {
+    for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
         let mut rng = rng(&format!("adapters_on_the_fly_{arch}"));
         let base = Arc::new(open(&tiny_writer(arch, TINY, &mut rng)).expect("tiny model"));
         let model = Model::from_gguf(base.clone()).expect("model");
@@ -100,16 +100,8 @@ fn adapters_on_the_fly_match_the_merged_model() {
         steps
             .forward(&tokens[..5], 0, Logits::None)
             .expect("prompt");
-        let draw = GpuDraw {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            seed: 1,
-            step: 0,
-        };
         let out = steps
-            .decode_steps(tokens[5], &draw, 4, &[])
+            .decode_steps(tokens[5], &octoflow_core::Draw::greedy(0), 4, &[])
             .expect("decode");
         let mut cs = cpu.session(32);
         let mut logits = cs.forward(&tokens[..6], 0, Logits::Last).expect("cpu");
@@ -257,7 +249,7 @@ fn fused_ffn_steps_match_the_cpu_reference() {
     let Some(ctx) = gpu_or_skip("fused_ffn_steps") else {
         return;
     };
-    for arch in ["llama", "qwen2", "gemma3"] {
+    for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
         let mut rng = rng(&format!("fused_ffn_steps_{arch}"));
         let base = Arc::new(open(&tiny_writer(arch, TINY, &mut rng)).expect("tiny model"));
         let model = Model::from_gguf(base.clone()).expect("model");

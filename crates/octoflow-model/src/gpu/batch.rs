@@ -19,7 +19,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use octoflow_kernels::{Positions, SamplerState, FROM_PREV};
+use octoflow_core::Draw;
+use octoflow_kernels::{Positions, Sample, SamplerState, FROM_PREV};
 use octoflow_vk::{summarize, Buffer, Chain, LabelTime, MemoryKind};
 
 use crate::batch::{BatchForward, BatchRow, RowOutput, RowResult, TokenIn, MAX_IN_FLIGHT};
@@ -395,7 +396,7 @@ impl GpuBatch<'_> {
                 }
             }
             if let RowOutput::Sample(d) = r.output {
-                if !d.supported() {
+                if !self.device_samples(&d) {
                     return Err(bad(
                         i,
                         format!(
@@ -425,6 +426,10 @@ impl BatchForward for GpuBatch<'_> {
 
     fn max_rows(&self) -> usize {
         self.s.t_max as usize
+    }
+
+    fn device_samples(&self, draw: &Draw) -> bool {
+        Sample::supports(draw.temperature, draw.top_k)
     }
 
     fn pending(&self) -> usize {
@@ -460,7 +465,7 @@ impl BatchForward for GpuBatch<'_> {
             };
             let state = match r.output {
                 RowOutput::None => None,
-                RowOutput::Sample(d) => Some((d.words(), false)),
+                RowOutput::Sample(d) => Some((SamplerState::from_draw(&d).to_words(), false)),
                 RowOutput::Logits => Some((SamplerState::default().to_words(), true)),
             };
             outputs.push(state.map(|(words, logits)| {

@@ -13,18 +13,19 @@ use octoflow_gguf::GgmlType;
 use octoflow_kernels::advance::ctl;
 use octoflow_kernels::{
     fresh_applies, AttentionArgs, FreshKv, GetRowsArgs, GluOp, LinearArgs, LinearGluArgs,
-    PendingNorm, Positions, QWeightRef, RopeMode, RopeStoreArgs,
+    PendingNorm, Positions, QWeightRef, RopeStoreArgs,
 };
 use octoflow_vk::{Buffer, BufferSlice, Chain};
 
 use crate::adapter::Target;
-use crate::config::{Activation, ModelConfig, RopeType};
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::forward::Logits;
 use crate::gpu::adapters::{GpuAdapters, MixSource};
-use crate::gpu::kernels::Kernels;
+use crate::gpu::kernels::{glu_op, rope_mode, Kernels};
 use crate::gpu::scratch::Scratch;
 use crate::gpu::weights::{GpuMatrix, GpuWeights};
+use crate::plan::{planned, qk_norms, AttnPlan, FfnPlan, GluPlan};
 
 /// Where the batch's token ids are read from.
 #[derive(Clone)]
@@ -66,25 +67,6 @@ pub struct Graph<'a> {
     pub s: &'a Scratch,
     pub pos: PosSource,
     pub lora: Option<GraphLora<'a>>,
-}
-
-/// `OCTOFLOW_UNFUSED_ROPE=1` records decode steps with the head norms, `rope_store` and the
-/// attention as separate stages (as prefill does): a switch to measure what the fusion gains.
-fn unfused_rope() -> bool {
-    std::env::var_os("OCTOFLOW_UNFUSED_ROPE").is_some_and(|v| v == "1")
-}
-
-/// `OCTOFLOW_UNFUSED_GLU=1` records batches on cooperative matrices with gate and up as two
-/// products, a barrier and the GLU kernel: a switch to measure what the fused dispatch gains.
-fn unfused_glu() -> bool {
-    std::env::var_os("OCTOFLOW_UNFUSED_GLU").is_some_and(|v| v == "1")
-}
-
-/// `OCTOFLOW_UNFUSED_POST=1` records single-token steps of models with post-norms (gemma3) with
-/// each post-norm and its residual add as a stage of its own: a switch to measure what leaving
-/// them to the next block's input gains.
-fn unfused_post() -> bool {
-    std::env::var_os("OCTOFLOW_UNFUSED_POST").is_some_and(|v| v == "1")
 }
 
 /// The residual stream between blocks: the buffer holding it (`s.x`, or `s.h` while a
@@ -130,13 +112,15 @@ impl Graph<'_> {
             base: x.clone(),
             pending: None,
         };
-        for il in 0..self.c.n_layer {
+        for (il, plan) in self.c.blocks.iter().enumerate() {
             // the FFN's buffers are idle during the attention block: the kernels' temporaries
             // (split-K partial sums, attention pieces) go there instead of memory of their own
             chain.lend_scratch(Some(self.s.ffn_gate.whole()));
-            self.attention_block(chain, il, n, &mut st)?;
+            self.attention_block(chain, il, &plan.attn, n, &mut st)?;
             chain.lend_scratch(None);
-            self.ffn_block(chain, il, n, &mut st)?;
+            match &plan.ffn {
+                FfnPlan::Glu(g) => self.glu_block(chain, il, g, n, &mut st)?,
+            }
         }
         self.settle(chain, n, &mut st, &x)
     }
@@ -150,11 +134,11 @@ impl Graph<'_> {
             && self.k.linear.fuses_norm(n)
             && self.c.n_embd.is_multiple_of(32)
             && self
-                .w
-                .blk
+                .c
+                .blocks
                 .iter()
-                .all(|l| l.post_attention_norm.is_some() && l.post_ffw_norm.is_some())
-            && !unfused_post()
+                .all(|b| b.attn.post_norm && b.glu().post_norm)
+            && !self.k.linear.tuning().unfused_post
     }
 
     /// Records the pending post-norm and its add (if any) so that the stream is whole in `out`
@@ -256,9 +240,16 @@ impl Graph<'_> {
 
     /// `x += attention(rmsnorm(x))` for layer `il`, writing this batch's keys and values into the
     /// layer's cache at the batch's positions.
-    fn attention_block(&self, chain: &mut Chain, il: usize, n: u32, st: &mut Stream) -> Result<()> {
+    fn attention_block(
+        &self,
+        chain: &mut Chain,
+        il: usize,
+        plan: &AttnPlan,
+        n: u32,
+        st: &mut Stream,
+    ) -> Result<()> {
         let (c, s, k) = (self.c, self.s, self.k);
-        let (lw, lc) = (&self.w.blk[il], &c.layers[il]);
+        let lw = &self.w.blk[il];
         let rows = n as usize;
         let q = f32s(&s.q, rows * c.q_dim())?;
         let kk = f32s(&s.k, rows * c.k_dim())?;
@@ -298,14 +289,8 @@ impl Graph<'_> {
         chain.compute_barrier()?;
 
         let ps = &self.pos;
-        let mode = match c.rope_type {
-            RopeType::Normal => RopeMode::Normal,
-            RopeType::Neox => RopeMode::Neox,
-        };
-        let qk_norm = match (&lw.attn_q_norm, &lw.attn_k_norm) {
-            (Some(qn), Some(kn)) => Some((qn, kn)),
-            _ => None,
-        };
+        let mode = rope_mode(plan.rope.kind);
+        let qk_norm = qk_norms(il, plan, &lw.attn_q_norm, &lw.attn_k_norm)?;
         let (kc, vc) = &s.kv[il];
         let (kc, vc) = (kc.whole(), vc.whole());
         let args = AttentionArgs {
@@ -319,13 +304,13 @@ impl Graph<'_> {
             head_dim: c.head_dim as u32,
             head_dim_v: c.head_dim_v as u32,
             n_kv_rows: ps.seq_rows,
-            window: lc.sliding_window.map_or(0, |w| w as u32),
-            scale: c.attention_scale,
+            window: plan.kind.window().map_or(0, |w| w as u32),
+            scale: plan.scale,
             pos: &ps.buf,
             pos_offset: ps.offset,
             positions: ps.mode,
         };
-        if fresh_applies(&args) && !unfused_rope() {
+        if fresh_applies(&args) && !self.k.linear.tuning().unfused_rope {
             // decode steps: the head norms, RoPE and the cache write happen inside the
             // attention dispatch (one or two barrier stages fewer per layer)
             let fresh = FreshKv {
@@ -334,8 +319,8 @@ impl Graph<'_> {
                 n_ctx: s.n_ctx,
                 n_rot: c.n_rot as u32,
                 mode,
-                base: lc.rope_base,
-                scale: lc.rope_scale,
+                base: plan.rope.base,
+                scale: plan.rope.scale,
                 freq_factors: self.w.rope_freqs.as_ref(),
                 qk_norm: qk_norm.map(|(qn, kn)| (qn, kn, eps)),
             };
@@ -367,8 +352,8 @@ impl Graph<'_> {
                     head_dim_v: c.head_dim_v as u32,
                     n_rot: c.n_rot as u32,
                     mode,
-                    base: lc.rope_base,
-                    scale: lc.rope_scale,
+                    base: plan.rope.base,
+                    scale: plan.rope.scale,
                     freq_factors: self.w.rope_freqs.as_ref(),
                     pos: &ps.buf,
                     pos_offset: ps.offset,
@@ -384,7 +369,12 @@ impl Graph<'_> {
             (il, Target::O),
             &lw.attn_output,
             &att,
-            lw.post_attention_norm.as_ref(),
+            planned(
+                il,
+                plan.post_norm,
+                &lw.post_attention_norm,
+                "post_attention_norm",
+            )?,
             n,
             st,
         )
@@ -394,21 +384,22 @@ impl Graph<'_> {
     /// on gate/up, few-token steps (the matvec kernel) and batches on cooperative matrices record
     /// the two products and the activation as one dispatch
     /// ([`octoflow_kernels::Linear::record_glu`]): one barrier stage and two dispatches fewer.
-    fn ffn_block(&self, chain: &mut Chain, il: usize, n: u32, st: &mut Stream) -> Result<()> {
+    fn glu_block(
+        &self,
+        chain: &mut Chain,
+        il: usize,
+        plan: &GluPlan,
+        n: u32,
+        st: &mut Stream,
+    ) -> Result<()> {
         let (c, s, k) = (self.c, self.s, self.k);
         let lw = &self.w.blk[il];
         let rows = n as usize;
         let gate = f32s(&s.ffn_gate, rows * c.n_ff)?;
         let up = f32s(&s.ffn_up, rows * c.n_ff)?;
-        let op = match c.activation {
-            Activation::Silu => GluOp::Silu,
-            Activation::GeluTanh => GluOp::GeluTanh,
-        };
+        let op = glu_op(plan.act);
         // the norm is fused into single-token steps whose gate, up and activation are one
-        // dispatch: one barrier stage less per layer (H100, tg128, norm separate → fused:
-        // smollm2-135m +5%, gemma-3-270m +4%, qwen2.5-0.5b 805 → 858 tok/s since its 4864-row
-        // GLU takes two rows per invocation, `MatvecPlan::choose_glu`; with one row each, every
-        // row group re-read x and g for its sum of squares and qwen lost 1.5%)
+        // dispatch: one barrier stage less per layer (measured: docs/perf-log/kernel-comment-notes.md)
         let one_dispatch = self.fused_glu(il, n, &st.base, &gate, op, None).is_some();
         let (input, fused, pend) = self.block_input(chain, n, st, &lw.ffn_norm, one_dispatch)?;
         let norm = fused.as_ref().map(|g| (g, c.rms_eps));
@@ -452,7 +443,7 @@ impl Graph<'_> {
             (il, Target::Down),
             &lw.ffn_down,
             &gate,
-            lw.post_ffw_norm.as_ref(),
+            planned(il, plan.post_norm, &lw.post_ffw_norm, "post_ffw_norm")?,
             n,
             st,
         )?;
@@ -487,7 +478,7 @@ impl Graph<'_> {
         if adapted
             || (g.n_rows, g.n_cols) != (u.n_rows, u.n_cols)
             || !self.k.linear.fuses_glu(n, g.ty, u.ty)
-            || (self.k.linear.uses_coop(n) && unfused_glu())
+            || (self.k.linear.uses_coop(n) && self.k.linear.tuning().unfused_glu)
         {
             return None;
         }
@@ -635,10 +626,9 @@ impl Graph<'_> {
 
     /// The input of a block's projections: `x` itself when the norm is fused into them
     /// (returned: its weight), else `rms_norm(x)` recorded into `h`. Fused (`small`) for
-    /// single-token steps of the attention block, whose projections are small and latency-bound
-    /// (H100 tg128: qwen 403 → 412, smollm2 475 → 493, gemma3 481 → 476 tok/s), and of the FFN
-    /// where gate, up and the activation are one dispatch (H100 tg128 -p 0: qwen 482 → 475,
-    /// smollm2 579 → 612, gemma3 572 → 593 tok/s; docs/BENCHMARKS.md).
+    /// single-token steps of the attention block, whose projections are small and latency-bound,
+    /// and of the FFN where gate, up and the activation are one dispatch (each measured faster:
+    /// docs/perf-log/kernel-comment-notes.md).
     fn normed(
         &self,
         chain: &mut Chain,

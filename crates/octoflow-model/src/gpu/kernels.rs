@@ -4,12 +4,29 @@ use octoflow_kernels::add::Add;
 use octoflow_kernels::advance::Advance;
 use octoflow_kernels::gate::Gate;
 use octoflow_kernels::{
-    Argmax, Attention, GetRows, Glu, Linear, Lora, PickIds, RmsNorm, Rope, RopeStore, Sample,
-    SetRows,
+    Argmax, Attention, GetRows, Glu, GluOp, Linear, Lora, PickIds, RmsNorm, Rope, RopeMode,
+    RopeStore, Sample, SetRows,
 };
 use octoflow_vk::Context;
 
+use crate::config::{Activation, RopeType};
 use crate::error::Result;
+
+/// The GLU kernel's operation for a plan's activation.
+pub fn glu_op(act: Activation) -> GluOp {
+    match act {
+        Activation::Silu => GluOp::Silu,
+        Activation::GeluTanh => GluOp::GeluTanh,
+    }
+}
+
+/// The RoPE kernels' pairing for a plan's RoPE kind.
+pub fn rope_mode(kind: RopeType) -> RopeMode {
+    match kind {
+        RopeType::Normal => RopeMode::Normal,
+        RopeType::Neox => RopeMode::Neox,
+    }
+}
 
 /// The pipelines of one device.
 pub struct Kernels {

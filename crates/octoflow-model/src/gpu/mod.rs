@@ -19,4 +19,4 @@ pub mod weights;
 
 pub use adapters::{GpuAdapters, MixSource};
 pub use batch::GpuBatch;
-pub use session::{GpuDraw, GpuModel, GpuSession, GpuStop, Steps, BATCH_TOKENS};
+pub use session::{GpuModel, GpuSession, BATCH_TOKENS};

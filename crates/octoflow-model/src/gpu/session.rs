@@ -7,12 +7,13 @@
 
 use std::collections::HashMap;
 
+use octoflow_core::{Draw, Finish};
 use octoflow_kernels::advance::ctl;
-use octoflow_kernels::{Positions, SamplerState};
+use octoflow_kernels::{Positions, Sample, SamplerState};
 use octoflow_vk::{gate_words, summarize, Chain, Context, LabelTime};
 
 use crate::adapter::Adapter;
-use crate::backend::{check_batch, Forward};
+use crate::backend::{check_batch, Forward, Steps};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::forward::Logits;
@@ -149,62 +150,6 @@ impl GpuModel {
             last_profile: None,
         })
     }
-}
-
-/// How the decode steps choose tokens on the GPU (mirrors the CPU sampler's parameters).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GpuDraw {
-    /// `<= 0`: greedy (argmax).
-    pub temperature: f32,
-    pub top_k: u32,
-    pub top_p: f32,
-    pub min_p: f32,
-    pub seed: u64,
-    /// Index of the next draw (the CPU sampler's counter).
-    pub step: u64,
-}
-
-impl GpuDraw {
-    /// Whether the GPU sampler handles these parameters (else sample on the CPU).
-    pub fn supported(&self) -> bool {
-        octoflow_kernels::Sample::supports(self.temperature, self.top_k)
-    }
-
-    fn greedy(&self) -> bool {
-        self.temperature <= 0.0
-    }
-
-    pub(crate) fn words(&self) -> [u32; 8] {
-        SamplerState::new(
-            self.seed,
-            self.step,
-            self.temperature,
-            self.top_k,
-            self.top_p,
-            self.min_p,
-        )
-        .to_words()
-    }
-}
-
-/// Why the GPU stopped a run of decode steps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GpuStop {
-    /// An end-of-generation token (included in the tokens).
-    Eog,
-    /// The token limit.
-    Length,
-    /// The context is full.
-    Context,
-}
-
-/// What one submit of decode steps produced.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Steps {
-    /// Sampled tokens in order; all but the last were fed to the model.
-    pub tokens: Vec<u32>,
-    /// Set when the GPU stopped before running every step.
-    pub stop: Option<GpuStop>,
 }
 
 /// One sequence on the GPU.
@@ -442,13 +387,13 @@ impl GpuSession<'_> {
     /// Feeds `token` at the next position and runs up to `steps_per_submit` decode steps on the
     /// GPU in one submit, each sampling the next token with `draw` and feeding it to the next
     /// step. Stops early at a token of `eog` (the first 8 are checked on the GPU), after
-    /// `max_new` tokens, or when the context is full. `draw.step` must be the draw counter of the
-    /// first step; it advances by one per returned token.
+    /// `max_tokens` tokens, or when the context is full. `draw.step` must be the draw counter of
+    /// the first step; it advances by one per returned token.
     pub fn decode_steps(
         &mut self,
         token: u32,
-        draw: &GpuDraw,
-        max_new: usize,
+        draw: &Draw,
+        max_tokens: usize,
         eog: &[u32],
     ) -> Result<Steps> {
         check_batch(
@@ -458,24 +403,26 @@ impl GpuSession<'_> {
             self.n_past,
             self.s.n_ctx as usize,
         )?;
-        if !draw.supported() {
-            return Err(ModelError::Gpu(format!(
+        if !self.device_samples(draw) {
+            return Err(ModelError::DeviceSampling(format!(
                 "the GPU sampler does not handle temperature {} with top_k {}",
                 draw.temperature, draw.top_k
             )));
         }
-        let key = (self.s.out_len, draw.greedy());
+        let key = (self.s.out_len, draw.is_greedy());
         self.record_steps_cached(key)?;
         let mut block = [0u32; ctl::WORDS as usize];
         let n_eog = eog.len().min(ctl::MAX_EOG as usize);
         block[ctl::POS as usize] = self.n_past as u32;
         block[ctl::TOKEN as usize] = token;
-        block[ctl::MAX_GEN as usize] = max_new.clamp(1, u32::MAX as usize) as u32;
+        block[ctl::MAX_GEN as usize] = max_tokens.clamp(1, u32::MAX as usize) as u32;
         block[ctl::N_CTX as usize] = self.s.n_ctx;
         block[ctl::N_EOG as usize] = n_eog as u32;
         block[ctl::EOG as usize..ctl::EOG as usize + n_eog].copy_from_slice(&eog[..n_eog]);
         self.s.ctl.write(0, &block)?;
-        self.s.sampler.write(0, &draw.words())?;
+        self.s
+            .sampler
+            .write(0, &SamplerState::from_draw(draw).to_words())?;
         let chain = self
             .step_chains
             .get_mut(&key)
@@ -491,9 +438,9 @@ impl GpuSession<'_> {
         // Every step that ran fed one token: the input token, then all outputs but the last.
         self.n_past += n_out;
         let stop = match block[ctl::STOP as usize] {
-            ctl::STOP_EOG => Some(GpuStop::Eog),
-            ctl::STOP_LENGTH => Some(GpuStop::Length),
-            ctl::STOP_CONTEXT => Some(GpuStop::Context),
+            ctl::STOP_EOG => Some(Finish::Eog),
+            ctl::STOP_LENGTH => Some(Finish::Length),
+            ctl::STOP_CONTEXT => Some(Finish::Context),
             _ => None,
         };
         Ok(Steps { tokens, stop })
@@ -506,11 +453,11 @@ impl GpuSession<'_> {
     /// that does not know its first prompt yet passes `usize::MAX`: a whole chunk, whose
     /// pipelines every prompt of more than a few tokens shares. Returns the number of chains
     /// recorded.
-    pub fn warm_up(&mut self, draw: Option<&GpuDraw>, prompt_len: usize) -> Result<usize> {
+    pub fn warm_up(&mut self, draw: Option<&Draw>, prompt_len: usize) -> Result<usize> {
         let chunk = u32::try_from(prompt_len).map_or(self.s.t_max, |n| n.clamp(1, self.s.t_max));
         let prompt = self.warm_batch(chunk)?;
         let decode = match draw {
-            Some(d) => self.record_steps_cached((self.s.out_len, d.greedy()))?,
+            Some(d) => self.record_steps_cached((self.s.out_len, d.is_greedy()))?,
             None => self.warm_batch(1)?,
         };
         Ok(usize::from(prompt) + usize::from(decode))
@@ -556,15 +503,18 @@ impl Forward for GpuSession<'_> {
         self.n_past = self.n_past.min(len);
     }
 
+    fn device_samples(&self, draw: &Draw) -> bool {
+        Sample::supports(draw.temperature, draw.top_k)
+    }
+
     fn decode_steps(
         &mut self,
         token: u32,
-        draw: &GpuDraw,
-        max_new: usize,
+        draw: &Draw,
+        max_tokens: usize,
         eog: &[u32],
-    ) -> Option<Result<Steps>> {
-        draw.supported()
-            .then(|| GpuSession::decode_steps(self, token, draw, max_new, eog))
+    ) -> Result<Steps> {
+        GpuSession::decode_steps(self, token, draw, max_tokens, eog)
     }
 
     fn forward(&mut self, tokens: &[u32], start_pos: usize, logits: Logits) -> Result<Vec<f32>> {

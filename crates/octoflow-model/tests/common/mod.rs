@@ -262,18 +262,6 @@ pub fn gpu_logit_bound(ctx: &octoflow_vk::Context, n_tokens: usize) -> f32 {
     }
 }
 
-/// Greedy decoding on the GPU sampler.
-pub fn greedy_draw() -> octoflow_model::gpu::GpuDraw {
-    octoflow_model::gpu::GpuDraw {
-        temperature: 0.0,
-        top_k: 40,
-        top_p: 1.0,
-        min_p: 0.0,
-        seed: 0,
-        step: 0,
-    }
-}
-
 /// GPU logits against the CPU reference's: the largest difference within [`gpu_logit_bound`]
 /// (for a history that ran in steps of up to `rows` rows) of the largest |logit|; NaN fails.
 pub fn assert_logits_close(

@@ -307,7 +307,7 @@ impl Running {
         let mut dec: StreamDecoder = tok.stream_decoder();
         let mut out = String::new();
         for i in 0..n {
-            let t = octoflow_text::sampling::argmax(&logits);
+            let t = octoflow_core::sampling::argmax(&logits);
             if tok.is_eog(t) {
                 break;
             }

@@ -6,9 +6,10 @@
 //! `n2 = norm(xmid)`, `g,u = W n2 + lora`, `hg = act(g) u`, `f = Wd hg + lora`
 //! [`f = post_norm(f)`], `xs[l + 1] = xmid + f`. The backward walks the same steps in reverse.
 
-use octoflow_kernels::{CrossEntropyArgs, Positions, RopeArgs, RopeMode};
+use octoflow_kernels::{CrossEntropyArgs, Positions, RopeArgs};
+use octoflow_model::gpu::kernels::{glu_op, rope_mode};
 use octoflow_model::gpu::weights::GpuMatrix;
-use octoflow_model::RopeType;
+use octoflow_model::plan::{planned, qk_norms, FfnPlan, RopePlan};
 use octoflow_vk::{Buffer, BufferSlice, Chain};
 
 use super::layer::{f, Attn};
@@ -17,20 +18,16 @@ use crate::error::Result;
 use crate::lora::Target;
 
 impl Trainer {
-    /// RoPE on q and k (or, `inverse`, the transposed rotation on dq and dk) of layer `il`.
-    fn rope(&self, chain: &mut Chain, il: usize, inverse: bool) -> Result<()> {
+    /// RoPE on q and k (or, `inverse`, the transposed rotation on dq and dk) of a layer.
+    fn rope(&self, chain: &mut Chain, rope: &RopePlan, inverse: bool) -> Result<()> {
         let c = &self.c;
         let (qb, kb) = if inverse {
             (&self.b.dq, &self.b.dk)
         } else {
             (&self.b.q, &self.b.k)
         };
-        let mode = match c.rope_type {
-            RopeType::Normal => RopeMode::Normal,
-            RopeType::Neox => RopeMode::Neox,
-        };
+        let mode = rope_mode(rope.kind);
         let pos = self.b.io.whole();
-        let lc = &c.layers[il];
         for (buf, heads) in [(qb, c.n_head), (kb, c.n_head_kv)] {
             let x = f(buf, self.rows * heads * c.head_dim)?;
             self.gm.kernels().rope.record(
@@ -42,8 +39,8 @@ impl Trainer {
                     head_dim: c.head_dim as u32,
                     n_rot: c.n_rot as u32,
                     mode,
-                    base: lc.rope_base,
-                    scale: lc.rope_scale,
+                    base: rope.base,
+                    scale: rope.scale,
                     freq_factors: self.gm.weights().rope_freqs.as_ref(),
                     pos: &pos,
                     pos_offset: self.io.pos as u32,
@@ -114,6 +111,7 @@ impl Trainer {
         let (c, b, t) = (&self.c, &self.b, self.rows);
         let k = self.gm.kernels();
         let lw = &self.gm.weights().blk[il];
+        let (plan, FfnPlan::Glu(glu)) = (&c.blocks[il].attn, &c.blocks[il].ffn);
         let (d, ff, eps) = (c.n_embd, c.n_ff, c.rms_eps);
         let (qd, kd, vd, ad) = (c.q_dim(), c.k_dim(), c.v_dim(), c.n_head * c.head_dim_v);
         let x = f(&b.xs[il], t * d)?;
@@ -123,7 +121,8 @@ impl Trainer {
             .record(chain, &x, &lw.attn_norm, &n1, t as u32, d as u32, eps)?;
         chain.compute_barrier()?;
         // with per-head norms, the projections land in q_raw/k_raw first
-        let (qp, kp) = if c.qk_norm {
+        let qk_norm = qk_norms(il, plan, &lw.attn_q_norm, &lw.attn_k_norm)?;
+        let (qp, kp) = if qk_norm.is_some() {
             (f(&b.q_raw, t * qd)?, f(&b.k_raw, t * kd)?)
         } else {
             (q.clone(), kk.clone())
@@ -157,7 +156,7 @@ impl Trainer {
         self.lora_forward(chain, il, Target::K, &n1, &kp)?;
         self.lora_forward(chain, il, Target::V, &n1, &v)?;
         chain.compute_barrier()?;
-        if let (Some(qn), Some(kn)) = (&lw.attn_q_norm, &lw.attn_k_norm) {
+        if let Some((qn, kn)) = qk_norm {
             let hd = c.head_dim as u32;
             k.rms_norm
                 .record(chain, &qp, qn, &q, (t * c.n_head) as u32, hd, eps)?;
@@ -165,11 +164,11 @@ impl Trainer {
                 .record(chain, &kp, kn, &kk, (t * c.n_head_kv) as u32, hd, eps)?;
             chain.compute_barrier()?;
         }
-        self.rope(chain, il, false)?;
+        self.rope(chain, &plan.rope, false)?;
         chain.compute_barrier()?;
         self.attn_mm(chain, Attn::Scores)?;
         chain.compute_barrier()?;
-        self.softmax(chain, il, false)?;
+        self.softmax(chain, plan, false)?;
         chain.compute_barrier()?;
         self.attn_mm(chain, Attn::Out)?;
         chain.compute_barrier()?;
@@ -181,7 +180,12 @@ impl Trainer {
             (Target::O, &lw.attn_output),
             &att,
             (&b.a_raw, &b.a),
-            lw.post_attention_norm.as_ref(),
+            planned(
+                il,
+                plan.post_norm,
+                &lw.post_attention_norm,
+                "post_attention_norm",
+            )?,
         )?;
         k.add.record(chain, &x, &a, &xmid, (t * d) as u32)?;
         chain.compute_barrier()?;
@@ -198,7 +202,7 @@ impl Trainer {
         self.lora_forward(chain, il, Target::Up, &n2, &u)?;
         chain.compute_barrier()?;
         k.glu
-            .record(chain, &g, &u, &hg, (t * ff) as u32, self.act())?;
+            .record(chain, &g, &u, &hg, (t * ff) as u32, glu_op(glu.act))?;
         chain.compute_barrier()?;
         let fo = self.project(
             chain,
@@ -206,7 +210,7 @@ impl Trainer {
             (Target::Down, &lw.ffn_down),
             &hg,
             (&b.f_raw, &b.f),
-            lw.post_ffw_norm.as_ref(),
+            planned(il, glu.post_norm, &lw.post_ffw_norm, "post_ffw_norm")?,
         )?;
         if save {
             let out = f(&b.xs[il + 1], t * d)?;
@@ -313,12 +317,20 @@ impl Trainer {
     pub(crate) fn layer_backward(&self, chain: &mut Chain, il: usize) -> Result<()> {
         let (c, b, t) = (&self.c, &self.b, self.rows);
         let lw = &self.gm.weights().blk[il];
+        let (plan, FfnPlan::Glu(glu)) = (&c.blocks[il].attn, &c.blocks[il].ffn);
+        let post_ffw = planned(il, glu.post_norm, &lw.post_ffw_norm, "post_ffw_norm")?;
+        let post_attn = planned(
+            il,
+            plan.post_norm,
+            &lw.post_attention_norm,
+            "post_attention_norm",
+        )?;
         let (d, ff, eps) = (c.n_embd, c.n_ff, c.rms_eps);
         let (qd, kd, vd, ad) = (c.q_dim(), c.k_dim(), c.v_dim(), c.n_head * c.head_dim_v);
         let tu = t as u32;
         let dx = f(&b.dx, t * d)?;
         // ---- feed-forward: dx is ∂L/∂out = ∂L/∂f (residual) ----
-        let df = self.through_post_norm(chain, lw.post_ffw_norm.as_ref(), &b.f_raw, &dx)?;
+        let df = self.through_post_norm(chain, post_ffw, &b.f_raw, &dx)?;
         let (g, u, hg, dhg) = (
             f(&b.g, t * ff)?,
             f(&b.u, t * ff)?,
@@ -327,9 +339,16 @@ impl Trainer {
         );
         self.project_back(chain, il, Target::Down, &lw.ffn_down, &hg, &df, &dhg)?;
         // dg, du in place over g, u (their values are not needed after this)
-        self.tk
-            .glu_back
-            .record(chain, &g, &u, &dhg, &g, &u, (t * ff) as u32, self.act())?;
+        self.tk.glu_back.record(
+            chain,
+            &g,
+            &u,
+            &dhg,
+            &g,
+            &u,
+            (t * ff) as u32,
+            glu_op(glu.act),
+        )?;
         chain.compute_barrier()?;
         let (n2, dn) = (f(&b.n2, t * d)?, f(&b.dn, t * d)?);
         self.linear_t(chain, &lw.ffn_gate, &g, &dn, tu, false)?;
@@ -354,21 +373,21 @@ impl Trainer {
         )?;
         chain.compute_barrier()?;
         // ---- attention: dx is now ∂L/∂xmid ----
-        let da = self.through_post_norm(chain, lw.post_attention_norm.as_ref(), &b.a_raw, &dx)?;
+        let da = self.through_post_norm(chain, post_attn, &b.a_raw, &dx)?;
         let (att, datt) = (f(&b.att, t * ad)?, f(&b.datt, t * ad)?);
         self.project_back(chain, il, Target::O, &lw.attn_output, &att, &da, &datt)?;
         self.attn_mm(chain, Attn::DProbs)?;
         self.attn_mm(chain, Attn::DValues)?;
         chain.compute_barrier()?;
-        self.softmax(chain, il, true)?;
+        self.softmax(chain, plan, true)?;
         chain.compute_barrier()?;
         self.attn_mm(chain, Attn::DQueries)?;
         self.attn_mm(chain, Attn::DKeys)?;
         chain.compute_barrier()?;
-        self.rope(chain, il, true)?;
+        self.rope(chain, &plan.rope, true)?;
         chain.compute_barrier()?;
         let (dq, dk, dv) = (f(&b.dq, t * qd)?, f(&b.dk, t * kd)?, f(&b.dv, t * vd)?);
-        if let (Some(qn), Some(kn)) = (&lw.attn_q_norm, &lw.attn_k_norm) {
+        if let Some((qn, kn)) = qk_norms(il, plan, &lw.attn_q_norm, &lw.attn_k_norm)? {
             let hd = c.head_dim as u32;
             let (qr, kr) = (f(&b.q_raw, t * qd)?, f(&b.k_raw, t * kd)?);
             self.tk.rms_norm_back.record(

@@ -1,8 +1,8 @@
 //! Recording one layer's forward (also replayed during the backward to recompute its
 //! activations from the saved residual stream), the loss head, and one layer's backward.
 
-use octoflow_kernels::{GetRowsArgs, GluOp, SoftmaxMask, Strides};
-use octoflow_model::Activation;
+use octoflow_kernels::{GetRowsArgs, SoftmaxMask, Strides};
+use octoflow_model::AttnPlan;
 use octoflow_vk::{Buffer, BufferSlice, Chain};
 
 use super::Trainer;
@@ -31,13 +31,6 @@ pub(crate) enum Attn {
 }
 
 impl Trainer {
-    pub(crate) fn act(&self) -> GluOp {
-        match self.c.activation {
-            Activation::Silu => GluOp::Silu,
-            Activation::GeluTanh => GluOp::GeluTanh,
-        }
-    }
-
     /// `xs[0] = token_embd[ids] · embedding_scale`.
     pub(crate) fn embed(&self, chain: &mut Chain) -> Result<()> {
         let w = self.gm.weights();
@@ -66,7 +59,7 @@ impl Trainer {
 
     /// The attention softmax of layer `il` (forward, in place on the scores) or its backward
     /// (in place on `dscores`, reading the probabilities).
-    pub(crate) fn softmax(&self, chain: &mut Chain, il: usize, backward: bool) -> Result<()> {
+    pub(crate) fn softmax(&self, chain: &mut Chain, plan: &AttnPlan, backward: bool) -> Result<()> {
         let c = &self.c;
         let pos = self.b.io.whole();
         let mask = SoftmaxMask {
@@ -76,8 +69,8 @@ impl Trainer {
             n_seq: self.batch as u32,
             n_head: c.n_head as u32,
             seq_len: self.seq_len as u32,
-            window: c.layers[il].sliding_window.map_or(0, |w| w as u32),
-            scale: c.attention_scale,
+            window: plan.kind.window().map_or(0, |w| w as u32),
+            scale: plan.scale,
         };
         let n = self.batch * c.n_head * self.seq_len * self.seq_len;
         let p = f(&self.b.scores, n)?;

@@ -232,6 +232,10 @@ impl Trainer {
         let sc = opts.batch * c.n_head * opts.seq_len * opts.seq_len;
         let r = opts.lora.rank;
         let bf = |name: &str, n: usize| buffer(&ctx, name, n);
+        // the raw projections the backward reads exist only where some block's plan norms them
+        let qk_norm = c.blocks.iter().any(|b| b.attn.qk_norm);
+        let post_attn = c.blocks.iter().any(|b| b.attn.post_norm);
+        let post_ffw = c.blocks.iter().any(|b| b.glu().post_norm);
         let before = ctx.memory_usage().0;
         let b = Bufs {
             io: Buffer::new(&ctx, "train.io", 4 * io.words as u64, MemoryKind::Upload)?,
@@ -243,18 +247,18 @@ impl Trainer {
             q: bf("train.q", rows * qd)?,
             k: bf("train.k", rows * kd)?,
             v: bf("train.v", rows * vd)?,
-            q_raw: bf("train.q_raw", if c.qk_norm { rows * qd } else { 1 })?,
-            k_raw: bf("train.k_raw", if c.qk_norm { rows * kd } else { 1 })?,
+            q_raw: bf("train.q_raw", if qk_norm { rows * qd } else { 1 })?,
+            k_raw: bf("train.k_raw", if qk_norm { rows * kd } else { 1 })?,
             scores: bf("train.scores", sc)?,
             att: bf("train.att", rows * att_w)?,
-            a_raw: bf("train.a_raw", if c.post_norms { rows * d } else { 1 })?,
+            a_raw: bf("train.a_raw", if post_attn { rows * d } else { 1 })?,
             a: bf("train.a", rows * d)?,
             xmid: bf("train.xmid", rows * d)?,
             n2: bf("train.n2", rows * d)?,
             g: bf("train.g", rows * ff)?,
             u: bf("train.u", rows * ff)?,
             hg: bf("train.hg", rows * ff)?,
-            f_raw: bf("train.f_raw", if c.post_norms { rows * d } else { 1 })?,
+            f_raw: bf("train.f_raw", if post_ffw { rows * d } else { 1 })?,
             f: bf("train.f", rows * d)?,
             h: bf("train.h", Target::ALL.len() * rows * r)?,
             xd: bf("train.xd", rows * max_in)?,

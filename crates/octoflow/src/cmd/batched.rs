@@ -7,7 +7,8 @@
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use octoflow_model::gpu::{GpuBatch, GpuDraw, GpuModel};
+use octoflow_core::Draw;
+use octoflow_model::gpu::{GpuBatch, GpuModel};
 use octoflow_model::{BatchForward, BatchRow, RowOutput, RowResult, TokenIn};
 use serde_json::json;
 
@@ -21,14 +22,7 @@ pub struct StreamRow {
     pub t_tg: f64,
 }
 
-const GREEDY: GpuDraw = GpuDraw {
-    temperature: 0.0,
-    top_k: 1,
-    top_p: 1.0,
-    min_p: 0.0,
-    seed: 0,
-    step: 0,
-};
+const GREEDY: Draw = Draw::greedy(0);
 
 /// Prefills every stream with `prompt` ids (its own per stream) and returns the first sampled
 /// token of each.

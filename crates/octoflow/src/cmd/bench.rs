@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use octoflow_model::gpu::GpuDraw;
+use octoflow_core::Draw;
 use octoflow_model::{Forward, Logits};
 use serde_json::json;
 
@@ -213,31 +213,20 @@ fn print_profile(session: &AnySession<'_>, test: &str, steps: usize) {
 fn tg(session: &mut AnySession<'_>, first: u32, n: usize) -> anyhow::Result<()> {
     let s = session.as_dyn();
     s.truncate(0);
-    let draw = GpuDraw {
-        temperature: 0.0,
-        top_k: 1,
-        top_p: 1.0,
-        min_p: 0.0,
-        seed: 0,
-        step: 0,
-    };
+    let draw = Draw::greedy(0);
     let mut token = first;
     let mut done = 0;
     while done < n {
-        match s.decode_steps(token, &draw, n - done, &[]) {
-            Some(steps) => {
-                let steps = steps?;
-                done += steps.tokens.len();
-                token = *steps
-                    .tokens
-                    .last()
-                    .context("the device ran no decode step")?;
-            }
-            None => {
-                let logits = s.decode(token)?;
-                token = octoflow_text::sampling::argmax(&logits);
-                done += 1;
-            }
+        if s.device_samples(&draw) {
+            let steps = s.decode_steps(token, &draw, n - done, &[])?;
+            done += steps.tokens.len();
+            token = *steps
+                .tokens
+                .last()
+                .context("the device ran no decode step")?;
+        } else {
+            token = draw.sample_cpu(&s.decode(token)?);
+            done += 1;
         }
     }
     Ok(())

@@ -5,7 +5,6 @@ pub mod bench;
 pub mod common;
 pub mod devices;
 pub mod export;
-pub mod generate;
 pub mod inspect;
 pub mod perplexity;
 pub mod profile;

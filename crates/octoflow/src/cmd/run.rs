@@ -6,11 +6,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use octoflow_text::sampling::{Sampler, SamplingParams};
+use octoflow_core::{Draw, Sampler, SamplingParams};
+use octoflow_generate::{generate, Limits, Stats};
 use octoflow_text::{ChatTemplate, Message, Tokenizer};
 
 use super::common::{AnySession, DeviceArgs, Loaded};
-use super::generate::{generate, report, Limits};
 
 /// Arguments of `octoflow run`.
 #[derive(clap::Args)]
@@ -26,7 +26,7 @@ pub struct Args {
     file: Option<PathBuf>,
     /// Number of tokens to generate (-1: until end of generation or a full context).
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_hyphen_values = true)]
-    n_predict: i64,
+    max_tokens: i64,
     /// Context size in tokens (0: the model's training context, capped at 4096).
     #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
     ctx_size: usize,
@@ -126,8 +126,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => None,
     };
     let limits = Limits {
-        max_tokens: usize::try_from(args.n_predict).ok(),
-        stops: &args.stops,
+        max_tokens: usize::try_from(args.max_tokens).ok(),
+        stops: args.stops.clone(),
         ignore_eos: args.ignore_eos,
     };
     let mut session = loaded.session(&model, n_ctx, args.steps)?;
@@ -187,7 +187,7 @@ fn warm_up(
     prompt_len: usize,
 ) -> anyhow::Result<()> {
     if let (Loaded::Gpu(g), AnySession::Gpu(s)) = (loaded, session) {
-        let draw = super::generate::gpu_draw(sampler);
+        let draw = Draw::from_sampler(sampler).filter(|d| s.device_samples(d));
         super::warm::warm_up("octoflow", g.context(), || {
             Ok(s.warm_up(draw.as_ref(), prompt_len)?)
         })?;
@@ -235,7 +235,7 @@ fn chat(
     sampler: &mut Sampler,
     template: &ChatTemplate,
     args: &Args,
-    limits: &Limits<'_>,
+    limits: &Limits,
 ) -> anyhow::Result<()> {
     let mut history: Vec<Message> = Vec::new();
     let mut fed: Vec<u32> = Vec::new();
@@ -275,4 +275,19 @@ fn chat(
         history.push(Message::user(user));
         history.push(Message::assistant(reply.trim_end()));
     }
+}
+
+/// One line of timings for stderr, like llama.cpp's `llama_perf_context_print`.
+fn report(stats: &Stats) -> String {
+    let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+    format!(
+        "prompt: {} tokens in {:.2} s ({:.1} tok/s) | generated: {} tokens in {:.2} s ({:.1} tok/s) | stop: {:?}",
+        stats.prompt_tokens,
+        stats.prompt_secs,
+        rate(stats.prompt_tokens, stats.prompt_secs),
+        stats.generated,
+        stats.gen_secs,
+        rate(stats.generated, stats.gen_secs),
+        stats.finish
+    )
 }

@@ -1,0 +1,380 @@
+//! Decode attention in one dispatch (shader `attention_decode.comp`, flash decoding): what
+//! [`crate::Attention::record`] uses when each sequence has few query tokens, i.e. run mode
+//! ([`Positions::Run`]) with at most [`DECODE_MAX_TOKENS`] tokens, or table mode
+//! ([`Positions::Table`], batched decode of many streams, where every token is attended on its
+//! own anyway). Prefill (longer runs) keeps `attention.comp`, whose clusters share every K/V
+//! row among the run's tokens.
+//!
+//! One workgroup handles one (token, KV head, chunk of its GQA query heads, key piece); the
+//! pieces of a (token, KV head, head chunk) are merged inside the same dispatch by the last of
+//! their workgroups to finish (an atomic counter per queue, reset by that workgroup).
+//!
+//! [`crate::Attention::record_fresh`] takes the variant `attention_decode_fresh` for a decode
+//! step whose keys and values are not stored yet: it reads the raw q, k and v of the step
+//! ([`FreshKv`]), applies the per-head RMSNorm of q and k (gemma3) and RoPE itself, and writes
+//! the step's keys and values into the cache: what `rms_norm` (q, k heads), `rope_store` and two
+//! or three barriers did, so a decode layer has one or two barrier stages fewer.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use octoflow_vk::{Buffer, BufferSlice, Chain, DeviceCaps, DeviceKind, MemoryKind, Push};
+
+use crate::attention::{grid, kv_total, validate, AttentionArgs};
+use crate::error::Result;
+use crate::operand::{bad, need, overlap, Positions};
+use crate::rope::{check_angles, RopeMode};
+use crate::scratch::QueueScratch;
+use crate::shaders;
+use crate::spec::SpecPipelines;
+
+/// Run-mode dispatches of at most this many query tokens take the decode kernel.
+pub const DECODE_MAX_TOKENS: u32 = 8;
+/// Most query heads per workgroup (`HB`); larger GQA groups are cut into even chunks.
+const MAX_HEADS: u32 = 8;
+/// Invocations per workgroup.
+const WG: u32 = 128;
+/// Invocations per workgroup on a GPU in run mode (one sequence).
+const RUN_WG: u32 = 256;
+/// Most key pieces per (token, KV head, head chunk).
+const MAX_SPLIT: u32 = 64;
+/// On a GPU, GQA groups are cut into head chunks until there are about this many
+/// (token, KV head, head chunk) workgroups before the keys are split.
+const HEAD_TARGET: u32 = 32;
+
+/// Whether [`crate::Attention::record`] takes the decode kernel for `a`.
+pub(crate) fn applies(a: &AttentionArgs) -> bool {
+    a.positions == Positions::Table || a.n_tokens <= DECODE_MAX_TOKENS
+}
+
+/// The step's own keys and values, before RoPE (and before the per-head RMSNorm of q and k),
+/// for [`crate::Attention::record_fresh`]: the attention's `q` is then the raw query too, and
+/// its `k` / `v` are the caches, into which token `t`'s rotated key and its value are written
+/// at row `pos[pos_offset] + t` (rows at or past `n_ctx` are not stored).
+pub struct FreshKv<'a> {
+    /// `[n_tokens, n_head_kv, head_dim]` f32 keys of the step, unrotated (read only).
+    pub k: &'a BufferSlice,
+    /// `[n_tokens, n_head_kv * head_dim_v]` f32 values of the step (read only).
+    pub v: &'a BufferSlice,
+    /// Rows of each cache.
+    pub n_ctx: u32,
+    /// Rotated dimensions (even, at most `head_dim`); as in [`crate::RopeStoreArgs`].
+    pub n_rot: u32,
+    /// Pair layout.
+    pub mode: RopeMode,
+    /// `theta_i = pos * scale * base^(-2i/n_rot) / freq_factors[i]` (radians).
+    pub base: f32,
+    /// Linear position scale (1 for none).
+    pub scale: f32,
+    /// `[n_rot/2]` f32 divisors of the frequencies, or none.
+    pub freq_factors: Option<&'a BufferSlice>,
+    /// Per-head RMSNorm of q and of k before the rotation: the `[head_dim]` f32 weights of q and
+    /// of k, and epsilon (as [`crate::RmsNorm::record`] over head rows).
+    pub qk_norm: Option<(&'a BufferSlice, &'a BufferSlice, f32)>,
+}
+
+/// Whether [`crate::Attention::record_fresh`] can record `a` (a run of at most
+/// [`DECODE_MAX_TOKENS`] tokens).
+pub fn fresh_applies(a: &AttentionArgs) -> bool {
+    a.positions == Positions::Run && a.n_tokens <= DECODE_MAX_TOKENS
+}
+
+/// Work layout of one decode dispatch (the specialization of `attention_decode.comp` plus the
+/// split; see the shader's header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct DecodePlan {
+    /// Invocations per workgroup (a power of two, a multiple of the subgroup size).
+    pub wg: u32,
+    /// Lanes per key when scoring (a power of two, at most the subgroup size).
+    pub lpk: u32,
+    /// Query heads per workgroup.
+    pub hb: u32,
+    /// Key groups of the P.V product (a power of two, at most the subgroup size).
+    pub kg: u32,
+    /// Key pieces (workgroups) per (token, KV head, head chunk).
+    pub split: u32,
+    /// Fewest keys per piece (the shader cuts `len` keys into max(ceil(len / split), this)).
+    pub min_chunk: u32,
+}
+
+/// Largest power of two `<= x` (`x >= 1`).
+fn floor_pow2(x: u32) -> u32 {
+    1 << (31 - x.max(1).leading_zeros())
+}
+
+/// Picks the decode layout for a device and shape. A workgroup's latency grows with the heads
+/// and tiles it walks, while a launch costs a few microseconds however little it does and
+/// merging pieces costs about as much again; hence:
+/// - GPU: with few (token, KV head) pairs, the GQA group is first cut into single heads (more
+///   workgroups, each with less serial work), then the keys into pieces of at least
+///   `min_chunk` = 64 keys until ~256 workgroups; a context of up to 64 keys is one piece (no
+///   merge). Batches of many streams keep whole groups (every K/V row serves all of them).
+/// - GPU, one sequence (run mode): workgroups of 256 and at most 4 vec4s of a key row per lane
+///   (lanes per key >= head_dim / 16), so that wide heads (256) do not spill q and the K tiles
+///   out of registers. Batches of many streams (position tables) keep 128.
+/// - CPU (lavapipe): whole groups, a few pieces: SIMD lanes are not free there.
+///
+/// The split is fixed when the chain is recorded (positions change between replays), from the
+/// cache capacity `n_kv_rows`; the shader cuts the actual key range into pieces of
+/// max(ceil(len / split), min_chunk) keys.
+pub(crate) fn plan(caps: &DeviceCaps, a: &AttentionArgs) -> DecodePlan {
+    let cpu = caps.kind == DeviceKind::Cpu;
+    let sg = floor_pow2(caps.subgroup.size.clamp(1, WG));
+    let group = a.n_head / a.n_head_kv;
+    let pairs = a.n_tokens.saturating_mul(a.n_head_kv);
+    let n_hc = if cpu {
+        1
+    } else {
+        HEAD_TARGET.div_ceil(pairs.max(1)).clamp(1, group)
+    };
+    let n_hc = n_hc.max(group.div_ceil(MAX_HEADS));
+    let hb = group.div_ceil(n_hc); // even chunks
+    let run = !cpu && a.positions == Positions::Run;
+    let wg = if run { RUN_WG } else { WG };
+    // lanes per key: the lane's share of the queries (hb * NK4 vec4s) stays <= 32 vec4s, and
+    // in run mode a lane's share of a key row <= 4 vec4s
+    let by_heads = (a.head_dim * hb).div_ceil(128).next_power_of_two();
+    let by_row = if run {
+        a.head_dim.div_ceil(16).next_power_of_two()
+    } else {
+        1
+    };
+    let lpk = by_heads.max(by_row).clamp(4, 16).min(sg);
+    let nvl = a.head_dim_v.div_ceil(4);
+    let kg = floor_pow2(wg / nvl).min(sg);
+    let tile = wg / lpk;
+    let min_chunk = if cpu { tile } else { tile.max(64) };
+    let groups = pairs.saturating_mul(group.div_ceil(hb));
+    let target: u32 = if cpu { 8 } else { 256 };
+    let split = target
+        .div_ceil(groups.max(1))
+        .min(a.n_kv_rows.div_ceil(min_chunk))
+        .clamp(1, MAX_SPLIT);
+    DecodePlan {
+        wg,
+        lpk,
+        hb,
+        kg,
+        split,
+        min_chunk,
+    }
+}
+
+/// The decode kernel's pipelines (specialized per head shape on first use) and its per-queue
+/// scratch: the pieces' partial results and the zero-initialized arrival counters.
+pub(crate) struct Decode {
+    pipelines: SpecPipelines,
+    fresh: SpecPipelines,
+    /// RoPE frequency tables of the fused variant, per (n_rot, base bits, scale bits).
+    freqs: Mutex<HashMap<(u32, u32, u32), Buffer>>,
+    part: QueueScratch,
+    counts: QueueScratch,
+}
+
+impl Decode {
+    pub(crate) fn new() -> Self {
+        Decode {
+            pipelines: SpecPipelines::new(shaders::ATTENTION_DECODE, 7, 52, "attention_decode"),
+            fresh: SpecPipelines::new(
+                shaders::ATTENTION_DECODE_FRESH,
+                15,
+                76,
+                "attention_decode_fresh",
+            ),
+            freqs: Mutex::new(HashMap::new()),
+            part: QueueScratch::new("attention_decode_part"),
+            counts: QueueScratch::zeroed("attention_decode_count"),
+        }
+    }
+
+    /// Records `a` with layout `p` (shapes and the layout checked first).
+    pub(crate) fn record(&self, chain: &mut Chain, a: &AttentionArgs, p: DecodePlan) -> Result<()> {
+        validate(a)?;
+        self.dispatch(chain, a, p, None)
+    }
+
+    /// Records `a` over the step's own keys and values `f` with layout `p` (see [`FreshKv`]).
+    pub(crate) fn record_fresh(
+        &self,
+        chain: &mut Chain,
+        a: &AttentionArgs,
+        f: &FreshKv,
+        p: DecodePlan,
+    ) -> Result<()> {
+        const OP: &str = "attention_fresh";
+        validate(a)?;
+        if !fresh_applies(a) {
+            return Err(bad(
+                OP,
+                format!(
+                    "a run of at most {DECODE_MAX_TOKENS} tokens is needed ({} tokens, {:?})",
+                    a.n_tokens, a.positions
+                ),
+            ));
+        }
+        check_angles(OP, f.n_rot, a.head_dim, f.base, f.scale)?;
+        let n = u128::from(a.n_tokens);
+        let hk = u128::from(a.n_head_kv);
+        let k_width = hk * u128::from(a.head_dim);
+        let v_width = hk * u128::from(a.head_dim_v);
+        need(OP, "k", f.k, n * k_width)?;
+        need(OP, "v", f.v, n * v_width)?;
+        need(OP, "k_cache", a.k, u128::from(f.n_ctx) * k_width)?;
+        need(OP, "v_cache", a.v, u128::from(f.n_ctx) * v_width)?;
+        if let Some(ff) = f.freq_factors {
+            need(OP, "freq_factors", ff, u128::from(f.n_rot / 2))?;
+        }
+        if let Some((qw, kw, _)) = f.qk_norm {
+            need(OP, "q_norm", qw, u128::from(a.head_dim))?;
+            need(OP, "k_norm", kw, u128::from(a.head_dim))?;
+        }
+        // what is written (out, the caches) must not overlap what is read
+        let read = [("q", a.q), ("k", f.k), ("v", f.v), ("pos", a.pos)];
+        for (wn, w) in [("out", a.out), ("k_cache", a.k), ("v_cache", a.v)] {
+            for (rn, r) in read {
+                if overlap(w, r) {
+                    return Err(bad(OP, format!("{wn} overlaps {rn}")));
+                }
+            }
+        }
+        self.dispatch(chain, a, p, Some(f))
+    }
+
+    /// The RoPE frequencies `scale * base^(-2i / n_rot)`, `i < n_rot / 2`, computed in f64 and
+    /// uploaded once per (n_rot, base, scale) as double-floats (hi, lo): the fused kernel only
+    /// multiplies them by the position, where `rope_store.comp` raises base^(-2/n_rot) to the
+    /// i-th power itself (a chain of double-float products too long for a stage's prologue).
+    fn frequencies(&self, chain: &Chain, f: &FreshKv) -> Result<BufferSlice> {
+        let key = (f.n_rot, f.base.to_bits(), f.scale.to_bits());
+        let mut cache = self.freqs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = cache.get(&key) {
+            return Ok(b.whole());
+        }
+        let table: Vec<f32> = (0..f.n_rot / 2)
+            .flat_map(|i| {
+                let e = -2.0 * f64::from(i) / f64::from(f.n_rot);
+                let c = f64::from(f.scale) * f64::from(f.base).powf(e);
+                let hi = c as f32;
+                [hi, (c - f64::from(hi)) as f32]
+            })
+            .collect();
+        let ctx = chain.context();
+        let size = (4 * table.len() as u64).max(8);
+        let b = Buffer::new(ctx, "rope_frequencies", size, MemoryKind::DeviceLocal)?;
+        ctx.upload(&b, 0, &table)?;
+        let whole = b.whole();
+        cache.insert(key, b);
+        Ok(whole)
+    }
+
+    /// Records validated `a` with layout `p` (checked here) through the plain or (with `fresh`)
+    /// the fused variant.
+    fn dispatch(
+        &self,
+        chain: &mut Chain,
+        a: &AttentionArgs,
+        p: DecodePlan,
+        fresh: Option<&FreshKv>,
+    ) -> Result<()> {
+        const OP: &str = "attention";
+        let sg = chain.context().caps().subgroup.size;
+        let pow2 = |x: u32| x.is_power_of_two();
+        let nvl = a.head_dim_v.div_ceil(4);
+        if !(pow2(p.wg) && pow2(p.lpk) && pow2(p.kg))
+            || p.lpk > sg.min(p.wg)
+            || p.kg > sg
+            || p.kg * nvl > p.wg
+            || p.hb == 0
+            || p.split == 0
+            || p.wg < sg
+        {
+            return Err(bad(
+                OP,
+                format!(
+                    "decode layout {p:?} does not fit head_dim_v {} and subgroups of {sg}",
+                    a.head_dim_v
+                ),
+            ));
+        }
+        let ctx = chain.context().clone();
+        let aligned = a.head_dim.is_multiple_of(4) && a.head_dim_v.is_multiple_of(4);
+        let spec = [
+            p.wg,
+            p.lpk,
+            a.head_dim.div_ceil(4 * p.lpk),
+            nvl,
+            p.hb,
+            p.kg,
+            u32::from(aligned),
+        ];
+        let pipelines = if fresh.is_some() {
+            &self.fresh
+        } else {
+            &self.pipelines
+        };
+        let pipeline = pipelines.get(&ctx, spec)?;
+        let group = a.n_head / a.n_head_kv;
+        let n_hc = group.div_ceil(p.hb);
+        let rows = u64::from(a.n_tokens) * u64::from(a.n_head);
+        // scratch is bound even with one piece (never touched then): a small buffer
+        let floats = if p.split > 1 {
+            rows * u64::from(p.split) * (4 * u64::from(nvl) + 2)
+        } else {
+            1
+        };
+        let part = self.part.get_slice(chain, 4 * floats)?;
+        let n_counts = u64::from(a.n_tokens) * u64::from(a.n_head_kv) * u64::from(n_hc);
+        let counts = self.counts.get_slice(chain, 4 * n_counts)?;
+        let mut push = Push::new()
+            .u32(a.n_tokens)
+            .u32(a.n_head)
+            .u32(a.n_head_kv)
+            .u32(a.head_dim)
+            .u32(a.head_dim_v)
+            .u32(a.n_kv_rows)
+            .u32(a.window)
+            .u32(a.pos_offset)
+            .f32(a.scale)
+            .u32(p.split)
+            .u32(a.positions.flag())
+            .u32(kv_total(a))
+            .u32(p.min_chunk);
+        let groups = n_counts * u64::from(p.split);
+        let mut bindings = vec![
+            a.q.clone(),
+            a.k.clone(),
+            a.v.clone(),
+            a.out.clone(),
+            a.pos.clone(),
+            part,
+            counts,
+        ];
+        if let Some(f) = fresh {
+            push = push
+                .u32(f.n_rot)
+                .u32(u32::from(f.mode == RopeMode::Neox))
+                .u32(u32::from(f.freq_factors.is_some()))
+                .u32(u32::from(f.qk_norm.is_some()))
+                .f32(f.qk_norm.map_or(0.0, |n| n.2))
+                .u32(f.n_ctx);
+            // unused operands bind something valid (never read)
+            let (qw, kw) = f.qk_norm.map_or((f.k, f.k), |n| (n.0, n.1));
+            bindings.extend([
+                f.k.clone(),
+                f.v.clone(),
+                a.k.clone(),
+                a.v.clone(),
+                f.freq_factors.unwrap_or(f.k).clone(),
+                qw.clone(),
+                kw.clone(),
+                self.frequencies(chain, f)?,
+            ]);
+        }
+        chain.dispatch(&pipeline, &bindings, &push, grid(groups, OP)?)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "attention_decode_tests.rs"]
+mod tests;

@@ -1,0 +1,722 @@
+//! Device tests of `attention_decode.rs` against `attention_ref`.
+
+use octoflow_vk::testing::gpu_or_skip;
+use octoflow_vk::{Buffer, Context};
+use rand::Rng;
+
+use super::*;
+use crate::attention::{attention_ref, Attention, AttentionShape};
+use crate::check_close;
+use crate::testkit::{poisoned, read, with};
+
+/// f32 dot products over up to 256 dims (vec4 pieces, then a butterfly across lanes), an online
+/// softmax over tiles of keys and up to 64 merged pieces, against an f64 reference: up to ~4e-5
+/// measured (lavapipe and H100; outputs near zero are judged against 1% of the largest), 1e-4
+/// bound.
+const REL: f32 = 1e-4;
+
+/// The largest relative error as [`check_close`] measures it (for the report; NaN gives inf).
+fn max_rel(got: &[f32], want: &[f32]) -> f32 {
+    let scale = want.iter().fold(0f32, |m, w| m.max(w.abs()));
+    got.iter().zip(want).fold(0f32, |e, (&g, &w)| {
+        let d = (g - w).abs() / w.abs().max(0.01 * scale).max(f32::MIN_POSITIVE);
+        if d.is_finite() {
+            e.max(d)
+        } else {
+            f32::INFINITY
+        }
+    })
+}
+
+/// One attention problem: cache contents, queries and where they sit.
+struct Problem {
+    s: AttentionShape,
+    n_tok: usize,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    /// Run mode: start position. Table mode: per token (position, first cache row).
+    start: usize,
+    table: Option<Vec<(usize, usize)>>,
+}
+
+impl Problem {
+    /// Fresh random inputs for `n_tok` tokens over `cache_rows` rows of cache.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        rng: &mut impl Rng,
+        n_tok: usize,
+        (n_head, n_kv): (usize, usize),
+        (hd, hv): (usize, usize),
+        rows: usize,
+        cache_rows: usize,
+        window: usize,
+    ) -> Self {
+        let s = AttentionShape {
+            n_head,
+            n_head_kv: n_kv,
+            head_dim: hd,
+            head_dim_v: hv,
+            n_kv_rows: rows,
+            window,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        let mut gen = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect() };
+        Problem {
+            s,
+            n_tok,
+            q: gen(n_tok * n_head * hd),
+            k: gen(cache_rows * n_kv * hd),
+            v: gen(cache_rows * n_kv * hv),
+            start: 0,
+            table: None,
+        }
+    }
+
+    /// The reference output.
+    fn want(&self) -> Vec<f32> {
+        let s = &self.s;
+        let mut want = vec![0f32; self.n_tok * s.n_head * s.head_dim_v];
+        match &self.table {
+            None => attention_ref(s, &self.q, &self.k, &self.v, self.start, &mut want),
+            Some(table) => {
+                let (kw, vw) = (s.n_head_kv * s.head_dim, s.n_head_kv * s.head_dim_v);
+                let (qw, ow) = (s.n_head * s.head_dim, s.n_head * s.head_dim_v);
+                for (t, &(p, base)) in table.iter().enumerate() {
+                    // the sequence's rows: its capacity, cut at the end of the cache
+                    let n = s.n_kv_rows.min(self.k.len() / kw - base);
+                    let sh = AttentionShape { n_kv_rows: n, ..*s };
+                    attention_ref(
+                        &sh,
+                        &self.q[t * qw..][..qw],
+                        &self.k[base * kw..][..n * kw],
+                        &self.v[base * vw..][..n * vw],
+                        p,
+                        &mut want[t * ow..][..ow],
+                    );
+                }
+            }
+        }
+        want
+    }
+
+    /// The `pos` words (offset 1) for this problem.
+    fn pos_words(&self) -> Vec<u32> {
+        let mut words = vec![7u32];
+        match &self.table {
+            None => words.push(self.start as u32),
+            Some(t) => {
+                for &(p, base) in t {
+                    words.extend([p as u32, base as u32]);
+                }
+            }
+        }
+        words
+    }
+}
+
+/// Device buffers of a problem.
+struct Bufs {
+    q: Buffer,
+    k: Buffer,
+    v: Buffer,
+    out: Buffer,
+    pos: Buffer,
+}
+
+impl Bufs {
+    fn new(ctx: &Context, pr: &Problem) -> Self {
+        Bufs {
+            q: with(ctx, "q", &pr.q),
+            k: with(ctx, "k", &pr.k),
+            v: with(ctx, "v", &pr.v),
+            out: poisoned(ctx, "out", pr.n_tok * pr.s.n_head * pr.s.head_dim_v),
+            pos: with(ctx, "pos", &pr.pos_words()),
+        }
+    }
+}
+
+/// Records attention of `pr` into `chain`: with `plan` through the decode kernel, else through
+/// [`Attention::record`] (which must pick the decode kernel for these shapes).
+fn record(chain: &mut Chain, k: &Attention, pr: &Problem, b: &Bufs, plan: Option<DecodePlan>) {
+    let s = &pr.s;
+    let args = AttentionArgs {
+        q: &b.q.whole(),
+        k: &b.k.whole(),
+        v: &b.v.whole(),
+        out: &b.out.whole(),
+        n_tokens: pr.n_tok as u32,
+        n_head: s.n_head as u32,
+        n_head_kv: s.n_head_kv as u32,
+        head_dim: s.head_dim as u32,
+        head_dim_v: s.head_dim_v as u32,
+        n_kv_rows: s.n_kv_rows as u32,
+        window: s.window as u32,
+        scale: s.scale,
+        pos: &b.pos.whole(),
+        pos_offset: 1,
+        positions: if pr.table.is_some() {
+            Positions::Table
+        } else {
+            Positions::Run
+        },
+    };
+    assert!(applies(&args), "not a decode shape");
+    let before = chain.dispatch_count();
+    match plan {
+        Some(p) => k.decode.record(chain, &args, p).unwrap(),
+        None => k.record(chain, &args).unwrap(),
+    }
+    assert_eq!(chain.dispatch_count(), before + 1, "one dispatch");
+}
+
+/// Runs `pr` once; the largest relative error, or the mismatch naming `what`.
+fn run(
+    ctx: &Context,
+    k: &Attention,
+    pr: &Problem,
+    plan: Option<DecodePlan>,
+    what: &str,
+) -> std::result::Result<f32, String> {
+    let b = Bufs::new(ctx, pr);
+    let mut chain = Chain::new(ctx).unwrap();
+    record(&mut chain, k, pr, &b, plan);
+    chain.run().unwrap();
+    let want = pr.want();
+    let got = read(ctx, &b.out, want.len());
+    check_close(&got, &want, REL).map_err(|e| format!("{what}, plan {plan:?}: {e}"))?;
+    Ok(max_rel(&got, &want))
+}
+
+/// (n_tokens, (n_head, n_head_kv), (head_dim, head_dim_v), n_kv_rows, window, start)
+type Case = (usize, (usize, usize), (usize, usize), usize, usize, usize);
+
+fn run_case(
+    ctx: &Context,
+    k: &Attention,
+    rng: &mut impl Rng,
+    c: Case,
+    plan: Option<DecodePlan>,
+) -> std::result::Result<f32, String> {
+    let (n_tok, heads, dims, rows, window, start) = c;
+    let mut pr = Problem::new(rng, n_tok, heads, dims, rows, rows, window);
+    pr.start = start;
+    run(ctx, k, &pr, plan, &format!("decode case {c:?}"))
+}
+
+#[test]
+fn decode_attention_matches_the_reference_on_random_inputs() {
+    let Some(ctx) = gpu_or_skip("decode_attention_matches_the_reference") else {
+        return;
+    };
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
+    let k = Attention::new(&ctx).unwrap().without_coop();
+    let cases: [Case; 22] = [
+        // contexts 1, 7, 33, 600, 2000 at qwen2.5-0.5B's shape (GQA 7)
+        (1, (14, 2), (64, 64), 4096, 0, 0),
+        (1, (14, 2), (64, 64), 4096, 0, 6),
+        (1, (14, 2), (64, 64), 4096, 0, 32),
+        (1, (14, 2), (64, 64), 4096, 0, 599),
+        (1, (14, 2), (64, 64), 4096, 0, 1999),
+        // no grouping, and one KV head for 8 query heads
+        (1, (4, 4), (64, 64), 2048, 0, 32),
+        (1, (4, 4), (64, 64), 2048, 0, 1999),
+        (1, (8, 1), (64, 64), 2048, 0, 599),
+        (1, (8, 1), (256, 256), 2048, 0, 6),
+        // gemma3: head_dim 256, sliding window
+        (1, (4, 1), (256, 256), 2048, 0, 599),
+        (1, (4, 1), (256, 256), 2048, 512, 1999),
+        (1, (4, 1), (256, 256), 2048, 512, 300), // window longer than the context
+        (1, (14, 2), (64, 64), 4096, 33, 1999),
+        // several tokens of one run (speculative decoding, short prompts)
+        (4, (14, 2), (64, 64), 1024, 0, 597),
+        (8, (8, 1), (256, 256), 700, 100, 650),
+        (8, (14, 2), (64, 64), 64, 0, 0),
+        // last queries past the cache end (they see up to row n_kv_rows - 1)
+        (5, (9, 3), (64, 64), 200, 0, 197),
+        // odd widths, other value width
+        (3, (6, 2), (38, 22), 60, 0, 30),
+        (1, (4, 1), (128, 96), 2000, 0, 1999),
+        // GQA groups cut into head chunks (16 -> 2 x 8, 10 -> 2 x 5)
+        (2, (32, 2), (64, 64), 600, 0, 500),
+        (1, (20, 2), (64, 64), 300, 0, 299),
+        (1, (12, 1), (256, 256), 1000, 0, 999),
+    ];
+    let mut worst = 0f32;
+    for c in cases {
+        match run_case(&ctx, &k, &mut rng, c, None) {
+            Ok(e) => worst = worst.max(e),
+            Err(e) => panic!("{e}, seed {seed}"),
+        }
+    }
+    println!("decode attention: max relative error {worst:.2e}");
+}
+
+#[test]
+fn every_decode_layout_matches_the_reference() {
+    let Some(ctx) = gpu_or_skip("decode_attention_layouts") else {
+        return;
+    };
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
+    let k = Attention::new(&ctx).unwrap().without_coop();
+    let sg = ctx.caps().subgroup.size;
+    let cases: [Case; 5] = [
+        (1, (14, 2), (64, 64), 700, 0, 650),
+        (2, (4, 1), (256, 256), 400, 40, 350),
+        (3, (6, 2), (38, 22), 60, 0, 40),
+        (1, (8, 2), (128, 96), 300, 0, 299),
+        (1, (4, 4), (64, 64), 100, 0, 0),
+    ];
+    // (wg, lanes per key, heads per workgroup (0: the whole group), key groups, split, min
+    // chunk): one-lane keys, partial head chunks, one and many pieces, pieces of one key, pieces
+    // of many tiles, odd splits
+    let layouts = [
+        (128, 4, 0, 8, 1, 32),
+        (128, 1, 3, 4, 5, 1),
+        (64, 2, 1, 2, 64, 1),
+        (128, 8, 0, 1, 7, 200),
+        (256, 4, 2, 8, 3, 16),
+        (64, 8, 5, 8, 2, 1),
+        (128, 16, 0, 16, 9, 20),
+        (256, 32, 4, 32, 4, 64),
+    ];
+    let mut worst = 0f32;
+    let mut ran = 0;
+    for c in cases {
+        let (_, (n_head, n_kv), (_, hv), ..) = c;
+        for (wg, lpk, hb, kg, split, min_chunk) in layouts {
+            let group = (n_head / n_kv) as u32;
+            let p = DecodePlan {
+                wg,
+                lpk,
+                hb: if hb == 0 { group } else { hb.min(group) },
+                kg,
+                split,
+                min_chunk,
+            };
+            if lpk > sg || kg > sg || wg < sg || kg as usize * hv.div_ceil(4) > wg as usize {
+                continue;
+            }
+            match run_case(&ctx, &k, &mut rng, c, Some(p)) {
+                Ok(e) => worst = worst.max(e),
+                Err(e) => panic!("{e}, seed {seed}"),
+            }
+            ran += 1;
+        }
+    }
+    assert!(ran >= 15, "only {ran} layouts fit subgroups of {sg}");
+    println!("decode attention layouts ({ran} runs): max relative error {worst:.2e}");
+}
+
+/// Table mode: several sequences in one cache, each token its own sequence and position.
+fn table_problem(
+    rng: &mut impl Rng,
+    heads: (usize, usize),
+    dims: (usize, usize),
+    rows: usize,
+    window: usize,
+    n_seq: usize,
+    n_tok: usize,
+) -> Problem {
+    let mut pr = Problem::new(rng, n_tok, heads, dims, rows, n_seq * rows, window);
+    let table = (0..n_tok)
+        .map(|t| {
+            let seq = rng.gen_range(0..n_seq);
+            let p = match t % 4 {
+                0 => 0,
+                1 => rows - 1,
+                _ => rng.gen_range(0..rows),
+            };
+            (p, seq * rows)
+        })
+        .collect();
+    pr.table = Some(table);
+    pr
+}
+
+#[test]
+fn decode_position_table_attends_each_token_to_its_own_sequence() {
+    let Some(ctx) = gpu_or_skip("decode_attention_position_table") else {
+        return;
+    };
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
+    let k = Attention::new(&ctx).unwrap().without_coop();
+    let sg = ctx.caps().subgroup.size;
+    // ((n_head, n_head_kv), (head_dim, head_dim_v), rows per sequence, window, sequences, tokens)
+    let cases = [
+        ((14, 2), (64, 64), 2000, 0, 4, 6),
+        ((4, 1), (256, 256), 700, 64, 3, 5),
+        ((8, 1), (64, 64), 100, 0, 5, 40), // a wide batch: one piece each
+        ((6, 2), (38, 22), 40, 0, 4, 9),
+        ((4, 4), (64, 64), 3000, 0, 2, 3),
+    ];
+    let mut worst = 0f32;
+    for (heads, dims, rows, window, n_seq, n_tok) in cases {
+        let pr = table_problem(&mut rng, heads, dims, rows, window, n_seq, n_tok);
+        let what = format!(
+            "decode table {heads:?} heads {dims:?} dims, {n_seq} sequences of {rows}, \
+             window {window}, {n_tok} tokens"
+        );
+        // the device's own layout, then many small pieces merged (each token its own count)
+        let many = DecodePlan {
+            wg: 128.max(sg),
+            lpk: 2.min(sg),
+            hb: 3.min((heads.0 / heads.1) as u32),
+            kg: 2.min(sg),
+            split: 13,
+            min_chunk: 3,
+        };
+        for plan in [None, Some(many)] {
+            match run(&ctx, &k, &pr, plan, &what) {
+                Ok(e) => worst = worst.max(e),
+                Err(e) => panic!("{e}, seed {seed}"),
+            }
+        }
+    }
+    println!("decode attention, position tables: max relative error {worst:.2e}");
+}
+
+/// A recorded chain replayed: the counters that elect the merging workgroup must be back at zero
+/// after each run, or the next replay merges nothing (the output stays NaN) or too early.
+#[test]
+fn a_replayed_decode_chain_merges_every_time() {
+    let Some(ctx) = gpu_or_skip("decode_attention_replay") else {
+        return;
+    };
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
+    let k = Attention::new(&ctx).unwrap().without_coop();
+    let sg = ctx.caps().subgroup.size;
+    let mut run_pr = Problem::new(&mut rng, 2, (14, 2), (64, 64), 1500, 1500, 0);
+    run_pr.start = 1200;
+    let table_pr = table_problem(&mut rng, (4, 1), (256, 256), 900, 0, 3, 4);
+    for mut pr in [run_pr, table_pr] {
+        let pr = &mut pr;
+        let b = Bufs::new(&ctx, pr);
+        let plan = DecodePlan {
+            wg: 128.max(sg),
+            lpk: 4.min(sg),
+            hb: 2,
+            kg: (128 / pr.s.head_dim_v.div_ceil(4) as u32).min(4).min(sg),
+            split: 11,
+            min_chunk: 16,
+        };
+        let mut chain = Chain::new(&ctx).unwrap();
+        record(&mut chain, &k, pr, &b, Some(plan));
+        // the device's own layout too, after a barrier (its own counters and partials)
+        chain.barrier().unwrap();
+        let b2 = Bufs::new(&ctx, pr);
+        record(&mut chain, &k, pr, &b2, None);
+        let n = pr.n_tok * pr.s.n_head * pr.s.head_dim_v;
+        let mut first: Option<(Vec<f32>, Vec<f32>)> = None;
+        for replay in 0..3 {
+            for out in [&b.out, &b2.out] {
+                ctx.fill(out, 0, 4 * n as u64, f32::NAN.to_bits()).unwrap();
+            }
+            chain.run().unwrap();
+            let got = (read(&ctx, &b.out, n), read(&ctx, &b2.out, n));
+            match &first {
+                None => {
+                    let want = pr.want();
+                    for g in [&got.0, &got.1] {
+                        if let Err(e) = check_close(g, &want, REL) {
+                            panic!("replay {replay}: {e}, seed {seed}");
+                        }
+                    }
+                    first = Some(got);
+                }
+                Some(f) => {
+                    let same = |a: &[f32], b: &[f32]| {
+                        a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+                    };
+                    assert!(
+                        same(&f.0, &got.0) && same(&f.1, &got.1),
+                        "replay {replay} differs from the first run, seed {seed}"
+                    );
+                }
+            }
+        }
+        // new positions and queries, same chain: still right
+        if pr.table.is_none() {
+            pr.start = 733;
+            pr.q = (0..pr.q.len()).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            ctx.upload(&b.pos, 0, &pr.pos_words()).unwrap();
+            ctx.upload(&b.q, 0, &pr.q).unwrap();
+            ctx.upload(&b2.pos, 0, &pr.pos_words()).unwrap();
+            ctx.upload(&b2.q, 0, &pr.q).unwrap();
+            chain.run().unwrap();
+            let want = pr.want();
+            for out in [&b.out, &b2.out] {
+                if let Err(e) = check_close(&read(&ctx, out, n), &want, REL) {
+                    panic!("replay at a new position: {e}, seed {seed}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_decode_kernel_takes_decode_steps_and_bad_layouts_are_errors() {
+    let Some(ctx) = gpu_or_skip("decode_attention_choice") else {
+        return;
+    };
+    let b = poisoned(&ctx, "b", 1 << 16);
+    let pb = with(&ctx, "pos", &[0u32; 64]);
+    let mut args = AttentionArgs {
+        q: &b.whole(),
+        k: &b.whole(),
+        v: &b.whole(),
+        out: &b.whole(),
+        n_tokens: DECODE_MAX_TOKENS,
+        n_head: 14,
+        n_head_kv: 2,
+        head_dim: 64,
+        head_dim_v: 64,
+        n_kv_rows: 32,
+        window: 0,
+        scale: 0.125,
+        pos: &pb.whole(),
+        pos_offset: 0,
+        positions: Positions::Run,
+    };
+    assert!(applies(&args));
+    // whole GQA groups on a CPU; on a GPU cut into even chunks when there are few pairs
+    let p = plan(ctx.caps(), &args);
+    if ctx.caps().kind == octoflow_vk::DeviceKind::Cpu {
+        assert_eq!(p.hb, 7);
+    } else {
+        assert_eq!(
+            p.hb, 4,
+            "16 (token, KV head) pairs: 2 chunks of the group of 7"
+        );
+        args.n_tokens = 1;
+        assert_eq!(
+            plan(ctx.caps(), &args).hb,
+            1,
+            "one token: one head per workgroup"
+        );
+    }
+    args.n_tokens = DECODE_MAX_TOKENS + 1;
+    assert!(!applies(&args), "prefill keeps attention.comp");
+    args.positions = Positions::Table;
+    assert!(applies(&args));
+    // a short cache: one piece; a long one on a big device: pieces of at least a tile
+    args.n_tokens = 1;
+    args.positions = Positions::Run;
+    assert_eq!(plan(ctx.caps(), &args).split, 1);
+    args.n_kv_rows = 8192;
+    let p = plan(ctx.caps(), &args);
+    assert!(p.split > 1 && p.min_chunk >= p.wg / p.lpk, "{p:?}");
+    // a layout whose key groups exceed the subgroup (or the workgroup) is refused
+    let k = Attention::new(&ctx).unwrap().without_coop();
+    let mut chain = Chain::new(&ctx).unwrap();
+    args.n_kv_rows = 32; // what `b` holds
+    let bad = DecodePlan { kg: 256, ..p };
+    let err = k
+        .decode
+        .record(&mut chain, &args, bad)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("decode layout"), "{err}");
+}
+
+/// One step of the fused kernel: (n_tokens, (n_head, n_head_kv), (head_dim, head_dim_v), n_rot,
+/// rope ("neox" pairs or normal, with "norm": per-head RMSNorm of q and k, "ff": frequency
+/// factors), cache rows, window, start).
+type FreshCase = (
+    usize,
+    (usize, usize),
+    (usize, usize),
+    usize,
+    &'static str,
+    usize,
+    usize,
+    usize,
+);
+
+/// Runs one fused step with `plan` (or the device's own through [`Attention::record_fresh`])
+/// against the reference: per-head RMSNorm of q and k (when asked), `rope_store_ref` into the
+/// caches, then `attention_ref`. The cache rows the step owns are poisoned (NaN) on the device
+/// before the run: the kernel must take the step's keys from `k`, never from those rows.
+fn run_fresh(
+    ctx: &Context,
+    att: &Attention,
+    rng: &mut impl Rng,
+    c: FreshCase,
+    plan: Option<DecodePlan>,
+) -> std::result::Result<f32, String> {
+    use crate::rms_norm::rms_norm_ref;
+    use crate::rope::RopeMode;
+    use crate::rope_store::{rope_store_ref, run_rows, RopeStoreShape};
+    let (n_tok, (n_head, n_kv), (hd, hv), n_rot, rope, rows, window, start) = c;
+    let has = |w: &str| rope.split_whitespace().any(|x| x == w);
+    let (neox, qk_norm, has_ff) = (has("neox"), has("norm"), has("ff"));
+    let mut gen = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
+        (0..n).map(|_| rng.gen_range(lo..hi)).collect()
+    };
+    let (kw, vw) = (n_kv * hd, n_kv * hv);
+    let q = gen(n_tok * n_head * hd, -2.0, 2.0);
+    let k = gen(n_tok * kw, -2.0, 2.0);
+    let v = gen(n_tok * vw, -2.0, 2.0);
+    let mut kc = gen(rows * kw, -2.0, 2.0);
+    let mut vc = gen(rows * vw, -2.0, 2.0);
+    let qn = gen(hd, 0.5, 1.5);
+    let kn = gen(hd, 0.5, 1.5);
+    let ff = gen(n_rot / 2, 1.0, 4.0);
+    let eps = 1e-6;
+    let mode = if neox {
+        RopeMode::Neox
+    } else {
+        RopeMode::Normal
+    };
+    let (base, scale) = (10000.0, if has_ff { 1.0 } else { 0.5 });
+
+    // the device: caches with the step's rows poisoned
+    let stored: Vec<usize> = (start..start + n_tok).filter(|&r| r < rows).collect();
+    let (mut kc_dev, mut vc_dev) = (kc.clone(), vc.clone());
+    for &r in &stored {
+        kc_dev[r * kw..(r + 1) * kw].fill(f32::NAN);
+        vc_dev[r * vw..(r + 1) * vw].fill(f32::NAN);
+    }
+    let s = AttentionShape {
+        n_head,
+        n_head_kv: n_kv,
+        head_dim: hd,
+        head_dim_v: hv,
+        n_kv_rows: rows,
+        window,
+        scale: 1.0 / (hd as f32).sqrt(),
+    };
+    let bq = with(ctx, "q", &q);
+    let bk = with(ctx, "k", &k);
+    let bv = with(ctx, "v", &v);
+    let bkc = with(ctx, "kc", &kc_dev);
+    let bvc = with(ctx, "vc", &vc_dev);
+    let bqn = with(ctx, "qn", &qn);
+    let bkn = with(ctx, "kn", &kn);
+    let bff = with(ctx, "ff", &ff);
+    let out = poisoned(ctx, "out", n_tok * n_head * hv);
+    let pos = with(ctx, "pos", &[7u32, start as u32]);
+    let args = AttentionArgs {
+        q: &bq.whole(),
+        k: &bkc.whole(),
+        v: &bvc.whole(),
+        out: &out.whole(),
+        n_tokens: n_tok as u32,
+        n_head: n_head as u32,
+        n_head_kv: n_kv as u32,
+        head_dim: hd as u32,
+        head_dim_v: hv as u32,
+        n_kv_rows: rows as u32,
+        window: window as u32,
+        scale: s.scale,
+        pos: &pos.whole(),
+        pos_offset: 1,
+        positions: Positions::Run,
+    };
+    let (qnw, knw) = (bqn.whole(), bkn.whole());
+    let ffw = bff.whole();
+    let f = FreshKv {
+        k: &bk.whole(),
+        v: &bv.whole(),
+        n_ctx: rows as u32,
+        n_rot: n_rot as u32,
+        mode,
+        base,
+        scale,
+        freq_factors: has_ff.then_some(&ffw),
+        qk_norm: qk_norm.then_some((&qnw, &knw, eps)),
+    };
+    let mut chain = Chain::new(ctx).unwrap();
+    match plan {
+        Some(p) => att.decode.record_fresh(&mut chain, &args, &f, p).unwrap(),
+        None => att.record_fresh(&mut chain, &args, &f).unwrap(),
+    }
+    assert_eq!(chain.dispatch_count(), 1, "one dispatch");
+    chain.run().unwrap();
+
+    // the reference
+    let (mut q_ref, mut k_ref) = (q.clone(), k.clone());
+    if qk_norm {
+        rms_norm_ref(&q, &qn, &mut q_ref, hd, eps);
+        rms_norm_ref(&k, &kn, &mut k_ref, hd, eps);
+    }
+    let shape = RopeStoreShape {
+        n_head,
+        n_head_kv: n_kv,
+        head_dim: hd,
+        head_dim_v: hv,
+        n_rot,
+        mode,
+        base,
+        scale,
+    };
+    let run = run_rows(start, n_tok);
+    let ff_ref = has_ff.then_some(ff.as_slice());
+    rope_store_ref(
+        &mut q_ref, &k_ref, &v, &mut kc, &mut vc, &shape, ff_ref, &run,
+    );
+    let mut want = vec![0f32; n_tok * n_head * hv];
+    attention_ref(&s, &q_ref, &kc, &vc, start, &mut want);
+
+    let what = format!("fresh case {c:?}, plan {plan:?}");
+    let got = read(ctx, &out, want.len());
+    check_close(&got, &want, REL).map_err(|e| format!("{what}: out: {e}"))?;
+    let got_kc = read(ctx, &bkc, kc.len());
+    let got_vc = read(ctx, &bvc, vc.len());
+    check_close(&got_kc, &kc, REL).map_err(|e| format!("{what}: k cache: {e}"))?;
+    check_close(&got_vc, &vc, 0.0).map_err(|e| format!("{what}: v cache: {e}"))?;
+    Ok(max_rel(&got, &want))
+}
+
+#[test]
+fn fused_decode_attention_matches_norm_rope_store_then_attention() {
+    let Some(ctx) = gpu_or_skip("fused_decode_attention") else {
+        return;
+    };
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
+    let att = Attention::new(&ctx).unwrap().without_coop();
+    let sg = ctx.caps().subgroup.size;
+    let cases: [FreshCase; 13] = [
+        // qwen2.5 (neox, full rotation) at positions 0, 6, 599, 30000 (angles of ~3e4 rad)
+        (1, (14, 2), (64, 64), 64, "neox", 1024, 0, 0),
+        (1, (4, 1), (64, 64), 64, "neox", 32768, 0, 30000),
+        (1, (14, 2), (64, 64), 64, "neox", 1024, 0, 6),
+        (1, (14, 2), (64, 64), 64, "neox", 1024, 0, 599),
+        // gemma3: head norms, head_dim 256, sliding window
+        (1, (4, 1), (256, 256), 256, "neox norm", 2048, 512, 1500),
+        (1, (4, 1), (256, 256), 256, "neox norm", 2048, 0, 3),
+        // llama (normal pairs), partial rotation, frequency factors
+        (1, (9, 3), (64, 64), 64, "normal", 300, 0, 200),
+        (1, (8, 2), (64, 64), 32, "normal ff", 300, 0, 250),
+        (1, (8, 2), (128, 96), 96, "neox norm ff", 400, 0, 333),
+        // several tokens of one run: each sees the step's earlier keys
+        (4, (14, 2), (64, 64), 64, "neox", 1024, 0, 597),
+        (8, (8, 1), (256, 256), 128, "normal norm", 700, 100, 650),
+        // odd widths; the last tokens past the cache end (not stored, not seen)
+        (3, (6, 2), (38, 22), 20, "neox norm", 60, 0, 30),
+        (5, (9, 3), (64, 64), 64, "normal", 200, 0, 197),
+    ];
+    let many = DecodePlan {
+        wg: 128.max(sg),
+        lpk: 2.min(sg),
+        hb: 1,
+        kg: 2.min(sg),
+        split: 13,
+        min_chunk: 3,
+    };
+    let mut worst = 0f32;
+    for c in cases {
+        for plan in [None, Some(many)] {
+            match run_fresh(&ctx, &att, &mut rng, c, plan) {
+                Ok(e) => worst = worst.max(e),
+                Err(e) => panic!("{e}, seed {seed}"),
+            }
+        }
+    }
+    println!("fused decode attention: max relative error {worst:.2e}");
+}
+
+// Timing of these shapes (benchmarks, with the `bench` feature).
+#[cfg(feature = "bench")]
+#[path = "../../benches/attention_decode_bench.rs"]
+mod bench;

@@ -1,0 +1,408 @@
+//! Linear layers on GGUF-encoded weights: `y[t, y_col + r] (=|+=) dot(W row r, x[t]) (+ bias[r])`
+//! (shaders `matvec.comp` for a few tokens, `matmul.comp` for batches, or `matmul_coop.comp` on
+//! devices with cooperative matrices — see [`crate::matmul_coop`]; weight decoding in
+//! `quant.glsl`).
+//!
+//! Weights stay on the device in their exact GGUF bytes: `n_rows` rows of `n_cols` elements,
+//! row `r` at byte `r * row_bytes` with `row_bytes = quantized_size(ty, n_cols)`. Types: F32,
+//! F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+//!
+//! On CPU drivers (lavapipe) both products use `linear_cpu.comp` instead, a layout without
+//! shared memory whose x reads are subgroup-uniform (see the shader's header).
+//!
+//! [`Linear::record_glu`] fuses an FFN's gated linear unit for a few tokens: both products of
+//! the gate and up matrices and `act(gate) * up` in one dispatch (the `GLU` variants of
+//! `matvec.comp` and `linear_cpu.comp`), one barrier stage and two dispatches fewer per layer
+//! than two matvecs, a barrier and [`crate::Glu`].
+
+//!
+//! # The linear family
+//!
+//! This folder holds the products on GGUF weights and what they are made of: the matvec work
+//! layouts (`plan.rs`), the operands and their checks (`args.rs`), the fused gate/up/activation
+//! (`glu.rs`), the CPU references (`reference.rs`), the cooperative-matrix matmul with its
+//! split-K sum (`matmul_coop.rs`, `split_sum.rs`), the per-type shader lookup (`qweight.rs`),
+//! row lookups of the same encodings (`get_rows.rs`) and the LoRA products (`lora.rs`). Their
+//! shaders are in `shaders/linear/`.
+
+mod args;
+#[cfg(test)]
+mod fused_tests;
+pub mod get_rows;
+mod glu;
+pub mod lora;
+pub mod matmul_coop;
+mod plan;
+pub(crate) mod qweight;
+mod reference;
+pub mod split_sum;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use args::{check_args, glu_cost, product_cost, Checked};
+pub use args::{LinearArgs, LinearGluArgs, PendingNorm, QWeightRef};
+pub(crate) use plan::MatvecPlan;
+pub use reference::{linear_glu_ref, linear_ref};
+
+use octoflow_gguf::GgmlType;
+use octoflow_vk::{BufferSlice, Chain, Context, DeviceKind, Pipeline, PipelineDesc, Push, VkError};
+
+use crate::error::{KernelError, Result};
+use crate::spec::SpecPipelines;
+use crate::tuning::Tuning;
+use args::check_pending;
+use matmul_coop::MatmulCoop;
+use plan::{cpu_groups, Matvec};
+use qweight::{check_words, QOp, TYPES};
+
+const OP: &str = "linear";
+
+/// Batches of at most this many tokens use the matrix-vector kernel (`MAXT` in `matvec.comp`);
+/// larger ones the tiled matrix-matrix kernel.
+pub const MATVEC_MAX_TOKENS: u32 = 8;
+/// The narrowest matvec row (`TPR` in `matvec.comp`, invocations per row): every layout's
+/// `TPR` is a multiple of it, so a subgroup size dividing it divides them all.
+const MATVEC_TPR: u32 = 32;
+/// Rows and tokens per matmul workgroup tile (`TM`, `TN` in `matmul.comp`).
+const MATMUL_TM: u32 = 64;
+const MATMUL_TN: u32 = 64;
+/// Rows per workgroup of the CPU-driver kernels (`WG * R` in `linear_cpu.comp`).
+const CPU_ROWS: u32 = 128;
+/// The subgroup size `linear_cpu.comp` is written for (`SG`).
+const CPU_SUBGROUP: u32 = 8;
+/// Tokens per workgroup of the CPU-driver matvec and matmul variants (`TN` in `variants.txt`).
+const CPU_MATVEC_TN: u32 = 4;
+const CPU_MATMUL_TN: u32 = 8;
+/// Push-constant bytes of every linear shader (7 u32).
+pub(crate) const PUSH_BYTES: u32 = 28;
+/// Push-constant bytes of the GLU variants: those 7, eps, norm and the activation.
+const GLU_PUSH_BYTES: u32 = PUSH_BYTES + 12;
+/// Storage-buffer bindings of the CPU-driver GLU variants: weights, x, y, bias (unused), norm
+/// weight, up weights.
+const GLU_BINDINGS: u32 = 6;
+/// Storage-buffer bindings of the GPU matvec: weights, x, y, bias, norm weight, then the pending
+/// post-norm's input, weight and settled output ([`PendingNorm`]); the GLU variant has the up
+/// weights before those three.
+const MATVEC_BINDINGS: u32 = 8;
+/// Push-constant bytes of the GPU matvec: the 7 words, eps, norm and the pending flags; the GLU
+/// variant adds the activation before the flags.
+const MATVEC_PUSH_BYTES: u32 = PUSH_BYTES + 12;
+/// Batches of at least this many tokens use the cooperative-matrix kernel where the device has
+/// it (its products are of f16-rounded operands: see [`crate::matmul_coop`]); smaller ones the
+/// matvec kernel, and on devices without cooperative matrices every batch of up to
+/// [`MATVEC_MAX_TOKENS`]. The default of [`crate::Tuning::coop_min_tokens`]: the
+/// cooperative-matrix product costs about the same from 1 to 64 tokens (its tiles pad to 64),
+/// while the matvec kernel's cost grows with its tokens and crosses it between 4 and 8
+/// (docs/perf-log/kernel-comment-notes.md).
+pub const COOP_MIN_TOKENS: u32 = 5;
+
+/// The linear-layer kernels, a matvec and a matmul pipeline per weight type (and the
+/// cooperative-matrix matmul where the device has it), built once.
+pub struct Linear {
+    /// The matvec and fused-GLU matvec per weight type: specialized per work layout
+    /// ([`MatvecPlan`]) on the GPU layout, one pipeline each on the CPU layout.
+    matvec: Vec<Matvec>,
+    matvec_glu: Vec<Matvec>,
+    matmul: Vec<Pipeline>,
+    /// The pipelines are the `linear_cpu.comp` variants.
+    cpu: bool,
+    /// Batches of [`Tuning::coop_min_tokens`] or more go here when present.
+    coop: Option<MatmulCoop>,
+    /// Read once at construction; see [`Linear::tuning`].
+    tuning: Tuning,
+}
+
+impl Linear {
+    /// Builds every type's pipelines. The matvec reduction needs a subgroup size dividing 32:
+    /// devices whose subgroups may be wider get 32 required, or an error without size control.
+    /// CPU drivers whose subgroups are (or can be made) 8 wide get the `linear_cpu.comp`
+    /// variants.
+    /// The tuning is the device's ([`Tuning::for_device`]: its defaults and the environment's
+    /// measurement switches, read here once).
+    pub fn new(ctx: &Context) -> Result<Self> {
+        Self::with_tuning(ctx, Tuning::for_device(ctx.caps()))
+    }
+
+    /// [`Linear::new`] with a given tuning (tests and benchmarks set it without the
+    /// environment).
+    pub fn with_tuning(ctx: &Context, tuning: Tuning) -> Result<Self> {
+        let cpu = ctx.caps().kind == DeviceKind::Cpu && cpu_layout_runs(ctx);
+        Self::with_layout(ctx, cpu, tuning)
+    }
+
+    /// The GPU kernels even on a CPU driver, where [`Linear::new`] picks the CPU-driver ones:
+    /// tests of the GPU-only paths (fused norms, the fused GLU with its norm) on lavapipe.
+    pub fn with_gpu_layout(ctx: &Context) -> Result<Self> {
+        Self::with_layout(ctx, false, Tuning::for_device(ctx.caps()))
+    }
+
+    /// What this instance was built with: where batches take the cooperative-matrix kernel,
+    /// how products split, and the measurement switches recordings consult.
+    pub fn tuning(&self) -> &Tuning {
+        &self.tuning
+    }
+
+    /// Builds the CPU-driver variants when `cpu`, else the GPU ones (tests run both anywhere).
+    pub(crate) fn with_layout(ctx: &Context, cpu: bool, tuning: Tuning) -> Result<Self> {
+        let mut matvec = Vec::with_capacity(TYPES.len());
+        let mut matvec_glu = Vec::with_capacity(TYPES.len());
+        let mut matmul = Vec::with_capacity(TYPES.len());
+        if cpu {
+            let sg = &ctx.caps().subgroup;
+            let required = (sg.size != CPU_SUBGROUP).then_some(CPU_SUBGROUP);
+            for i in 0..TYPES.len() {
+                for (op, bindings, push) in [
+                    (QOp::MatvecCpu, 4, PUSH_BYTES),
+                    (QOp::MatvecGluCpu, GLU_BINDINGS, GLU_PUSH_BYTES),
+                    (QOp::MatmulCpu, 4, PUSH_BYTES),
+                ] {
+                    let mut desc = PipelineDesc::new(op.variant(i), bindings, push);
+                    if let Some(size) = required {
+                        desc = desc.subgroup_size(size);
+                    }
+                    let pl = Pipeline::new(ctx, &desc)?;
+                    match op {
+                        QOp::MatvecCpu => matvec.push(Matvec::Fixed(pl)),
+                        QOp::MatvecGluCpu => matvec_glu.push(Matvec::Fixed(pl)),
+                        _ => matmul.push(pl),
+                    }
+                }
+            }
+            return Ok(Linear {
+                matvec,
+                matvec_glu,
+                matmul,
+                cpu,
+                coop: None,
+                tuning,
+            });
+        }
+        let sg = &ctx.caps().subgroup;
+        let required = if sg.max_size > MATVEC_TPR || !MATVEC_TPR.is_multiple_of(sg.size) {
+            if !(sg.size_control && sg.min_size <= MATVEC_TPR) {
+                return Err(KernelError::Vk(VkError::Unsupported {
+                    device: ctx.caps().name.clone(),
+                    reason: format!(
+                        "linear: matvec needs a subgroup size dividing {MATVEC_TPR} (device: {}..={})",
+                        sg.min_size, sg.max_size
+                    ),
+                }));
+            }
+            Some(MATVEC_TPR)
+        } else {
+            None
+        };
+        for i in 0..TYPES.len() {
+            let (mv, glu) = (QOp::Matvec.variant(i), QOp::MatvecGlu.variant(i));
+            matvec.push(Matvec::Spec(
+                SpecPipelines::new(mv, MATVEC_BINDINGS, MATVEC_PUSH_BYTES, mv.name)
+                    .subgroup_size(required),
+            ));
+            matvec_glu.push(Matvec::Spec(
+                SpecPipelines::new(glu, MATVEC_BINDINGS + 1, MATVEC_PUSH_BYTES + 4, glu.name)
+                    .subgroup_size(required),
+            ));
+            let desc = PipelineDesc::new(QOp::Matmul.variant(i), 4, PUSH_BYTES);
+            matmul.push(Pipeline::new(ctx, &desc)?);
+        }
+        let coop = if MatmulCoop::supported(ctx.caps()) {
+            Some(MatmulCoop::with_tuning(ctx, &tuning)?)
+        } else {
+            None
+        };
+        Ok(Linear {
+            matvec,
+            matvec_glu,
+            matmul,
+            cpu,
+            coop,
+            tuning,
+        })
+    }
+
+    /// The same kernels with type `ty`'s single-token matvec and GLU pipelines built from other
+    /// `matvec.comp` variants (benchmark experiments of `variants.txt`).
+    #[cfg(all(test, feature = "bench"))]
+    pub(crate) fn with_matvec_variants(
+        mut self,
+        ty: GgmlType,
+        mv: octoflow_vk::Shader,
+        glu: octoflow_vk::Shader,
+    ) -> Self {
+        let ti = TYPES
+            .iter()
+            .position(|&t| t == ty)
+            .expect("a supported type");
+        self.matvec[ti] = Matvec::Spec(SpecPipelines::new(
+            mv,
+            MATVEC_BINDINGS,
+            MATVEC_PUSH_BYTES,
+            mv.name,
+        ));
+        self.matvec_glu[ti] = Matvec::Spec(SpecPipelines::new(
+            glu,
+            MATVEC_BINDINGS + 1,
+            MATVEC_PUSH_BYTES + 4,
+            glu.name,
+        ));
+        self
+    }
+
+    /// The same kernels without the cooperative-matrix path (benchmarks compare the two).
+    #[cfg(all(test, feature = "bench"))]
+    pub(crate) fn without_coop(mut self) -> Self {
+        self.coop = None;
+        self
+    }
+
+    /// Whether a batch of `n_tokens` runs on the cooperative-matrix kernel, whose products
+    /// are of f16-rounded weights and inputs ([`crate::matmul_coop::matmul_coop_ref`]).
+    pub fn uses_coop(&self, n_tokens: u32) -> bool {
+        self.coop.is_some() && n_tokens >= self.tuning.coop_min_tokens
+    }
+
+    /// Whether a batch of `n_tokens` can take [`LinearArgs::norm`] (the GPU matvec kernel).
+    pub fn fuses_norm(&self, n_tokens: u32) -> bool {
+        !self.cpu && n_tokens <= MATVEC_MAX_TOKENS && !self.uses_coop(n_tokens)
+    }
+
+    /// Whether [`Linear::record_glu`] takes a batch of `n_tokens` with gate and up matrices of
+    /// these types: a batch for the cooperative-matrix kernel ([`Linear::uses_coop`]) or else
+    /// 1 ..= [`MATVEC_MAX_TOKENS`] tokens (the matvec path), and one supported type for both. The
+    /// matrices must also have the same shape (`record_glu` checks it).
+    pub fn fuses_glu(&self, n_tokens: u32, gate_ty: GgmlType, up_ty: GgmlType) -> bool {
+        let path = (1..=MATVEC_MAX_TOKENS).contains(&n_tokens) || self.coop_glu(n_tokens);
+        path && gate_ty == up_ty && Self::supports(gate_ty)
+    }
+
+    /// Whether a batch of `n_tokens` takes the fused gate/up/activation of the
+    /// cooperative-matrix kernel.
+    fn coop_glu(&self, n_tokens: u32) -> bool {
+        self.uses_coop(n_tokens) && self.coop.as_ref().is_some_and(|c| c.glu.is_some())
+    }
+
+    /// Whether a layout given for the matvec kernel (benchmarks and tests comparing layouts)
+    /// takes this batch to it even where the cooperative-matrix kernel would take it.
+    fn forces_matvec(&self, plan: Option<MatvecPlan>, n_tokens: u32) -> bool {
+        plan.is_some() && !self.cpu && (1..=MATVEC_MAX_TOKENS).contains(&n_tokens)
+    }
+
+    /// A fused norm needs the matvec kernel: refuses a batch that goes elsewhere (unless a
+    /// matvec layout was `forced`).
+    fn check_norm_path(&self, n_tokens: u32, forced: bool) -> Result<()> {
+        if self.fuses_norm(n_tokens) || forced {
+            return Ok(());
+        }
+        let coop_min = self.tuning.coop_min_tokens;
+        Err(KernelError::Shape {
+            op: OP,
+            detail: format!(
+                "a fused norm needs the matvec kernel (GPU layout; at most {MATVEC_MAX_TOKENS} tokens, fewer than {coop_min} with cooperative matrices)"
+            ),
+        })
+    }
+
+    /// Whether the kernels read weights of type `ty`.
+    pub fn supports(ty: GgmlType) -> bool {
+        TYPES.contains(&ty)
+    }
+
+    /// Records `y (=|+=) x · Wᵀ (+ bias)`: the cooperative-matrix kernel for batches of
+    /// [`Tuning::coop_min_tokens`] or more where the device has it, else the matvec kernel for
+    /// `n_tokens <=` [`MATVEC_MAX_TOKENS`], the tiled matmul above. Checks the type, the shapes and every
+    /// operand's size. `y` must not alias `x`, `bias` or the weights.
+    pub fn record(&self, chain: &mut Chain, a: &LinearArgs) -> Result<()> {
+        self.record_with(chain, a, None)
+    }
+
+    /// [`Linear::record`], the GPU matvec in the work layout `plan` where given (benchmarks and
+    /// tests compare layouts), else in [`MatvecPlan::choose`]'s.
+    pub(crate) fn record_with(
+        &self,
+        chain: &mut Chain,
+        a: &LinearArgs,
+        plan: Option<MatvecPlan>,
+    ) -> Result<()> {
+        let Checked { ti, push, bindings } = check_args(a)?;
+        let forced = self.forces_matvec(plan, a.n_tokens);
+        let plan = plan.unwrap_or_else(|| MatvecPlan::choose(a.w.n_rows, a.w.n_cols, a.n_tokens));
+        let w = &a.w;
+        if a.pending.is_some() && a.norm.is_none() {
+            return Err(KernelError::Shape {
+                op: OP,
+                detail: "a pending post-norm needs the fused norm".into(),
+            });
+        }
+        if let Some((g, eps)) = a.norm {
+            self.check_norm_path(a.n_tokens, forced)?;
+            check_words(OP, "norm", g, u64::from(w.n_cols), "floats")?;
+            return self.record_matvec(chain, ti, a, &bindings, push, plan, Some((g, eps)));
+        }
+        if let Some(coop) = self
+            .coop
+            .as_ref()
+            .filter(|_| self.uses_coop(a.n_tokens) && !forced)
+        {
+            return coop.dispatch(chain, ti, a, &bindings, &push);
+        }
+        let small = a.n_tokens <= MATVEC_MAX_TOKENS;
+        if self.cpu && small {
+            let (pipeline, groups) =
+                self.matvec[ti].layout(chain, w.n_rows, a.n_tokens, plan, false)?;
+            chain.dispatch(&pipeline, &bindings, &push, groups)?;
+        } else if self.cpu {
+            let groups = cpu_groups(chain, w.n_rows, a.n_tokens, CPU_MATMUL_TN)?;
+            chain.dispatch(&self.matmul[ti], &bindings, &push, groups)?;
+        } else if small {
+            return self.record_matvec(chain, ti, a, &bindings, push, plan, None);
+        } else {
+            let groups = [
+                w.n_rows.div_ceil(MATMUL_TM),
+                a.n_tokens.div_ceil(MATMUL_TN),
+                1,
+            ];
+            chain.dispatch(&self.matmul[ti], &bindings, &push, groups)?;
+        }
+        let (bytes, flops) = product_cost(a);
+        chain.set_cost(bytes, flops);
+        Ok(())
+    }
+
+    /// The GPU matvec of checked arguments, with the RMSNorm `norm` (weight, eps) fused on its
+    /// input where given, in the work layout `plan`.
+    #[allow(clippy::too_many_arguments)]
+    fn record_matvec(
+        &self,
+        chain: &mut Chain,
+        ti: usize,
+        a: &LinearArgs,
+        bindings: &[BufferSlice; 4],
+        push: Push,
+        plan: MatvecPlan,
+        norm: Option<(&BufferSlice, f32)>,
+    ) -> Result<()> {
+        let (pend, pb) = check_pending(a.pending, &a.w, a.x, a.y, a.n_tokens, plan)?;
+        let (pipeline, groups) =
+            self.matvec[ti].layout(chain, a.w.n_rows, a.n_tokens, plan, pb.is_some())?;
+        let [wb, x, y, bias] = bindings.clone();
+        // no norm: x stands in for its binding (never read)
+        let (g, eps) = norm.map_or_else(|| (x.clone(), 0.0), |(g, eps)| (g.clone(), eps));
+        let push = push.f32(eps).u32(u32::from(norm.is_some())).u32(pend);
+        let [p, pw, settle] = pb.unwrap_or_else(|| [x.clone(), x.clone(), y.clone()]);
+        chain.dispatch(
+            &pipeline,
+            &[wb, x, y, bias, g, p, pw, settle],
+            &push,
+            groups,
+        )?;
+        let (bytes, flops) = product_cost(a);
+        chain.set_cost(bytes, flops);
+        Ok(())
+    }
+}
+/// Whether the CPU-driver variants can run here: subgroups are, or can be made, 8 wide.
+fn cpu_layout_runs(ctx: &Context) -> bool {
+    let sg = &ctx.caps().subgroup;
+    sg.size == CPU_SUBGROUP
+        || (sg.size_control && (sg.min_size..=sg.max_size).contains(&CPU_SUBGROUP))
+}

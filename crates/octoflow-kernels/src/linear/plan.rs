@@ -1,0 +1,181 @@
+//! The work layout of the GPU matvec (`matvec.comp`'s specialization constants) per shape, and
+//! its pipelines per layout.
+
+use octoflow_vk::{Chain, Pipeline};
+
+use super::{CPU_MATVEC_TN, CPU_ROWS, MATVEC_MAX_TOKENS, MATVEC_TPR, OP};
+use crate::error::{KernelError, Result};
+use crate::spec::SpecPipelines;
+
+/// The work layout of one GPU matvec dispatch (`matvec.comp`'s specialization constants).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MatvecPlan {
+    /// Invocations per workgroup (a multiple of `tpr`).
+    pub wg: u32,
+    /// Invocations per row: a multiple of [`MATVEC_TPR`].
+    pub tpr: u32,
+    /// Tokens the pipeline takes at most (1 ..= [`MATVEC_MAX_TOKENS`]).
+    pub maxt: u32,
+    /// Consecutive rows per invocation (sharing its reads of x), at least 1.
+    pub rpt: u32,
+}
+
+impl MatvecPlan {
+    /// The layout before per-shape plans (and the only one of the CPU layout, which ignores it).
+    #[cfg(test)]
+    pub(crate) const DEFAULT: MatvecPlan = MatvecPlan {
+        wg: 128,
+        tpr: MATVEC_TPR,
+        maxt: MATVEC_MAX_TOKENS,
+        rpt: 1,
+    };
+
+    /// The layout for `n_tokens` (1 ..= [`MATVEC_MAX_TOKENS`]) tokens of an `n_rows` x `n_cols`
+    /// matrix, the fastest of every layout at the models' decode shapes (`matvec_layouts` in
+    /// benches/linear_bench.rs): long rows (64+ chunks, the FFN down projections) gain from 128
+    /// invocations per row for one token and 64 for a few; pipelines for exactly the tokens they
+    /// take hold fewer registers; single-token pipelines read each chunk of x once for all of an
+    /// invocation's rows, so vocabulary-sized matrices take four rows per invocation and long
+    /// rows two; the type does not change the choice.
+    pub(crate) fn choose(n_rows: u32, n_cols: u32, n_tokens: u32) -> MatvecPlan {
+        let maxt = n_tokens.clamp(1, MATVEC_MAX_TOKENS).next_power_of_two();
+        let long = n_cols.div_ceil(32) >= 64;
+        let vocab = n_rows >= 32768;
+        if Self::stages_x(maxt) {
+            // two or four tokens: x staged in shared memory 32 chunks at a time, one chunk per
+            // lane (wider rows would leave lanes idle); four row groups share each staged tile,
+            // and vocabulary-sized matrices give each lane four rows, so that fewer workgroups
+            // stage x
+            let rpt = if vocab { 4 } else { 1 };
+            return MatvecPlan {
+                wg: 4 * MATVEC_TPR,
+                tpr: MATVEC_TPR,
+                maxt,
+                rpt,
+            };
+        }
+        let (wg, tpr) = match (long, maxt) {
+            (true, 1) => (128, 128),
+            (true, _) => (64, 64),
+            (false, _) => (64, MATVEC_TPR),
+        };
+        // one token: x is read once per chunk for all of an invocation's rows, which pays on
+        // vocabulary-sized matrices and a little on long rows
+        let rpt = match (maxt, vocab, long) {
+            (1, true, _) => 4,
+            (1, false, true) => 2,
+            _ => 1,
+        };
+        MatvecPlan { wg, tpr, maxt, rpt }
+    }
+
+    /// [`MatvecPlan::choose`] for the gate/up/activation dispatch: two rows per invocation for
+    /// one token over 4096+ rows, so that each chunk of x (and of the norm's g, with the sum of
+    /// squares when the norm is fused) is read once for two rows of both matrices (shorter
+    /// matrices lose at two).
+    pub(crate) fn choose_glu(n_rows: u32, n_cols: u32, n_tokens: u32) -> MatvecPlan {
+        let plan = Self::choose(n_rows, n_cols, n_tokens);
+        if plan.maxt == 1 && n_rows >= 4096 {
+            MatvecPlan { rpt: 2, ..plan }
+        } else {
+            plan
+        }
+    }
+
+    /// Whether pipelines for `maxt` tokens stage x in shared memory (`STAGED` in
+    /// `matvec.comp`): two or four tokens.
+    pub(crate) fn stages_x(maxt: u32) -> bool {
+        matches!(maxt, 2 | 4)
+    }
+
+    /// Rows per workgroup.
+    pub(crate) fn rows(&self) -> u32 {
+        self.wg / self.tpr * self.rpt
+    }
+
+    /// Shared-memory bytes of the layout (`partial` in `matvec.comp`, the GLU variant's size),
+    /// with the pending post-norm's sums where `pend`.
+    /// Pipelines for two or four tokens stage x (32 chunks of 32 floats per token) in memory
+    /// the partial sums share.
+    pub(crate) fn shared_bytes(&self, pend: bool) -> u32 {
+        let pend = if pend { 2 * self.rpt + 3 } else { 0 };
+        let partial = 4 * (2 * self.maxt * self.rpt + self.maxt + pend) * self.wg;
+        if Self::stages_x(self.maxt) {
+            partial.max(self.maxt * 32 * 32 * 4) + 4
+        } else {
+            partial + 16
+        }
+    }
+}
+/// A matvec shader's pipelines: one per work layout (GPU layout) or one fixed (CPU layout).
+pub(super) enum Matvec {
+    Spec(SpecPipelines),
+    Fixed(Pipeline),
+}
+
+impl Matvec {
+    /// The pipeline and workgroup grid of `n_rows` rows in the layout `plan` (GPU layout; the
+    /// CPU layout has one layout and ignores the plan), the pipeline with the pending post-norm
+    /// path where `pend` (`PEND` in `matvec.comp`).
+    /// Errors on a plan that does not fit `n_tokens` or the device.
+    pub(super) fn layout(
+        &self,
+        chain: &Chain,
+        n_rows: u32,
+        n_tokens: u32,
+        plan: MatvecPlan,
+        pend: bool,
+    ) -> Result<(Pipeline, [u32; 3])> {
+        match self {
+            Matvec::Fixed(pl) => Ok((
+                pl.clone(),
+                cpu_groups(chain, n_rows, n_tokens, CPU_MATVEC_TN)?,
+            )),
+            Matvec::Spec(s) => {
+                let ctx = chain.context();
+                let p = plan;
+                if p.tpr == 0
+                    || !p.tpr.is_multiple_of(MATVEC_TPR)
+                    || !p.wg.is_multiple_of(p.tpr)
+                    || p.wg > ctx.caps().max_workgroup_invocations
+                    || p.rpt == 0
+                    || p.shared_bytes(pend) > ctx.caps().max_shared_memory
+                    || !(n_tokens..=MATVEC_MAX_TOKENS).contains(&p.maxt)
+                {
+                    return Err(KernelError::Shape {
+                        op: OP,
+                        detail: format!("matvec layout {p:?} does not fit {n_tokens} tokens"),
+                    });
+                }
+                let spec = [
+                    plan.wg,
+                    plan.tpr,
+                    plan.maxt,
+                    plan.rpt,
+                    u32::from(pend),
+                    0,
+                    0,
+                ];
+                let pl = s.get(ctx, spec)?;
+                let groups = ctx.groups_1d(u64::from(n_rows), plan.rows())?;
+                Ok((pl, groups))
+            }
+        }
+    }
+}
+/// The workgroup grid of the CPU-driver kernels for `n_rows` x `n_tokens` (`tn` tokens per
+/// workgroup), or a shape error past the device's limits.
+pub(super) fn cpu_groups(chain: &Chain, n_rows: u32, n_tokens: u32, tn: u32) -> Result<[u32; 3]> {
+    let groups = [n_rows.div_ceil(CPU_ROWS), n_tokens.div_ceil(tn), 1];
+    let max = chain.context().caps().max_workgroup_count;
+    if groups[0] > max[0] || groups[1] > max[1] {
+        return Err(KernelError::Shape {
+            op: OP,
+            detail: format!(
+                "{n_rows} rows x {n_tokens} tokens need {}x{} workgroups, over {}x{}",
+                groups[0], groups[1], max[0], max[1]
+            ),
+        });
+    }
+    Ok(groups)
+}

@@ -1,0 +1,451 @@
+//! Tests of `sample.rs`: the GPU sampler against octoflow-core's CPU `Sampler`.
+
+use octoflow_core::sampling::{Sampler, SamplingParams};
+use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
+use octoflow_vk::{Buffer, MemoryKind};
+use rand::{Rng, SeedableRng};
+
+use super::*;
+
+/// Where the GPU token differs from the CPU's, some decision must sit within this distance of
+/// its threshold (a running probability vs `u` or `top_p`, a probability vs the min-p floor):
+/// the GPU's `exp` and division differ from the CPU's by a few ulps, and running sums of up to
+/// 256 probabilities in [0, 1] accumulate that to well under 1e-5.
+const BOUNDARY: f32 = 1e-5;
+
+/// The CPU sampler with these parameters, its draw counter advanced to `step`.
+fn cpu_sampler(s: &SamplerState, step: u64) -> Sampler {
+    let mut sampler = Sampler::new(SamplingParams {
+        temperature: s.temperature,
+        top_k: s.top_k as usize,
+        top_p: s.top_p,
+        min_p: s.min_p,
+        repeat_penalty: 1.0,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        seed: s.seed(),
+        ..SamplingParams::default()
+    });
+    for _ in 0..step {
+        sampler.sample(&[0.0]);
+    }
+    sampler
+}
+
+/// The smallest distance between a decision quantity of `sample_ref` and its threshold.
+fn boundary_distance(logits: &[f32], s: &SamplerState) -> f32 {
+    let mut c: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| !v.is_nan())
+        .map(|(i, &v)| (i as u32, v))
+        .collect();
+    c.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    c.truncate(s.top_k.clamp(1, MAX_TOP_K) as usize);
+    let (e, sum) = exps(c.iter().map(|c| c.1));
+    let p: Vec<f32> = e.iter().map(|e| e / sum).collect();
+    let mut d = f32::INFINITY;
+    let mut cum = 0.0f32;
+    for &pi in &p {
+        cum += pi;
+        if s.top_p < 1.0 {
+            d = d.min((cum - s.top_p).abs());
+        }
+        if s.min_p > 0.0 {
+            d = d.min((pi - p[0] * s.min_p).abs());
+        }
+    }
+    // The draw, over every prefix the filters could have kept.
+    let u = uniform_ref(s.seed(), s.step());
+    for keep in 1..=c.len() {
+        let (e, sum) = exps(c[..keep].iter().map(|c| c.1 / s.temperature));
+        let mut cum = 0.0f32;
+        for e in e {
+            cum += e / sum;
+            d = d.min((cum - u).abs());
+        }
+    }
+    d
+}
+
+/// Logits with exact ties, NaNs and some -inf; spread so that several tokens are likely.
+fn sampling_logits(rng: &mut impl Rng, n: usize) -> Vec<f32> {
+    let levels = rng.gen_range(1..=12);
+    let nan_frac = [0.0, 0.02, 0.5, 1.0][rng.gen_range(0..4)];
+    let spread = [0.5f32, 3.0, 10.0][rng.gen_range(0..3)];
+    (0..n)
+        .map(|_| {
+            let r: f64 = rng.gen();
+            if r < nan_frac {
+                f32::NAN
+            } else if r < nan_frac + 0.005 {
+                [f32::NEG_INFINITY, 0.0, -0.0][rng.gen_range(0..3)]
+            } else if rng.gen_bool(0.4) {
+                rng.gen_range(0..levels) as f32 * spread / 4.0
+            } else {
+                rng.gen_range(-spread..spread)
+            }
+        })
+        .collect()
+}
+
+fn random_state(rng: &mut impl Rng) -> SamplerState {
+    let temperature = [0.0f32, 0.1, 0.7, 1.0, 1.5, 3.0][rng.gen_range(0..6)];
+    let top_k = [1, 2, 40, MAX_TOP_K][rng.gen_range(0..4)];
+    let top_p = [1.0f32, 0.95, 0.5, rng.gen_range(0.0..1.0)][rng.gen_range(0..4)];
+    let min_p = [0.0f32, 0.05, rng.gen_range(0.0..0.5)][rng.gen_range(0..3)];
+    let step = match rng.gen_range(0..3) {
+        0 => rng.gen_range(0..8),
+        1 => 0xFFFF_FFFF, // the GPU's increment carries into the high word
+        _ => rng.gen(),
+    };
+    SamplerState::new(rng.gen(), step, temperature, top_k, top_p, min_p)
+}
+
+#[test]
+fn sample_ref_is_the_cpu_sampler() {
+    let seed: u64 = rand::random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for _ in 0..300 {
+        let n = [1, 2, 7, 300, 1000][rng.gen_range(0..5)];
+        let logits = sampling_logits(&mut rng, n);
+        let mut s = random_state(&mut rng);
+        s.step_hi = 0;
+        s.step_lo %= 8;
+        let want = cpu_sampler(&s, s.step()).sample(&logits);
+        assert_eq!(sample_ref(&logits, &s), want, "{s:?}, seed {seed}");
+    }
+}
+
+#[test]
+fn supports_greedy_and_bounded_top_k() {
+    assert!(Sample::supports(0.0, 0) && Sample::supports(-1.0, 100_000));
+    assert!(Sample::supports(0.8, 1) && Sample::supports(0.8, MAX_TOP_K));
+    assert!(!Sample::supports(0.8, 0) && !Sample::supports(0.8, MAX_TOP_K + 1));
+}
+
+#[test]
+fn gpu_sample_matches_the_cpu_sampler_on_random_rows() {
+    let Some(ctx) = gpu_or_skip("gpu_sample_matches_the_cpu_sampler") else {
+        return;
+    };
+    let seed: u64 = rand::random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let sample = Sample::new(&ctx).unwrap();
+    let mut cases: Vec<(Vec<f32>, SamplerState)> = Vec::new();
+    for &(n, count) in &[
+        (1, 10),
+        (7, 30),
+        (1000, 40),
+        (49152, 16),
+        (151936, 8),
+        (262144, 4),
+    ] {
+        for _ in 0..count {
+            cases.push((sampling_logits(&mut rng, n), random_state(&mut rng)));
+        }
+    }
+    let stride = ctx.caps().storage_offset_alignment.max(STATE_BYTES);
+    let states = Buffer::new(
+        &ctx,
+        "states",
+        stride * cases.len() as u64,
+        MemoryKind::DeviceLocal,
+    )
+    .unwrap();
+    let out = Buffer::new(&ctx, "out", 4 * cases.len() as u64, MemoryKind::DeviceLocal).unwrap();
+    ctx.fill(&out, 0, out.size(), 0xFFFF_FFFF).unwrap();
+    let mut bufs = Vec::new();
+    let mut chain = Chain::new(&ctx).unwrap();
+    for (i, (logits, s)) in cases.iter().enumerate() {
+        let b = Buffer::new(
+            &ctx,
+            "logits",
+            4 * logits.len() as u64,
+            MemoryKind::DeviceLocal,
+        )
+        .unwrap();
+        ctx.upload(&b, 0, logits).unwrap();
+        ctx.upload(&states, stride * i as u64, &s.to_words())
+            .unwrap();
+        let st = states.slice(stride * i as u64, STATE_BYTES).unwrap();
+        let n = logits.len() as u32;
+        sample
+            .record(&mut chain, &b.whole(), n, &st, &out.whole(), i as u32)
+            .unwrap();
+        bufs.push(b);
+    }
+    chain.run().unwrap();
+    let mut got = vec![0u32; cases.len()];
+    ctx.download(&out, 0, &mut got).unwrap();
+    let mut boundary_cases = 0;
+    for (i, (logits, s)) in cases.iter().enumerate() {
+        let want = sample_ref(logits, s);
+        if s.step() < 8 {
+            let cpu = cpu_sampler(s, s.step()).sample(logits);
+            assert_eq!(want, cpu, "sample_ref vs Sampler, {s:?}, seed {seed}");
+        }
+        if got[i] != want {
+            let d = boundary_distance(logits, s);
+            assert!(
+                d < BOUNDARY,
+                "case {i} (n = {}, {s:?}), seed {seed}: GPU token {} vs CPU {want}, \
+                 nearest boundary {d:e}",
+                logits.len(),
+                got[i]
+            );
+            boundary_cases += 1;
+        }
+        let mut words = [0u32; 8];
+        ctx.download(&states, stride * i as u64, &mut words)
+            .unwrap();
+        let after = SamplerState::from_words(words);
+        assert_eq!(
+            after.step(),
+            s.step().wrapping_add(1),
+            "case {i}, seed {seed}"
+        );
+        assert_eq!(
+            SamplerState {
+                step_lo: s.step_lo,
+                step_hi: s.step_hi,
+                ..after
+            },
+            *s,
+            "only the step changes"
+        );
+    }
+    println!("{boundary_cases} boundary case(s) of {}", cases.len());
+    assert_no_validation_errors(&ctx);
+}
+
+#[test]
+fn gpu_sample_of_many_rows_in_one_dispatch() {
+    let Some(ctx) = gpu_or_skip("gpu_sample_rows") else {
+        return;
+    };
+    let seed: u64 = rand::random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let sample = Sample::new(&ctx).unwrap();
+    let (n_rows, n) = (41usize, 5000usize);
+    let logits: Vec<Vec<f32>> = (0..n_rows).map(|_| sampling_logits(&mut rng, n)).collect();
+    let states: Vec<SamplerState> = (0..n_rows).map(|_| random_state(&mut rng)).collect();
+    let flat: Vec<f32> = logits.concat();
+    let words: Vec<u32> = states.iter().flat_map(|s| s.to_words()).collect();
+    let lb = Buffer::new(
+        &ctx,
+        "logits",
+        4 * flat.len() as u64,
+        MemoryKind::DeviceLocal,
+    )
+    .unwrap();
+    ctx.upload(&lb, 0, &flat).unwrap();
+    let sb = Buffer::new(
+        &ctx,
+        "states",
+        4 * words.len() as u64,
+        MemoryKind::DeviceLocal,
+    )
+    .unwrap();
+    ctx.upload(&sb, 0, &words).unwrap();
+    let out = Buffer::new(
+        &ctx,
+        "out",
+        4 * (n_rows as u64 + 1),
+        MemoryKind::DeviceLocal,
+    )
+    .unwrap();
+    ctx.fill(&out, 0, out.size(), 0xFFFF_FFFF).unwrap();
+    let mut chain = Chain::new(&ctx).unwrap();
+    sample
+        .record_rows(
+            &mut chain,
+            &lb.whole(),
+            n as u32,
+            n_rows as u32,
+            &sb.whole(),
+            &out.whole(),
+            1,
+        )
+        .unwrap();
+    chain.run().unwrap();
+    let mut got = vec![0u32; n_rows + 1];
+    ctx.download(&out, 0, &mut got).unwrap();
+    let mut after = vec![0u32; words.len()];
+    ctx.download(&sb, 0, &mut after).unwrap();
+    assert_eq!(got[0], u32::MAX, "the word before out_offset is untouched");
+    for (r, (row, s)) in logits.iter().zip(&states).enumerate() {
+        let want = sample_ref(row, s);
+        if got[1 + r] != want {
+            let d = boundary_distance(row, s);
+            assert!(
+                d < BOUNDARY,
+                "row {r}, {s:?}, seed {seed}: GPU {} vs CPU {want}",
+                got[1 + r]
+            );
+        }
+        let a = SamplerState::from_words(after[8 * r..8 * r + 8].try_into().unwrap());
+        assert_eq!(
+            a.step(),
+            s.step().wrapping_add(1),
+            "row {r}'s own state advanced"
+        );
+    }
+}
+
+#[test]
+fn gpu_steps_advance_through_a_chain_like_the_cpu_sampler() {
+    let Some(ctx) = gpu_or_skip("gpu_steps_advance_through_a_chain") else {
+        return;
+    };
+    let seed: u64 = rand::random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let sample = Sample::new(&ctx).unwrap();
+    const STEPS: usize = 12;
+    for temperature in [0.0f32, 1.0] {
+        let n = 3000;
+        // Flat logits: every draw depends on the step's random number.
+        let logits: Vec<f32> = (0..n).map(|_| rng.gen_range(0.0..0.1)).collect();
+        let s = SamplerState::new(rng.gen(), 0, temperature, 40, 1.0, 0.0);
+        let lb = Buffer::new(&ctx, "logits", 4 * n as u64, MemoryKind::DeviceLocal).unwrap();
+        ctx.upload(&lb, 0, &logits).unwrap();
+        let st = Buffer::new(&ctx, "state", STATE_BYTES, MemoryKind::DeviceLocal).unwrap();
+        ctx.upload(&st, 0, &s.to_words()).unwrap();
+        let out = Buffer::new(&ctx, "out", 4 * STEPS as u64, MemoryKind::DeviceLocal).unwrap();
+        ctx.fill(&out, 0, out.size(), 0xFFFF_FFFF).unwrap();
+        let mut chain = Chain::new(&ctx).unwrap();
+        for i in 0..STEPS {
+            sample
+                .record(
+                    &mut chain,
+                    &lb.whole(),
+                    n,
+                    &st.whole(),
+                    &out.whole(),
+                    i as u32,
+                )
+                .unwrap();
+            chain.barrier().unwrap();
+        }
+        chain.run().unwrap();
+        let mut got = [0u32; STEPS];
+        ctx.download(&out, 0, &mut got).unwrap();
+        let mut cpu = cpu_sampler(&s, 0);
+        for (i, &g) in got.iter().enumerate() {
+            let want = cpu.sample(&logits);
+            let at = SamplerState::new(s.seed(), i as u64, temperature, 40, 1.0, 0.0);
+            assert!(
+                g == want || boundary_distance(&logits, &at) < BOUNDARY,
+                "T {temperature}, draw {i}, seed {seed}: GPU {g} vs CPU {want}"
+            );
+        }
+        if temperature > 0.0 {
+            let distinct: std::collections::HashSet<_> = got.iter().collect();
+            assert!(
+                distinct.len() > 1,
+                "draws do not depend on the step: {got:?}"
+            );
+        }
+        let mut words = [0u32; 8];
+        ctx.download(&st, 0, &mut words).unwrap();
+        assert_eq!(SamplerState::from_words(words).step(), STEPS as u64);
+    }
+}
+
+#[test]
+fn bad_shapes_are_clear_errors() {
+    let Some(ctx) = gpu_or_skip("sample_bad_shapes") else {
+        return;
+    };
+    let small = Buffer::new(&ctx, "small", 16, MemoryKind::DeviceLocal).unwrap();
+    let state = Buffer::new(&ctx, "state", 32, MemoryKind::DeviceLocal).unwrap();
+    let sample = Sample::new(&ctx).unwrap();
+    let mut chain = Chain::new(&ctx).unwrap();
+    let (w, s) = (small.whole(), state.whole());
+    let err = sample
+        .record(&mut chain, &w, 5, &s, &w, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("logits (small)") && err.contains("5 floats"),
+        "{err}"
+    );
+    let err = sample
+        .record(&mut chain, &w, 4, &w, &w, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("state (small)") && err.contains("32"), "{err}");
+    let err = sample
+        .record(&mut chain, &w, 4, &s, &w, 4)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("out (small)") && err.contains("out_offset 4"),
+        "{err}"
+    );
+    let err = sample
+        .record(&mut chain, &w, 0, &s, &w, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("n_vocab is 0"), "{err}");
+}
+
+#[test]
+fn gpu_sample_edge_rows() {
+    let Some(ctx) = gpu_or_skip("gpu_sample_edge_rows") else {
+        return;
+    };
+    let seed: u64 = rand::random();
+    let sample = Sample::new(&ctx).unwrap();
+    let nan = f32::NAN;
+    let ninf = f32::NEG_INFINITY;
+    let flat = vec![0.25f32; 151936];
+    let cases: Vec<(Vec<f32>, SamplerState)> = vec![
+        // All NaN: token 0.
+        (
+            vec![nan; 500],
+            SamplerState::new(seed, 3, 1.0, 40, 0.9, 0.05),
+        ),
+        // +0.0 comes before -0.0 in the candidates' total order.
+        (
+            vec![-0.0, 0.0, -0.0],
+            SamplerState::new(seed, 0, 1.0, 1, 1.0, 0.0),
+        ),
+        // One finite candidate among -inf and NaN.
+        (
+            vec![ninf, nan, -3.0, ninf],
+            SamplerState::new(seed, 9, 0.7, 40, 0.5, 0.1),
+        ),
+        // 151936 exact ties: the MAX_TOP_K lowest ids, drawn uniformly by u.
+        (
+            flat.clone(),
+            SamplerState::new(seed, 1, 1.0, MAX_TOP_K, 1.0, 0.0),
+        ),
+        (flat, SamplerState::new(seed ^ 1, 2, 0.5, 2, 1.0, 0.0)),
+    ];
+    for (logits, s) in cases {
+        let want = sample_ref(&logits, &s);
+        assert_eq!(want, cpu_sampler(&s, s.step()).sample(&logits));
+        let b = Buffer::new(
+            &ctx,
+            "logits",
+            4 * logits.len() as u64,
+            MemoryKind::DeviceLocal,
+        )
+        .unwrap();
+        ctx.upload(&b, 0, &logits).unwrap();
+        let st = Buffer::new(&ctx, "state", STATE_BYTES, MemoryKind::DeviceLocal).unwrap();
+        ctx.upload(&st, 0, &s.to_words()).unwrap();
+        let out = Buffer::new(&ctx, "out", 4, MemoryKind::DeviceLocal).unwrap();
+        ctx.fill(&out, 0, 4, 0xFFFF_FFFF).unwrap();
+        let mut chain = Chain::new(&ctx).unwrap();
+        let n = logits.len() as u32;
+        sample
+            .record(&mut chain, &b.whole(), n, &st.whole(), &out.whole(), 0)
+            .unwrap();
+        chain.run().unwrap();
+        let mut got = [0u32];
+        ctx.download(&out, 0, &mut got).unwrap();
+        assert_eq!(got[0], want, "n = {n}, {s:?}, seed {seed}");
+    }
+}

@@ -1,0 +1,78 @@
+//! The shared kit of the kernel tests: random inputs from a seed printed on failure, device
+//! buffers holding them, outputs poisoned with NaN before a run, and their read-back. Results
+//! are compared with [`crate::check_close`].
+
+use octoflow_gguf::GgmlType;
+use octoflow_vk::{Buffer, Context, MemoryKind};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// A fresh seed and its generator; the seed is printed so that a failing run can be repeated
+/// (`StdRng::seed_from_u64(seed)`), which cargo shows with the failure.
+pub fn seeded(test: &str) -> (u64, StdRng) {
+    let seed: u64 = rand::random();
+    println!("{test}: seed {seed}");
+    (seed, StdRng::seed_from_u64(seed))
+}
+
+/// `len` floats uniform in -1 .. 1.
+pub fn random(rng: &mut StdRng, len: usize) -> Vec<f32> {
+    (0..len).map(|_| rng.gen_range(-1.0..1.0)).collect()
+}
+
+/// A device buffer holding `data`.
+pub fn with<T: octoflow_vk::Plain>(ctx: &Context, name: &str, data: &[T]) -> Buffer {
+    let b = Buffer::new(
+        ctx,
+        name,
+        (std::mem::size_of_val(data) as u64).max(4),
+        MemoryKind::DeviceLocal,
+    )
+    .unwrap();
+    ctx.upload(&b, 0, data).unwrap();
+    b
+}
+
+/// A device buffer of `n` floats, all NaN: an output the kernel fails to write never passes
+/// [`crate::check_close`].
+pub fn poisoned(ctx: &Context, name: &str, n: usize) -> Buffer {
+    let bytes = 4 * n as u64;
+    let b = Buffer::new(ctx, name, bytes, MemoryKind::DeviceLocal).unwrap();
+    ctx.fill(&b, 0, bytes, f32::NAN.to_bits()).unwrap();
+    b
+}
+
+/// The first `n` floats of `b`.
+pub fn read(ctx: &Context, b: &Buffer, n: usize) -> Vec<f32> {
+    let mut v = vec![0f32; n];
+    ctx.download(b, 0, &mut v).unwrap();
+    v
+}
+
+/// A device buffer holding `bytes`, zero-padded to whole 32-bit words (the shaders read `uint`s).
+pub fn buffer_with(ctx: &Context, name: &str, bytes: &[u8]) -> Buffer {
+    let size = (bytes.len() as u64).next_multiple_of(4);
+    let b = Buffer::new(ctx, name, size, MemoryKind::DeviceLocal).unwrap();
+    let mut padded = bytes.to_vec();
+    padded.resize(size as usize, 0);
+    ctx.upload(&b, 0, &padded).unwrap();
+    b
+}
+
+/// Random `n_rows x n_cols` weights in `ty`'s encoding.
+pub fn random_weights(rng: &mut StdRng, ty: GgmlType, n_rows: usize, n_cols: usize) -> Vec<u8> {
+    let f: Vec<f32> = (0..n_rows * n_cols)
+        .map(|_| rng.gen_range(-1.0..1.0))
+        .collect();
+    let mut q = vec![0u8; octoflow_gguf::quant::quantized_size(ty, n_rows * n_cols).unwrap()];
+    octoflow_gguf::quant::quantize(ty, &f, &mut q).unwrap();
+    q
+}
+
+/// A column count for `ty`: K-quants 256..1024, legacy 96..1024 in blocks, floats any (odd too).
+pub fn random_cols(rng: &mut StdRng, ty: GgmlType) -> usize {
+    match ty.block_size() {
+        1 => rng.gen_range(1..700),
+        bs => bs * rng.gen_range((96 / bs).max(1)..=1024 / bs),
+    }
+}

@@ -1,0 +1,139 @@
+//! The kernels' tuning: how products and attention split their work on this device, and the
+//! measurement switches that turn fusions off. Read once, when the kernels are built.
+
+use octoflow_vk::DeviceCaps;
+
+use crate::linear::{COOP_MIN_TOKENS, MATVEC_MAX_TOKENS};
+
+/// Compute units assumed where the driver reports none (only NVIDIA's
+/// `VK_NV_shader_sm_builtins` and AMD's `VK_AMD_shader_core_properties` do): the order of
+/// today's large discrete GPUs. Only split-K depends on it, and a wrong guess costs a second
+/// round of workgroups (too many pieces) or idle units (too few), not a wrong result.
+pub const FALLBACK_COMPUTE_UNITS: u32 = 128;
+
+/// How the kernels split their work and which fusions a recording uses. Built once per device
+/// by [`Tuning::for_device`] (defaults from the device's reported limits, then the measurement
+/// switches of the environment) and held by [`crate::Linear`] ([`crate::Linear::tuning`]);
+/// recordings read it, never the environment. Tests and benchmarks set fields directly and
+/// build with [`crate::Linear::with_tuning`].
+///
+/// | variable | field | effect |
+/// |---|---|---|
+/// | `OCTOFLOW_COOP_MIN_TOKENS=N` (2 ..= 9) | [`Tuning::coop_min_tokens`] | where products move from the matvec to the cooperative-matrix kernel |
+/// | `OCTOFLOW_UNFUSED_ROPE=1` | [`Tuning::unfused_rope`] | decode steps record head norms, RoPE, the KV write and attention as separate stages |
+/// | `OCTOFLOW_UNFUSED_GLU=1` | [`Tuning::unfused_glu`] | cooperative-matrix batches record gate and up as two products, a barrier and the GLU kernel |
+/// | `OCTOFLOW_UNFUSED_POST=1` | [`Tuning::unfused_post`] | single-token steps of post-norm models (gemma3) record each post-norm and its add as a stage |
+///
+/// The switches exist to measure what each fusion gains; results are the same either way
+/// (within each path's rounding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuning {
+    /// Batches of at least this many tokens take the cooperative-matrix product where the
+    /// device has it; default [`COOP_MIN_TOKENS`].
+    pub coop_min_tokens: u32,
+    /// The cooperative-matrix matmul splits along the columns (split-K) until its workgroups
+    /// reach this many: one per compute unit, since its tiles' registers hold one workgroup per
+    /// unit (below it the workgroups run their column steps one after another; above it, a
+    /// second round of workgroups).
+    pub matmul_target_groups: u32,
+    /// The cooperative-matrix prefill attention splits its keys until its workgroups reach this
+    /// many: four per compute unit (its workgroups are smaller).
+    pub attention_target_groups: u32,
+    /// Record decode steps without the fused head norms / RoPE / KV write of the attention.
+    pub unfused_rope: bool,
+    /// Record cooperative-matrix batches without the fused gate/up/activation.
+    pub unfused_glu: bool,
+    /// Record single-token steps without leaving post-norms to the next block's input.
+    pub unfused_post: bool,
+}
+
+impl Tuning {
+    /// The defaults for `caps`: every fusion on, split targets from the device's compute units
+    /// ([`DeviceCaps::compute_units`], else [`FALLBACK_COMPUTE_UNITS`]).
+    pub fn from_caps(caps: &DeviceCaps) -> Self {
+        Self::from_compute_units(caps.compute_units)
+    }
+
+    /// The defaults for a device of `units` compute units (unknown: `None`).
+    fn from_compute_units(units: Option<u32>) -> Self {
+        let units = units.unwrap_or(FALLBACK_COMPUTE_UNITS).max(1);
+        Tuning {
+            coop_min_tokens: COOP_MIN_TOKENS,
+            matmul_target_groups: units,
+            attention_target_groups: 4 * units,
+            unfused_rope: false,
+            unfused_glu: false,
+            unfused_post: false,
+        }
+    }
+
+    /// [`Tuning::from_caps`] with the environment's measurement switches (see [`Tuning`]) applied;
+    /// a value out of range is ignored (the default stays).
+    pub fn for_device(caps: &DeviceCaps) -> Self {
+        Self::from_caps(caps).with_switches(|name| std::env::var(name).ok())
+    }
+
+    /// Applies the switches `var` returns (a variable's value by name).
+    fn with_switches(mut self, var: impl Fn(&str) -> Option<String>) -> Self {
+        if let Some(n) = var("OCTOFLOW_COOP_MIN_TOKENS")
+            .and_then(|v| v.parse().ok())
+            .filter(|n| (2..=MATVEC_MAX_TOKENS + 1).contains(n))
+        {
+            self.coop_min_tokens = n;
+        }
+        let on = |name| var(name).is_some_and(|v| v == "1");
+        self.unfused_rope = on("OCTOFLOW_UNFUSED_ROPE");
+        self.unfused_glu = on("OCTOFLOW_UNFUSED_GLU");
+        self.unfused_post = on("OCTOFLOW_UNFUSED_POST");
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_targets_follow_the_reported_compute_units() {
+        let t = Tuning::from_compute_units(Some(132));
+        assert_eq!(
+            (t.matmul_target_groups, t.attention_target_groups),
+            (132, 528)
+        );
+        let t = Tuning::from_compute_units(None);
+        assert_eq!(t.matmul_target_groups, FALLBACK_COMPUTE_UNITS);
+        assert_eq!(t.coop_min_tokens, COOP_MIN_TOKENS);
+        assert!(!(t.unfused_rope || t.unfused_glu || t.unfused_post));
+    }
+
+    #[test]
+    fn switches_apply_and_out_of_range_values_keep_the_default() {
+        let base = Tuning::from_compute_units(Some(8));
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let t = base.with_switches(env(&[
+            ("OCTOFLOW_COOP_MIN_TOKENS", "9"),
+            ("OCTOFLOW_UNFUSED_GLU", "1"),
+            ("OCTOFLOW_UNFUSED_ROPE", "0"),
+        ]));
+        assert_eq!(t.coop_min_tokens, 9);
+        assert!(t.unfused_glu && !t.unfused_rope && !t.unfused_post);
+        let bad: [&'static [(&str, &str)]; 3] = [
+            &[("OCTOFLOW_COOP_MIN_TOKENS", "1")],
+            &[("OCTOFLOW_COOP_MIN_TOKENS", "10")],
+            &[("OCTOFLOW_COOP_MIN_TOKENS", "x")],
+        ];
+        for pairs in bad {
+            assert_eq!(
+                base.with_switches(env(pairs)).coop_min_tokens,
+                COOP_MIN_TOKENS
+            );
+        }
+    }
+}
