@@ -6,7 +6,9 @@ use octoflow_vk::testing::gpu_or_skip;
 use rand::rngs::StdRng;
 use rand::Rng;
 
-use crate::gpu::{GpuDraw, GpuModel};
+use octoflow_core::Draw;
+
+use crate::gpu::GpuModel;
 use crate::testing::{rng, tiny_model, TINY};
 use crate::{BatchForward, BatchRow, Forward, Logits, RowOutput, TokenIn};
 
@@ -14,15 +16,8 @@ const SLOTS: usize = 4;
 const N_CTX: usize = 96;
 const MAX_ROWS: usize = 40;
 
-fn greedy() -> GpuDraw {
-    GpuDraw {
-        temperature: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-        min_p: 0.0,
-        seed: 0,
-        step: 0,
-    }
+fn greedy() -> Draw {
+    Draw::greedy(0)
 }
 
 /// Steps like the scheduler's: each slot's prompt in chunks of any length, the rows of the

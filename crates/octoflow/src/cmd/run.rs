@@ -187,7 +187,8 @@ fn warm_up(
     prompt_len: usize,
 ) -> anyhow::Result<()> {
     if let (Loaded::Gpu(g), AnySession::Gpu(s)) = (loaded, session) {
-        let draw = Draw::from_sampler(sampler).filter(|d| s.device_samples(d));
+        let draw =
+            Draw::from_sampler(sampler).filter(|d| octoflow_model::Forward::device_samples(&*s, d));
         super::warm::warm_up("octoflow", g.context(), || {
             Ok(s.warm_up(draw.as_ref(), prompt_len)?)
         })?;
