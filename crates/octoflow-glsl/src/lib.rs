@@ -43,7 +43,7 @@ pub fn build_shader_dir(
     };
     let variants: Vec<Variant> = variants::plan(&text, &sources)?
         .into_iter()
-        .filter(|v| v.feature.as_deref().map_or(true, feature_on))
+        .filter(|v| v.feature.as_deref().is_none_or(feature_on))
         .collect();
 
     let mut module = format!(

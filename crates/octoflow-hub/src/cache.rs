@@ -5,6 +5,7 @@
 //! <root>/models/<name>.gguf.partial    a download or join in progress
 //! <root>/downloads/<name>/             wheels of a named model until its joined file is verified
 //! <root>/locks/<file>.lock               held while a pull of <file> runs (empty, kept)
+//! <root>/pipelines/pipelines-*.bin     compiled Vulkan pipelines, one file per device and driver
 //! ```
 
 use std::fs::{self, File, OpenOptions, TryLockError};
@@ -49,6 +50,11 @@ impl Cache {
     /// Folder of intermediate downloads (wheels).
     pub fn downloads_dir(&self) -> PathBuf {
         self.root.join("downloads")
+    }
+
+    /// Folder of the Vulkan pipeline caches (written by `octoflow-vk`, one file per device).
+    pub fn pipelines_dir(&self) -> PathBuf {
+        self.root.join("pipelines")
     }
 
     /// Where the named model's file lives: `<root>/models/<name>.gguf`.

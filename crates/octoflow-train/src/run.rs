@@ -37,7 +37,10 @@ pub struct TrainConfig {
     pub weight_decay: f32,
     pub schedule: Schedule,
     pub warmup: u64,
+    /// Passes over the training data (ignored when `max_steps` is set).
     pub epochs: u64,
+    /// Optimizer steps of the run; overrides `epochs`: the data is gone through as many times
+    /// as the steps need, reshuffled each pass.
     pub max_steps: Option<u64>,
     /// Sequences per micro-batch.
     pub batch: usize,
@@ -103,11 +106,24 @@ fn plan(cfg: &TrainConfig, train: &[Example], pad: u32) -> Result<Plan> {
     if train.is_empty() {
         return Err(TrainError::Config("the training set is empty".into()));
     }
+    if cfg.max_steps == Some(0) || (cfg.max_steps.is_none() && cfg.epochs == 0) {
+        return Err(TrainError::Config(
+            "nothing to train: --epochs and --max-steps must be at least 1".into(),
+        ));
+    }
     let per_step = (cfg.batch * cfg.grad_accum) as u64;
     let mut epochs = Vec::new();
     let mut steps_per_epoch = Vec::new();
     let mut total = 0;
-    for e in 0..cfg.epochs {
+    // `max_steps` overrides `epochs` (as in Hugging Face's Trainer): as many passes over the
+    // data as its steps need, the last one cut short. Every epoch has a step at least (a trained
+    // token is checked below), so the loop ends.
+    let more = |e: u64, total: u64| match cfg.max_steps {
+        Some(m) => e == 0 || total < m,
+        None => e < cfg.epochs,
+    };
+    let mut e = 0;
+    while more(e, total) {
         let order = epoch_order(train.len(), cfg.seed, e);
         let (seqs, stats) = pack(train, &order, cfg.seq_len, pad);
         if stats.trained_tokens == 0 {
@@ -122,6 +138,7 @@ fn plan(cfg: &TrainConfig, train: &[Example], pad: u32) -> Result<Plan> {
         total += steps;
         steps_per_epoch.push(steps);
         epochs.push(seqs);
+        e += 1;
     }
     if let Some(m) = cfg.max_steps {
         total = total.min(m);
@@ -574,5 +591,78 @@ impl<'a> Run<'a> {
         self.sum.tokens = self.tokens;
         self.sum.tok_per_s = (self.tokens - self.tokens_at_start) as f64 / secs.max(1e-9);
         Ok(self.sum)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(epochs: u64, max_steps: Option<u64>) -> TrainConfig {
+        TrainConfig {
+            lora: LoraConfig {
+                rank: 4,
+                alpha: 8.0,
+                dropout: 0.0,
+                targets: Vec::new(),
+            },
+            lr: 1e-3,
+            weight_decay: 0.0,
+            schedule: Schedule::Cosine,
+            warmup: 0,
+            epochs,
+            max_steps,
+            batch: 4,
+            grad_accum: 1,
+            seq_len: 8,
+            max_grad_norm: 1.0,
+            seed: 3,
+            save_every: 0,
+            eval_every: 0,
+            beta1: 0.9,
+            beta2: 0.999,
+            adam_eps: 1e-8,
+        }
+    }
+
+    /// 20 examples that each fill one 8-token sequence: 5 steps of 4 per epoch.
+    fn twenty() -> Vec<Example> {
+        (0..20u32)
+            .map(|i| Example {
+                ids: (0..8).map(|k| 10 * i + k).collect(),
+                train: vec![true; 8],
+            })
+            .collect()
+    }
+
+    #[test]
+    fn max_steps_overrides_epochs_and_goes_through_the_data_as_often_as_needed() {
+        let data = twenty();
+        let p = plan(&cfg(1, Some(12)), &data, 0).unwrap();
+        assert_eq!(p.total, 12);
+        assert_eq!(p.steps_per_epoch, vec![5, 5, 5]);
+        // each pass is the whole set, reshuffled
+        for seqs in &p.epochs {
+            let mut firsts: Vec<u32> = seqs.iter().map(|s| s.ids[0]).collect();
+            firsts.sort_unstable();
+            assert_eq!(firsts, (0..20).map(|i| 10 * i).collect::<Vec<_>>());
+        }
+        assert_ne!(p.epochs[0][0].ids, p.epochs[1][0].ids);
+        // more epochs than the steps need are not planned either, and fewer steps cut the first
+        let p = plan(&cfg(4, Some(3)), &data, 0).unwrap();
+        assert_eq!((p.total, p.epochs.len()), (3, 1));
+        // without max_steps the epochs decide
+        let p = plan(&cfg(2, None), &data, 0).unwrap();
+        assert_eq!((p.total, p.epochs.len()), (10, 2));
+    }
+
+    #[test]
+    fn zero_steps_or_epochs_is_a_clear_error() {
+        for c in [cfg(1, Some(0)), cfg(0, None)] {
+            let Err(e) = plan(&c, &twenty(), 0) else {
+                panic!("{c:?} planned a run");
+            };
+            assert!(e.to_string().contains("nothing to train"), "{e}");
+        }
     }
 }

@@ -1,6 +1,8 @@
 //! Device selection and the shared device state every resource holds on to.
 
 use std::mem::ManuallyDrop;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ash::vk;
@@ -11,6 +13,7 @@ use crate::caps::{DeviceCaps, DeviceKind};
 use crate::error::{vk_err, Result, VkError};
 use crate::features::create_device;
 use crate::instance::Instance;
+use crate::pipeline_cache::{self, CacheIdentity, CacheLoad};
 use crate::probe::{probe, Probe};
 use crate::transfer::Transfer;
 
@@ -124,6 +127,12 @@ pub(crate) struct DeviceInner {
     pub caps: DeviceCaps,
     pub allocator: ManuallyDrop<Mutex<Allocator>>,
     pub pipeline_cache: vk::PipelineCache,
+    /// Where [`Context::save_pipeline_cache`] writes the cache (`None`: not kept on disk).
+    pub pipeline_cache_file: Option<PathBuf>,
+    /// How the cache's initial data was found.
+    pub pipeline_cache_load: CacheLoad,
+    /// Pipelines created on this device so far.
+    pub pipelines_built: AtomicU64,
     pub transfer: ManuallyDrop<Mutex<Transfer>>,
 }
 
@@ -172,6 +181,18 @@ impl Context {
     /// Opens the chosen device with up to [`MAX_QUEUES`] queues of its compute family and every
     /// feature we use that it has.
     pub fn new(choice: DeviceChoice) -> Result<Self> {
+        Self::choose_and_open(choice, None)
+    }
+
+    /// [`Context::new`] with the pipeline cache kept in `dir` (one file per device and driver,
+    /// see [`CacheLoad`]): compiled pipelines of an earlier run are reused, and
+    /// [`Context::save_pipeline_cache`] writes them back. A missing, unreadable or foreign file
+    /// leaves the cache empty (with a warning), never an error.
+    pub fn with_pipeline_cache(choice: DeviceChoice, dir: &Path) -> Result<Self> {
+        Self::choose_and_open(choice, Some(dir))
+    }
+
+    fn choose_and_open(choice: DeviceChoice, cache_dir: Option<&Path>) -> Result<Self> {
         let instance = Instance::shared()?;
         let mut probes = enumerate(&instance)?;
         let caps: Vec<DeviceCaps> = probes.iter().map(|(_, p)| p.caps.clone()).collect();
@@ -188,7 +209,7 @@ impl Context {
             reason: "no compute queue".into(),
         })?;
         let queues = (probe.queue_count as usize).clamp(1, MAX_QUEUES) as u32;
-        Self::open(instance, pdev, family, queues, probe.caps)
+        Self::open(instance, pdev, family, queues, probe.caps, cache_dir)
     }
 
     fn open(
@@ -197,6 +218,7 @@ impl Context {
         family: u32,
         queue_count: u32,
         caps: DeviceCaps,
+        cache_dir: Option<&Path>,
     ) -> Result<Self> {
         let device = create_device(&instance, pdev, family, queue_count, &caps)?;
         // SAFETY: the queue family was requested with `queue_count` queues at device creation.
@@ -226,9 +248,13 @@ impl Context {
                 return Err(e);
             }
         };
-        // SAFETY: empty initial cache on a live device.
-        let cache =
-            unsafe { device.create_pipeline_cache(&vk::PipelineCacheCreateInfo::default(), None) };
+        let (cache, cache_file, cache_load) =
+            create_pipeline_cache(&instance, pdev, &device, cache_dir);
+        if matches!(cache_load, CacheLoad::Rejected { .. }) {
+            tracing::warn!("{cache_load}");
+        } else {
+            tracing::info!("{cache_load}");
+        }
         let transfer = cache
             .map_err(vk_err("vkCreatePipelineCache"))
             .and_then(|cache| {
@@ -260,6 +286,9 @@ impl Context {
             caps,
             allocator: ManuallyDrop::new(Mutex::new(allocator)),
             pipeline_cache,
+            pipeline_cache_file: cache_file,
+            pipeline_cache_load: cache_load,
+            pipelines_built: AtomicU64::new(0),
             transfer: ManuallyDrop::new(Mutex::new(transfer)),
         };
         Ok(Context {
@@ -295,6 +324,34 @@ impl Context {
         self.inner.queues.len()
     }
 
+    /// How the pipeline cache's initial data was found (see [`Context::with_pipeline_cache`]).
+    pub fn pipeline_cache_load(&self) -> &CacheLoad {
+        &self.inner.pipeline_cache_load
+    }
+
+    /// Pipelines created on this device so far: what a warm-up is checked by (after it, serving
+    /// should build none).
+    pub fn pipelines_built(&self) -> u64 {
+        self.inner.pipelines_built.load(Ordering::Relaxed)
+    }
+
+    /// Writes the pipeline cache to its file (atomically) when the context keeps it on disk and
+    /// it changed since it was read; returns the file and its size when it wrote.
+    pub fn save_pipeline_cache(&self) -> Result<Option<(PathBuf, usize)>> {
+        let Some(path) = &self.inner.pipeline_cache_file else {
+            return Ok(None);
+        };
+        // SAFETY: the cache is live and internally synchronized.
+        let data = unsafe {
+            self.inner
+                .device
+                .get_pipeline_cache_data(self.inner.pipeline_cache)
+        }
+        .map_err(vk_err("vkGetPipelineCacheData"))?;
+        let wrote = pipeline_cache::save(path, &data)?;
+        Ok(wrote.then(|| (path.clone(), data.len())))
+    }
+
     /// Blocks until the device is idle.
     pub fn wait_idle(&self) -> Result<()> {
         let _queues: Vec<_> = (0..self.queue_count())
@@ -303,6 +360,48 @@ impl Context {
         // SAFETY: every queue's lock is held (in index order, so two waits cannot deadlock),
         // so no submit races with the wait.
         unsafe { self.inner.device.device_wait_idle() }.map_err(vk_err("vkDeviceWaitIdle"))
+    }
+}
+
+/// The device's pipeline cache, seeded from its file in `dir` when given (see
+/// [`Context::with_pipeline_cache`]): the cache, the file to save it to and how the load went.
+fn create_pipeline_cache(
+    instance: &Instance,
+    pdev: vk::PhysicalDevice,
+    device: &ash::Device,
+    dir: Option<&Path>,
+) -> (
+    std::result::Result<vk::PipelineCache, vk::Result>,
+    Option<PathBuf>,
+    CacheLoad,
+) {
+    let empty = || {
+        // SAFETY: empty initial cache on a live device.
+        unsafe { device.create_pipeline_cache(&vk::PipelineCacheCreateInfo::default(), None) }
+    };
+    let Some(dir) = dir else {
+        return (empty(), None, CacheLoad::Off);
+    };
+    // SAFETY: read-only query of a live physical device.
+    let props = unsafe { instance.raw.get_physical_device_properties(pdev) };
+    let id = CacheIdentity::of(&props);
+    let file = dir.join(id.file_name());
+    let (data, load) = pipeline_cache::load(dir, &id);
+    if data.is_empty() {
+        return (empty(), Some(file), load);
+    }
+    let info = vk::PipelineCacheCreateInfo::default().initial_data(&data);
+    // SAFETY: `data` outlives the call; its header was checked against this device.
+    match unsafe { device.create_pipeline_cache(&info, None) } {
+        Ok(cache) => (Ok(cache), Some(file), load),
+        Err(e) => {
+            let reason = format!("the driver refused its data: {e}");
+            (
+                empty(),
+                Some(file.clone()),
+                CacheLoad::Rejected { path: file, reason },
+            )
+        }
     }
 }
 

@@ -72,6 +72,12 @@ pub enum VkError {
         call: &'static str,
         result: vk::Result,
     },
+    /// The pipeline cache could not be written to disk.
+    #[error("saving the pipeline cache {path:?}: {detail}")]
+    PipelineCacheIo {
+        path: std::path::PathBuf,
+        detail: String,
+    },
     /// The memory allocator failed for a reason other than exhausted memory.
     #[error("allocating {what:?}: {detail}")]
     Allocator { what: String, detail: String },

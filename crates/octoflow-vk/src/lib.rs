@@ -6,7 +6,8 @@
 //! - [`Buffer`]: RAII storage buffer in [`MemoryKind`] memory; [`BufferSlice`] binds a range.
 //!   [`ChunkedBuffer`], [`split_plan`] and [`pack_plan`] handle data larger than one buffer.
 //!   [`Context::upload`], [`Context::download`], [`Context::fill`] move data synchronously.
-//! - [`Pipeline`]: a compute pipeline from an embedded [`Shader`] ([`PipelineDesc`]).
+//! - [`Pipeline`]: a compute pipeline from an embedded [`Shader`] ([`PipelineDesc`]); a context
+//!   opened with [`Context::with_pipeline_cache`] keeps compiled pipelines on disk between runs.
 //! - [`Chain`]: dispatches, barriers, fills and copies recorded once and replayed with
 //!   [`Chain::submit`]/[`Chain::wait`]; per-dispatch GPU times with [`Chain::with_profiling`].
 //!   A context opens up to [`MAX_QUEUES`] compute queues ([`Context::queue_count`]);
@@ -29,6 +30,7 @@ mod gate;
 mod grid;
 mod instance;
 mod pipeline;
+mod pipeline_cache;
 mod plain;
 mod probe;
 mod push;
@@ -48,6 +50,7 @@ pub use gate::gate_words;
 pub use grid::groups_1d;
 pub use instance::VALIDATION_ENV;
 pub use pipeline::{Pipeline, PipelineDesc, Shader};
+pub use pipeline_cache::CacheLoad;
 pub use plain::{as_bytes, as_bytes_mut, Plain};
 pub use push::Push;
 pub use timestamps::{summarize, summarize_at, Cost, DispatchTime, LabelTime, FLOOR_RATES};

@@ -182,6 +182,8 @@ impl Pipeline {
             bindings: desc.bindings,
             push_bytes: desc.push_constant_bytes,
         };
+        dev.pipelines_built
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(Pipeline {
             inner: Arc::new(inner),
         })

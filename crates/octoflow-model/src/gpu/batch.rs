@@ -212,6 +212,41 @@ impl GpuBatch<'_> {
         self.max_out as usize
     }
 
+    /// Records, before any step, the chains steps will replay, so that no request waits for the
+    /// driver to compile pipelines (they are built on first use, per row count) or for a chain
+    /// to be recorded. One chain per row bucket up to [`BatchForward::max_rows`], with output
+    /// rows for at most one row per slot (the scheduler's steps sample each sequence at most
+    /// once): buckets of up to one row per slot are decode steps, recorded for both input sets
+    /// as their steps alternate; larger ones are prompt chunks, recorded with one output row (a
+    /// request's first step) on the set the next step takes. Together they build every pipeline
+    /// a step can use. Returns the number of chains recorded.
+    pub fn warm_up(&mut self) -> Result<usize> {
+        let t_max = self.s.t_max;
+        let out_max = self.n_slots.min(self.max_out);
+        let decode_max = bucket(out_max, t_max);
+        let mut keys = Vec::new();
+        let mut n = 1;
+        while n <= t_max {
+            let nb = bucket(n, t_max);
+            if nb <= decode_max {
+                let ob = bucket(nb.min(out_max), self.max_out);
+                keys.extend([0, 1].map(|set| (nb, ob, false, set)));
+            } else {
+                keys.push((nb, 1, false, self.next_set));
+            }
+            n = nb + 1;
+        }
+        let mut recorded = 0;
+        for key in keys {
+            if !self.chains.contains_key(&key) {
+                let chain = self.record(key.0, key.1, key.2, key.3)?;
+                self.chains.insert(key, chain);
+                recorded += 1;
+            }
+        }
+        Ok(recorded)
+    }
+
     /// Records the chain of a step with `n` rows (`n_out` of them with output) on set `set`.
     fn record(&self, n: u32, n_out: u32, logits: bool, set: usize) -> Result<Chain> {
         let m = self.model;
@@ -555,3 +590,7 @@ mod tests {
         assert_eq!(bucket(200, 200), 200); // 208, capped at the maximum
     }
 }
+
+#[cfg(test)]
+#[path = "warm_tests.rs"]
+mod warm_tests;

@@ -266,16 +266,7 @@ impl GpuSession<'_> {
         key: (u32, u8),
         record: impl FnOnce(&Graph<'_>, &mut Chain) -> Result<()>,
     ) -> Result<()> {
-        if !self.batch_chains.contains_key(&key) {
-            // Shapes change with every prompt length: keep a few recent recordings only.
-            if self.batch_chains.len() >= 8 {
-                self.batch_chains.clear();
-            }
-            let mut chain = self.new_chain()?;
-            record(&self.graph(), &mut chain)?;
-            chain.finish()?;
-            self.batch_chains.insert(key, chain);
-        }
+        self.record_cached(key, record)?;
         let chain = self
             .batch_chains
             .get_mut(&key)
@@ -285,6 +276,26 @@ impl GpuSession<'_> {
             self.last_profile = chain.timings()?.map(|t| summarize(&t));
         }
         Ok(())
+    }
+
+    /// Records the batch chain of `key` with `record` unless it is cached; whether it recorded.
+    fn record_cached(
+        &mut self,
+        key: (u32, u8),
+        record: impl FnOnce(&Graph<'_>, &mut Chain) -> Result<()>,
+    ) -> Result<bool> {
+        if self.batch_chains.contains_key(&key) {
+            return Ok(false);
+        }
+        // Shapes change with every prompt length: keep a few recent recordings only.
+        if self.batch_chains.len() >= 8 {
+            self.batch_chains.clear();
+        }
+        let mut chain = self.new_chain()?;
+        record(&self.graph(), &mut chain)?;
+        chain.finish()?;
+        self.batch_chains.insert(key, chain);
+        Ok(true)
     }
 
     /// Records one decode step (gate, forward of the control token, sampling, advance). With
@@ -398,12 +409,8 @@ impl GpuSession<'_> {
                 draw.temperature, draw.top_k
             )));
         }
-        let steps = self.s.out_len;
-        let key = (steps, draw.is_greedy());
-        if !self.step_chains.contains_key(&key) {
-            let chain = self.record_steps(steps, draw.is_greedy())?;
-            self.step_chains.insert(key, chain);
-        }
+        let key = (self.s.out_len, draw.is_greedy());
+        self.record_steps_cached(key)?;
         let mut block = [0u32; ctl::WORDS as usize];
         let n_eog = eog.len().min(ctl::MAX_EOG as usize);
         block[ctl::POS as usize] = self.n_past as u32;
@@ -437,6 +444,40 @@ impl GpuSession<'_> {
             _ => None,
         };
         Ok(Steps { tokens, stop })
+    }
+
+    /// Builds, before the first prompt, the pipelines and the chains a generation replays: the
+    /// batch chain of a prompt of `prompt_len` tokens (or of its first chunk: longer prompts run
+    /// in chunks of the same pipelines) and the decode chain for draws like `draw` on the GPU
+    /// (`None`: the CPU samples, one token per batch chain with the last row's logits). A chat
+    /// that does not know its first prompt yet passes `usize::MAX`: a whole chunk, whose
+    /// pipelines every prompt of more than a few tokens shares. Returns the number of chains
+    /// recorded.
+    pub fn warm_up(&mut self, draw: Option<&Draw>, prompt_len: usize) -> Result<usize> {
+        let chunk = u32::try_from(prompt_len).map_or(self.s.t_max, |n| n.clamp(1, self.s.t_max));
+        let prompt = self.warm_batch(chunk)?;
+        let decode = match draw {
+            Some(d) => self.record_steps_cached((self.s.out_len, d.is_greedy()))?,
+            None => self.warm_batch(1)?,
+        };
+        Ok(usize::from(prompt) + usize::from(decode))
+    }
+
+    /// Records the decode chain of `key` (steps, greedy) unless it is cached; whether it recorded.
+    fn record_steps_cached(&mut self, key: (u32, bool)) -> Result<bool> {
+        if self.step_chains.contains_key(&key) {
+            return Ok(false);
+        }
+        let chain = self.record_steps(key.0, key.1)?;
+        self.step_chains.insert(key, chain);
+        Ok(true)
+    }
+
+    /// Records the batch chain of `n` tokens with the last row's logits, if not yet recorded.
+    fn warm_batch(&mut self, n: u32) -> Result<bool> {
+        self.record_cached((n, logits_key(Logits::Last)), |g, chain| {
+            g.forward(chain, n, &TokenSource::Ids, Logits::Last)
+        })
     }
 
     /// Decode steps per submit.

@@ -161,12 +161,7 @@ impl Loaded {
             eprintln!("octoflow: device: CPU reference");
             return Ok(Loaded::Cpu);
         }
-        let choice = args.gpu.map_or(
-            octoflow_vk::DeviceChoice::Auto,
-            octoflow_vk::DeviceChoice::Index,
-        );
-        let ctx = octoflow_vk::Context::new(choice)
-            .context("opening a Vulkan device (use --device cpu for the CPU reference)")?;
+        let ctx = super::warm::open_device(args.gpu)?;
         let gpu = octoflow_model::gpu::GpuModel::load(&ctx, model)
             .context("loading the model onto the GPU")?;
         let caps = ctx.caps();

@@ -14,3 +14,4 @@ pub mod serve;
 pub mod tokenize;
 pub mod train;
 pub mod train_config;
+pub mod warm;

@@ -6,11 +6,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use octoflow_core::{Sampler, SamplingParams};
+use octoflow_core::{Draw, Sampler, SamplingParams};
 use octoflow_generate::{generate, Limits, Stats};
 use octoflow_text::{ChatTemplate, Message, Tokenizer};
 
-use super::common::{AnySession, DeviceArgs};
+use super::common::{AnySession, DeviceArgs, Loaded};
 
 /// Arguments of `octoflow run`.
 #[derive(clap::Args)]
@@ -138,6 +138,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let stdout = std::io::stdout();
     if args.chat {
         let template = template.context("chat mode needs a chat template")?;
+        warm_up(&loaded, &mut session, &sampler, usize::MAX)?;
         return chat(
             session.as_dyn(),
             &tokenizer,
@@ -158,6 +159,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         _ => text,
     };
     let prompt = tokenizer.encode(&text, true, true);
+    warm_up(&loaded, &mut session, &sampler, prompt.len())?;
     let (_, stats) = generate(
         session.as_dyn(),
         &tokenizer,
@@ -172,6 +174,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let Some(profile) = s.profile() {
             eprintln!("{}", super::profile::table(profile, s.steps_per_submit()));
         }
+    }
+    Ok(())
+}
+
+/// Records the chains a generation with `sampler` from a prompt of `prompt_len` tokens replays
+/// (on the GPU), so its timings are of the model, not of the driver's compiler.
+fn warm_up(
+    loaded: &Loaded,
+    session: &mut AnySession<'_>,
+    sampler: &Sampler,
+    prompt_len: usize,
+) -> anyhow::Result<()> {
+    if let (Loaded::Gpu(g), AnySession::Gpu(s)) = (loaded, session) {
+        let draw =
+            Draw::from_sampler(sampler).filter(|d| octoflow_model::Forward::device_samples(&*s, d));
+        super::warm::warm_up("octoflow", g.context(), || {
+            Ok(s.warm_up(draw.as_ref(), prompt_len)?)
+        })?;
     }
     Ok(())
 }

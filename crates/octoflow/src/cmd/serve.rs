@@ -183,6 +183,8 @@ fn run_engine(
             let mut engine = gpu
                 .batch(s.instances, s.n_ctx, s.max_rows)
                 .context("allocating the instances' KV caches and buffers on the GPU")?;
+            // before the port is bound: the first requests find every chain recorded
+            super::warm::warm_up("octoflow serve", gpu.context(), || Ok(engine.warm_up()?))?;
             let caps = gpu.context().caps();
             let info = EngineInfo {
                 device: format!("{} ({} {})", caps.name, caps.driver_name, caps.driver_info),
@@ -191,7 +193,10 @@ fn run_engine(
                     caps.device_local_bytes(),
                 )),
             };
-            driver.run(&mut engine, info)
+            let served = driver.run(&mut engine, info);
+            // requests outside the warmed shapes may have built more
+            super::warm::save_pipelines(gpu.context());
+            served
         }
     }
 }

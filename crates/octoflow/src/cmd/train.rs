@@ -71,10 +71,12 @@ pub struct Args {
     /// Warm-up steps.
     #[arg(long, default_value_t = 0)]
     warmup: u64,
-    /// Passes over the training data.
+    /// Passes over the training data (ignored with --max-steps).
     #[arg(long, default_value_t = 1)]
     epochs: u64,
-    /// Stop after this many optimizer steps.
+    /// Train exactly this many optimizer steps, overriding --epochs (as Hugging Face's
+    /// max_steps does): the data is gone through as many times as needed, reshuffled each pass,
+    /// and the learning-rate schedule spans these steps.
     #[arg(long)]
     max_steps: Option<u64>,
     /// Sequences per micro-batch.
@@ -279,11 +281,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
         }
     }
-    let choice = args.gpu.map_or(
-        octoflow_vk::DeviceChoice::Auto,
-        octoflow_vk::DeviceChoice::Index,
-    );
-    let ctx = octoflow_vk::Context::new(choice).context("opening a Vulkan device")?;
+    let ctx = super::warm::open_device(args.gpu)?;
     let gm = Arc::new(GpuModel::load(&ctx, &model).context("loading the model onto the GPU")?);
     let weights = gm.weight_bytes();
     let mut trainers = Vec::with_capacity(prepared.len());
@@ -297,6 +295,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("building the training chain of run {}", p.opts.name))?;
         trainers.push(t);
     }
+    super::warm::save_pipelines(&ctx); // the training chains are recorded: every pipeline is built
     let caps = ctx.caps();
     if multi {
         let state: u64 = trainers.iter().map(Trainer::state_bytes).sum();
