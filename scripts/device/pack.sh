@@ -13,5 +13,6 @@ for t in octoflow_vk octoflow_kernels octoflow_model gpu_chain gpu_batch gpu_agr
   strip -o ".dev/$t" "$bin"
 done
 strip -o .dev/octoflow target/debug/octoflow
-cp scripts/device/run.sh scripts/device/train.sh scripts/device/lora.sh scripts/device/setup.sh .dev/
+pwd > .dev/build_root
+cp scripts/bench/warm_start.py scripts/device/run.sh scripts/device/train.sh scripts/device/lora.sh scripts/device/setup.sh .dev/
 du -sh .dev

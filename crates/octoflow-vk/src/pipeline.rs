@@ -184,6 +184,8 @@ impl Pipeline {
         };
         dev.pipelines_built
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // names what a warm-up missed (RUST_LOG=octoflow_vk=debug)
+        tracing::debug!(pipeline = %desc.label, "pipeline built");
         Ok(Pipeline {
             inner: Arc::new(inner),
         })

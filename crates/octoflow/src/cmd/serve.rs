@@ -193,8 +193,13 @@ fn run_engine(
                     caps.device_local_bytes(),
                 )),
             };
+            let warmed = gpu.context().pipelines_built();
             let served = driver.run(&mut engine, info);
-            // requests outside the warmed shapes may have built more
+            let late = gpu.context().pipelines_built() - warmed;
+            if late > 0 {
+                // a request waited for the driver's compiler: the warm-up missed a shape
+                eprintln!("octoflow serve: {late} pipeline(s) were built after the warm-up (RUST_LOG=octoflow_vk=debug names them)");
+            }
             super::warm::save_pipelines(gpu.context());
             served
         }
