@@ -165,7 +165,9 @@ impl Assembler {
         }
         check_name(name)?;
         if value.is_empty() {
-            return Err(AsmErrorKind::Syntax(format!(".{word} {name} needs a value")));
+            return Err(AsmErrorKind::Syntax(format!(
+                ".{word} {name} needs a value"
+            )));
         }
         match word {
             "const" => {
@@ -247,7 +249,9 @@ impl Assembler {
         }
         let mut instrs = Vec::with_capacity(self.pending.len());
         for p in &self.pending {
-            let instr = self.resolve(p).map_err(|kind| AsmError { line: p.line, kind })?;
+            let instr = self
+                .resolve(p)
+                .map_err(|kind| AsmError { line: p.line, kind })?;
             instrs.push(instr);
         }
         Ok(Program {

@@ -190,7 +190,9 @@ fn every_error_class_names_its_line_and_reason() {
     let wrong: Vec<String> = cases
         .iter()
         .filter(|&&(src, line, message)| err(src) != (line, message.to_string()))
-        .map(|&(src, line, message)| format!("{src:?}: want ({line}, {message}), got {:?}", err(src)))
+        .map(|&(src, line, message)| {
+            format!("{src:?}: want ({line}, {message}), got {:?}", err(src))
+        })
         .collect();
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
@@ -216,8 +218,9 @@ fn the_error_display_leads_with_the_line() {
 
 #[test]
 fn names_may_be_used_before_they_are_declared() {
-    let p = asm("start: append.const hi\n  gen 4, s\n  jmp start\n.const hi \"hi\"\n.stop s \"x\", 7")
-        .expect("assembles");
+    let p =
+        asm("start: append.const hi\n  gen 4, s\n  jmp start\n.const hi \"hi\"\n.stop s \"x\", 7")
+            .expect("assembles");
     assert_eq!(p.instructions().len(), 3);
     assert_eq!(p.consts()[0].value, chars("hi"));
     assert_eq!(p.stops()[0].value, vec![chars("x"), vec![7]]);
@@ -253,7 +256,10 @@ a: b: set r15, 0x1f      ; two labels on one instruction
     assert_eq!(cap.eval(env), 30);
     assert_eq!(p.queues()[0].name, "tasks");
     let i = p.instructions();
-    assert_eq!(i[0], Instr::new(Op::Set, &[Operand::Reg(15), Operand::Imm(31)]));
+    assert_eq!(
+        i[0],
+        Instr::new(Op::Set, &[Operand::Reg(15), Operand::Imm(31)])
+    );
     assert_eq!(
         i[1],
         Instr::new(
@@ -261,7 +267,10 @@ a: b: set r15, 0x1f      ; two labels on one instruction
             &[Operand::Special(Special::Max), Operand::Imm(NO_STOP)]
         )
     );
-    assert_eq!(i[2], Instr::new(Op::Push, &[Operand::Imm(1), Operand::Reg(2)]));
+    assert_eq!(
+        i[2],
+        Instr::new(Op::Push, &[Operand::Imm(1), Operand::Reg(2)])
+    );
     assert_eq!(
         i[3],
         Instr::new(
@@ -288,7 +297,10 @@ fn the_words_decode_back_to_the_program() {
         let p = asm(pattern.source()).expect("assembles");
         let words = p.words();
         assert_eq!(words.len(), 4 * p.instructions().len());
-        assert_eq!(crate::isa::decode_words(&words).as_deref(), Ok(p.instructions()));
+        assert_eq!(
+            crate::isa::decode_words(&words).as_deref(),
+            Ok(p.instructions())
+        );
     }
 }
 

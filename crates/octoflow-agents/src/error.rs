@@ -99,10 +99,7 @@ pub enum DecodeError {
     #[error("{0} words do not make whole instructions (4 words each)")]
     Length(usize),
     #[error("instruction {pc}: {source}")]
-    At {
-        pc: usize,
-        source: Box<DecodeError>,
-    },
+    At { pc: usize, source: Box<DecodeError> },
 }
 
 /// A run that cannot start with this program, configuration, engine and tasks.
@@ -149,9 +146,17 @@ pub enum Fault {
     #[error("slot {slot} of mailbox `{mailbox}` is empty")]
     SlotEmpty { mailbox: String, slot: u32 },
     #[error("slot {slot} is past mailbox `{mailbox}`'s capacity of {cap}")]
-    SlotPastCapacity { mailbox: String, slot: u32, cap: u32 },
+    SlotPastCapacity {
+        mailbox: String,
+        slot: u32,
+        cap: u32,
+    },
     #[error("waits for {count} messages but mailbox `{mailbox}` holds at most {cap}")]
-    WaitPastCapacity { mailbox: String, count: u32, cap: u32 },
+    WaitPastCapacity {
+        mailbox: String,
+        count: u32,
+        cap: u32,
+    },
     #[error("`best` over the empty slot range {lo}..{hi} of mailbox `{mailbox}`")]
     EmptyRange { mailbox: String, lo: u32, hi: u32 },
     #[error("queue `{queue}` is full ({cap} tasks)")]
@@ -168,7 +173,9 @@ pub enum Fault {
     ArenaFull { need: u64, used: u64, cap: u64 },
     #[error("context full: {need} more tokens after {pos} of {n_ctx} positions")]
     ContextFull { pos: u32, need: u64, n_ctx: u32 },
-    #[error("nothing to generate from (no presample and no pending token; append something first)")]
+    #[error(
+        "nothing to generate from (no presample and no pending token; append something first)"
+    )]
     NothingToGenerate,
     #[error("the pc ran past the last instruction")]
     PastEnd,

@@ -335,7 +335,14 @@ fn start_gen(inst: &mut Instance, cx: &mut Ctx<'_>, limit: u32, stop: u32) -> Re
     inst.last = Some(span);
     if let Some(p) = presample {
         let stops = &cx.mem.stops;
-        if inst.accept(&mut cx.mem.arena, p.token, p.logprob, &cx.env.eog, stops, n_ctx) {
+        if inst.accept(
+            &mut cx.mem.arena,
+            p.token,
+            p.logprob,
+            &cx.env.eog,
+            stops,
+            n_ctx,
+        ) {
             return Ok(Flow::Next);
         }
     }

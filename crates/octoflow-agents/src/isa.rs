@@ -337,11 +337,11 @@ impl Instr {
 
 /// Decodes a flat word array ([`crate::Program::words`]) instruction by instruction.
 pub fn decode_words(words: &[u32]) -> Result<Vec<Instr>, DecodeError> {
-    if words.len() % WORDS != 0 {
+    let chunks = words.chunks_exact(WORDS);
+    if !chunks.remainder().is_empty() {
         return Err(DecodeError::Length(words.len()));
     }
-    words
-        .chunks_exact(WORDS)
+    chunks
         .enumerate()
         .map(|(pc, w)| {
             Instr::decode([w[0], w[1], w[2], w[3]]).map_err(|e| DecodeError::At {

@@ -46,7 +46,10 @@ fn the_encoding_is_the_documented_layout() {
     let i = Instr::new(Op::Set, &[Operand::Reg(3), Operand::Special(Special::Pos)]);
     assert_eq!(i.encode(), [1 | 1 << 8 | 2 << 10, 3, 9, 0]);
     // beq r1, 7, <label at 12>
-    let i = Instr::new(Op::Beq, &[Operand::Reg(1), Operand::Imm(7), Operand::Imm(12)]);
+    let i = Instr::new(
+        Op::Beq,
+        &[Operand::Reg(1), Operand::Imm(7), Operand::Imm(12)],
+    );
     assert_eq!(i.encode(), [8 | 1 << 8, 1, 7, 12]);
     // gen %max, -
     let i = Instr::new(

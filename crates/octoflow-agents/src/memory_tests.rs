@@ -125,7 +125,11 @@ fn a_close_ends_takes_from_the_next_step_and_refuses_later_pushes() {
     assert_eq!(q.push(task(2), 3, 1), Ok(1));
     let closed = Err(Fault::QueueClosed { queue: "q".into() });
     assert_eq!(q.push(task(3), 3, 0), closed.clone());
-    assert_eq!(q.take(3), Take::Empty, "nothing visible yet, close not seen");
+    assert_eq!(
+        q.take(3),
+        Take::Empty,
+        "nothing visible yet, close not seen"
+    );
     assert_eq!(q.take(4), Take::Task(0, task(1)));
     assert_eq!(q.take(4), Take::Task(1, task(2)));
     assert_eq!(q.take(4), Take::Closed);

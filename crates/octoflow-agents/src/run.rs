@@ -161,7 +161,10 @@ impl Run {
         };
         let mut consts = Vec::new();
         for c in &program.consts {
-            consts.push((arena.put(&c.value).map_err(too_small)?, c.value.len() as u32));
+            consts.push((
+                arena.put(&c.value).map_err(too_small)?,
+                c.value.len() as u32,
+            ));
         }
         let mut host = Vec::new();
         for (i, t) in tasks.iter().enumerate() {
@@ -272,7 +275,13 @@ impl Run {
             rows,
             owners,
             gen_rows,
-        } = plan(&self.instances, &self.mem, &self.draws, self.chunk, max_rows);
+        } = plan(
+            &self.instances,
+            &self.mem,
+            &self.draws,
+            self.chunk,
+            max_rows,
+        );
         if !rows.is_empty() {
             let results = engine.step(&rows)?;
             if results.len() != rows.len() {

@@ -19,10 +19,9 @@ fn mix(ctx: &[u32]) -> u32 {
         h = (h ^ t as u64).wrapping_mul(0x0100_0000_01b3);
     }
     h ^= h >> 31;
-    if h % 7 == 0 {
-        EOG
-    } else {
-        (h % 256) as u32
+    match h % 7 {
+        0 => EOG,
+        _ => (h % 256) as u32,
     }
 }
 
@@ -131,8 +130,14 @@ fn two_thousand_instances_relay_three_thousand_tasks_through_a_queue_and_a_mailb
         } = e
         {
             match round {
-                0 => assert!(stage1.insert(*task, tokens.clone()).is_none(), "task {task} twice"),
-                1 => stage2.entry(*task).or_default().push((tokens.clone(), *score)),
+                0 => assert!(
+                    stage1.insert(*task, tokens.clone()).is_none(),
+                    "task {task} twice"
+                ),
+                1 => stage2
+                    .entry(*task)
+                    .or_default()
+                    .push((tokens.clone(), *score)),
                 _ => best.push((tokens.clone(), *score)),
             }
         }
@@ -147,7 +152,12 @@ fn two_thousand_instances_relay_three_thousand_tasks_through_a_queue_and_a_mailb
         assert_eq!(stage1[&(t as u32)], kept, "task {t}, stage 1");
         // Stage 2 read the pushed span back: intact only if no allocation overlapped it.
         let replies = &stage2[&(t as u32)];
-        assert_eq!(replies.len(), 1, "task {t}'s work item taken {} times", replies.len());
+        assert_eq!(
+            replies.len(),
+            1,
+            "task {t}'s work item taken {} times",
+            replies.len()
+        );
         let mut ctx = kept.clone();
         ctx.extend(bytes("=>"));
         assert_eq!(replies[0].0, generate(&ctx, 3).1, "task {t}, stage 2");
@@ -199,9 +209,7 @@ fn two_thousand_instances_each_read_their_neighbours_message() {
     let events = finish(&mut run, &mut engine, 1_000_000).expect("finishes");
     assert_eq!(errors(&events), Vec::<String>::new());
 
-    let first: Vec<(Vec<u32>, Vec<u32>)> = (0..n)
-        .map(|i| generate(&tasks[i], i % 7 + 1))
-        .collect();
+    let first: Vec<(Vec<u32>, Vec<u32>)> = (0..n).map(|i| generate(&tasks[i], i % 7 + 1)).collect();
     let mut seen = vec![0; n];
     for (instance, _, round, tokens) in outputs(&events) {
         let i = instance as usize;

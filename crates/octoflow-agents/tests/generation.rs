@@ -89,7 +89,11 @@ fn a_stop_set_sequence_ends_the_span_and_is_trimmed_longest_first() {
     let ((tokens, finish, _), specials) = gen_with_stops(b'a' as u32, 10);
     assert_eq!(tokens, vec![b'b' as u32]);
     assert_eq!(finish, Some(Finish::Stop));
-    assert_eq!(specials, [1, 1, 2 + 1], "%len, %finish (stop), %stop (sequence 1)");
+    assert_eq!(
+        specials,
+        [1, 1, 2 + 1],
+        "%len, %finish (stop), %stop (sequence 1)"
+    );
 }
 
 #[test]

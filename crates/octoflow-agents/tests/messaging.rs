@@ -160,7 +160,9 @@ fn an_exhausted_arena_is_a_runtime_error() {
     let events = run_src(src, cfg, vec![vec![1, 2, 3, 4]], &mut engine).unwrap();
     assert_eq!(
         errors(&events),
-        vec!["instance 0, pc 2 (line 3: `gen 5, -`): arena full: 5 more tokens asked, 4 of 8 taken"]
+        vec![
+            "instance 0, pc 2 (line 3: `gen 5, -`): arena full: 5 more tokens asked, 4 of 8 taken"
+        ]
     );
 }
 
@@ -187,7 +189,11 @@ done:
          (line 5: `wait m, 1`): mailbox `m` holds 0 of 1 messages; instance 1 at pc 3 (line 8: \
          `take q, done`): queue `q` is open and empty (0 pushed, 0 taken)"
     );
-    assert_eq!(run.steps(), 2, "found on the first step in which nothing happened");
+    assert_eq!(
+        run.steps(),
+        2,
+        "found on the first step in which nothing happened"
+    );
 }
 
 #[test]
@@ -245,7 +251,13 @@ out:
     let mut engine = Fake::new(3, 64, 64, successor());
     engine.peak = peak;
     engine.base = base;
-    run_src(&src, config(3, 3), vec![vec![10], vec![20], vec![30]], &mut engine).unwrap()
+    run_src(
+        &src,
+        config(3, 3),
+        vec![vec![10], vec![20], vec![30]],
+        &mut engine,
+    )
+    .unwrap()
 }
 
 fn score_of(events: &[Event], instance: u32, round: u32) -> (Vec<u32>, f32) {
@@ -267,7 +279,11 @@ fn score_of(events: &[Event], instance: u32, round: u32) -> (Vec<u32>, f32) {
 #[test]
 fn best_keeps_the_highest_score() {
     // Task 20's tokens (21, 22, 23) have the highest peaks.
-    let events = best_run(|t| if (20..30).contains(&t) { 5.0 } else { 2.0 }, |_| 0.0, 0);
+    let events = best_run(
+        |t| if (20..30).contains(&t) { 5.0 } else { 2.0 },
+        |_| 0.0,
+        0,
+    );
     let scores: Vec<f32> = (0..3).map(|i| score_of(&events, i, 1).1).collect();
     assert!(scores[1] > scores[0] && scores[1] > scores[2], "{scores:?}");
     assert_eq!(score_of(&events, 0, 0), score_of(&events, 1, 1));
@@ -301,7 +317,9 @@ fn a_run_that_cannot_start_says_why() {
     let engine = Fake::new(2, 64, 64, successor());
     let p = || asm(".mailbox m %tasks*%n*4294967295\n.const c \"hi\"\nhalt");
     let start = |cfg: RunConfig, tasks: Vec<Vec<u32>>| {
-        Run::new(p(), cfg, tasks, &engine).err().map(|e| e.to_string())
+        Run::new(p(), cfg, tasks, &engine)
+            .err()
+            .map(|e| e.to_string())
     };
     assert_eq!(
         start(config(3, 4), vec![]),

@@ -123,7 +123,10 @@ fn swarm_answers_every_task_once_and_each_sub_question_by_a_worker() {
         if n == 1 {
             assert!(subs.is_empty(), "alone, the coordinator answers directly");
         }
-        assert!(subs.len() <= t * (n - 1), "at most one sub-question per worker and task");
+        assert!(
+            subs.len() <= t * (n - 1),
+            "at most one sub-question per worker and task"
+        );
     }
 }
 
@@ -140,7 +143,10 @@ fn the_swarm_coordinator_reads_its_workers_answers() {
         .filter(|o| o.2 == 1)
         .map(|o| o.3)
         .collect();
-    assert!(!answers.is_empty(), "the chatter gives at least one sub-question");
+    assert!(
+        !answers.is_empty(),
+        "the chatter gives at least one sub-question"
+    );
     let coordinator = &engine.slots[0];
     for a in &answers {
         let mut needle = bytes("\n\nAn answer to one of the sub-questions: ");

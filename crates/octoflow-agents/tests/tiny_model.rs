@@ -18,13 +18,11 @@ fn tokenize(s: &str) -> Vec<u32> {
     s.bytes().map(|b| b as u32 % TINY.n_vocab as u32).collect()
 }
 
-/// Runs `pattern` on `model` and returns its outputs by (task, round, instance).
-fn run_vm(
-    model: &Model,
-    pattern: Pattern,
-    cfg: RunConfig,
-    tasks: &[Vec<u32>],
-) -> (BTreeMap<(u32, u32, u32), Vec<u32>>, bool) {
+/// Outputs by (task, round, instance).
+type Outputs = BTreeMap<(u32, u32, u32), Vec<u32>>;
+
+/// Runs `pattern` on `model`; returns its outputs and whether the engine sampled.
+fn run_vm(model: &Model, pattern: Pattern, cfg: RunConfig, tasks: &[Vec<u32>]) -> (Outputs, bool) {
     let mut engine = CpuBatch::new(model, cfg.instances, N_CTX, 256);
     let program = assemble(pattern.source(), &tokenize).expect("assembles");
     let mut run = Run::new(program, cfg, tasks.to_vec(), &engine).expect("starts");
@@ -54,7 +52,9 @@ fn random_tasks(rng: &mut rand::rngs::StdRng, n: usize) -> Vec<Vec<u32>> {
     (0..n)
         .map(|_| {
             let len = rng.gen_range(2..=9);
-            (0..len).map(|_| rng.gen_range(3..TINY.n_vocab as u32)).collect()
+            (0..len)
+                .map(|_| rng.gen_range(3..TINY.n_vocab as u32))
+                .collect()
         })
         .collect()
 }
@@ -126,7 +126,10 @@ impl Debater<'_> {
         self.logits = None;
         if !feed.is_empty() {
             let pos = self.session.n_past();
-            let l = self.session.forward(&feed, pos, Logits::Last).expect("append");
+            let l = self
+                .session
+                .forward(&feed, pos, Logits::Last)
+                .expect("append");
             self.logits = Some(l);
         }
     }
@@ -165,11 +168,7 @@ impl Debater<'_> {
 
 /// The debate pattern written out: per task, every debater answers; then for each further
 /// round reads the others' previous answers and revises.
-fn debate_reference(
-    model: &Model,
-    cfg: &RunConfig,
-    tasks: &[Vec<u32>],
-) -> BTreeMap<(u32, u32, u32), Vec<u32>> {
+fn debate_reference(model: &Model, cfg: &RunConfig, tasks: &[Vec<u32>]) -> Outputs {
     let n = cfg.instances;
     let stop = tokenize("END_ACTION");
     let other = tokenize("\n\nAnother agent answered: ");
@@ -267,12 +266,16 @@ fn sampling_on_the_device_gives_the_hosts_tokens() {
         let (device, on_device) = run_vm(&model, Pattern::Queue, device_cfg, &tasks);
         assert!(on_device, "CpuBatch samples top-k 40 on its 'device'");
         // Which instance took a task may differ; the task's tokens may not.
-        let by_task = |m: &BTreeMap<(u32, u32, u32), Vec<u32>>| {
+        let by_task = |m: &Outputs| {
             m.iter()
                 .map(|(k, v)| (k.0, v.clone()))
                 .collect::<BTreeMap<_, _>>()
         };
-        assert_eq!(by_task(&host), by_task(&device), "temperature {temperature}");
+        assert_eq!(
+            by_task(&host),
+            by_task(&device),
+            "temperature {temperature}"
+        );
     }
 }
 

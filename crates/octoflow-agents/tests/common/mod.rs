@@ -187,7 +187,11 @@ pub fn config(instances: usize, max_tokens: u32) -> RunConfig {
 }
 
 /// Steps `run` to the end (at most `limit` steps); returns every event.
-pub fn finish(run: &mut Run, engine: &mut dyn BatchForward, limit: usize) -> Result<Vec<Event>, AgentError> {
+pub fn finish(
+    run: &mut Run,
+    engine: &mut dyn BatchForward,
+    limit: usize,
+) -> Result<Vec<Event>, AgentError> {
     let mut events = Vec::new();
     for _ in 0..limit {
         if run.finished() {
