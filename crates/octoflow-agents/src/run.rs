@@ -227,6 +227,11 @@ impl Run {
         self.draws.on_device
     }
 
+    /// Tokens generated so far, by every instance.
+    pub fn generated(&self) -> u64 {
+        self.instances.iter().map(|i| i.generated).sum()
+    }
+
     /// Steps run so far.
     pub fn steps(&self) -> u64 {
         self.step

@@ -98,6 +98,8 @@ pub struct Instance {
     pub seed: u64,
     /// Tokens generated since the last `seed`: the next draw's counter.
     pub draws: u64,
+    /// Tokens generated over the whole run (for the host's throughput report).
+    pub generated: u64,
     pub feed: Feed,
     pub gen: GenState,
     /// What a `Wait` instance waits for (for a deadlock report).
@@ -121,6 +123,7 @@ impl Instance {
             last: None,
             seed: run_seed.wrapping_add(id as u64),
             draws: 0,
+            generated: 0,
             feed: Feed::default(),
             gen: GenState::default(),
             waiting: String::new(),
@@ -154,6 +157,7 @@ impl Instance {
         span.len = span.generated;
         self.pending = Some(token);
         self.draws += 1;
+        self.generated += 1;
         self.gen.logprob_sum += logprob;
         span.score = self.gen.logprob_sum / span.generated as f32;
 

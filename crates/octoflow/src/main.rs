@@ -18,6 +18,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Many instances of one model driven by an agent program (queue, best-of, debate, swarm or
+    /// your own, docs/VM.md) over a task file.
+    Agents(cmd::agents::Args),
     /// Prompt-processing and generation throughput (like llama-bench).
     Bench(cmd::bench::Args),
     /// List Vulkan devices and the capabilities kernels are chosen by.
@@ -51,6 +54,7 @@ fn main() -> std::process::ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Agents(args) => cmd::agents::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Devices(args) => cmd::devices::run(args),
         Command::Export(args) => cmd::export::run(args),

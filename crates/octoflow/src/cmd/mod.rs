@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod agents;
 pub mod batched;
 pub mod bench;
 pub mod common;

@@ -1,0 +1,373 @@
+//! `octoflow agents`: many instances of one model driven by an agent program (a shipped
+//! pattern or a `.s` file, docs/VM.md) over a task file; every output is written to the output
+//! file as soon as it is produced.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use octoflow_agents::{assemble, Event, Pattern, Program, Run, RunConfig};
+use octoflow_core::Finish;
+use octoflow_model::{BatchForward, CpuBatch};
+use octoflow_text::{ChatTemplate, Message, Tokenizer};
+use serde_json::{json, Value};
+
+use super::common::{DeviceArgs, Loaded};
+
+/// Arguments of `octoflow agents`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model: a .gguf path, a known name or a URL (default: the default model).
+    #[arg(short = 'm', long)]
+    model: Option<String>,
+    /// A shipped program: queue, best-of, debate or swarm (docs/VM.md).
+    #[arg(long, required_unless_present = "program")]
+    pattern: Option<String>,
+    /// An agent program in the VM's assembly (docs/VM.md) instead of a shipped pattern.
+    #[arg(long, conflicts_with = "pattern")]
+    program: Option<PathBuf>,
+    /// Tasks, one JSON object per line: `{"id": ..., "prompt": "..."}` or `{"id": ...,
+    /// "messages": [{"role": ..., "content": ...}]}` (rendered with the chat template).
+    #[arg(long)]
+    tasks: PathBuf,
+    /// Instances (each with its own KV cache of --ctx-size positions).
+    #[arg(long, default_value_t = 8)]
+    instances: usize,
+    /// Rounds (`%rounds`: the debate's).
+    #[arg(long, default_value_t = 1)]
+    rounds: u32,
+    /// Token limit of a generation (`%max`).
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
+    max_tokens: u32,
+    /// Temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temp: f32,
+    /// Top-k (0 disables).
+    #[arg(long, default_value_t = 40)]
+    top_k: u32,
+    /// Top-p (1.0 disables).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Min-p (0 disables).
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+    /// Run seed: instance i starts at seed + i, and `seed x` in a program sets seed + x
+    /// (default: random, printed to stderr).
+    #[arg(short = 's', long)]
+    seed: Option<u64>,
+    /// Context size of each instance in tokens (0: the model's training context, capped at 4096).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
+    ctx_size: usize,
+    /// Most rows (tokens) per batched step.
+    #[arg(long, default_value_t = 256)]
+    max_rows: usize,
+    /// A Jinja chat template file overriding the model's (for tasks given as messages).
+    #[arg(long)]
+    chat_template: Option<PathBuf>,
+    /// Output file: one JSON object per output, written as it is produced.
+    #[arg(short = 'o', long)]
+    output: PathBuf,
+    #[command(flatten)]
+    device: DeviceArgs,
+}
+
+/// Runs `octoflow agents`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.instances == 0 {
+        bail!("--instances must be at least 1");
+    }
+    let source = match (&args.pattern, &args.program) {
+        (Some(p), _) => p.parse::<Pattern>()?.source().to_string(),
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading the program {}", f.display()))?,
+        (None, None) => bail!("give --pattern NAME or --program FILE.s"),
+    };
+    let source_name = match (&args.pattern, &args.program) {
+        (Some(p), _) => format!("pattern {p}"),
+        (_, Some(f)) => f.display().to_string(),
+        _ => String::new(),
+    };
+    let path = super::common::model_path(args.model.as_deref())?;
+    let gguf = Arc::new(octoflow_gguf::GgufFile::open(&path)?);
+    let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
+    let tokenize = |s: &str| tokenizer.encode(s, false, true);
+    let program =
+        assemble(&source, &tokenize).with_context(|| format!("assembling {source_name}"))?;
+    let tasks = read_tasks(&args, &gguf, &tokenizer)?;
+    let model = octoflow_model::Model::from_gguf(gguf.clone()).context("loading the model")?;
+    let n_ctx = if args.ctx_size > 0 {
+        args.ctx_size
+    } else {
+        model.config.n_ctx_train.min(4096)
+    };
+    let seed = args.seed.unwrap_or_else(random_seed);
+    let config = RunConfig {
+        instances: args.instances,
+        max_tokens: args.max_tokens,
+        rounds: args.rounds,
+        seed,
+        temperature: args.temp,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        eog: octoflow_generate::device_eog(&tokenizer, false),
+        chunk: args.max_rows,
+        device_sampling: true,
+        ..RunConfig::default()
+    };
+    eprintln!(
+        "octoflow agents: {} | {source_name} | {} tasks | {} instances × ctx {n_ctx} | seed {seed}",
+        path.display(),
+        tasks.len(),
+        args.instances
+    );
+    let out = File::create(&args.output)
+        .with_context(|| format!("creating {}", args.output.display()))?;
+    let mut sink = Sink {
+        out: BufWriter::new(out),
+        tokenizer: &tokenizer,
+        ids: tasks.iter().map(|t| t.id.clone()).collect(),
+        outputs: 0,
+        errors: 0,
+        tokens: 0,
+    };
+    let prompts = tasks.into_iter().map(|t| t.tokens).collect();
+    let loaded = Loaded::new(&model, &args.device)?;
+    let t0 = Instant::now();
+    let cpu0 = cpu_seconds();
+    let stats = match &loaded {
+        Loaded::Cpu => {
+            let mut engine = CpuBatch::new(&model, args.instances, n_ctx, args.max_rows);
+            drive(&mut engine, program, config, prompts, &mut sink)?
+        }
+        Loaded::Gpu(g) => {
+            let mut engine = g
+                .batch(args.instances, n_ctx, args.max_rows)
+                .context("allocating the instances' KV caches and buffers on the GPU")?;
+            super::warm::warm_up("octoflow agents", g.context(), || Ok(engine.warm_up()?))?;
+            drive(&mut engine, program, config, prompts, &mut sink)?
+        }
+    };
+    let secs = t0.elapsed().as_secs_f64();
+    let host = cpu_seconds() - cpu0;
+    eprintln!(
+        "octoflow agents: {} outputs ({} errors) to {} | {} tokens generated in {:.2} s: {:.1} tasks/s, {:.1} tokens/s | {} steps, {:.3} submits per generated token | host CPU {:.1} s",
+        sink.outputs,
+        sink.errors,
+        args.output.display(),
+        stats.generated,
+        secs,
+        sink.ids.len() as f64 / secs,
+        stats.generated as f64 / secs,
+        stats.steps,
+        stats.steps as f64 / stats.generated.max(1) as f64,
+        host
+    );
+    if sink.errors > 0 {
+        bail!(
+            "{} instance(s) failed (see the error lines in {})",
+            sink.errors,
+            args.output.display()
+        );
+    }
+    Ok(())
+}
+
+/// A host task: its id as given and its prompt's tokens.
+struct Task {
+    id: Value,
+    tokens: Vec<u32>,
+}
+
+/// Reads the task file: one JSON object per line (blank lines skipped), `prompt` tokenized with
+/// the BOS token as `octoflow run -p` does, `messages` rendered with the chat template first.
+fn read_tasks(
+    args: &Args,
+    gguf: &octoflow_gguf::GgufFile,
+    tokenizer: &Tokenizer,
+) -> anyhow::Result<Vec<Task>> {
+    let file = File::open(&args.tasks)
+        .with_context(|| format!("opening the task file {}", args.tasks.display()))?;
+    let mut template: Option<ChatTemplate> = None;
+    let mut tasks = Vec::new();
+    for (i, line) in BufReader::new(file).lines().enumerate() {
+        let at = || format!("{}:{}", args.tasks.display(), i + 1);
+        let line = line.with_context(at)?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: Value =
+            serde_json::from_str(&line).with_context(|| format!("{}: not JSON", at()))?;
+        let Value::Object(obj) = v else {
+            bail!("{}: a task is a JSON object", at());
+        };
+        let id = obj.get("id").cloned().unwrap_or_else(|| json!(tasks.len()));
+        let text = match (obj.get("prompt"), obj.get("messages")) {
+            (Some(Value::String(p)), None) => p.clone(),
+            (None, Some(Value::Array(ms))) => {
+                let mut messages = Vec::with_capacity(ms.len());
+                for m in ms {
+                    let (Some(Value::String(role)), Some(Value::String(content))) =
+                        (m.get("role"), m.get("content"))
+                    else {
+                        bail!(
+                            "{}: each message needs a string \"role\" and \"content\"",
+                            at()
+                        );
+                    };
+                    messages.push(Message::new(role.clone(), content.clone()));
+                }
+                if template.is_none() {
+                    template = Some(match &args.chat_template {
+                        Some(f) => ChatTemplate::from_file_for_model(f, gguf)?,
+                        None => ChatTemplate::from_gguf(gguf)?,
+                    });
+                }
+                let t = template.as_ref().context("no chat template")?;
+                t.render(&messages, true).with_context(at)?
+            }
+            (Some(_), Some(_)) => bail!("{}: give \"prompt\" or \"messages\", not both", at()),
+            (Some(_), None) => bail!("{}: \"prompt\" must be a string", at()),
+            (None, Some(_)) => bail!("{}: \"messages\" must be an array", at()),
+            (None, None) => bail!("{}: a task needs \"prompt\" or \"messages\"", at()),
+        };
+        tasks.push(Task {
+            id,
+            tokens: tokenizer.encode(&text, true, true),
+        });
+    }
+    if tasks.is_empty() {
+        bail!("{}: no tasks", args.tasks.display());
+    }
+    Ok(tasks)
+}
+
+/// Where outputs go: one JSON line each, flushed at once (a killed run keeps what it wrote).
+struct Sink<'t> {
+    out: BufWriter<File>,
+    tokenizer: &'t Tokenizer,
+    ids: Vec<Value>,
+    outputs: usize,
+    errors: usize,
+    tokens: usize,
+}
+
+impl Sink<'_> {
+    fn write(&mut self, event: Event) -> anyhow::Result<()> {
+        let line = match event {
+            Event::Output {
+                instance,
+                task,
+                round,
+                tokens,
+                finish,
+                score,
+            } => {
+                self.outputs += 1;
+                self.tokens += tokens.len();
+                let mut line = json!({
+                    "id": self.task_id(task),
+                    "instance": instance,
+                    "round": round,
+                    "text": self.tokenizer.decode(&tokens),
+                    "tokens": tokens.len(),
+                    "finish": finish.map(finish_name),
+                });
+                if score.is_finite() {
+                    line["score"] = json!(score);
+                }
+                line
+            }
+            Event::Error { instance, message } => {
+                self.errors += 1;
+                eprintln!("octoflow agents: instance {instance}: {message}");
+                json!({ "instance": instance, "error": message })
+            }
+        };
+        serde_json::to_writer(&mut self.out, &line)?;
+        self.out.write_all(b"\n")?;
+        self.out.flush().context("writing the output file")?;
+        Ok(())
+    }
+
+    fn task_id(&self, task: Option<u32>) -> Value {
+        task.and_then(|t| self.ids.get(t as usize).cloned())
+            .unwrap_or(Value::Null)
+    }
+}
+
+/// The OpenAI name of a finish reason.
+fn finish_name(f: Finish) -> &'static str {
+    match f {
+        Finish::Length | Finish::Context => "length",
+        _ => "stop",
+    }
+}
+
+/// What a run did.
+struct Stats {
+    steps: u64,
+    generated: u64,
+}
+
+/// Steps `program` over `engine` until every instance halted or failed, writing events as they
+/// come, with a progress line on stderr.
+fn drive(
+    engine: &mut dyn BatchForward,
+    program: Program,
+    config: RunConfig,
+    tasks: Vec<Vec<u32>>,
+    sink: &mut Sink<'_>,
+) -> anyhow::Result<Stats> {
+    let mut run = Run::new(program, config, tasks, engine).context("starting the run")?;
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {elapsed} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+    );
+    while !run.finished() {
+        let report = run.step(engine).context("running a step")?;
+        let generated = run.generated();
+        for event in run.events() {
+            sink.write(event)?;
+        }
+        bar.set_message(format!(
+            "step {} | {} live | {} outputs | {generated} tokens",
+            report.step + 1,
+            report.live,
+            sink.outputs
+        ));
+        bar.tick();
+    }
+    bar.finish_and_clear();
+    Ok(Stats {
+        steps: run.steps(),
+        generated: run.generated(),
+    })
+}
+
+/// A seed from the clock (printed, so a run can be repeated).
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+/// CPU seconds this process has used (user + system); 0 where the platform does not say.
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills the struct it is given and reads nothing else.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0.0;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
+}
