@@ -93,6 +93,9 @@ def main():
     ap.add_argument("--cold", action="store_true",
                     help="delete $OCTOFLOW_HOME/pipelines first")
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--idle", type=float, default=0,
+                    help="seconds to wait between the server being healthy and the first wave")
+    ap.add_argument("--server-log", help="write the server's whole stderr here")
     ap.add_argument("serve_args", nargs="*", help="more `octoflow serve` flags (after --)")
     a = ap.parse_args()
     home = os.environ.get("OCTOFLOW_HOME") or os.path.expanduser("~/.cache/octoflow")
@@ -110,6 +113,7 @@ def main():
         wait_healthy(url, proc, a.timeout)
         start = time.monotonic() - t0
         print(f"start until healthy: {start:.2f} s")
+        time.sleep(a.idle)
         for w in range(a.waves):
             t = wave(url, a.streams, a.max_tokens, w)
             print(f"wave {w + 1} ({a.streams} streams): time to first token "
@@ -120,6 +124,9 @@ def main():
     for line in log:
         if "warm-up" in line or "pipeline cache" in line:
             print("server:", line.rstrip())
+    if a.server_log:
+        with open(a.server_log, "w") as f:
+            f.writelines(log)
 
 
 if __name__ == "__main__":
