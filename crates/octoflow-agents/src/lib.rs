@@ -11,6 +11,9 @@
 //!   forward pass, hand back each instance's results; outputs and runtime errors come back as
 //!   [`Event`]s.
 //!
+//! - [`gpu_state`]: a run's state as the GPU interpreter's words and back
+//!   (`octoflow_kernels::agents` runs the three phases of a step on them).
+//!
 //! ```no_run
 //! # fn demo(engine: &mut dyn octoflow_model::BatchForward) -> Result<(), Box<dyn std::error::Error>> {
 //! use octoflow_agents::{assemble, Event, Pattern, Run, RunConfig};
@@ -32,6 +35,7 @@
 pub mod asm;
 pub mod error;
 pub mod event;
+pub mod gpu_state;
 pub mod interp;
 pub mod isa;
 pub mod memory;
@@ -49,4 +53,4 @@ pub use isa::{decode_words, Instr, Op, Operand, Special};
 pub use pattern::Pattern;
 pub use program::Program;
 pub use run::{Run, RunConfig, StepReport};
-pub use state::Status;
+pub use state::{Status, Waiting};
