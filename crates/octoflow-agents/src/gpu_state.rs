@@ -158,7 +158,10 @@ pub fn pack(run: &Run, event_cap: u32) -> Result<VmImage, StateError> {
     }
     let mut token_at = t_seqs + SEQ_WORDS as usize * seqs.len();
     for seq in &seqs {
-        tables.extend([count("the tables", token_at)?, count("a stop sequence", seq.len())?]);
+        tables.extend([
+            count("the tables", token_at)?,
+            count("a stop sequence", seq.len())?,
+        ]);
         token_at += seq.len();
     }
     for seq in &seqs {
@@ -309,9 +312,9 @@ fn pack_queues(run: &Run) -> Result<Vec<u32>, StateError> {
 
 /// The count before the writes of `fresh.step` and what is visible at step `now`.
 fn fresh_words(total: u32, fresh: Fresh, now: u64, name: &str) -> Result<(u32, u32), StateError> {
-    let base = total
-        .checked_sub(fresh.count)
-        .ok_or_else(|| StateError::Corrupt(format!("`{name}` counts more fresh writes than writes")))?;
+    let base = total.checked_sub(fresh.count).ok_or_else(|| {
+        StateError::Corrupt(format!("`{name}` counts more fresh writes than writes"))
+    })?;
     Ok((base, if fresh.step == now { base } else { total }))
 }
 
@@ -320,7 +323,10 @@ fn pack_boxes(run: &Run) -> Result<Vec<u32>, StateError> {
     let mut words = vec![0u32; boxes.len() * BOX_WORDS as usize];
     for (k, b) in boxes.iter().enumerate() {
         let h = k * BOX_WORDS as usize;
-        let slots = fit(|| format!("mailbox `{}`'s words", b.name), words.len() as u64)?;
+        let slots = fit(
+            || format!("mailbox `{}`'s words", b.name),
+            words.len() as u64,
+        )?;
         let (fresh_base, visible) = fresh_words(b.count, b.fresh, run.step, &b.name)?;
         let head = [
             (B_CAP, b.cap),

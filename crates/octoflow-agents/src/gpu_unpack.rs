@@ -34,7 +34,12 @@ pub fn unpack(run: &mut Run, image: &VmImage) -> Result<Vec<Event>, StateError> 
     }
     let mut instances = Vec::with_capacity(n);
     for i in 0..n {
-        let w = slice(&image.inst, i * INST_WORDS as usize, INST_WORDS as usize, "an instance")?;
+        let w = slice(
+            &image.inst,
+            i * INST_WORDS as usize,
+            INST_WORDS as usize,
+            "an instance",
+        )?;
         instances.push(unpack_instance(w)?);
     }
     let used = h(H_ARENA_USED) as usize;
@@ -114,15 +119,22 @@ fn unpack_instance(w: &[u32]) -> Result<Instance, StateError> {
 
 /// The host's record of a step's writes: the step of the last, and how many it made.
 fn fresh_of(step: u64, total: u32, base: u32, what: &str) -> Result<Fresh, StateError> {
-    let count = total
-        .checked_sub(base)
-        .ok_or_else(|| corrupt(format!("{what}: {base} before the last step's writes of {total}")))?;
+    let count = total.checked_sub(base).ok_or_else(|| {
+        corrupt(format!(
+            "{what}: {base} before the last step's writes of {total}"
+        ))
+    })?;
     Ok(Fresh { step, count })
 }
 
 fn unpack_queues(run: &mut Run, words: &[u32]) -> Result<(), StateError> {
     for (k, q) in run.mem.queues.iter_mut().enumerate() {
-        let w = slice(words, k * QUEUE_WORDS as usize, QUEUE_WORDS as usize, "a queue")?;
+        let w = slice(
+            words,
+            k * QUEUE_WORDS as usize,
+            QUEUE_WORDS as usize,
+            "a queue",
+        )?;
         let g = |at: u32| w[at as usize];
         let len = g(Q_LEN);
         if g(Q_CAP) != q.cap || len > q.cap || g(Q_TAKEN) > len {
@@ -160,10 +172,19 @@ fn unpack_queues(run: &mut Run, words: &[u32]) -> Result<(), StateError> {
 
 fn unpack_boxes(run: &mut Run, words: &[u32]) -> Result<(), StateError> {
     for (k, b) in run.mem.mailboxes.iter_mut().enumerate() {
-        let w = slice(words, k * BOX_WORDS as usize, BOX_WORDS as usize, "a mailbox")?;
+        let w = slice(
+            words,
+            k * BOX_WORDS as usize,
+            BOX_WORDS as usize,
+            "a mailbox",
+        )?;
         let g = |at: u32| w[at as usize];
         if g(B_CAP) != b.cap {
-            return Err(corrupt(format!("mailbox `{}`: capacity {}", b.name, g(B_CAP))));
+            return Err(corrupt(format!(
+                "mailbox `{}`: capacity {}",
+                b.name,
+                g(B_CAP)
+            )));
         }
         let all = slice(
             words,
@@ -197,7 +218,12 @@ fn unpack_boxes(run: &mut Run, words: &[u32]) -> Result<(), StateError> {
         }
         b.slots = slots;
         b.count = g(B_COUNT);
-        b.fresh = fresh_of(u64_at(w, B_FRESH_STEP_LO), b.count, g(B_FRESH_BASE), &b.name)?;
+        b.fresh = fresh_of(
+            u64_at(w, B_FRESH_STEP_LO),
+            b.count,
+            g(B_FRESH_BASE),
+            &b.name,
+        )?;
     }
     Ok(())
 }
@@ -210,7 +236,9 @@ fn events(run: &Run, image: &VmImage) -> Result<Vec<Event>, StateError> {
     }
     let pending = head.wrapping_sub(read);
     if pending > cap {
-        return Err(corrupt(format!("{pending} unread events in a ring of {cap}")));
+        return Err(corrupt(format!(
+            "{pending} unread events in a ring of {cap}"
+        )));
     }
     let mut out = Vec::with_capacity(pending as usize);
     for k in 0..pending {

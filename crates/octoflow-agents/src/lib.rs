@@ -10,7 +10,6 @@
 //!   path: interpret every instance until it yields, plan the rows ([`plan`]), run them as one
 //!   forward pass, hand back each instance's results; outputs and runtime errors come back as
 //!   [`Event`]s.
-//!
 //! - [`gpu_state`]: a run's state as the GPU interpreter's words and back
 //!   (`octoflow_kernels::agents` runs the three phases of a step on them).
 //!

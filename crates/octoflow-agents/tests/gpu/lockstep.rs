@@ -2,6 +2,8 @@
 //! packed, the phase runs on the GPU, and its result must equal the host's state after the
 //! same phase (canonically: see `compare`).
 
+use std::collections::BTreeMap;
+
 use octoflow_agents::gpu_state::pack;
 use octoflow_agents::plan::Plan;
 use octoflow_agents::{AgentError, Run};
@@ -15,13 +17,43 @@ use super::compare::{canonical_events, compare, normalize, EVENT_CAP};
 use super::{Gpu, RowTables};
 
 /// What a lock-step run went through.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct Tally {
     pub steps: usize,
     pub rows: usize,
     pub events: usize,
     pub errors: usize,
     pub deadlock: bool,
+    /// Runtime errors by kind (the message without numbers and names).
+    pub faults: BTreeMap<String, usize>,
+}
+
+impl Tally {
+    pub fn add(&mut self, t: &Tally) {
+        self.steps += t.steps;
+        self.rows += t.rows;
+        self.events += t.events;
+        self.errors += t.errors;
+        self.deadlock |= t.deadlock;
+        for (k, v) in &t.faults {
+            *self.faults.entry(k.clone()).or_default() += v;
+        }
+    }
+}
+
+/// A runtime error's kind: its message after the location, without numbers or names.
+fn fault_kind(message: &str) -> String {
+    let tail = message.rsplit("): ").next().unwrap_or(message);
+    let mut kind = String::new();
+    let mut quoted = false;
+    for c in tail.chars() {
+        match c {
+            '`' => quoted = !quoted,
+            c if quoted || c.is_ascii_digit() => {}
+            c => kind.push(c),
+        }
+    }
+    kind.chars().take(40).collect()
 }
 
 /// The order the host must interpret in to hand out tasks as the GPU did: instances whose
@@ -142,10 +174,12 @@ pub fn lockstep(
         let changed = run.interpret_phase_in(&take_order(run, &gpu_run));
         let host_events = run.events();
         tally.events += host_events.len();
-        tally.errors += host_events
-            .iter()
-            .filter(|e| matches!(e, octoflow_agents::Event::Error { .. }))
-            .count();
+        for e in &host_events {
+            if let octoflow_agents::Event::Error { message, .. } = e {
+                tally.errors += 1;
+                *tally.faults.entry(fault_kind(message)).or_default() += 1;
+            }
+        }
         let mut host = pack(run, EVENT_CAP).unwrap_or_else(|e| fail!("pack", e.to_string()));
         host.hdr[H_CHANGED as usize] = changed as u32;
         compare(img, host, used_before).unwrap_or_else(|e| fail!("interpret", e));

@@ -9,7 +9,9 @@ pub mod random;
 use octoflow_agents::gpu_state::VmImage;
 use octoflow_kernels::agents::layout::{H_EV_CAP, SAMPLER_WORDS};
 use octoflow_kernels::agents::vm_plan::RowShape;
-use octoflow_kernels::agents::{step_words, VmAdvance, VmBuffers, VmDims, VmInterpret, VmPlan, VmRows};
+use octoflow_kernels::agents::{
+    step_words, VmAdvance, VmBuffers, VmDims, VmInterpret, VmPlan, VmRows,
+};
 use octoflow_vk::testing::gpu_or_skip;
 use octoflow_vk::{Buffer, Chain, Context, MemoryKind};
 
@@ -160,7 +162,9 @@ impl Gpu {
             step_words(n) as usize,
             r,
         ];
-        let names = ["table", "ids", "out_rows", "mix", "states", "step", "owners"];
+        let names = [
+            "table", "ids", "out_rows", "mix", "states", "step", "owners",
+        ];
         let bufs: Vec<Buffer> = names
             .iter()
             .zip(sizes)
@@ -204,7 +208,14 @@ impl Gpu {
         let tokens = buffer(&self.ctx, "tokens", tokens);
         let mut chain = Chain::new(&self.ctx).expect("chain");
         self.advance
-            .record(&mut chain, &state.slices(), n, &step.whole(), &tokens.whole(), max_out)
+            .record(
+                &mut chain,
+                &state.slices(),
+                n,
+                &step.whole(),
+                &tokens.whole(),
+                max_out,
+            )
             .expect("record vm_advance");
         chain.run().expect("run vm_advance");
         state.image(&self.ctx, img)

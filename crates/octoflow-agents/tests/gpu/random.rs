@@ -161,9 +161,11 @@ impl Gen<'_> {
                 self.push(format!("wait {m}, {x}"));
             }
             13 => {
-                // a register bound: the assembler refuses an immediate empty range
-                let (m, x, y) = (self.mailbox(), self.value(), self.reg());
-                self.push(format!("best {m}, {x}, {y}"));
+                // registers for the bounds: the assembler refuses an immediate empty range
+                let (m, x, k) = (self.mailbox(), self.value(), self.rng.gen_range(0..4));
+                self.push(format!("set r13, {x}"));
+                self.push(format!("add r11, r13, {k}"));
+                self.push(format!("best {m}, r13, r11"));
             }
             14..=15 => {
                 let (q, k) = [("tasks", 0), queues[0], queues[1]][self.rng.gen_range(0..3)];
@@ -226,17 +228,19 @@ pub fn case(rng: &mut StdRng) -> Case {
         ".const C0 \"abc\"".to_string(),
         ".const C1 \"d\"".to_string(),
         ".queue W 6".to_string(),
-        ".queue V %n*2".to_string(),
+        ".queue V %n".to_string(),
         ".mailbox M0 %n*4".to_string(),
         ".mailbox M1 3*%n".to_string(),
     ];
     let rounds = g.rng.gen_range(1..=3);
     // A current task and a last span to start from, so that few programs fault at once.
     g.push(format!("set {LOOP_REG}, 0"));
-    g.push("rem r12, %id, %tasks".into());
-    g.push("task r12".into());
-    g.push("append.task".into());
-    g.push("gen 3, S0".into());
+    if g.rng.gen_bool(0.8) {
+        g.push("rem r12, %id, %tasks".into());
+        g.push("task r12".into());
+        g.push("append.task".into());
+        g.push("gen 3, S0".into());
+    }
     g.lines.push("top:".into());
     for _ in 0..g.rng.gen_range(4..=14) {
         g.segment();
@@ -258,12 +262,17 @@ pub fn case(rng: &mut StdRng) -> Case {
     g.only(3 % n, "close V".into());
     g.push("halt".into());
     let tasks: Vec<Vec<u32>> = (0..g.rng.gen_range(1..=3))
-        .map(|_| (0..g.rng.gen_range(1..=4)).map(|_| g.rng.gen_range(97..101)).collect())
+        .map(|_| {
+            (0..g.rng.gen_range(1..=4))
+                .map(|_| g.rng.gen_range(97..101))
+                .collect()
+        })
         .collect();
     let n_ctx = [6, 12, 40][g.rng.gen_range(0..3)];
     let max_rows = [1, 3, 7, 64][g.rng.gen_range(0..4)];
     let chunk = [1, 2, 5, 256][g.rng.gen_range(0..4)];
-    let arena = (n == 1 && g.rng.gen_bool(0.5)).then(|| 6 + tasks.iter().map(Vec::len).sum::<usize>() + g.rng.gen_range(0..20));
+    let arena = (n == 1 && g.rng.gen_bool(0.5))
+        .then(|| 6 + tasks.iter().map(Vec::len).sum::<usize>() + g.rng.gen_range(0..20));
     let max_tokens = g.rng.gen_range(1..=5);
     head.extend(g.lines);
     Case {

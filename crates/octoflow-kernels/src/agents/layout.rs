@@ -430,6 +430,6 @@ mod tests {
         check("S_", SLOT_WORDS);
         check("E_", EVENT_WORDS);
         check("PI_", PI_WORDS);
-        assert!(I_REGS + N_REGS <= I_POS);
+        const { assert!(I_REGS + N_REGS <= I_POS) };
     }
 }

@@ -54,7 +54,12 @@ impl VmAdvance {
         let groups = chain
             .context()
             .groups_1d(u64::from(instances.max(1)), self.local)?;
-        chain.dispatch(&self.pipeline, &bindings, Push::new().u32(max_out).as_bytes(), groups)?;
+        chain.dispatch(
+            &self.pipeline,
+            &bindings,
+            Push::new().u32(max_out).as_bytes(),
+            groups,
+        )?;
         Ok(())
     }
 }

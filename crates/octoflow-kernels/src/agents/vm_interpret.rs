@@ -47,10 +47,20 @@ impl VmInterpret {
         // At least one invocation: it clears H_CHANGED.
         let tables = u64::from(dims.queues.max(dims.boxes).max(1));
         let groups = ctx.groups_1d(tables, self.local)?;
-        chain.dispatch(&self.pipeline, &bindings, Push::new().u32(0).as_bytes(), groups)?;
+        chain.dispatch(
+            &self.pipeline,
+            &bindings,
+            Push::new().u32(0).as_bytes(),
+            groups,
+        )?;
         chain.compute_barrier()?;
         let groups = ctx.groups_1d(u64::from(dims.instances.max(1)), self.local)?;
-        chain.dispatch(&self.pipeline, &bindings, Push::new().u32(1).as_bytes(), groups)?;
+        chain.dispatch(
+            &self.pipeline,
+            &bindings,
+            Push::new().u32(1).as_bytes(),
+            groups,
+        )?;
         Ok(())
     }
 }
