@@ -258,3 +258,216 @@ done:
         used_before + 3 * (n + n_tasks) as u32
     );
 }
+
+/// Every runtime error the GPU records as a code, a pc and two arguments comes back as the
+/// host's message (the names and capacities from the program and the run).
+#[test]
+fn every_fault_code_unpacks_to_the_hosts_message() {
+    use octoflow_agents::gpu_state::fault_args;
+    use octoflow_agents::interp::BUDGET;
+    use octoflow_agents::Fault;
+    use octoflow_kernels::agents::layout::*;
+
+    let src = ".mailbox m 4\n.queue q 2\n    send m, 0\n    push q, r0\n    halt\n";
+    let e = engine(1, 4);
+    let cfg = RunConfig {
+        arena_tokens: 64,
+        ..config(1, 4)
+    };
+    let run = Run::new(asm(src), cfg, vec![bytes("t")], &e).unwrap();
+    let (name, cap) = ("m".to_string(), 4);
+    let faults = [
+        (0, Fault::DivByZero),
+        (
+            0,
+            Fault::SlotFull {
+                mailbox: name.clone(),
+                slot: 3,
+            },
+        ),
+        (
+            0,
+            Fault::SlotEmpty {
+                mailbox: name.clone(),
+                slot: 2,
+            },
+        ),
+        (
+            0,
+            Fault::SlotPastCapacity {
+                mailbox: name.clone(),
+                slot: 9,
+                cap,
+            },
+        ),
+        (
+            0,
+            Fault::WaitPastCapacity {
+                mailbox: name.clone(),
+                count: 7,
+                cap,
+            },
+        ),
+        (
+            0,
+            Fault::EmptyRange {
+                mailbox: name,
+                lo: 3,
+                hi: 1,
+            },
+        ),
+        (
+            1,
+            Fault::QueueFull {
+                queue: "q".into(),
+                cap: 2,
+            },
+        ),
+        (1, Fault::QueueClosed { queue: "q".into() }),
+        (1, Fault::TaskPastEnd { task: 5, tasks: 1 }),
+        (2, Fault::NoTask),
+        (2, Fault::NoSpan),
+        (
+            2,
+            Fault::ArenaFull {
+                need: 9,
+                used: 60,
+                cap: 64,
+            },
+        ),
+        (
+            2,
+            Fault::ContextFull {
+                pos: 1000,
+                need: 30,
+                n_ctx: 1024,
+            },
+        ),
+        (2, Fault::NothingToGenerate),
+        (2, Fault::PastEnd),
+        (2, Fault::NoProgress(BUDGET)),
+    ];
+    let mut img = pack(&run, faults.len() as u32).unwrap();
+    for (k, (pc, fault)) in faults.iter().enumerate() {
+        let (code, a0, a1) = fault_args(fault);
+        let rec = &mut img.events[k * EVENT_WORDS as usize..][..EVENT_WORDS as usize];
+        rec[E_KIND as usize] = EV_ERROR;
+        rec[E_INSTANCE as usize] = 0;
+        rec[E_CODE as usize] = code;
+        rec[E_PC as usize] = *pc;
+        rec[E_ARG0 as usize] = a0;
+        rec[E_ARG1 as usize] = a1;
+    }
+    img.hdr[H_EV_HEAD as usize] = faults.len() as u32;
+    let events = unpack(&mut run.clone(), &img).unwrap();
+    assert_eq!(events.len(), faults.len());
+    for ((pc, fault), event) in faults.iter().zip(events) {
+        let want = format!(
+            "instance 0, {}: {fault}",
+            run.program().locate(*pc as usize)
+        );
+        assert_eq!(
+            event,
+            octoflow_agents::Event::Error {
+                instance: 0,
+                message: want
+            }
+        );
+    }
+    // A full ring loses events: the host refuses the words rather than miss an output.
+    img.hdr[H_EV_LOST as usize] = 1;
+    assert!(unpack(&mut run.clone(), &img).is_err());
+}
+
+/// The layout's opcodes, specials and limits are the ISA's (the GPU decodes `Program::words`).
+#[test]
+fn the_layout_names_every_opcode_and_special_as_the_isa() {
+    use octoflow_agents::{Op, Special};
+    use octoflow_kernels::agents::layout::ALL;
+    let get = |name: String| ALL.iter().find(|(n, _)| *n == name).map(|&(_, v)| v);
+    for &op in Op::ALL {
+        let name = format!("OP_{}", op.mnemonic().replace('.', "_").to_uppercase());
+        assert_eq!(get(name.clone()), Some(op as u32), "{name}");
+    }
+    for &s in Special::ALL {
+        let name = format!("SP_{}", s.name().to_uppercase());
+        assert_eq!(get(name.clone()), Some(s as u32), "{name}");
+    }
+    use octoflow_kernels::agents::layout as l;
+    assert_eq!(l::N_REGS as usize, octoflow_agents::isa::N_REGS);
+    assert_eq!(l::BUDGET as usize, octoflow_agents::interp::BUDGET);
+    assert_eq!(l::NO_STOP, octoflow_agents::isa::NO_STOP);
+    assert_eq!(l::NO_TASK, octoflow_agents::isa::NO_TASK);
+    assert_eq!(l::INSTR_WORDS as usize, octoflow_agents::isa::WORDS);
+    let ops = ALL.iter().filter(|(n, _)| n.starts_with("OP_")).count();
+    let specials = ALL.iter().filter(|(n, _)| n.starts_with("SP_")).count();
+    assert_eq!((ops, specials), (Op::ALL.len(), Special::ALL.len()));
+}
+
+/// What a run's outputs say, whichever instance made them: (task, round, tokens, finish).
+fn outputs_by_task(events: &[octoflow_agents::Event]) -> Vec<String> {
+    let mut out: Vec<String> = events
+        .iter()
+        .map(|e| match e {
+            octoflow_agents::Event::Output {
+                task,
+                round,
+                tokens,
+                finish,
+                ..
+            } => format!("{task:?} {round} {tokens:?} {finish:?}"),
+            octoflow_agents::Event::Error { message, .. } => panic!("{message}"),
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The three dispatches compose: with the state resident on the GPU for a whole run (the host
+/// only runs the forward on the rows `vm_plan` wrote), every shipped pattern gives the host's
+/// outputs.
+#[test]
+fn a_run_resident_on_the_gpu_gives_the_hosts_outputs() {
+    let Some(gpu) = Gpu::new("vm_resident") else {
+        return;
+    };
+    for (name, pattern, cfg, tasks) in pattern_runs() {
+        let max_rows = 5;
+        let mut host_engine = engine(cfg.instances, max_rows);
+        let mut host = Run::new(
+            asm(pattern.source()),
+            cfg.clone(),
+            tasks.clone(),
+            &host_engine,
+        )
+        .unwrap();
+        host.set_device_sampling(true);
+        let host_events = finish(&mut host, &mut host_engine, 100_000).unwrap();
+
+        let mut e = engine(cfg.instances, max_rows);
+        let run = Run::new(asm(pattern.source()), cfg.clone(), tasks.clone(), &e).unwrap();
+        let shape = octoflow_kernels::agents::vm_plan::RowShape {
+            max_rows: max_rows as u32,
+            max_out: max_rows as u32,
+            n_slots: cfg.instances as u32,
+        };
+        let mut resident = gpu::resident::Resident::new(&gpu, &run, shape);
+        let mut events = Vec::new();
+        for step in 0.. {
+            assert!(step < 100_000, "{name}: no end");
+            let (made, state) = resident
+                .step(step, &mut e)
+                .unwrap_or_else(|| panic!("{name}: deadlock at step {step}"));
+            events.extend(made);
+            if state.finished() {
+                break;
+            }
+        }
+        assert_eq!(
+            outputs_by_task(&events),
+            outputs_by_task(&host_events),
+            "{name}"
+        );
+        println!("{name}: {} outputs", events.len());
+    }
+}

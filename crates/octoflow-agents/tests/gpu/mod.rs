@@ -5,6 +5,7 @@
 pub mod compare;
 pub mod lockstep;
 pub mod random;
+pub mod resident;
 
 use octoflow_agents::gpu_state::VmImage;
 use octoflow_kernels::agents::layout::{H_EV_CAP, SAMPLER_WORDS};
@@ -21,9 +22,9 @@ pub const POISON: u32 = 0xdead_beef;
 /// The device and the three kernels.
 pub struct Gpu {
     pub ctx: Context,
-    interpret: VmInterpret,
-    plan: VmPlan,
-    advance: VmAdvance,
+    pub interpret: VmInterpret,
+    pub plan: VmPlan,
+    pub advance: VmAdvance,
 }
 
 /// What `vm_plan` wrote, table by table.
