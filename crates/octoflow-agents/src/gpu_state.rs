@@ -379,7 +379,6 @@ fn pack_boxes(run: &Run) -> Result<Vec<u32>, StateError> {
     Ok(words)
 }
 
-#[path = "gpu_unpack.rs"]
-mod gpu_unpack;
+mod unpack;
 
-pub use gpu_unpack::{fault_args, unpack};
+pub use unpack::{fault_args, unpack};
