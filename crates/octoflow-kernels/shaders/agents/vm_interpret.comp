@@ -354,8 +354,8 @@ void set_task(uint index, uint item) {
 
 // Whether queue `h`'s close is final for the pushes and takes of this step.
 bool closed_before(uint h, uint by) {
-    return by == CLOSED_BY_HOST
-        || (by != CLOSED_OPEN && before_now(queues[h + Q_CLOSED_STEP_LO], queues[h + Q_CLOSED_STEP_HI]));
+    bool earlier = before_now(queues[h + Q_CLOSED_STEP_LO], queues[h + Q_CLOSED_STEP_HI]);
+    return by == CLOSED_BY_HOST || (by != CLOSED_OPEN && earlier);
 }
 
 uint take(uint q, uint closed_target) {
