@@ -14,4 +14,4 @@ pub mod sampling;
 
 pub use draw::Draw;
 pub use finish::Finish;
-pub use sampling::{Sampler, SamplingParams};
+pub use sampling::{random_seed, Sampler, SamplingParams};

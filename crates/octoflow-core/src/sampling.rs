@@ -264,6 +264,19 @@ pub fn softmax(values: impl Iterator<Item = f32> + Clone) -> Vec<f32> {
     exps.into_iter().map(|e| e / sum).collect()
 }
 
+/// A seed from the clock and the process's hasher keys (for "no seed given": different every
+/// run, printed by the commands so a run can be repeated).
+pub fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

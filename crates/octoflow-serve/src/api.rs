@@ -210,7 +210,7 @@ pub fn gen_params(
             ))
         }
     };
-    let seed = c.seed.map_or_else(random_seed, |s| s as u64);
+    let seed = c.seed.map_or_else(octoflow_core::random_seed, |s| s as u64);
     let sampling = SamplingParams {
         temperature,
         top_k,
@@ -233,18 +233,6 @@ pub fn gen_params(
         logprobs,
         ignore_eos: c.ignore_eos,
     })
-}
-
-/// A seed from the clock and the process's hasher keys.
-fn random_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish()
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use std::collections::{HashMap, VecDeque};
 
 use octoflow_core::Draw;
 use octoflow_kernels::{Positions, Sample, SamplerState, FROM_PREV};
-use octoflow_vk::{summarize, Buffer, Chain, LabelTime, MemoryKind};
+use octoflow_vk::{summarize, Buffer, BufferSlice, Chain, LabelTime, MemoryKind};
 
 use crate::batch::{BatchForward, BatchRow, RowOutput, RowResult, TokenIn, MAX_IN_FLIGHT};
 use crate::config::ModelConfig;
@@ -57,6 +57,22 @@ struct IoSet {
     tokens: Buffer,
     /// `[max_out, n_vocab]` f32 logits for the host, allocated on first need.
     logits: Option<Buffer>,
+}
+
+/// The tables a step's forward pass reads and writes, on the device (see [`GpuBatch::record_rows`]).
+pub struct DeviceRows {
+    /// `[rows, 2]` u32: (position, first KV cache row = slot × n_ctx) per row.
+    pub table: BufferSlice,
+    /// `[rows]` u32: the rows' token ids.
+    pub ids: BufferSlice,
+    /// `[n_out]` u32: the rows whose logits are computed and sampled.
+    pub out_rows: BufferSlice,
+    /// `[rows]` u32: each row's adapter mix (0: the base model).
+    pub mix: BufferSlice,
+    /// `[n_out]` sampler states ([`SamplerState`], 8 words each).
+    pub states: BufferSlice,
+    /// `[n_out]` u32: the sampled tokens.
+    pub tokens: BufferSlice,
 }
 
 /// Chain cache key: (row bucket, output-row bucket, logits copied to the host, io set).
@@ -270,50 +286,77 @@ impl GpuBatch<'_> {
             n,
         )?;
         chain.compute_barrier()?;
+        let rows = DeviceRows {
+            table: io.table.whole(),
+            ids,
+            out_rows: io.out_rows.whole(),
+            mix: io.mix.whole(),
+            states: io.states.whole(),
+            tokens: io.tokens.whole(),
+        };
+        let logits_rows = self.record_rows(&mut chain, &rows, n, n_out)?;
+        if let (true, Some(rows)) = (logits, logits_rows) {
+            let dst = io.logits.as_ref().ok_or_else(|| {
+                ModelError::Gpu("the host logits buffer was not allocated".into())
+            })?;
+            chain.barrier()?; // the logits' writes before a transfer reads them
+            chain.copy(&rows, dst, 0)?;
+        }
+        chain.finish()?;
+        Ok(chain)
+    }
+
+    /// Records one step's forward pass over `n` rows described by tables on the device (what
+    /// [`Self::record`] fills from the host, or what a GPU-side planner writes): the layers
+    /// over every row, then the `n_out` output rows' logits and one sampled token each. Rows
+    /// past the step's real count must be padding (the extra KV slot, see the module doc).
+    /// Returns the logits rows when there are output rows. The caller orders it after whatever
+    /// wrote the tables (a compute barrier) and after the previous step.
+    pub fn record_rows(
+        &self,
+        chain: &mut Chain,
+        rows: &DeviceRows,
+        n: u32,
+        n_out: u32,
+    ) -> Result<Option<BufferSlice>> {
+        let m = self.model;
         let graph = Graph {
-            k,
+            k: &m.kernels,
             c: &m.config,
             w: &m.weights,
             s: &self.s,
             pos: PosSource {
-                buf: io.table.whole(),
+                buf: rows.table.clone(),
                 offset: 0,
                 mode: Positions::Table,
                 seq_rows: self.n_ctx,
             },
             lora: m.graph_lora(|_| MixSource {
-                ids: io.mix.whole(),
+                ids: rows.mix.clone(),
                 offset: 0,
                 stride: 1,
             }),
         };
-        graph.layers(&mut chain, n, &TokenSource::Slice(ids))?;
-        if n_out > 0 {
-            graph.output_rows(&mut chain, n_out, &io.out_rows.whole())?;
-            let n_vocab = m.config.n_vocab as u32;
-            let rows = self
-                .s
-                .logits
-                .slice(0, 4 * u64::from(n_out) * u64::from(n_vocab))?;
-            k.sample.record_rows(
-                &mut chain,
-                &rows,
-                n_vocab,
-                n_out,
-                &io.states.whole(),
-                &io.tokens.whole(),
-                0,
-            )?;
-            if logits {
-                let dst = io.logits.as_ref().ok_or_else(|| {
-                    ModelError::Gpu("the host logits buffer was not allocated".into())
-                })?;
-                chain.barrier()?; // the logits' writes before a transfer reads them
-                chain.copy(&rows, dst, 0)?;
-            }
+        graph.layers(chain, n, &TokenSource::Slice(rows.ids.clone()))?;
+        if n_out == 0 {
+            return Ok(None);
         }
-        chain.finish()?;
-        Ok(chain)
+        graph.output_rows(chain, n_out, &rows.out_rows)?;
+        let n_vocab = m.config.n_vocab as u32;
+        let logits = self
+            .s
+            .logits
+            .slice(0, 4 * u64::from(n_out) * u64::from(n_vocab))?;
+        m.kernels.sample.record_rows(
+            chain,
+            &logits,
+            n_vocab,
+            n_out,
+            &rows.states,
+            &rows.tokens,
+            0,
+        )?;
+        Ok(Some(logits))
     }
 
     /// Checks a step against the slots' state; returns the slots' cached lengths after it.

@@ -18,5 +18,5 @@ pub mod session;
 pub mod weights;
 
 pub use adapters::{GpuAdapters, MixSource};
-pub use batch::GpuBatch;
+pub use batch::{DeviceRows, GpuBatch};
 pub use session::{GpuModel, GpuSession, BATCH_TOKENS};

@@ -103,7 +103,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         model.config.n_ctx_train.min(4096)
     };
-    let seed = args.seed.unwrap_or_else(random_seed);
+    let seed = args.seed.unwrap_or_else(octoflow_core::random_seed);
     let config = RunConfig {
         instances: args.instances,
         max_tokens: args.max_tokens,
@@ -347,18 +347,6 @@ fn drive(
         steps: run.steps(),
         generated: run.generated(),
     })
-}
-
-/// A seed from the clock (printed, so a run can be repeated).
-fn random_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish()
 }
 
 /// CPU seconds this process has used (user + system); 0 where the platform does not say.

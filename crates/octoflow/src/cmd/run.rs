@@ -197,16 +197,7 @@ fn warm_up(
 }
 
 fn sampling_params(args: &Args) -> anyhow::Result<SamplingParams> {
-    let seed = args.seed.unwrap_or_else(|| {
-        use std::hash::{BuildHasher, Hasher};
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
-        h.finish()
-    });
+    let seed = args.seed.unwrap_or_else(octoflow_core::random_seed);
     let p = SamplingParams {
         temperature: args.temp,
         top_k: args.top_k,
