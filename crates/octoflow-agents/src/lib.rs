@@ -34,6 +34,7 @@
 pub mod asm;
 pub mod error;
 pub mod event;
+pub mod gpu_run;
 pub mod gpu_state;
 pub mod interp;
 pub mod isa;
@@ -48,6 +49,7 @@ pub mod state;
 pub use asm::{assemble, Tokenize};
 pub use error::{AgentError, AsmError, AsmErrorKind, DecodeError, Fault, StartError};
 pub use event::Event;
+pub use gpu_run::{GpuRun, SubmitReport};
 pub use isa::{decode_words, Instr, Op, Operand, Special};
 pub use pattern::Pattern;
 pub use program::Program;

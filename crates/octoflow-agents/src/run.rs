@@ -394,7 +394,8 @@ impl Run {
         &self.mem
     }
 
-    fn deadlock_report(&self) -> Vec<String> {
+    /// What every live instance waits for (the deadlock error's lines).
+    pub(crate) fn deadlock_report(&self) -> Vec<String> {
         self.instances
             .iter()
             .filter(|i| i.status.is_live())

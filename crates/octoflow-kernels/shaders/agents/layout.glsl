@@ -33,6 +33,8 @@ const uint H_EV_HEAD = 26u;
 const uint H_EV_READ = 27u;
 const uint H_EV_LOST = 28u;
 const uint H_CHANGED = 29u;
+const uint H_STALLED = 30u;
+const uint H_LIVE = 31u;
 const uint H_WORDS = 32u;
 
 // ---- the program ----

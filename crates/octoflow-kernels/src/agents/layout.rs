@@ -91,6 +91,12 @@ layout! {
     H_EV_LOST = 28;
     /// Set to 1 by an interpret phase in which something changed (the deadlock check).
     H_CHANGED = 29;
+    /// Set to 1 by `vm_end_step` after a step in which no instance had rows and nothing
+    /// changed while some were live: they wait for what cannot come (the host reports a
+    /// deadlock). Sticky until the host clears it.
+    H_STALLED = 30;
+    /// Live instances (neither halted nor failed) after the last step (`vm_end_step`).
+    H_LIVE = 31;
     /// Words of the header.
     H_WORDS = 32;
 

@@ -5,6 +5,8 @@
 //! - [`vm_plan`]: one workgroup gives out the step's rows and writes the batched forward's
 //!   row tables.
 //! - [`vm_advance`]: one invocation per instance takes its rows' sampled tokens.
+//! - [`vm_end_step`]: one workgroup counts the live instances, flags a stall and moves to the
+//!   next step, so one chain holds many steps.
 //!
 //! The host interpreter is the reference: `octoflow-agents`' tests pack a host run into these
 //! words, run each phase here and require the host's state after the same phase. Shaders:
@@ -17,10 +19,12 @@ use crate::operand::need;
 
 pub mod layout;
 pub mod vm_advance;
+pub mod vm_end_step;
 pub mod vm_interpret;
 pub mod vm_plan;
 
 pub use vm_advance::VmAdvance;
+pub use vm_end_step::VmEndStep;
 pub use vm_interpret::VmInterpret;
 pub use vm_plan::VmPlan;
 
