@@ -192,6 +192,11 @@ pub enum AgentError {
     Deadlock(Vec<String>),
     #[error("the engine has {0} steps in flight; a run needs it idle")]
     EngineBusy(usize),
+    #[error(transparent)]
+    Start(#[from] StartError),
+    /// The GPU interpreter could not be set up or run.
+    #[error("the GPU interpreter: {0}")]
+    Gpu(String),
     #[error("the engine answered {found} for row {row}, which asked for {asked}")]
     EngineResult {
         row: usize,

@@ -12,7 +12,7 @@ use crate::event::Event;
 use crate::isa::{Instr, Op, Operand, Special, NO_TASK};
 use crate::memory::{Memory, Message, Span, Take, Task};
 use crate::program::Program;
-use crate::state::{Feed, GenState, Instance, Status};
+use crate::state::{Feed, GenState, Instance, Status, Waiting};
 
 /// Most instructions an instance executes in one interpret phase.
 pub const BUDGET: usize = 4096;
@@ -46,7 +46,7 @@ enum Flow {
     /// The instance now feeds or generates; the pc moves past the instruction.
     Yield,
     /// A `wait` or `take` that cannot proceed: why.
-    Block(String),
+    Block(Waiting),
     Halt,
 }
 
@@ -211,10 +211,11 @@ fn exec(inst: &mut Instance, instr: Instr, cx: &mut Ctx<'_>) -> Result<Flow, Fau
             }
             let have = b.count(now);
             if have < count {
-                return Ok(Flow::Block(format!(
-                    "mailbox `{}` holds {have} of {count} messages",
-                    b.name
-                )));
+                return Ok(Flow::Block(Waiting::Mailbox {
+                    mailbox: imm(instr.a),
+                    have,
+                    count,
+                }));
             }
         }
         Op::Best => inst.last = Some(best(cx, instr, v(inst, instr.b), v(inst, instr.c))?),
@@ -223,7 +224,13 @@ fn exec(inst: &mut Instance, instr: Instr, cx: &mut Ctx<'_>) -> Result<Flow, Fau
             match q.take(now) {
                 Take::Task(index, task) => set_task(inst, index, task),
                 Take::Closed => return Ok(Flow::Jump(imm(instr.b))),
-                Take::Empty => return Ok(Flow::Block(q.describe_wait())),
+                Take::Empty => {
+                    return Ok(Flow::Block(Waiting::Queue {
+                        queue: imm(instr.a),
+                        pushed: q.visible(now),
+                        taken: q.taken(),
+                    }))
+                }
             }
         }
         Op::Task => {

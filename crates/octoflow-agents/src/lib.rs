@@ -10,6 +10,8 @@
 //!   path: interpret every instance until it yields, plan the rows ([`plan`]), run them as one
 //!   forward pass, hand back each instance's results; outputs and runtime errors come back as
 //!   [`Event`]s.
+//! - [`gpu_state`]: a run's state as the GPU interpreter's words and back
+//!   (`octoflow_kernels::agents` runs the three phases of a step on them).
 //!
 //! ```no_run
 //! # fn demo(engine: &mut dyn octoflow_model::BatchForward) -> Result<(), Box<dyn std::error::Error>> {
@@ -32,6 +34,8 @@
 pub mod asm;
 pub mod error;
 pub mod event;
+pub mod gpu_run;
+pub mod gpu_state;
 pub mod interp;
 pub mod isa;
 pub mod memory;
@@ -45,8 +49,9 @@ pub mod state;
 pub use asm::{assemble, Tokenize};
 pub use error::{AgentError, AsmError, AsmErrorKind, DecodeError, Fault, StartError};
 pub use event::Event;
+pub use gpu_run::{GpuRun, SubmitReport};
 pub use isa::{decode_words, Instr, Op, Operand, Special};
 pub use pattern::Pattern;
 pub use program::Program;
 pub use run::{Run, RunConfig, StepReport};
-pub use state::Status;
+pub use state::{Status, Waiting};

@@ -52,8 +52,8 @@ pub struct Task {
 /// One array of token ids with a bump allocator.
 #[derive(Debug, Clone)]
 pub struct Arena {
-    tokens: Vec<u32>,
-    cap: usize,
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) cap: usize,
 }
 
 impl Arena {
@@ -104,9 +104,9 @@ impl Arena {
 
 /// Counts writes of the current step so readers can discount them.
 #[derive(Debug, Clone, Copy, Default)]
-struct Fresh {
-    step: u64,
-    count: u32,
+pub(crate) struct Fresh {
+    pub(crate) step: u64,
+    pub(crate) count: u32,
 }
 
 impl Fresh {
@@ -145,12 +145,12 @@ pub enum Take {
 pub struct Queue {
     pub name: String,
     pub cap: u32,
-    items: Vec<Task>,
-    taken: u32,
-    fresh: Fresh,
+    pub(crate) items: Vec<Task>,
+    pub(crate) taken: u32,
+    pub(crate) fresh: Fresh,
     /// The step of the first close and the instance that closed (`None` for the host's queue,
     /// closed before the first step).
-    closed: Option<(u64, Option<u32>)>,
+    pub(crate) closed: Option<(u64, Option<u32>)>,
 }
 
 impl Queue {
@@ -224,9 +224,14 @@ impl Queue {
         Ok(self.len() - 1)
     }
 
+    /// Tasks pushed before step `now` (what `take` sees at `now`).
+    pub fn visible(&self, now: u64) -> u32 {
+        self.len() - self.fresh.at(now)
+    }
+
     /// The next task visible at step `now`, if any.
     pub fn take(&mut self, now: u64) -> Take {
-        let visible = self.len() - self.fresh.at(now);
+        let visible = self.visible(now);
         if self.taken < visible {
             let i = self.taken;
             self.taken += 1;
@@ -248,16 +253,6 @@ impl Queue {
             self.closed = Some((now, Some(instance)));
         }
     }
-
-    /// Why a `take` waits, for a deadlock report.
-    pub fn describe_wait(&self) -> String {
-        format!(
-            "queue `{}` is open and empty ({} pushed, {} taken)",
-            self.name,
-            self.len(),
-            self.taken
-        )
-    }
 }
 
 /// A message: the sender's last span, who sent it and for which host task.
@@ -269,12 +264,12 @@ pub struct Message {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Slot {
-    message: Message,
+pub(crate) struct Slot {
+    pub(crate) message: Message,
     /// Raised once per write (a slot is written at most once, so 0 or 1).
-    seq: u32,
+    pub(crate) seq: u32,
     /// The step of the write.
-    stamp: u64,
+    pub(crate) stamp: u64,
 }
 
 /// An array of message slots, addressed by index.
@@ -283,9 +278,9 @@ pub struct Mailbox {
     pub name: String,
     pub cap: u32,
     /// Grown to the highest slot written, so a large capacity costs nothing until used.
-    slots: Vec<Option<Slot>>,
-    count: u32,
-    fresh: Fresh,
+    pub(crate) slots: Vec<Option<Slot>>,
+    pub(crate) count: u32,
+    pub(crate) fresh: Fresh,
 }
 
 impl Mailbox {

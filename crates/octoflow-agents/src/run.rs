@@ -11,17 +11,17 @@
 //! forward pass and hands each instance its results (docs/VM.md, "A step").
 
 use octoflow_core::SamplingParams;
-use octoflow_model::BatchForward;
+use octoflow_model::{BatchForward, RowResult};
 
 use crate::error::{AgentError, StartError};
 use crate::event::Event;
 use crate::interp::{interpret, Ctx, Env};
 use crate::isa::Op;
 use crate::memory::{Arena, Mailbox, Memory, Queue, Task};
-use crate::plan::{advance, plan, Draws, Plan};
+use crate::plan::{advance, plan, Draws, Owner, Plan};
 use crate::program::{Capacity, CapacityEnv, Program};
 use crate::sample::Sampling;
-use crate::state::{Instance, Status};
+use crate::state::{Instance, Status, Waiting};
 
 /// How a run is configured (the CLI's flags).
 #[derive(Debug, Clone, PartialEq)]
@@ -85,16 +85,17 @@ pub struct StepReport {
 /// The largest queue or mailbox: indices are u32.
 const MAX_CAPACITY: u64 = u32::MAX as u64;
 
-/// A run in progress.
+/// A run in progress. Cloning copies its whole state (the GPU tests compare phase by phase).
+#[derive(Clone)]
 pub struct Run {
-    program: Program,
-    env: Env,
-    draws: Draws,
-    chunk: usize,
-    instances: Vec<Instance>,
-    mem: Memory,
-    events: Vec<Event>,
-    step: u64,
+    pub(crate) program: Program,
+    pub(crate) env: Env,
+    pub(crate) draws: Draws,
+    pub(crate) chunk: usize,
+    pub(crate) instances: Vec<Instance>,
+    pub(crate) mem: Memory,
+    pub(crate) events: Vec<Event>,
+    pub(crate) step: u64,
 }
 
 impl Run {
@@ -260,65 +261,141 @@ impl Run {
         if engine.pending() != 0 {
             return Err(AgentError::EngineBusy(engine.pending()));
         }
-        let now = self.step;
+        let changed = self.interpret_phase();
+        let plan = self.plan_phase(engine.max_rows().max(1));
+        if !plan.rows.is_empty() {
+            let results = engine.step(&plan.rows)?;
+            if results.len() != plan.rows.len() {
+                return Err(AgentError::EngineResult {
+                    row: results.len().min(plan.rows.len()),
+                    asked: "one result per row",
+                    found: format!("{} results for {} rows", results.len(), plan.rows.len()),
+                });
+            }
+            self.advance_phase(&plan.owners, &results)?;
+        }
+        self.end_step(plan.rows.len(), plan.gen_rows, changed)
+    }
+
+    /// Phase 1 of the step (docs/VM.md, "A step"): every instance in state `run` or `wait`
+    /// executes until it yields, in instance order. Returns whether anything changed.
+    pub fn interpret_phase(&mut self) -> bool {
+        let order: Vec<u32> = (0..self.instances.len() as u32).collect();
+        self.interpret_phase_in(&order)
+    }
+
+    /// [`Run::interpret_phase`] with the instances interpreted in `order` (each at most once;
+    /// indices past the run are skipped). Only which instance gets which task when several
+    /// `take` in one step depends on the order (docs/VM.md, "Visibility"): the GPU tests replay
+    /// the order the GPU's takes happened in.
+    pub fn interpret_phase_in(&mut self, order: &[u32]) -> bool {
         let mut changed = false;
         let mut cx = Ctx {
             program: &self.program,
             mem: &mut self.mem,
             env: &self.env,
-            now,
+            now: self.step,
             events: &mut self.events,
         };
-        for inst in &mut self.instances {
+        for &i in order {
+            let Some(inst) = self.instances.get_mut(i as usize) else {
+                continue;
+            };
             if matches!(inst.status, Status::Run | Status::Wait) {
                 changed |= interpret(inst, &mut cx);
             }
         }
+        changed
+    }
 
-        let max_rows = engine.max_rows().max(1);
-        let Plan {
-            rows,
-            owners,
-            gen_rows,
-        } = plan(
+    /// Phase 2: the rows of the step for an engine of `max_rows` rows.
+    pub fn plan_phase(&self, max_rows: usize) -> Plan {
+        plan(
             &self.instances,
             &self.mem,
             &self.draws,
             self.chunk,
             max_rows,
-        );
-        if !rows.is_empty() {
-            let results = engine.step(&rows)?;
-            if results.len() != rows.len() {
-                return Err(AgentError::EngineResult {
-                    row: results.len().min(rows.len()),
-                    asked: "one result per row",
-                    found: format!("{} results for {} rows", results.len(), rows.len()),
-                });
-            }
-            advance(
-                &mut self.instances,
-                &mut self.mem,
-                &self.env,
-                &self.draws,
-                &owners,
-                &results,
-            )?;
-        }
+        )
+    }
+
+    /// Phase 3: the instances take the results of the rows `owners` describes.
+    pub fn advance_phase(
+        &mut self,
+        owners: &[Owner],
+        results: &[RowResult],
+    ) -> Result<(), AgentError> {
+        advance(
+            &mut self.instances,
+            &mut self.mem,
+            &self.env,
+            &self.draws,
+            owners,
+            results,
+        )
+    }
+
+    /// Ends the step that ran `rows` rows (`gen_rows` of generating instances) after an
+    /// interpret phase that `changed` something: counts it and detects a deadlock.
+    pub fn end_step(
+        &mut self,
+        rows: usize,
+        gen_rows: usize,
+        changed: bool,
+    ) -> Result<StepReport, AgentError> {
+        let now = self.step;
         self.step += 1;
         let live = self.instances.iter().filter(|i| i.status.is_live()).count();
-        if rows.is_empty() && !changed && live > 0 {
+        if rows == 0 && !changed && live > 0 {
             return Err(AgentError::Deadlock(self.deadlock_report()));
         }
         Ok(StepReport {
             step: now,
-            rows: rows.len(),
+            rows,
             gen_rows,
             live,
         })
     }
 
-    fn deadlock_report(&self) -> Vec<String> {
+    /// Every draw asks the engine to sample on the device from now on, whatever the program:
+    /// the GPU interpreter's mode (spans score NaN, so `best` keeps the lowest slot of its
+    /// range). The engine must sample on the device.
+    pub fn set_device_sampling(&mut self, on: bool) {
+        self.draws.on_device = on;
+    }
+
+    /// The sampling parameters every draw shares.
+    pub fn sampling(&self) -> Sampling {
+        self.draws.sampling
+    }
+
+    /// The run's program.
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    /// What the run fixes for every instance (specials, context, end-of-generation tokens).
+    pub fn env(&self) -> &Env {
+        &self.env
+    }
+
+    /// Most prompt rows one instance gets per step.
+    pub fn chunk(&self) -> usize {
+        self.chunk
+    }
+
+    /// Every instance's state.
+    pub fn instances(&self) -> &[Instance] {
+        &self.instances
+    }
+
+    /// The shared memory: arena, queues, mailboxes, constants and stop sets.
+    pub fn memory(&self) -> &Memory {
+        &self.mem
+    }
+
+    /// What every live instance waits for (the deadlock error's lines).
+    pub(crate) fn deadlock_report(&self) -> Vec<String> {
         self.instances
             .iter()
             .filter(|i| i.status.is_live())
@@ -327,10 +404,34 @@ impl Run {
                     "instance {} at {}: {}",
                     i.id,
                     self.program.locate(i.pc as usize),
-                    i.waiting
+                    self.describe(&i.waiting)
                 )
             })
             .collect()
+    }
+
+    fn describe(&self, waiting: &Waiting) -> String {
+        match *waiting {
+            Waiting::Nothing => "nothing".into(),
+            Waiting::Mailbox {
+                mailbox,
+                have,
+                count,
+            } => {
+                let b = self.mem.mailboxes.get(mailbox as usize);
+                let name = b.map_or("?", |b| b.name.as_str());
+                format!("mailbox `{name}` holds {have} of {count} messages")
+            }
+            Waiting::Queue {
+                queue,
+                pushed,
+                taken,
+            } => {
+                let q = self.mem.queues.get(queue as usize);
+                let name = q.map_or("?", |q| q.name.as_str());
+                format!("queue `{name}` is open and empty ({pushed} pushed, {taken} taken)")
+            }
+        }
     }
 }
 

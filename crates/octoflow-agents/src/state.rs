@@ -34,6 +34,22 @@ impl Status {
     }
 }
 
+/// What a `Wait` instance waits for (for a deadlock report); names are indices into the
+/// program's tables so the GPU can record it in words.
+///
+/// The numbers are those the instance saw, as visible at its step: a deadlock is reported only
+/// after a step in which nothing changed, so they are the queue's and mailbox's final counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Waiting {
+    /// Not waiting yet.
+    #[default]
+    Nothing,
+    /// `wait`: mailbox `mailbox` holds `have` of the `count` messages asked for.
+    Mailbox { mailbox: u32, have: u32, count: u32 },
+    /// `take`: queue `queue` is open and empty, `pushed` tasks visible and `taken` taken.
+    Queue { queue: u32, pushed: u32, taken: u32 },
+}
+
 /// The token sampled from an append's last row, kept for a `gen` that follows at once.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Presample {
@@ -102,8 +118,8 @@ pub struct Instance {
     pub generated: u64,
     pub feed: Feed,
     pub gen: GenState,
-    /// What a `Wait` instance waits for (for a deadlock report).
-    pub waiting: String,
+    /// What a `Wait` instance waits for (for a deadlock report); kept after it goes on.
+    pub waiting: Waiting,
 }
 
 impl Instance {
@@ -126,7 +142,7 @@ impl Instance {
             generated: 0,
             feed: Feed::default(),
             gen: GenState::default(),
-            waiting: String::new(),
+            waiting: Waiting::Nothing,
         }
     }
 

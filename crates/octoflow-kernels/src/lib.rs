@@ -50,6 +50,7 @@ mod spec;
 mod testkit;
 mod tuning;
 
+pub mod agents;
 pub mod attention;
 pub mod elementwise;
 pub mod linear;

@@ -1,6 +1,6 @@
-//! `octoflow agents` as a user runs it, on smollm2 (lavapipe in CI): the queue pattern answers
-//! each task exactly as `octoflow run` does, the debate runs to its last round, and bad
-//! programs and task files are clear errors.
+//! `octoflow agents` as a user runs it, on smollm2 (lavapipe in CI): the queue pattern, run on
+//! the GPU K steps a submit, answers each task exactly as `octoflow run` does, the debate runs
+//! to its last round, and bad programs and task files are clear errors.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -64,15 +64,17 @@ fn the_queue_pattern_answers_each_task_as_run_does() {
         "0",
         "-c",
         "256",
+        "--max-rows",
+        "16",
+        "--steps",
+        "4",
         "-o",
         out.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("submits per generated token"),
-        "{}",
-        stderr(&o)
-    );
+    let e = stderr(&o);
+    assert!(e.contains("on the GPU, 4 steps a submit"), "{e}");
+    assert!(e.contains("submits per generated token"), "{e}");
     let got = lines(&out);
     assert_eq!(got.len(), PROMPTS.len(), "{got:?}");
     for (i, prompt) in PROMPTS.iter().enumerate() {
@@ -124,6 +126,10 @@ fn a_debate_runs_every_round_and_writes_each_answer() {
         "3",
         "-c",
         "512",
+        "--max-rows",
+        "16",
+        "--steps",
+        "3",
         "-o",
         out.to_str().unwrap(),
     ]);

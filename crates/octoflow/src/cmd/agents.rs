@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use octoflow_agents::{assemble, Event, Pattern, Program, Run, RunConfig};
+use octoflow_agents::{assemble, Event, GpuRun, Op, Pattern, Program, Run, RunConfig};
 use octoflow_core::Finish;
 use octoflow_model::{BatchForward, CpuBatch};
 use octoflow_text::{ChatTemplate, Message, Tokenizer};
@@ -61,12 +61,20 @@ pub struct Args {
     /// Context size of each instance in tokens (0: the model's training context, capped at 4096).
     #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
     ctx_size: usize,
-    /// Most rows (tokens) per batched step.
-    #[arg(long, default_value_t = 256)]
+    /// Rows (tokens) per batched step; every GPU step runs this many whatever it needs, and a
+    /// prompt feeds at most this many a step (0: the instances + 32, a multiple of 16).
+    #[arg(long, default_value_t = 0)]
     max_rows: usize,
     /// A Jinja chat template file overriding the model's (for tasks given as messages).
     #[arg(long)]
     chat_template: Option<PathBuf>,
+    /// Steps per GPU submit: the programs run on the GPU, K whole steps (interpret, plan, the
+    /// batched forward, advance) per submit; 0 interprets them on the host between steps (as
+    /// `--device cpu` and programs using `best` always do). Default: 16 on a GPU, 0 on a CPU
+    /// Vulkan driver (lavapipe), where running every step at `--max-rows` rows costs more than
+    /// the host's turns between steps.
+    #[arg(long)]
+    steps: Option<u32>,
     /// Output file: one JSON object per output, written as it is produced.
     #[arg(short = 'o', long)]
     output: PathBuf,
@@ -104,6 +112,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         model.config.n_ctx_train.min(4096)
     };
     let seed = args.seed.unwrap_or_else(octoflow_core::random_seed);
+    let max_rows = match args.max_rows {
+        0 => (args.instances + 32).next_multiple_of(16),
+        n => n,
+    };
     let config = RunConfig {
         instances: args.instances,
         max_tokens: args.max_tokens,
@@ -114,7 +126,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         top_p: args.top_p,
         min_p: args.min_p,
         eog: octoflow_generate::device_eog(&tokenizer, false),
-        chunk: args.max_rows,
+        chunk: max_rows,
         device_sampling: true,
         ..RunConfig::default()
     };
@@ -140,12 +152,32 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let cpu0 = cpu_seconds();
     let stats = match &loaded {
         Loaded::Cpu => {
-            let mut engine = CpuBatch::new(&model, args.instances, n_ctx, args.max_rows);
+            let mut engine = CpuBatch::new(&model, args.instances, n_ctx, max_rows);
             drive(&mut engine, program, config, prompts, &mut sink)?
         }
+        Loaded::Gpu(g) if steps_on(g, args.steps) > 0 && !program.uses(Op::Best) => {
+            let steps = steps_on(g, args.steps);
+            let built = g.context().pipelines_built();
+            let t = Instant::now();
+            let gpu = GpuRun::new(g, program, config, prompts, n_ctx, max_rows, steps)
+                .context("starting the run on the GPU")?;
+            eprintln!(
+                "octoflow agents: on the GPU, {} steps a submit ({:.2} s to record, {} pipeline(s) built)",
+                steps,
+                t.elapsed().as_secs_f64(),
+                g.context().pipelines_built() - built
+            );
+            super::warm::save_pipelines(g.context());
+            drive_gpu(gpu, &mut sink)?
+        }
         Loaded::Gpu(g) => {
+            if steps_on(g, args.steps) > 0 {
+                eprintln!(
+                    "octoflow agents: the program uses `best` (scores): interpreted on the host"
+                );
+            }
             let mut engine = g
-                .batch(args.instances, n_ctx, args.max_rows)
+                .batch(args.instances, n_ctx, max_rows)
                 .context("allocating the instances' KV caches and buffers on the GPU")?;
             super::warm::warm_up("octoflow agents", g.context(), || Ok(engine.warm_up()?))?;
             drive(&mut engine, program, config, prompts, &mut sink)?
@@ -154,7 +186,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let secs = t0.elapsed().as_secs_f64();
     let host = cpu_seconds() - cpu0;
     eprintln!(
-        "octoflow agents: {} outputs ({} errors) to {} | {} tokens generated in {:.2} s: {:.1} tasks/s, {:.1} tokens/s | {} steps, {:.3} submits per generated token | host CPU {:.1} s",
+        "octoflow agents: {} outputs ({} errors) to {} | {} tokens generated in {:.2} s: {:.1} tasks/s, {:.1} tokens/s | {} steps in {} submits, {:.4} submits per generated token | host CPU {:.1} s",
         sink.outputs,
         sink.errors,
         args.output.display(),
@@ -163,7 +195,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         sink.ids.len() as f64 / secs,
         stats.generated as f64 / secs,
         stats.steps,
-        stats.steps as f64 / stats.generated.max(1) as f64,
+        stats.submits,
+        stats.submits as f64 / stats.generated.max(1) as f64,
         host
     );
     if sink.errors > 0 {
@@ -310,6 +343,7 @@ fn finish_name(f: Finish) -> &'static str {
 /// What a run did.
 struct Stats {
     steps: u64,
+    submits: u64,
     generated: u64,
 }
 
@@ -323,11 +357,7 @@ fn drive(
     sink: &mut Sink<'_>,
 ) -> anyhow::Result<Stats> {
     let mut run = Run::new(program, config, tasks, engine).context("starting the run")?;
-    let bar = indicatif::ProgressBar::new_spinner();
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} {elapsed} {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
-    );
+    let bar = progress();
     while !run.finished() {
         let report = run.step(engine).context("running a step")?;
         let generated = run.generated();
@@ -345,8 +375,59 @@ fn drive(
     bar.finish_and_clear();
     Ok(Stats {
         steps: run.steps(),
+        submits: run.steps(),
         generated: run.generated(),
     })
+}
+
+/// Submits `gpu`'s chain until every instance halted or failed, writing the events of each
+/// submit as they come back, with a progress line on stderr.
+fn drive_gpu(mut gpu: GpuRun<'_>, sink: &mut Sink<'_>) -> anyhow::Result<Stats> {
+    let bar = progress();
+    let mut submits = 0u64;
+    while !gpu.finished() {
+        let report = gpu.submit().context("running the GPU's steps")?;
+        submits += 1;
+        for event in report.events {
+            sink.write(event)?;
+        }
+        let run = gpu.run();
+        bar.set_message(format!(
+            "step {} | {} live | {} outputs | {} tokens",
+            run.steps(),
+            report.live,
+            sink.outputs,
+            run.generated()
+        ));
+        bar.tick();
+    }
+    bar.finish_and_clear();
+    let run = gpu.run();
+    Ok(Stats {
+        steps: run.steps(),
+        submits,
+        generated: run.generated(),
+    })
+}
+
+/// Steps per submit on `g`'s device: as asked, else 16 on a GPU and 0 (the host interprets)
+/// on a CPU driver.
+fn steps_on(g: &octoflow_model::gpu::GpuModel, asked: Option<u32>) -> u32 {
+    asked.unwrap_or(if g.context().caps().kind == octoflow_vk::DeviceKind::Cpu {
+        0
+    } else {
+        16
+    })
+}
+
+/// The spinner line both drivers show.
+fn progress() -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {elapsed} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+    );
+    bar
 }
 
 /// CPU seconds this process has used (user + system); 0 where the platform does not say.

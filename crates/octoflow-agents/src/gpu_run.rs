@@ -1,0 +1,339 @@
+//! A run on the GPU: the VM's state lives on the device and one chain holds `K` whole steps —
+//! interpret, plan, the batched forward over the rows the plan wrote, advance, end of step —
+//! so the host submits once per `K` steps and in between only reads the state back (the
+//! events, whether the run is over) and resets the event ring.
+//!
+//! The host [`Run`] is kept as the mirror the state is unpacked into after each submit: its
+//! events, its instances' statuses and its deadlock report are the GPU's. Scores are NaN on the
+//! GPU (its sampler gives no log-probabilities), so runs whose programs use `best` stay on the
+//! host interpreter (refused here).
+
+use octoflow_kernels::agents::layout::{
+    H_EV_HEAD, H_EV_LOST, H_EV_READ, H_LIVE, H_N, H_N_BOXES, H_N_QUEUES, H_STALLED, H_WORDS,
+    SAMPLER_WORDS,
+};
+use octoflow_kernels::agents::vm_plan::RowShape;
+use octoflow_kernels::agents::{
+    step_words, VmAdvance, VmBuffers, VmDims, VmEndStep, VmInterpret, VmPlan, VmRows,
+};
+use octoflow_model::gpu::{DeviceRows, GpuBatch, GpuModel};
+use octoflow_model::BatchForward;
+use octoflow_vk::{Buffer, Chain, Context, MemoryKind};
+
+use crate::error::AgentError;
+use crate::event::Event;
+use crate::gpu_state::{pack, unpack, VmImage};
+use crate::isa::Op;
+use crate::program::Program;
+use crate::run::{Run, RunConfig};
+
+/// Event records the ring holds per instance and step of a chain: an instance emits at most a
+/// few times a step in the shipped programs; a ring that overflows fails the run (never loses
+/// an output silently).
+const EVENTS_PER_INSTANCE_STEP: u32 = 2;
+
+/// What one submit did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubmitReport {
+    /// Steps the chain ran.
+    pub steps: u32,
+    /// Instances neither halted nor failed afterwards.
+    pub live: u32,
+    /// The outputs and errors of those steps, in ring order.
+    pub events: Vec<Event>,
+}
+
+/// The VM's kernels, built once per device.
+struct Kernels {
+    interpret: VmInterpret,
+    plan: VmPlan,
+    advance: VmAdvance,
+    end: VmEndStep,
+}
+
+/// A run resident on the GPU, `steps` steps per submit.
+pub struct GpuRun<'m> {
+    run: Run,
+    ctx: Context,
+    batch: GpuBatch<'m>,
+    /// The state's buffers, in [`VmBuffers`]' order.
+    state: Vec<Buffer>,
+    /// Words of each state buffer.
+    sizes: Vec<usize>,
+    /// The row tables (`vm_plan` writes them, the forward and `vm_advance` read them).
+    rows: Vec<Buffer>,
+    tokens: Buffer,
+    chain: Chain,
+    steps: u32,
+    done: bool,
+}
+
+impl<'m> GpuRun<'m> {
+    /// Starts `program` on `tasks` with `config` on the GPU: a batch of `model` with `n_ctx`
+    /// positions per instance and `max_rows` rows a step, the state uploaded, and the chain of
+    /// `steps` steps recorded (which builds its pipelines).
+    pub fn new(
+        model: &'m GpuModel,
+        program: Program,
+        config: RunConfig,
+        tasks: Vec<Vec<u32>>,
+        n_ctx: usize,
+        max_rows: usize,
+        steps: u32,
+    ) -> Result<Self, AgentError> {
+        let gpu = |e: octoflow_model::ModelError| AgentError::Gpu(e.to_string());
+        if program.uses(Op::Best) {
+            return Err(AgentError::Gpu(
+                "the program uses `best`, which needs scores the GPU sampler does not give; run it on the host".into(),
+            ));
+        }
+        if steps == 0 {
+            return Err(AgentError::Gpu(
+                "steps per submit must be at least 1".into(),
+            ));
+        }
+        let n = config.instances;
+        let batch = model.batch(n, n_ctx, max_rows).map_err(gpu)?;
+        let mut run = Run::new(program, config, tasks, &batch)?;
+        run.set_device_sampling(true);
+        if batch.max_outputs() < n {
+            return Err(AgentError::Gpu(format!(
+                "{n} instances but a step's logits hold {} rows: use fewer instances or more rows a step",
+                batch.max_outputs()
+            )));
+        }
+        let ctx = model.context().clone();
+        let kernel = |e: octoflow_kernels::KernelError| AgentError::Gpu(e.to_string());
+        let kernels = Kernels {
+            interpret: VmInterpret::new(&ctx).map_err(kernel)?,
+            plan: VmPlan::new(&ctx).map_err(kernel)?,
+            advance: VmAdvance::new(&ctx).map_err(kernel)?,
+            end: VmEndStep::new(&ctx).map_err(kernel)?,
+        };
+        let cap = (n as u32)
+            .saturating_mul(steps)
+            .saturating_mul(EVENTS_PER_INSTANCE_STEP)
+            .max(1024);
+        let img = pack(&run, cap).map_err(|e| AgentError::Gpu(e.to_string()))?;
+        let vk = |e: octoflow_vk::VkError| AgentError::Gpu(e.to_string());
+        let parts: [(&str, &[u32]); 8] = [
+            ("vm_hdr", &img.hdr),
+            ("vm_prog", &img.prog),
+            ("vm_inst", &img.inst),
+            ("vm_arena", &img.arena),
+            ("vm_tables", &img.tables),
+            ("vm_queues", &img.queues),
+            ("vm_boxes", &img.boxes),
+            ("vm_events", &img.events),
+        ];
+        let mut state = Vec::with_capacity(8);
+        let mut sizes = Vec::with_capacity(8);
+        for (name, words) in parts {
+            let bytes = 4 * words.len().max(1) as u64;
+            let b = Buffer::new(&ctx, name, bytes, MemoryKind::DeviceLocal).map_err(vk)?;
+            if words.is_empty() {
+                ctx.fill(&b, 0, bytes, 0).map_err(vk)?;
+            } else {
+                ctx.upload(&b, 0, words).map_err(vk)?;
+            }
+            state.push(b);
+            sizes.push(words.len());
+        }
+        let shape = RowShape {
+            max_rows: max_rows as u32,
+            max_out: n as u32,
+            n_slots: n as u32,
+        };
+        let (r, o) = (max_rows as u64, n as u64);
+        let row_words = [
+            2 * r,
+            r,
+            o,
+            r,
+            o * u64::from(SAMPLER_WORDS),
+            step_words(n as u32),
+            r,
+        ];
+        let mut rows = Vec::with_capacity(row_words.len());
+        for words in row_words {
+            rows.push(
+                Buffer::new(&ctx, "vm_rows", 4 * words.max(1), MemoryKind::DeviceLocal)
+                    .map_err(vk)?,
+            );
+        }
+        let tokens =
+            Buffer::new(&ctx, "vm_tokens", 4 * o.max(1), MemoryKind::DeviceLocal).map_err(vk)?;
+        let dims = VmDims {
+            instances: img.hdr[H_N as usize],
+            queues: img.hdr[H_N_QUEUES as usize],
+            boxes: img.hdr[H_N_BOXES as usize],
+        };
+        let mut me = GpuRun {
+            run,
+            ctx: ctx.clone(),
+            batch,
+            state,
+            sizes,
+            rows,
+            tokens,
+            chain: Chain::new(&ctx).map_err(vk)?,
+            steps,
+            done: false,
+        };
+        me.chain = me.record(&kernels, dims, shape)?;
+        Ok(me)
+    }
+
+    fn buffers(&self) -> VmBuffers {
+        let w = |i: usize| self.state[i].whole();
+        VmBuffers {
+            hdr: w(0),
+            prog: w(1),
+            inst: w(2),
+            arena: w(3),
+            tables: w(4),
+            queues: w(5),
+            boxes: w(6),
+            events: w(7),
+        }
+    }
+
+    fn row_tables(&self) -> VmRows {
+        let t = |i: usize| self.rows[i].whole();
+        VmRows {
+            table: t(0),
+            ids: t(1),
+            out_rows: t(2),
+            mix: t(3),
+            states: t(4),
+            step: t(5),
+            owners: t(6),
+        }
+    }
+
+    /// The chain of `self.steps` steps.
+    fn record(&self, k: &Kernels, dims: VmDims, shape: RowShape) -> Result<Chain, AgentError> {
+        let vk = |e: octoflow_vk::VkError| AgentError::Gpu(e.to_string());
+        let kernel = |e: octoflow_kernels::KernelError| AgentError::Gpu(e.to_string());
+        let (state, rows) = (self.buffers(), self.row_tables());
+        let device_rows = DeviceRows {
+            table: rows.table.clone(),
+            ids: rows.ids.clone(),
+            out_rows: rows.out_rows.clone(),
+            mix: rows.mix.clone(),
+            states: rows.states.clone(),
+            tokens: self.tokens.whole(),
+        };
+        let mut chain = Chain::new(&self.ctx).map_err(vk)?;
+        // after the host's writes of the header (the ring reset) and the previous submit
+        chain.barrier().map_err(vk)?;
+        for _ in 0..self.steps {
+            k.interpret
+                .record(&mut chain, &state, dims)
+                .map_err(kernel)?;
+            chain.compute_barrier().map_err(vk)?;
+            k.plan
+                .record(&mut chain, &state, dims.instances, &rows, shape)
+                .map_err(kernel)?;
+            chain.compute_barrier().map_err(vk)?;
+            // Every row of the recorded maximum runs: rows past the step's count are padding
+            // (the spare KV slot), outputs past it sample row 0 greedily and are not read.
+            self.batch
+                .record_rows(&mut chain, &device_rows, shape.max_rows, shape.max_out)
+                .map_err(|e| AgentError::Gpu(e.to_string()))?;
+            chain.compute_barrier().map_err(vk)?;
+            k.advance
+                .record(
+                    &mut chain,
+                    &state,
+                    dims.instances,
+                    &rows.step,
+                    &self.tokens.whole(),
+                    shape.max_out,
+                )
+                .map_err(kernel)?;
+            chain.compute_barrier().map_err(vk)?;
+            k.end
+                .record(&mut chain, &state, dims.instances, &rows.step)
+                .map_err(kernel)?;
+            chain.compute_barrier().map_err(vk)?;
+        }
+        chain.finish().map_err(vk)?;
+        Ok(chain)
+    }
+
+    /// Runs one submit of `steps` steps and reads the state back into the host mirror.
+    pub fn submit(&mut self) -> Result<SubmitReport, AgentError> {
+        let vk = |e: octoflow_vk::VkError| AgentError::Gpu(e.to_string());
+        if self.done {
+            return Err(AgentError::Gpu("the run is over".into()));
+        }
+        let hdr = &self.state[0];
+        self.ctx
+            .upload(hdr, 4 * u64::from(H_EV_HEAD), &[0u32, 0, 0])
+            .map_err(vk)?;
+        debug_assert_eq!((H_EV_READ, H_EV_LOST), (H_EV_HEAD + 1, H_EV_HEAD + 2));
+        self.chain.run().map_err(vk)?;
+        let image = self.download()?;
+        let h = |at: u32| image.hdr[at as usize];
+        let stalled = h(H_STALLED) != 0;
+        let live = h(H_LIVE);
+        let events = unpack(&mut self.run, &image).map_err(|e| AgentError::Gpu(e.to_string()))?;
+        if stalled {
+            self.done = true;
+            return Err(AgentError::Deadlock(self.run.deadlock_report()));
+        }
+        self.done = live == 0;
+        Ok(SubmitReport {
+            steps: self.steps,
+            live,
+            events,
+        })
+    }
+
+    /// The state's words: the header first (for the arena's used length), then every buffer
+    /// but the arena whole, and the arena's used part.
+    fn download(&self) -> Result<VmImage, AgentError> {
+        let vk = |e: octoflow_vk::VkError| AgentError::Gpu(e.to_string());
+        let read = |i: usize, words: usize| -> Result<Vec<u32>, AgentError> {
+            let mut out = vec![0u32; words];
+            if words > 0 {
+                self.ctx.download(&self.state[i], 0, &mut out).map_err(vk)?;
+            }
+            Ok(out)
+        };
+        let hdr = read(0, H_WORDS as usize)?;
+        let used = (hdr[octoflow_kernels::agents::layout::H_ARENA_USED as usize] as usize)
+            .min(self.sizes[3]);
+        Ok(VmImage {
+            hdr,
+            prog: read(1, self.sizes[1])?,
+            inst: read(2, self.sizes[2])?,
+            arena: read(3, used)?,
+            tables: read(4, self.sizes[4])?,
+            queues: read(5, self.sizes[5])?,
+            boxes: read(6, self.sizes[6])?,
+            events: read(7, self.sizes[7])?,
+        })
+    }
+
+    /// Whether every instance halted or failed.
+    pub fn finished(&self) -> bool {
+        self.done
+    }
+
+    /// The host mirror: the run as of the last submit.
+    pub fn run(&self) -> &Run {
+        &self.run
+    }
+
+    /// Steps per submit.
+    pub fn steps_per_submit(&self) -> u32 {
+        self.steps
+    }
+
+    /// The batched engine the forward passes run on (its KV caches hold the instances').
+    pub fn engine(&self) -> &dyn BatchForward {
+        &self.batch
+    }
+}
