@@ -13,12 +13,14 @@ use octoflow_kernels::agents::layout::{
     SAMPLER_WORDS,
 };
 use octoflow_kernels::agents::vm_plan::RowShape;
+use octoflow_kernels::agents::vm_select::row_buckets;
 use octoflow_kernels::agents::{
-    step_words, VmAdvance, VmBuffers, VmDims, VmEndStep, VmInterpret, VmPlan, VmRows,
+    step_words, VmAdvance, VmBuffers, VmDims, VmEndStep, VmInterpret, VmPlan, VmRows, VmSelect,
 };
+use octoflow_kernels::gate::Gate;
 use octoflow_model::gpu::{DeviceRows, GpuBatch, GpuModel};
 use octoflow_model::BatchForward;
-use octoflow_vk::{Buffer, Chain, Context, MemoryKind};
+use octoflow_vk::{gate_words, Buffer, Chain, Context, MemoryKind};
 
 use crate::error::AgentError;
 use crate::event::Event;
@@ -49,6 +51,18 @@ struct Kernels {
     plan: VmPlan,
     advance: VmAdvance,
     end: VmEndStep,
+    select: VmSelect,
+    gate: Gate,
+}
+
+/// The batched forward recorded for one bucket of rows, as a gated span: `vm_select` writes
+/// whether it runs, the gate kernel copies `template` (its dispatches' workgroup counts) or
+/// zeros into `args`.
+struct Bucket {
+    rows: u32,
+    template: Buffer,
+    args: Buffer,
+    words: u32,
 }
 
 /// A run resident on the GPU, `steps` steps per submit.
@@ -63,6 +77,9 @@ pub struct GpuRun<'m> {
     /// The row tables (`vm_plan` writes them, the forward and `vm_advance` read them).
     rows: Vec<Buffer>,
     tokens: Buffer,
+    /// `[buckets]` u32: `vm_select`'s skip flags.
+    skip: Buffer,
+    buckets: Vec<Bucket>,
     chain: Chain,
     steps: u32,
     done: bool,
@@ -109,6 +126,8 @@ impl<'m> GpuRun<'m> {
             plan: VmPlan::new(&ctx).map_err(kernel)?,
             advance: VmAdvance::new(&ctx).map_err(kernel)?,
             end: VmEndStep::new(&ctx).map_err(kernel)?,
+            select: VmSelect::new(&ctx).map_err(kernel)?,
+            gate: Gate::new(&ctx).map_err(kernel)?,
         };
         let cap = (n as u32)
             .saturating_mul(steps)
@@ -163,6 +182,14 @@ impl<'m> GpuRun<'m> {
         }
         let tokens =
             Buffer::new(&ctx, "vm_tokens", 4 * o.max(1), MemoryKind::DeviceLocal).map_err(vk)?;
+        let bounds = row_buckets(max_rows as u32);
+        let skip = Buffer::new(
+            &ctx,
+            "vm_skip",
+            4 * bounds.len() as u64,
+            MemoryKind::DeviceLocal,
+        )
+        .map_err(vk)?;
         let dims = VmDims {
             instances: img.hdr[H_N as usize],
             queues: img.hdr[H_N_QUEUES as usize],
@@ -176,10 +203,16 @@ impl<'m> GpuRun<'m> {
             sizes,
             rows,
             tokens,
+            skip,
+            buckets: Vec::new(),
             chain: Chain::new(&ctx).map_err(vk)?,
             steps,
             done: false,
         };
+        for rows in bounds {
+            let bucket = me.bucket(rows, shape)?;
+            me.buckets.push(bucket);
+        }
         me.chain = me.record(&kernels, dims, shape)?;
         Ok(me)
     }
@@ -236,11 +269,40 @@ impl<'m> GpuRun<'m> {
                 .record(&mut chain, &state, dims.instances, &rows, shape)
                 .map_err(kernel)?;
             chain.compute_barrier().map_err(vk)?;
-            // Every row of the recorded maximum runs: rows past the step's count are padding
-            // (the spare KV slot), outputs past it sample row 0 greedily and are not read.
-            self.batch
-                .record_rows(&mut chain, &device_rows, shape.max_rows, shape.max_out)
-                .map_err(|e| AgentError::Gpu(e.to_string()))?;
+            let bounds: Vec<u32> = self.buckets.iter().map(|b| b.rows).collect();
+            k.select
+                .record(&mut chain, &rows.step, &bounds, &self.skip.whole())
+                .map_err(kernel)?;
+            chain.compute_barrier().map_err(vk)?;
+            for (j, b) in self.buckets.iter().enumerate() {
+                k.gate
+                    .record(
+                        &mut chain,
+                        &self.skip.whole(),
+                        j as u32,
+                        &b.template.whole(),
+                        &b.args.whole(),
+                        b.words,
+                    )
+                    .map_err(kernel)?;
+            }
+            // the arguments' writes before the indirect dispatches read them
+            chain.barrier().map_err(vk)?;
+            // One bucket's forward runs: its rows past the step's count are padding (the
+            // spare KV slot), outputs past it sample row 0 greedily and are not read.
+            for b in &self.buckets {
+                chain.gate_begin(&b.args).map_err(vk)?;
+                self.forward(&mut chain, &device_rows, b.rows, shape)?;
+                let groups = chain.gate_end().map_err(vk)?;
+                if gate_words(&groups).len() != b.words as usize {
+                    return Err(AgentError::Gpu(format!(
+                        "the forward of {} rows recorded {} dispatches, its probe {}",
+                        b.rows,
+                        groups.len(),
+                        b.words / 3
+                    )));
+                }
+            }
             chain.compute_barrier().map_err(vk)?;
             k.advance
                 .record(
@@ -260,6 +322,66 @@ impl<'m> GpuRun<'m> {
         }
         chain.finish().map_err(vk)?;
         Ok(chain)
+    }
+
+    /// The batched forward over `rows` rows of the tables (at most one output per row and
+    /// per instance).
+    fn forward(
+        &self,
+        chain: &mut Chain,
+        device_rows: &DeviceRows,
+        rows: u32,
+        shape: RowShape,
+    ) -> Result<(), AgentError> {
+        self.batch
+            .record_rows(chain, device_rows, rows, rows.min(shape.max_out))
+            .map_err(|e| AgentError::Gpu(e.to_string()))?;
+        Ok(())
+    }
+
+    /// The gated span of the forward over `rows` rows: a probe recording gives its
+    /// dispatches' workgroup counts (the same in every step), uploaded as the template.
+    fn bucket(&self, rows: u32, shape: RowShape) -> Result<Bucket, AgentError> {
+        let vk = |e: octoflow_vk::VkError| AgentError::Gpu(e.to_string());
+        let rt = self.row_tables();
+        let device_rows = DeviceRows {
+            table: rt.table,
+            ids: rt.ids,
+            out_rows: rt.out_rows,
+            mix: rt.mix,
+            states: rt.states,
+            tokens: self.tokens.whole(),
+        };
+        let mut probe = Chain::new(&self.ctx).map_err(vk)?;
+        self.forward(&mut probe, &device_rows, rows, shape)?;
+        let dispatches = probe.dispatch_count() as u64;
+        let args = Buffer::new(
+            &self.ctx,
+            "vm_gate_args",
+            12 * dispatches.max(1),
+            MemoryKind::DeviceLocal,
+        )
+        .map_err(vk)?;
+        let mut probe = Chain::new(&self.ctx).map_err(vk)?;
+        probe.gate_begin(&args).map_err(vk)?;
+        self.forward(&mut probe, &device_rows, rows, shape)?;
+        let words = gate_words(&probe.gate_end().map_err(vk)?);
+        let template = Buffer::new(
+            &self.ctx,
+            "vm_gate_template",
+            4 * words.len().max(1) as u64,
+            MemoryKind::DeviceLocal,
+        )
+        .map_err(vk)?;
+        if !words.is_empty() {
+            self.ctx.upload(&template, 0, &words).map_err(vk)?;
+        }
+        Ok(Bucket {
+            rows,
+            template,
+            args,
+            words: words.len() as u32,
+        })
     }
 
     /// Runs one submit of `steps` steps and reads the state back into the host mirror.

@@ -5,6 +5,8 @@
 //! - [`vm_plan`]: one workgroup gives out the step's rows and writes the batched forward's
 //!   row tables.
 //! - [`vm_advance`]: one invocation per instance takes its rows' sampled tokens.
+//! - [`vm_select`]: one invocation picks the row bucket whose recorded forward the step runs
+//!   (skip flags for the gated spans).
 //! - [`vm_end_step`]: one workgroup counts the live instances, flags a stall and moves to the
 //!   next step, so one chain holds many steps.
 //!
@@ -22,11 +24,13 @@ pub mod vm_advance;
 pub mod vm_end_step;
 pub mod vm_interpret;
 pub mod vm_plan;
+pub mod vm_select;
 
 pub use vm_advance::VmAdvance;
 pub use vm_end_step::VmEndStep;
 pub use vm_interpret::VmInterpret;
 pub use vm_plan::VmPlan;
+pub use vm_select::VmSelect;
 
 /// The buffers of a VM state (each an array of u32 words; see [`layout`]).
 #[derive(Clone)]
