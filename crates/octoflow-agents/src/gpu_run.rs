@@ -43,6 +43,9 @@ pub struct SubmitReport {
     pub live: u32,
     /// The outputs and errors of those steps, in ring order.
     pub events: Vec<Event>,
+    /// The chain's GPU time in nanoseconds, from timestamps (`None` where the device has
+    /// none): summed over submits against the wall time, how busy the host kept the GPU.
+    pub gpu_ns: Option<f64>,
 }
 
 /// The VM's kernels, built once per device.
@@ -257,7 +260,12 @@ impl<'m> GpuRun<'m> {
             states: rows.states.clone(),
             tokens: self.tokens.whole(),
         };
-        let mut chain = Chain::new(&self.ctx).map_err(vk)?;
+        let mut chain = if self.ctx.caps().timestamps {
+            Chain::with_span_timing(&self.ctx)
+        } else {
+            Chain::new(&self.ctx)
+        }
+        .map_err(vk)?;
         // after the host's writes of the header (the ring reset) and the previous submit
         chain.barrier().map_err(vk)?;
         for _ in 0..self.steps {
@@ -396,6 +404,7 @@ impl<'m> GpuRun<'m> {
             .map_err(vk)?;
         debug_assert_eq!((H_EV_READ, H_EV_LOST), (H_EV_HEAD + 1, H_EV_HEAD + 2));
         self.chain.run().map_err(vk)?;
+        let gpu_ns = self.chain.span_ns().map_err(vk)?;
         let image = self.download()?;
         let h = |at: u32| image.hdr[at as usize];
         let stalled = h(H_STALLED) != 0;
@@ -410,6 +419,7 @@ impl<'m> GpuRun<'m> {
             steps: self.steps,
             live,
             events,
+            gpu_ns,
         })
     }
 

@@ -34,6 +34,8 @@ pub struct Chain {
     fence: vk::Fence,
     pub(crate) descriptors: DescriptorArena,
     pub(crate) timestamps: Option<Timestamps>,
+    /// Start and end timestamps of the whole chain ([`Chain::with_span_timing`]).
+    pub(crate) span: Option<crate::span::SpanTimer>,
     pub(crate) state: State,
     pub(crate) keep_buffers: Vec<Buffer>,
     pub(crate) keep_pipelines: Vec<Pipeline>,
@@ -80,6 +82,7 @@ impl Chain {
             cmd: vk::CommandBuffer::null(),
             fence: vk::Fence::null(),
             descriptors: DescriptorArena::new(d),
+            span: None,
             timestamps: profile.then(|| {
                 Timestamps::new(d, ctx.caps().timestamp_period_ns, ctx.caps().timestamp_bits)
             }),
@@ -160,6 +163,9 @@ impl Chain {
                 pipeline: "chain".into(),
                 detail: "finished with a gated span still open (call gate_end)".into(),
             });
+        }
+        if let Some(span) = &self.span {
+            span.close(self.cmd);
         }
         let d = &self.ctx.inner.device;
         let to_host = vk::MemoryBarrier::default()
@@ -248,6 +254,7 @@ impl Drop for Chain {
                 let _ = self.ctx.wait_idle();
             }
         }
+        self.span = None;
         let d = &self.ctx.inner.device;
         // SAFETY: nothing is pending; destroying the pool frees the command buffer.
         unsafe {

@@ -35,6 +35,7 @@ mod plain;
 mod probe;
 mod push;
 mod record;
+mod span;
 pub mod testing;
 mod timestamps;
 mod transfer;

@@ -46,7 +46,12 @@ impl VmSelect {
         for j in 0..MAX_BUCKETS {
             push = push.u32(bounds.get(j).copied().unwrap_or(u32::MAX));
         }
-        chain.dispatch(&self.pipeline, &[step.clone(), skip.clone()], &push, [1, 1, 1])?;
+        chain.dispatch(
+            &self.pipeline,
+            &[step.clone(), skip.clone()],
+            &push,
+            [1, 1, 1],
+        )?;
         Ok(())
     }
 }

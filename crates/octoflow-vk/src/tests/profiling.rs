@@ -77,3 +77,39 @@ fn chains_without_profiling_report_no_timings() {
     chain.run().unwrap();
     assert!(chain.timings().unwrap().is_none());
 }
+
+#[test]
+fn a_span_timed_chain_reports_its_whole_gpu_time_each_submit() {
+    let Some(ctx) = gpu_or_skip("a_span_timed_chain_reports_its_whole_gpu_time") else {
+        return;
+    };
+    if !ctx.caps().timestamps {
+        let err = Chain::with_span_timing(&ctx).err().unwrap();
+        assert!(matches!(err, VkError::NoTimestamps { .. }), "{err}");
+        return;
+    }
+    let n = 1 << 16;
+    let add = Pipeline::new(&ctx, &PipelineDesc::new(CONTROL_ADD, 3, 8)).unwrap();
+    let x = Buffer::new(&ctx, "x", 4 * n, MemoryKind::DeviceLocal).unwrap();
+    let y = Buffer::new(&ctx, "y", 4 * n, MemoryKind::DeviceLocal).unwrap();
+    let c = Buffer::new(&ctx, "c", 4, MemoryKind::Upload).unwrap();
+    let groups = ctx.groups_1d(n, 64).unwrap();
+    let push = Push::new().u32(n as u32).u32(0);
+    let binds = [x.whole(), y.whole(), c.whole()];
+    let mut chain = Chain::with_span_timing(&ctx).unwrap();
+    for _ in 0..8 {
+        chain.dispatch(&add, &binds, &push, groups).unwrap();
+        chain.barrier().unwrap();
+    }
+    assert!(chain.span_ns().is_err(), "no span before the chain ran");
+    for _ in 0..2 {
+        chain.run().unwrap();
+        let ns = chain.span_ns().unwrap().unwrap();
+        assert!(ns.is_finite() && ns > 0.0, "{ns}");
+        assert!(ns < 10e9, "{ns} ns for 8 small dispatches");
+    }
+    let mut plain = Chain::new(&ctx).unwrap();
+    plain.dispatch(&add, &binds, &push, groups).unwrap();
+    plain.run().unwrap();
+    assert_eq!(plain.span_ns().unwrap(), None);
+}

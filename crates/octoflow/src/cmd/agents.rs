@@ -61,8 +61,9 @@ pub struct Args {
     /// Context size of each instance in tokens (0: the model's training context, capped at 4096).
     #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
     ctx_size: usize,
-    /// Rows (tokens) per batched step; every GPU step runs this many whatever it needs, and a
-    /// prompt feeds at most this many a step (0: the instances + 32, a multiple of 16).
+    /// Most rows (tokens) per batched step: a prompt feeds at most this many a step; a GPU step
+    /// runs the smallest recorded bucket (4, 16, 64, ... this) that holds its rows (0: the
+    /// instances + 32, a multiple of 16).
     #[arg(long, default_value_t = 0)]
     max_rows: usize,
     /// A Jinja chat template file overriding the model's (for tasks given as messages).
@@ -185,8 +186,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let secs = t0.elapsed().as_secs_f64();
     let host = cpu_seconds() - cpu0;
+    let busy = stats.gpu_seconds.map_or(String::new(), |g| {
+        format!(" | GPU busy {:.1}% of the wall time", 100.0 * g / secs)
+    });
     eprintln!(
-        "octoflow agents: {} outputs ({} errors) to {} | {} tokens generated in {:.2} s: {:.1} tasks/s, {:.1} tokens/s | {} steps in {} submits, {:.4} submits per generated token | host CPU {:.1} s",
+        "octoflow agents: {} outputs ({} errors) to {} | {} tokens generated in {:.2} s: {:.1} tasks/s, {:.1} tokens/s | {} steps in {} submits, {:.4} submits per generated token | host CPU {:.1} s{busy}",
         sink.outputs,
         sink.errors,
         args.output.display(),
@@ -345,6 +349,8 @@ struct Stats {
     steps: u64,
     submits: u64,
     generated: u64,
+    /// The GPU time of the run's chains (timestamps), where measured.
+    gpu_seconds: Option<f64>,
 }
 
 /// Steps `program` over `engine` until every instance halted or failed, writing events as they
@@ -377,6 +383,7 @@ fn drive(
         steps: run.steps(),
         submits: run.steps(),
         generated: run.generated(),
+        gpu_seconds: None,
     })
 }
 
@@ -385,9 +392,11 @@ fn drive(
 fn drive_gpu(mut gpu: GpuRun<'_>, sink: &mut Sink<'_>) -> anyhow::Result<Stats> {
     let bar = progress();
     let mut submits = 0u64;
+    let mut gpu_ns: Option<f64> = Some(0.0);
     while !gpu.finished() {
         let report = gpu.submit().context("running the GPU's steps")?;
         submits += 1;
+        gpu_ns = gpu_ns.zip(report.gpu_ns).map(|(a, b)| a + b);
         for event in report.events {
             sink.write(event)?;
         }
@@ -407,6 +416,7 @@ fn drive_gpu(mut gpu: GpuRun<'_>, sink: &mut Sink<'_>) -> anyhow::Result<Stats> 
         steps: run.steps(),
         submits,
         generated: run.generated(),
+        gpu_seconds: gpu_ns.map(|ns| ns * 1e-9),
     })
 }
 
