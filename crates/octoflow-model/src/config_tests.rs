@@ -151,3 +151,68 @@ fn a_file_without_output_ties_it_to_token_embd() {
     assert_eq!(b.output.name, "token_embd.weight");
     assert_eq!((b.output.n_rows, b.output.n_cols), (50, 32));
 }
+
+#[test]
+fn phi3_fused_matrices_split_into_the_llama_blocks_views() {
+    let w = tiny_writer("phi3", TINY, &mut rng("weights_phi3"));
+    let b = bind(&w).unwrap();
+    let (q, kv) = (TINY.n_head * TINY.head_dim, TINY.n_head_kv * TINY.head_dim);
+    let l = &b.blk[1];
+    assert_eq!(
+        (l.attn_q.n_rows, l.attn_k.n_rows, l.attn_v.n_rows),
+        (q, kv, kv)
+    );
+    assert_eq!((l.ffn_gate.n_rows, l.ffn_up.n_rows), (TINY.n_ff, TINY.n_ff));
+    // the views are consecutive rows of the fused tensors
+    let row = l.attn_q.row_bytes();
+    let file = open(&w).unwrap();
+    let fused = file.tensor("blk.1.attn_qkv.weight").unwrap();
+    let bytes = file.tensor_data(fused);
+    assert_eq!(l.attn_k.row(0), &bytes[q * row..(q + 1) * row]);
+    assert_eq!(
+        l.attn_v.row(kv - 1),
+        &bytes[(q + 2 * kv - 1) * row..(q + 2 * kv) * row]
+    );
+    let up = file.tensor_data(file.tensor("blk.1.ffn_up.weight").unwrap());
+    let urow = l.ffn_up.row_bytes();
+    assert_eq!(l.ffn_gate.row(0), &up[..urow]);
+    assert_eq!(
+        l.ffn_up.row(0),
+        &up[TINY.n_ff * urow..(TINY.n_ff + 1) * urow]
+    );
+}
+
+#[test]
+fn phi3_with_a_short_fused_qkv_names_the_tensor() {
+    let mut w = tiny_writer("phi3", TINY, &mut rng("weights_phi3_short"));
+    let e = TINY.n_embd as u64;
+    w.tensors_mut()
+        .retain(|t| t.name != "blk.0.attn_qkv.weight");
+    w.add_tensor(
+        "blk.0.attn_qkv.weight",
+        octoflow_gguf::GgmlType::F32,
+        &[e, 8],
+        vec![0u8; 4 * 8 * e as usize],
+    )
+    .unwrap();
+    let e = bind(&w).unwrap_err().to_string();
+    assert!(e.contains("blk.0.attn_qkv.weight"), "{e}");
+}
+
+#[test]
+fn phi3_longrope_factors_are_refused_by_name() {
+    let mut w = tiny_writer("phi3", TINY, &mut rng("config_phi3_longrope"));
+    let half = (TINY.head_dim / 2) as u64;
+    w.add_tensor(
+        "rope_factors_long.weight",
+        octoflow_gguf::GgmlType::F32,
+        &[half],
+        vec![0u8; 4 * half as usize],
+    )
+    .unwrap();
+    let e = config(&w).unwrap_err().to_string();
+    assert!(
+        e.contains("rope_factors_long") && e.contains("LongRoPE"),
+        "{e}"
+    );
+}

@@ -237,13 +237,18 @@ impl<'m> Session<'m> {
         }
         self.cache.store(il, start_pos, &k, &v);
         let end = start_pos + n;
+        let mut scale = plan.scale;
+        if plan.scale_q && nm == Numerics::Ggml {
+            q.iter_mut().for_each(|x| *x *= scale);
+            scale = 1.0;
+        }
         let shape = AttentionShape {
             n_head: c.n_head,
             n_head_kv: c.n_head_kv,
             head_dim: c.head_dim,
             head_dim_v: c.head_dim_v,
             window: plan.kind.window(),
-            scale: plan.scale,
+            scale,
         };
         let mut att = vec![0f32; n * c.n_head * c.head_dim_v];
         let (keys, values) = (self.cache.keys(il, end), self.cache.values(il, end));

@@ -36,6 +36,10 @@ pub struct AttnPlan {
     pub kind: AttnKind,
     /// Factor applied to `q · k` before the softmax.
     pub scale: f32,
+    /// The graph multiplies Q by `scale` before attention instead of scaling the scores
+    /// (llama.cpp's phi3): the same math, but under llama.cpp's roundings (f16 attention
+    /// operands, `Numerics::Ggml`) Q is rounded after the scale, so the oracle does the same.
+    pub scale_q: bool,
     /// RMSNorm of the output projection before the residual add (`post_attention_norm`).
     pub post_norm: bool,
 }

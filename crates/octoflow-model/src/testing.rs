@@ -95,13 +95,22 @@ pub fn tiny_writer(arch: &str, s: TinyShape, rng: &mut StdRng) -> GgufWriter<'st
     for il in 0..s.n_layer {
         let b = |t: &str| format!("blk.{il}.{t}");
         add(b("attn_norm.weight"), &[e], true);
-        add(b("attn_q.weight"), &[e, q as u64], false);
-        add(b("attn_k.weight"), &[e, kv as u64], false);
-        add(b("attn_v.weight"), &[e, kv as u64], false);
+        if arch == "phi3" {
+            // phi3's fused matrices: Q, K, V rows in one; gate rows then up rows in one
+            add(b("attn_qkv.weight"), &[e, (q + 2 * kv) as u64], false);
+        } else {
+            add(b("attn_q.weight"), &[e, q as u64], false);
+            add(b("attn_k.weight"), &[e, kv as u64], false);
+            add(b("attn_v.weight"), &[e, kv as u64], false);
+        }
         add(b("attn_output.weight"), &[q as u64, e], false);
         add(b("ffn_norm.weight"), &[e], true);
-        add(b("ffn_gate.weight"), &[e, f], false);
-        add(b("ffn_up.weight"), &[e, f], false);
+        if arch == "phi3" {
+            add(b("ffn_up.weight"), &[e, 2 * f], false);
+        } else {
+            add(b("ffn_gate.weight"), &[e, f], false);
+            add(b("ffn_up.weight"), &[e, f], false);
+        }
         add(b("ffn_down.weight"), &[f, e], false);
         if arch == "qwen2" {
             add(b("attn_q.bias"), &[q as u64], false);

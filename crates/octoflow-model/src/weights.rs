@@ -66,6 +66,29 @@ impl QMatrix {
         quant::dequantize(self.ty, bytes, out).map_err(|e| self.quant_error(e))
     }
 
+    /// Rows `[first, first + n_rows)` as a matrix of their own, named `name` (a view into the
+    /// same file bytes: how fused matrices such as phi3's `attn_qkv` become `attn_q`, ...).
+    pub(crate) fn rows(&self, name: String, first: usize, n_rows: usize) -> Result<QMatrix> {
+        if first + n_rows > self.n_rows {
+            return Err(ModelError::TensorShape {
+                name: format!(
+                    "{} (rows {first}..{} for {name})",
+                    self.name,
+                    first + n_rows
+                ),
+                expected: vec![self.n_cols as u64, (first + n_rows) as u64],
+                found: vec![self.n_cols as u64, self.n_rows as u64],
+            });
+        }
+        Ok(QMatrix {
+            name,
+            n_rows,
+            start: self.start + first * self.row_bytes,
+            file: Arc::clone(&self.file),
+            ..*self
+        })
+    }
+
     pub(crate) fn quant_error(&self, source: QuantError) -> ModelError {
         ModelError::Quant {
             name: self.name.clone(),
@@ -182,11 +205,13 @@ impl Loader<'_> {
         };
         let when = |on: bool, t: &str, n| if on { v(t, n).map(Some) } else { Ok(None) };
         let attn_out_cols = c.n_head * c.head_dim_v;
+        let (attn_q, attn_k, attn_v) = self.qkv(il, c)?;
+        let (ffn_gate, ffn_up) = self.gate_up(il, c)?;
         Ok(BlockWeights {
             attn_norm: v("attn_norm.weight", c.n_embd)?,
-            attn_q: m("attn_q.weight", c.q_dim(), c.n_embd)?,
-            attn_k: m("attn_k.weight", c.k_dim(), c.n_embd)?,
-            attn_v: m("attn_v.weight", c.v_dim(), c.n_embd)?,
+            attn_q,
+            attn_k,
+            attn_v,
             attn_q_bias: bias("attn_q.bias", c.q_dim())?,
             attn_k_bias: bias("attn_k.bias", c.k_dim())?,
             attn_v_bias: bias("attn_v.bias", c.v_dim())?,
@@ -195,11 +220,49 @@ impl Loader<'_> {
             attn_output: m("attn_output.weight", c.n_embd, attn_out_cols)?,
             post_attention_norm: when(attn.post_norm, "post_attention_norm.weight", c.n_embd)?,
             ffn_norm: v("ffn_norm.weight", c.n_embd)?,
-            ffn_gate: m("ffn_gate.weight", c.n_ff, c.n_embd)?,
-            ffn_up: m("ffn_up.weight", c.n_ff, c.n_embd)?,
+            ffn_gate,
+            ffn_up,
             ffn_down: m("ffn_down.weight", c.n_embd, c.n_ff)?,
             post_ffw_norm: when(glu.post_norm, "post_ffw_norm.weight", c.n_embd)?,
         })
+    }
+
+    /// Q, K and V: separate matrices, or row views of a fused `attn_qkv` (phi3) — Q's rows,
+    /// then K's, then V's, as llama.cpp's `build_qkv` splits it.
+    fn qkv(&self, il: usize, c: &ModelConfig) -> Result<(QMatrix, QMatrix, QMatrix)> {
+        let name = |t: &str| format!("blk.{il}.{t}");
+        let fused = name("attn_qkv.weight");
+        if self.file.tensor(&fused).is_none() {
+            return Ok((
+                self.matrix(&name("attn_q.weight"), c.q_dim(), c.n_embd)?,
+                self.matrix(&name("attn_k.weight"), c.k_dim(), c.n_embd)?,
+                self.matrix(&name("attn_v.weight"), c.v_dim(), c.n_embd)?,
+            ));
+        }
+        let (q, k, v) = (c.q_dim(), c.k_dim(), c.v_dim());
+        let all = self.matrix(&fused, q + k + v, c.n_embd)?;
+        Ok((
+            all.rows(name("attn_q.weight"), 0, q)?,
+            all.rows(name("attn_k.weight"), q, k)?,
+            all.rows(name("attn_v.weight"), q + k, v)?,
+        ))
+    }
+
+    /// The gate and up projections: separate matrices, or the two halves of phi3's fused
+    /// `ffn_up` (`2 * n_ff` rows, gate first, as llama.cpp's `LLM_FFN_SWIGLU` splits it).
+    fn gate_up(&self, il: usize, c: &ModelConfig) -> Result<(QMatrix, QMatrix)> {
+        let name = |t: &str| format!("blk.{il}.{t}");
+        if c.arch != crate::arch::Architecture::Phi3 {
+            return Ok((
+                self.matrix(&name("ffn_gate.weight"), c.n_ff, c.n_embd)?,
+                self.matrix(&name("ffn_up.weight"), c.n_ff, c.n_embd)?,
+            ));
+        }
+        let both = self.matrix(&name("ffn_up.weight"), 2 * c.n_ff, c.n_embd)?;
+        Ok((
+            both.rows(name("ffn_gate.weight"), 0, c.n_ff)?,
+            both.rows(name("ffn_up.weight"), c.n_ff, c.n_ff)?,
+        ))
     }
 
     fn find(&self, name: &str, expected: &[u64]) -> Result<&TensorInfo> {

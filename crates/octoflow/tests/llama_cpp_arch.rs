@@ -41,9 +41,9 @@ fn llama_cpp_logits(path: &std::path::Path, ids: &[u32]) -> Vec<Vec<f32>> {
 
 fn check_arch(arch: &str) {
     let mut rng = rng(&format!("llama_cpp_arch_{arch}"));
-    // llama.cpp's qwen2 loader takes the query width to be n_embd; the others read the head
-    // size from the file, so they keep heads wider than n_embd / n_head
-    let head_dim = if arch == "qwen2" {
+    // llama.cpp's qwen2 and phi3 loaders take the query width to be n_embd; the others read
+    // the head size from the file, so they keep heads wider than n_embd / n_head
+    let head_dim = if arch == "qwen2" || arch == "phi3" {
         TINY.n_embd / TINY.n_head
     } else {
         TINY.head_dim
@@ -112,7 +112,7 @@ fn check_arch(arch: &str) {
 
 #[test]
 fn every_architecture_matches_llama_cpp_on_random_models() {
-    for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
+    for arch in ["llama", "qwen2", "qwen3", "gemma3", "phi3"] {
         check_arch(arch);
     }
 }

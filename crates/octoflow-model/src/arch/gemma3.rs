@@ -53,6 +53,7 @@ pub(super) fn configure(meta: &Meta, base: &BaseHParams) -> Result<Recipe> {
                     rope,
                     kind,
                     scale: 1.0 / query_pre_attn_scalar.sqrt(),
+                    scale_q: false,
                     post_norm: true,
                 },
                 ffn: FfnPlan::Glu(GluPlan {

@@ -20,6 +20,7 @@ pub(super) fn configure(meta: &Meta, base: &BaseHParams) -> Result<Recipe> {
             rope: base.rope(RopeType::Normal),
             kind: AttnKind::Full,
             scale: attention_scale,
+            scale_q: false,
             post_norm: false,
         },
         ffn: FfnPlan::Glu(GluPlan {

@@ -5,6 +5,7 @@
 
 mod gemma3;
 mod llama;
+mod phi3;
 mod qwen2;
 mod qwen3;
 
@@ -22,11 +23,13 @@ pub enum Architecture {
     Gemma3,
     /// Qwen3 (dense): llama plus per-head Q/K norms, NeoX RoPE.
     Qwen3,
+    /// Phi-3: llama with fused QKV and gate-up matrices (split at load), NeoX RoPE.
+    Phi3,
 }
 
 impl Architecture {
     /// The supported names, for error messages.
-    pub const SUPPORTED: &'static str = "llama, qwen2, qwen3, gemma3";
+    pub const SUPPORTED: &'static str = "llama, qwen2, qwen3, gemma3, phi3";
 
     /// Parses a `general.architecture` value.
     pub fn from_name(name: &str) -> Option<Self> {
@@ -35,6 +38,7 @@ impl Architecture {
             "qwen2" => Some(Self::Qwen2),
             "gemma3" => Some(Self::Gemma3),
             "qwen3" => Some(Self::Qwen3),
+            "phi3" => Some(Self::Phi3),
             _ => None,
         }
     }
@@ -46,6 +50,7 @@ impl Architecture {
             Self::Qwen2 => "qwen2",
             Self::Gemma3 => "gemma3",
             Self::Qwen3 => "qwen3",
+            Self::Phi3 => "phi3",
         }
     }
 }
@@ -63,5 +68,6 @@ pub(crate) fn configure(meta: &Meta, base: &BaseHParams) -> Result<Recipe> {
         Architecture::Qwen2 => Ok(qwen2::configure(base)),
         Architecture::Gemma3 => gemma3::configure(meta, base),
         Architecture::Qwen3 => Ok(qwen3::configure(base)),
+        Architecture::Phi3 => phi3::configure(meta, base),
     }
 }

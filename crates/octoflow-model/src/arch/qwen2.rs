@@ -12,6 +12,7 @@ pub(super) fn configure(base: &BaseHParams) -> Recipe {
             rope: base.rope(RopeType::Neox),
             kind: AttnKind::Full,
             scale: base.default_attention_scale(),
+            scale_q: false,
             post_norm: false,
         },
         ffn: FfnPlan::Glu(GluPlan {

@@ -20,3 +20,7 @@ pub mod weights;
 pub use adapters::{GpuAdapters, MixSource};
 pub use batch::{DeviceRows, GpuBatch};
 pub use session::{GpuModel, GpuSession, BATCH_TOKENS};
+
+#[cfg(test)]
+#[path = "arch_tests.rs"]
+mod arch_tests;
