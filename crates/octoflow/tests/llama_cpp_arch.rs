@@ -39,8 +39,17 @@ fn llama_cpp_logits(path: &std::path::Path, ids: &[u32]) -> Vec<Vec<f32>> {
     serde_json::from_slice(&out.stdout).expect("logits JSON")
 }
 
-fn check_arch(arch: &str) {
-    let mut rng = rng(&format!("llama_cpp_arch_{arch}"));
+/// `arch`'s tiny model; with `rope_freqs`, also llama 3.1's per-frequency RoPE divisors
+/// (`rope_freqs.weight`, random in [1, 8], as llama 3.1's scaling makes them).
+fn check_arch(arch: &str, rope_freqs: bool) {
+    let label = if rope_freqs {
+        format!("{arch}+rope_freqs")
+    } else {
+        arch.to_string()
+    };
+    let arch = arch.to_string();
+    let arch = arch.as_str();
+    let mut rng = rng(&format!("llama_cpp_arch_{label}"));
     // llama.cpp's qwen2 and phi3 loaders take the query width to be n_embd; the others read
     // the head size from the file, so they keep heads wider than n_embd / n_head
     let head_dim = if arch == "qwen2" || arch == "phi3" {
@@ -54,6 +63,19 @@ fn check_arch(arch: &str) {
         ..TINY
     };
     let mut w = tiny_writer(arch, shape, &mut rng);
+    if rope_freqs {
+        let n = head_dim / 2;
+        let f: Vec<u8> = (0..n)
+            .flat_map(|_| rng.gen_range(1.0f32..8.0).to_le_bytes())
+            .collect();
+        w.add_tensor(
+            "rope_freqs.weight",
+            octoflow_gguf::GgmlType::F32,
+            &[n as u64],
+            f,
+        )
+        .expect("rope_freqs tensor");
+    }
     let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
     tokens.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
     let strings = tokens.into_iter().map(Value::String).collect();
@@ -92,27 +114,28 @@ fn check_arch(arch: &str) {
     let mut session = Session::with_numerics(&model, 64, Numerics::Ggml);
     let ours = session.forward(&ids, 0, Logits::All).expect("forward");
     let theirs = llama_cpp_logits(&path, &ids);
-    assert_eq!(theirs.len(), N_TOKENS, "{arch}: rows from llama.cpp");
+    assert_eq!(theirs.len(), N_TOKENS, "{label}: rows from llama.cpp");
     let mut worst = 0f32;
     for (pos, (o, t)) in ours.chunks_exact(N_VOCAB).zip(&theirs).enumerate() {
-        assert_eq!(t.len(), N_VOCAB, "{arch}: llama.cpp's vocabulary");
+        assert_eq!(t.len(), N_VOCAB, "{label}: llama.cpp's vocabulary");
         let scale = t.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
         for (i, (a, b)) in o.iter().zip(t).enumerate() {
             let err = (a - b).abs() / scale;
             // NaN fails: the comparison below is false for it
             assert!(
                 err <= 4e-3,
-                "{arch}: position {pos}, logit {i}: ours {a}, llama.cpp {b} (relative {err})"
+                "{label}: position {pos}, logit {i}: ours {a}, llama.cpp {b} (relative {err})"
             );
             worst = worst.max(err);
         }
     }
-    println!("{arch}: worst relative error {worst:.2e} over {N_TOKENS} positions");
+    println!("{label}: worst relative error {worst:.2e} over {N_TOKENS} positions");
 }
 
 #[test]
 fn every_architecture_matches_llama_cpp_on_random_models() {
     for arch in ["llama", "qwen2", "qwen3", "gemma3", "phi3"] {
-        check_arch(arch);
+        check_arch(arch, false);
     }
+    check_arch("llama", true);
 }
