@@ -24,10 +24,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     let blk = &model.weights.blk[0];
+    let glu = blk.glu()?;
     for m in [
         &blk.attn_q,
-        &blk.ffn_up,
-        &blk.ffn_down,
+        &glu.ffn_up,
+        &glu.ffn_down,
         &model.weights.output,
     ] {
         time_matrix(m)?;

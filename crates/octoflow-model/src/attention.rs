@@ -37,7 +37,7 @@ pub fn attention(
     start_pos: usize,
     out: &mut [f32],
 ) {
-    attention_with(s, q, keys, values, start_pos, out, Numerics::Exact);
+    attention_with(s, q, keys, values, start_pos, out, Numerics::Exact, None);
 }
 
 /// [`attention`] with llama.cpp's CPU roundings when flash attention is off (its
@@ -53,9 +53,28 @@ pub fn attention_ggml(
     start_pos: usize,
     out: &mut [f32],
 ) {
-    attention_with(s, q, keys, values, start_pos, out, Numerics::Ggml);
+    attention_with(s, q, keys, values, start_pos, out, Numerics::Ggml, None);
 }
 
+/// [`attention`] (or [`attention_ggml`] under `Numerics::Ggml`) where each query head's
+/// softmax also counts `exp(sinks[h])` in its denominator: a learned "attend to nothing"
+/// column with no value (gpt-oss; `[n_head]`).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_sinks(
+    s: &AttentionShape,
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    start_pos: usize,
+    out: &mut [f32],
+    numerics: Numerics,
+    sinks: &[f32],
+) {
+    debug_assert_eq!(sinks.len(), s.n_head);
+    attention_with(s, q, keys, values, start_pos, out, numerics, Some(sinks));
+}
+
+#[allow(clippy::too_many_arguments)]
 fn attention_with(
     s: &AttentionShape,
     q: &[f32],
@@ -64,6 +83,7 @@ fn attention_with(
     start_pos: usize,
     out: &mut [f32],
     numerics: Numerics,
+    sinks: Option<&[f32]>,
 ) {
     let (k_dim, v_dim) = (s.n_head_kv * s.head_dim, s.n_head_kv * s.head_dim_v);
     let group = s.n_head / s.n_head_kv;
@@ -88,11 +108,12 @@ fn attention_with(
                     s.scale * qh.iter().zip(kh).map(|(a, b)| a * b).sum::<f32>()
                 })
                 .collect();
+            let sink = sinks.map(|k| k[h]);
             if ggml {
-                softmax_ggml(&mut att);
+                softmax_ggml(&mut att, sink);
                 round_f16_slice(&mut att);
             } else {
-                softmax(&mut att);
+                softmax_sink(&mut att, sink);
             }
             // weighted sum of the values
             o.fill(0.0);
@@ -105,14 +126,37 @@ fn attention_with(
         });
 }
 
+/// The softmax of `x` with an optional sink logit counted in the denominator only.
+fn softmax_sink(x: &mut [f32], sink: Option<f32>) {
+    let Some(sink) = sink else {
+        softmax(x);
+        return;
+    };
+    let max = x.iter().copied().fold(sink, f32::max);
+    let mut sum = (sink - max).exp();
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
 /// ggml's f32 softmax (`ggml_compute_forward_soft_max_f32`): `exp(x - max)` in f32, their sum
-/// in double, then a multiplication by the f32 reciprocal.
-fn softmax_ggml(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+/// in double, then a multiplication by the f32 reciprocal; a sink raises the max and adds its
+/// `exp` to the sum.
+fn softmax_ggml(x: &mut [f32], sink: Option<f32>) {
+    let mut max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if let Some(s) = sink {
+        max = max.max(s);
+    }
     let mut sum = 0f64;
     for v in x.iter_mut() {
         *v = (*v - max).exp();
         sum += f64::from(*v);
+    }
+    if let Some(s) = sink {
+        sum += f64::from((s - max).exp());
     }
     let inv = (1.0 / sum) as f32;
     x.iter_mut().for_each(|v| *v *= inv);

@@ -8,7 +8,7 @@ use octoflow_gguf::GgufFile;
 
 use crate::arch::{self, Architecture};
 use crate::error::{ModelError, Result};
-use crate::plan::{BlockPlan, RopePlan};
+use crate::plan::{BlockPlan, RopePlan, Yarn};
 
 /// How RoPE pairs the dimensions of a head (llama.cpp's `LLAMA_ROPE_TYPE_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,6 +187,8 @@ pub(crate) struct BaseHParams {
     pub n_rot: usize,
     pub rope_base: f32,
     pub rope_scale: f32,
+    /// YaRN terms when `rope.scaling.type` is `yarn`.
+    pub rope_yarn: Option<Yarn>,
 }
 
 impl BaseHParams {
@@ -199,22 +201,36 @@ impl BaseHParams {
         let head_dim = m
             .opt_usize("attention.key_length")?
             .unwrap_or(n_embd / n_head);
+        // mixture-of-experts families size their experts with their own key; llama.cpp reads
+        // `feed_forward_length` as optional there
+        let n_ff = match m.opt_usize("feed_forward_length")? {
+            Some(n) => n,
+            None => m
+                .opt_usize("expert_feed_forward_length")?
+                .ok_or_else(|| m.bad("feed_forward_length", "missing"))?,
+        };
+        let n_ctx_train = m.req_usize("context_length")?;
+        let n_rot = m.opt_usize("rope.dimension_count")?.unwrap_or(head_dim);
+        let rope_base = m.opt_f32("rope.freq_base")?.unwrap_or(10_000.0);
+        let rope_scale = read_rope_scale(m)?;
+        let rope_yarn = read_yarn(m, n_rot, rope_base, rope_scale, n_ctx_train)?;
         Ok(Self {
             arch: m.arch,
             n_vocab: read_vocab_size(m)?,
-            n_ctx_train: m.req_usize("context_length")?,
+            n_ctx_train,
             n_layer: m.req_usize("block_count")?,
             n_embd,
-            n_ff: m.req_usize("feed_forward_length")?,
+            n_ff,
             n_head,
             // Absent means multi-head attention (llama.cpp's default).
             n_head_kv: m.opt_usize("attention.head_count_kv")?.unwrap_or(n_head),
             head_dim,
             head_dim_v: m.opt_usize("attention.value_length")?.unwrap_or(head_dim),
             rms_eps: m.req_f32("attention.layer_norm_rms_epsilon")?,
-            n_rot: m.opt_usize("rope.dimension_count")?.unwrap_or(head_dim),
-            rope_base: m.opt_f32("rope.freq_base")?.unwrap_or(10_000.0),
-            rope_scale: read_rope_scale(m)?,
+            n_rot,
+            rope_base,
+            rope_scale,
+            rope_yarn,
         })
     }
 
@@ -229,6 +245,7 @@ impl BaseHParams {
             kind,
             base: self.rope_base,
             scale: self.rope_scale,
+            yarn: self.rope_yarn,
         }
     }
 }
@@ -253,18 +270,21 @@ fn read_vocab_size(m: &Meta) -> Result<usize> {
     }
 }
 
-/// The RoPE position scale: `1 / factor` for linear scaling, 1.0 for none.
+/// The RoPE position scale: `1 / factor` for linear and YaRN scaling, 1.0 for none.
 ///
 /// Follows llama.cpp: the factor comes from `rope.scaling.factor`, or else the older
-/// `rope.scale_linear`. Scaling types that change more than the position scale (yarn,
-/// longrope) are refused rather than run wrongly.
+/// `rope.scale_linear`. Scaling types that change more than these (longrope, and YaRN with
+/// DeepSeek's log multiplier) are refused rather than run wrongly.
 fn read_rope_scale(m: &Meta) -> Result<f32> {
     if let Some(kind) = m.opt_str("rope.scaling.type")? {
-        if !matches!(kind, "none" | "linear") {
+        if !matches!(kind, "none" | "linear" | "yarn") {
             return Err(m.bad(
                 "rope.scaling.type",
-                &format!("{kind:?} is not supported (supported: none, linear)"),
+                &format!("{kind:?} is not supported (supported: none, linear, yarn)"),
             ));
+        }
+        if kind == "none" {
+            return Ok(1.0);
         }
     }
     let factor = match m.opt_f32("rope.scaling.factor")? {
@@ -280,6 +300,41 @@ fn read_rope_scale(m: &Meta) -> Result<f32> {
             &format!("must be positive, found {f}"),
         )),
     }
+}
+
+/// YaRN's terms when `rope.scaling.type` is `yarn` (llama.cpp's defaults: `beta_fast` 32,
+/// `beta_slow` 1, extrapolation factor 1; the context is `rope.scaling.original_context_length`,
+/// else the training context).
+fn read_yarn(
+    m: &Meta,
+    n_rot: usize,
+    base: f32,
+    scale: f32,
+    n_ctx_train: usize,
+) -> Result<Option<Yarn>> {
+    if m.opt_str("rope.scaling.type")? != Some("yarn") {
+        return Ok(None);
+    }
+    if m.opt_f32("rope.scaling.yarn_log_multiplier")?
+        .is_some_and(|v| v != 0.0)
+    {
+        return Err(m.bad(
+            "rope.scaling.yarn_log_multiplier",
+            "YaRN with a log multiplier (DeepSeek's) is not supported",
+        ));
+    }
+    let n_ctx_orig = m
+        .opt_usize("rope.scaling.original_context_length")?
+        .unwrap_or(n_ctx_train);
+    let attn_factor = m.opt_f32("rope.scaling.attn_factor")?.unwrap_or(1.0);
+    Ok(Some(Yarn::new(
+        n_rot,
+        base,
+        1.0 / scale,
+        n_ctx_orig,
+        (32.0, 1.0),
+        attn_factor,
+    )))
 }
 
 /// Typed access to `{arch}.*` metadata keys: required keys fail when absent, optional keys only

@@ -35,8 +35,8 @@ fn every_hyper_parameter_comes_from_metadata() {
             (RopeType::Normal, 10_000.0, 0.25)
         );
         assert_eq!(a.kind, AttnKind::Full);
-        assert!(!a.qkv_bias && !a.qk_norm && !a.post_norm && !b.glu().post_norm);
-        assert_eq!(b.glu().act, Activation::Silu);
+        assert!(!a.qkv_bias && !a.qk_norm && !a.post_norm && !b.glu().unwrap().post_norm);
+        assert_eq!(b.glu().unwrap().act, Activation::Silu);
     }
     let q = config(&tiny_writer("qwen2", TINY, &mut rng("config_qwen2"))).unwrap();
     let a = &q.blocks[0].attn;
@@ -74,15 +74,32 @@ fn heads_that_do_not_divide_are_refused() {
 }
 
 #[test]
-fn linear_rope_scaling_sets_the_position_scale_and_yarn_is_refused() {
+fn rope_scaling_linear_sets_the_scale_yarn_adds_its_terms_longrope_is_refused() {
     let mut w = tiny_writer("llama", TINY, &mut rng("config_rope_scaling"));
     w.set("llama.rope.scaling.type", Value::String("linear".into()));
     w.set("llama.rope.scaling.factor", Value::F32(4.0));
-    assert_eq!(config(&w).unwrap().blocks[0].attn.rope.scale, 0.25);
+    let rope = config(&w).unwrap().blocks[0].attn.rope;
+    assert_eq!((rope.scale, rope.yarn), (0.25, None));
+    // YaRN as llama.cpp sets it up: corr dims from the original context, mscale 1 + 0.1 ln 4
     w.set("llama.rope.scaling.type", Value::String("yarn".into()));
+    w.set("llama.rope.scaling.original_context_length", Value::U32(64));
+    let rope = config(&w).unwrap().blocks[0].attn.rope;
+    let y = rope.yarn.expect("yarn terms");
+    assert_eq!(rope.scale, 0.25);
+    assert!((y.mscale - (1.0 + 0.1 * 4f32.ln())).abs() < 1e-6, "{y:?}");
+    // n_rot 16, base 1e4, 64 positions: beta_fast 32 turns below pair 0 (floor 0), beta_slow
+    // 1 at 16 ln(64 / 2π) / (2 ln 1e4) = 2.02 (ceil 3)
+    assert_eq!((y.low, y.high), (0.0, 3.0), "{y:?}");
+    let mix: Vec<f32> = (0..5).map(|i| y.mix(i)).collect();
+    let want = [1.0, 2.0 / 3.0, 1.0 / 3.0, 0.0, 0.0];
+    assert!(
+        mix.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-6),
+        "{mix:?}"
+    );
+    w.set("llama.rope.scaling.type", Value::String("longrope".into()));
     let e = config(&w).unwrap_err().to_string();
     assert!(
-        e.contains("llama.rope.scaling.type") && e.contains("yarn"),
+        e.contains("llama.rope.scaling.type") && e.contains("longrope"),
         "{e}"
     );
 }
@@ -107,8 +124,10 @@ fn gemma3_has_five_local_layers_then_one_global() {
         let base = if global { 1_000_000.0 } else { 10_000.0 };
         assert_eq!(a.rope.base, base, "layer {il}");
         assert_eq!(a.scale, 0.25); // 1/sqrt(head_dim 16)
-        assert!(a.qk_norm && a.post_norm && b.glu().post_norm && a.rope.kind == RopeType::Neox);
-        assert_eq!(b.glu().act, Activation::GeluTanh);
+        assert!(
+            a.qk_norm && a.post_norm && b.glu().unwrap().post_norm && a.rope.kind == RopeType::Neox
+        );
+        assert_eq!(b.glu().unwrap().act, Activation::GeluTanh);
     }
     assert_eq!(c.embedding_scale, (32f32).sqrt());
 }
@@ -162,7 +181,8 @@ fn phi3_fused_matrices_split_into_the_llama_blocks_views() {
         (l.attn_q.n_rows, l.attn_k.n_rows, l.attn_v.n_rows),
         (q, kv, kv)
     );
-    assert_eq!((l.ffn_gate.n_rows, l.ffn_up.n_rows), (TINY.n_ff, TINY.n_ff));
+    let g = l.glu().unwrap();
+    assert_eq!((g.ffn_gate.n_rows, g.ffn_up.n_rows), (TINY.n_ff, TINY.n_ff));
     // the views are consecutive rows of the fused tensors
     let row = l.attn_q.row_bytes();
     let file = open(&w).unwrap();
@@ -174,10 +194,10 @@ fn phi3_fused_matrices_split_into_the_llama_blocks_views() {
         &bytes[(q + 2 * kv - 1) * row..(q + 2 * kv) * row]
     );
     let up = file.tensor_data(file.tensor("blk.1.ffn_up.weight").unwrap());
-    let urow = l.ffn_up.row_bytes();
-    assert_eq!(l.ffn_gate.row(0), &up[..urow]);
+    let urow = g.ffn_up.row_bytes();
+    assert_eq!(g.ffn_gate.row(0), &up[..urow]);
     assert_eq!(
-        l.ffn_up.row(0),
+        g.ffn_up.row(0),
         &up[TINY.n_ff * urow..(TINY.n_ff + 1) * urow]
     );
 }

@@ -44,6 +44,9 @@ pub enum ModelError {
         expected: Vec<u64>,
         found: Vec<u64>,
     },
+    /// The model has a piece this path does not run (the message says which piece and path).
+    #[error("{0}")]
+    Unsupported(String),
     /// A tensor's element type has no CPU codec.
     #[error("tensor {name:?}: type {ty} is not supported by the CPU reference")]
     UnsupportedTensorType { name: String, ty: GgmlType },

@@ -21,7 +21,7 @@
 //! Every intermediate can be observed through a [`Tap`] (names follow llama.cpp's graph
 //! callbacks), which is how GPU kernels are compared with this reference layer by layer.
 
-use crate::attention::{attention, attention_ggml, AttentionShape};
+use crate::attention::{attention, attention_ggml, attention_sinks, AttentionShape};
 use crate::backend::{check_batch, Forward};
 use crate::config::{Activation, ModelConfig};
 use crate::error::Result;
@@ -29,10 +29,12 @@ use crate::ggml_matmul::matmul_ggml;
 use crate::kv_cache::KvCache;
 use crate::matmul::matmul;
 use crate::model::Model;
-use crate::numerics::{gelu_ggml, rope_angles_ggml, round_f16_slice, Numerics};
-use crate::ops::{add_bias_rows, add_in_place, gelu_tanh, rmsnorm_rows, rope, rope_angles, silu};
-use crate::plan::{planned, qk_norms, AttnPlan, FfnPlan, GluPlan};
-use crate::weights::{BlockWeights, QMatrix};
+use crate::numerics::{gelu_ggml, rope_angles_ggml_yarn, round_f16_slice, Numerics};
+use crate::ops::{
+    add_bias_rows, add_in_place, gelu_tanh, rmsnorm_rows, rope, rope_angles_yarn, silu,
+};
+use crate::plan::{planned, qk_norms, AttnPlan, FfnPlan, Gating, GluPlan, MoePlan};
+use crate::weights::{BlockWeights, FfnWeights, QMatrix};
 
 /// Which positions of a batch get logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,6 +139,7 @@ impl<'m> Session<'m> {
             self.attention_block(il, &plan.attn, &mut x, start_pos, observe)?;
             match &plan.ffn {
                 FfnPlan::Glu(g) => glu_block(c, g, &w.blk[il], il, &mut x, self.numerics, observe)?,
+                FfnPlan::Moe(m) => moe_block(c, m, &w.blk[il], il, &mut x, self.numerics, observe)?,
             }
             observe(tap(Some(il), "l_out", n, &x));
         }
@@ -210,14 +213,15 @@ impl<'m> Session<'m> {
             .enumerate()
         {
             let angles = match nm {
-                Numerics::Exact => rope_angles,
-                Numerics::Ggml => rope_angles_ggml,
+                Numerics::Exact => rope_angles_yarn,
+                Numerics::Ggml => rope_angles_ggml_yarn,
             }(
                 start_pos + i,
                 c.n_rot,
                 plan.rope.base,
                 plan.rope.scale,
                 freqs,
+                plan.rope.yarn.as_ref(),
             );
             for head in qt
                 .chunks_exact_mut(c.head_dim)
@@ -252,13 +256,25 @@ impl<'m> Session<'m> {
         };
         let mut att = vec![0f32; n * c.n_head * c.head_dim_v];
         let (keys, values) = (self.cache.keys(il, end), self.cache.values(il, end));
-        match nm {
-            Numerics::Exact => attention(&shape, &q, keys, values, start_pos, &mut att),
-            Numerics::Ggml => attention_ggml(&shape, &q, keys, values, start_pos, &mut att),
+        match (planned(il, plan.sinks, &lw.attn_sinks, "attn_sinks")?, nm) {
+            (Some(sinks), _) => {
+                attention_sinks(&shape, &q, keys, values, start_pos, &mut att, nm, sinks)
+            }
+            (None, Numerics::Exact) => attention(&shape, &q, keys, values, start_pos, &mut att),
+            (None, Numerics::Ggml) => attention_ggml(&shape, &q, keys, values, start_pos, &mut att),
         }
         t("kqv_out", &att);
 
-        let mut o = linear(&lw.attn_output, &att, nm)?;
+        let out_bias = match (plan.out_bias, &lw.attn_output_bias) {
+            (false, _) => None,
+            (true, Some(b)) => Some(b.as_slice()),
+            (true, None) => {
+                return Err(crate::error::ModelError::PlanWithoutTensor {
+                    name: format!("blk.{il}.attn_output.bias"),
+                })
+            }
+        };
+        let mut o = linear_bias(&lw.attn_output, &att, out_bias, nm)?;
         t("attn_out", &o);
         let post = &lw.post_attention_norm;
         if let Some(pn) = planned(il, plan.post_norm, post, "post_attention_norm")? {
@@ -309,8 +325,9 @@ fn glu_block(
     rmsnorm_rows(&mut h, &lw.ffn_norm, c.rms_eps);
     t("ffn_norm", &h);
 
-    let mut gate = linear(&lw.ffn_gate, &h, nm)?;
-    let up = linear(&lw.ffn_up, &h, nm)?;
+    let gw = lw.glu()?;
+    let mut gate = linear(&gw.ffn_gate, &h, nm)?;
+    let up = linear(&gw.ffn_up, &h, nm)?;
     let act = match (plan.act, nm) {
         (Activation::Silu, _) => silu,
         (Activation::GeluTanh, Numerics::Exact) => gelu_tanh,
@@ -321,13 +338,93 @@ fn glu_block(
     }
     t("ffn_act", &gate);
 
-    let mut f = linear(&lw.ffn_down, &gate, nm)?;
+    let mut f = linear(&gw.ffn_down, &gate, nm)?;
     t("ffn_out", &f);
     if let Some(pn) = planned(il, plan.post_norm, &lw.post_ffw_norm, "post_ffw_norm")? {
         rmsnorm_rows(&mut f, pn, c.rms_eps);
         t("ffn_post_norm", &f);
     }
     add_in_place(x, &f);
+    Ok(())
+}
+
+/// `x += moe(x)` for one layer: with `h = rmsnorm(x)`, the router's logits pick the
+/// `n_used` largest experts per token, their weights come from the gating, and the block adds
+/// `Σ weight · (down_e(act(gate_e(h), up_e(h))) + b)` in selection order.
+fn moe_block(
+    c: &ModelConfig,
+    plan: &MoePlan,
+    lw: &BlockWeights,
+    il: usize,
+    x: &mut [f32],
+    nm: Numerics,
+    observe: &mut dyn FnMut(Tap<'_>),
+) -> Result<()> {
+    let n = x.len() / c.n_embd;
+    let mut t = |name, data: &[f32]| observe(tap(Some(il), name, n, data));
+    let FfnWeights::Moe(mw) = &lw.ffn else {
+        return Err(crate::error::ModelError::PlanWithoutTensor {
+            name: format!("blk.{il}.ffn_gate_inp.weight"),
+        });
+    };
+    let mut h = x.to_vec();
+    rmsnorm_rows(&mut h, &lw.ffn_norm, c.rms_eps);
+    t("ffn_norm", &h);
+    let logits = linear_bias(&mw.router, &h, mw.router_bias.as_deref(), nm)?;
+    t("ffn_moe_logits", &logits);
+
+    let (e_n, f_n, d_n) = (plan.n_expert, plan.n_ff, c.n_embd);
+    let expert =
+        |m: &QMatrix, e: usize, rows: usize| m.rows(format!("{}[{e}]", m.name), e * rows, rows);
+    let bias_of = |b: &Option<Vec<f32>>, e: usize, len: usize| {
+        b.as_ref().map(|b| b[e * len..(e + 1) * len].to_vec())
+    };
+    let mut out = vec![0f32; x.len()];
+    for (r, (hr, or)) in h
+        .chunks_exact(d_n)
+        .zip(out.chunks_exact_mut(d_n))
+        .enumerate()
+    {
+        let lg = &logits[r * e_n..(r + 1) * e_n];
+        // the largest logits, ties to the lower expert
+        let mut order: Vec<usize> = (0..e_n).collect();
+        order.sort_by(|&a, &b| lg[b].total_cmp(&lg[a]).then(a.cmp(&b)));
+        order.truncate(plan.n_used);
+        let mut weights: Vec<f32> = order.iter().map(|&e| lg[e]).collect();
+        match plan.gating {
+            Gating::SoftmaxOfSelected => crate::ops::softmax(&mut weights),
+        }
+        for (&e, &wt) in order.iter().zip(&weights) {
+            let gate = linear_bias(
+                &expert(&mw.gate, e, f_n)?,
+                hr,
+                bias_of(&mw.gate_bias, e, f_n).as_deref(),
+                nm,
+            )?;
+            let up = linear_bias(
+                &expert(&mw.up, e, f_n)?,
+                hr,
+                bias_of(&mw.up_bias, e, f_n).as_deref(),
+                nm,
+            )?;
+            let act: Vec<f32> = gate
+                .iter()
+                .zip(&up)
+                .map(|(&g, &u)| plan.act.apply(g, u))
+                .collect();
+            let down = linear_bias(
+                &expert(&mw.down, e, d_n)?,
+                &act,
+                bias_of(&mw.down_bias, e, d_n).as_deref(),
+                nm,
+            )?;
+            for (o, v) in or.iter_mut().zip(&down) {
+                *o += wt * v;
+            }
+        }
+    }
+    t("ffn_moe_out", &out);
+    add_in_place(x, &out);
     Ok(())
 }
 

@@ -50,5 +50,7 @@ pub use kv_cache::KvCache;
 pub use model::Model;
 pub use nll::{mean_nll, mean_nll_with, token_nlls, token_nlls_with};
 pub use numerics::Numerics;
-pub use plan::{AttnKind, AttnPlan, BlockPlan, FfnPlan, GluPlan, RopePlan};
-pub use weights::{BlockWeights, ModelWeights, QMatrix};
+pub use plan::{
+    AttnKind, AttnPlan, BlockPlan, FfnPlan, Gating, GluPlan, MoeAct, MoePlan, RopePlan, Yarn,
+};
+pub use weights::{BlockWeights, FfnWeights, GluWeights, ModelWeights, MoeWeights, QMatrix};

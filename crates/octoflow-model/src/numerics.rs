@@ -33,6 +33,8 @@
 //! the codes differ only where `x * id` lies within an ulp of a half), and the f16
 //! accumulation of `ggml_vec_dot_f16` on ARM CPUs with FP16 vector arithmetic.
 
+use crate::plan::Yarn;
+
 /// How the CPU reference rounds (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Numerics {
@@ -84,14 +86,34 @@ pub fn rope_angles_ggml(
     scale: f32,
     freq_factors: Option<&[f32]>,
 ) -> Vec<(f32, f32)> {
+    rope_angles_ggml_yarn(pos, n_rot, base, scale, freq_factors, None)
+}
+
+/// [`rope_angles_ggml`] with YaRN's terms as `rope_yarn` applies them in f32.
+pub fn rope_angles_ggml_yarn(
+    pos: usize,
+    n_rot: usize,
+    base: f32,
+    scale: f32,
+    freq_factors: Option<&[f32]>,
+    yarn: Option<&Yarn>,
+) -> Vec<(f32, f32)> {
     let theta_scale = base.powf(-2.0 / n_rot as f32);
     let mut theta = pos as f32;
     (0..n_rot / 2)
         .map(|i| {
             let ff = freq_factors.map_or(1.0, |f| f[i]);
-            let t = scale * (theta / ff);
+            let extrap = theta / ff;
+            let interp = scale * extrap;
             theta *= theta_scale;
-            (t.cos(), t.sin())
+            match yarn {
+                None => (interp.cos(), interp.sin()),
+                Some(y) => {
+                    let mix = y.mix(i);
+                    let t = interp * (1.0 - mix) + extrap * mix;
+                    (t.cos() * y.mscale, t.sin() * y.mscale)
+                }
+            }
         })
         .collect()
 }

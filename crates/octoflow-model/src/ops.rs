@@ -2,6 +2,7 @@
 //! Each is the CPU reference that a GPU kernel of the same name is tested against.
 
 use crate::config::RopeType;
+use crate::plan::Yarn;
 
 /// RMSNorm of one vector in place: `x[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]`.
 ///
@@ -75,12 +76,33 @@ pub fn rope_angles(
     scale: f32,
     freq_factors: Option<&[f32]>,
 ) -> Vec<(f32, f32)> {
+    rope_angles_yarn(pos, n_rot, base, scale, freq_factors, None)
+}
+
+/// [`rope_angles`] with YaRN's terms: pair `i`'s angle is the scaled one blended with the
+/// unscaled one by `yarn.mix(i)`, and cos and sin are multiplied by `yarn.mscale`.
+pub fn rope_angles_yarn(
+    pos: usize,
+    n_rot: usize,
+    base: f32,
+    scale: f32,
+    freq_factors: Option<&[f32]>,
+    yarn: Option<&Yarn>,
+) -> Vec<(f32, f32)> {
     (0..n_rot / 2)
         .map(|i| {
             let inv_freq = (base as f64).powf(-2.0 * i as f64 / n_rot as f64);
             let factor = freq_factors.map_or(1.0, |f| f64::from(f[i]));
-            let theta = pos as f64 * f64::from(scale) * inv_freq / factor;
-            (theta.cos() as f32, theta.sin() as f32)
+            let extrap = pos as f64 * inv_freq / factor;
+            let interp = f64::from(scale) * extrap;
+            let (theta, m) = match yarn {
+                None => (interp, 1.0),
+                Some(y) => {
+                    let mix = f64::from(y.mix(i));
+                    (interp * (1.0 - mix) + extrap * mix, f64::from(y.mscale))
+                }
+            };
+            ((theta.cos() * m) as f32, (theta.sin() * m) as f32)
         })
         .collect()
 }

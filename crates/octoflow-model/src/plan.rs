@@ -10,7 +10,10 @@
 //!               a = softmax(q kᵀ · scale) v      kind: full / sliding window
 //!               a = proj(a) → post_norm?         post_norm
 //! feed-forward: Glu: down(act(gate(h)) * up(h)) → post_norm?
+//!               Moe: route h to the top experts, Σ weight_e · down_e(act(gate_e(h), up_e(h)))
 //! ```
+//! Attention may also carry an output bias and learned per-head sink logits (gpt-oss), and
+//! RoPE the YaRN terms.
 //! The plan is data, not code: a family with these pieces is one `arch/` file. A new piece
 //! (say, a mixture-of-experts feed-forward) is a new variant here, and because every walker
 //! matches on these types the compiler lists each place that must learn it.
@@ -42,6 +45,12 @@ pub struct AttnPlan {
     pub scale_q: bool,
     /// RMSNorm of the output projection before the residual add (`post_attention_norm`).
     pub post_norm: bool,
+    /// The output projection carries a bias (`attn_output.bias`, gpt-oss).
+    pub out_bias: bool,
+    /// Learned per-head sink logits (`attn_sinks.weight`, `[n_head]`, gpt-oss): each softmax
+    /// over a query's scores also counts `exp(sink)` in its denominator, a column with no
+    /// value (llama.cpp's `soft_max_ext` with sinks).
+    pub sinks: bool,
 }
 
 /// Which keys a query sees (always causal).
@@ -72,6 +81,62 @@ pub struct RopePlan {
     pub base: f32,
     /// Position scale (linear scaling: `1 / factor`; 1.0 without scaling).
     pub scale: f32,
+    /// YaRN's frequency-dependent blend and magnitude scale (`rope.scaling.type = yarn`).
+    pub yarn: Option<Yarn>,
+}
+
+/// YaRN (llama.cpp's `rope_yarn`): per frequency pair `i`, the angle blends the scaled
+/// (interpolated) and unscaled (extrapolated) angle by a ramp over the correction dimensions,
+/// and cos/sin are multiplied by `mscale`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Yarn {
+    /// Weight of the extrapolated angle where the ramp is 1 (`yarn_ext_factor`; 1.0).
+    pub ext_factor: f32,
+    /// The correction dimensions: pairs below `low` keep the unscaled angle, pairs past
+    /// `high` the scaled one (`ggml_rope_yarn_corr_dims`).
+    pub low: f32,
+    pub high: f32,
+    /// Factor on cos and sin: the attention factor times `1 + 0.1 ln(factor)`.
+    pub mscale: f32,
+}
+
+impl Yarn {
+    /// YaRN for `n_rot` rotary dimensions, RoPE base `base`, scaling `factor` (> 1), a
+    /// training context of `n_ctx_orig`, llama.cpp's `beta_fast`/`beta_slow` and the file's
+    /// `rope.scaling.attn_factor` (1.0 when absent).
+    pub fn new(
+        n_rot: usize,
+        base: f32,
+        factor: f32,
+        n_ctx_orig: usize,
+        beta: (f32, f32),
+        attn_factor: f32,
+    ) -> Self {
+        // the dimension where a frequency makes `beta` turns over the original context
+        let dim = |b: f32| {
+            n_rot as f32 * (n_ctx_orig as f32 / (b * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * base.ln())
+        };
+        let low = dim(beta.0).floor().max(0.0);
+        let high = dim(beta.1).ceil().min(n_rot as f32 - 1.0);
+        // llama.cpp's `get_mscale(factor) / (1 + 0.1 ln factor)` (context setup), times the
+        // `1 + 0.1 ln factor` that `rope_yarn` applies
+        let grow = 1.0 + 0.1 * factor.ln();
+        let get = if factor <= 1.0 { 1.0 } else { grow };
+        Yarn {
+            ext_factor: 1.0,
+            low,
+            high,
+            mscale: get / grow * attn_factor * grow,
+        }
+    }
+
+    /// How much of pair `i`'s angle is the unscaled one (`rope_yarn_ramp(low, high, 2i)`
+    /// times the extrapolation factor).
+    pub fn mix(&self, i: usize) -> f32 {
+        let y = (i as f32 - self.low) / (self.high - self.low).max(0.001);
+        (1.0 - y.clamp(0.0, 1.0)) * self.ext_factor
+    }
 }
 
 /// The feed-forward sub-block.
@@ -79,6 +144,51 @@ pub struct RopePlan {
 pub enum FfnPlan {
     /// `down(act(gate(h)) * up(h))` (`ffn_gate`, `ffn_up`, `ffn_down`).
     Glu(GluPlan),
+    /// A mixture of experts (`ffn_gate_inp` routes, `ffn_{gate,up,down}_exps` per expert).
+    Moe(MoePlan),
+}
+
+/// A mixture-of-experts feed-forward block: a router picks `n_used` of `n_expert` experts per
+/// token, each a gated feed-forward of its own, and the block returns their weighted sum.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoePlan {
+    pub n_expert: usize,
+    pub n_used: usize,
+    /// Rows of each expert's gate and up matrices.
+    pub n_ff: usize,
+    pub gating: Gating,
+    pub act: MoeAct,
+    /// The router and every expert's products carry biases (`*.bias`, gpt-oss).
+    pub biases: bool,
+}
+
+/// How router logits become the selected experts' weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gating {
+    /// Select the top logits, then softmax over the selected ones only (gpt-oss,
+    /// llama.cpp's `SOFTMAX_WEIGHT`).
+    SoftmaxOfSelected,
+}
+
+/// The activation of an expert's gate and up products.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MoeAct {
+    /// gpt-oss's clamped SwiGLU: `x = min(gate, limit)`, `y = clamp(up, -limit, limit)`,
+    /// `x · σ(alpha · x) · (y + 1)` (llama.cpp's `swiglu_oai`).
+    SwigluOai { alpha: f32, limit: f32 },
+}
+
+impl MoeAct {
+    /// The activation of one gate and up value.
+    pub fn apply(self, gate: f32, up: f32) -> f32 {
+        match self {
+            MoeAct::SwigluOai { alpha, limit } => {
+                let x = gate.min(limit);
+                let y = up.clamp(-limit, limit);
+                x / (1.0 + (-alpha * x).exp()) * (y + 1.0)
+            }
+        }
+    }
 }
 
 /// A gated feed-forward block.
@@ -90,11 +200,30 @@ pub struct GluPlan {
 }
 
 impl BlockPlan {
-    /// The gated feed-forward block: every walker matches here, so a new kind of
-    /// feed-forward fails to compile until each of them handles it.
-    pub fn glu(&self) -> &GluPlan {
+    /// The gated feed-forward block, for walkers that run only that kind (the GPU graph and
+    /// training refuse a model with another kind at load, through [`BlockPlan::gpu_ready`]).
+    pub fn glu(&self) -> Result<&GluPlan> {
         match &self.ffn {
-            FfnPlan::Glu(g) => g,
+            FfnPlan::Glu(g) => Ok(g),
+            FfnPlan::Moe(_) => Err(ModelError::Unsupported(
+                "this path does not run a mixture-of-experts feed-forward yet".into(),
+            )),
+        }
+    }
+
+    /// Why this block cannot run on the GPU path yet, if it cannot: the pieces the CPU
+    /// reference has and the GPU kernels do not (gpt-oss's).
+    pub fn gpu_missing(&self) -> Option<&'static str> {
+        if matches!(self.ffn, FfnPlan::Moe(_)) {
+            Some("a mixture-of-experts feed-forward")
+        } else if self.attn.sinks {
+            Some("attention sinks")
+        } else if self.attn.out_bias {
+            Some("an attention output bias")
+        } else if self.attn.rope.yarn.is_some() {
+            Some("YaRN RoPE scaling")
+        } else {
+            None
         }
     }
 }

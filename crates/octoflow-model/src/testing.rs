@@ -49,6 +49,9 @@ pub const TINY: TinyShape = TinyShape {
     n_vocab: 50,
 };
 
+/// Experts of the tiny `gpt-oss` model.
+pub const TINY_EXPERTS: usize = 4;
+
 /// Metadata and random F32 tensors of a tiny model of `arch` (gemma3 with a sliding window of
 /// 4 and 6 layers' worth of pattern when `n_layer >= 6`).
 pub fn tiny_writer(arch: &str, s: TinyShape, rng: &mut StdRng) -> GgufWriter<'static> {
@@ -69,8 +72,18 @@ pub fn tiny_writer(arch: &str, s: TinyShape, rng: &mut StdRng) -> GgufWriter<'st
     w.set(key("attention.layer_norm_rms_epsilon"), Value::F32(1e-6));
     w.set(key("rope.freq_base"), Value::F32(10_000.0));
     w.set(key("vocab_size"), Value::U32(s.n_vocab as u32));
-    if arch == "gemma3" {
+    if arch == "gemma3" || arch == "gpt-oss" {
         w.set(key("attention.sliding_window"), Value::U32(4));
+    }
+    if arch == "gpt-oss" {
+        // 4 experts, 2 per token; YaRN over an original context of 64 so that its ramp
+        // falls inside the tiny head's frequency pairs
+        w.set(key("expert_count"), Value::U32(TINY_EXPERTS as u32));
+        w.set(key("expert_used_count"), Value::U32(2));
+        w.set(key("expert_feed_forward_length"), Value::U32(s.n_ff as u32));
+        w.set(key("rope.scaling.type"), Value::String("yarn".into()));
+        w.set(key("rope.scaling.factor"), Value::F32(4.0));
+        w.set(key("rope.scaling.original_context_length"), Value::U32(64));
     }
     let (q, kv) = (s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
     let mut add = |name: String, dims: &[u64], around_one: bool| {
@@ -92,6 +105,10 @@ pub fn tiny_writer(arch: &str, s: TinyShape, rng: &mut StdRng) -> GgufWriter<'st
     let (e, f) = (s.n_embd as u64, s.n_ff as u64);
     add("token_embd.weight".into(), &[e, s.n_vocab as u64], false);
     add("output_norm.weight".into(), &[e], true);
+    if arch == "gpt-oss" {
+        // llama.cpp's gpt-oss requires its own output matrix (no tied embeddings)
+        add("output.weight".into(), &[e, s.n_vocab as u64], false);
+    }
     for il in 0..s.n_layer {
         let b = |t: &str| format!("blk.{il}.{t}");
         add(b("attn_norm.weight"), &[e], true);
@@ -104,6 +121,29 @@ pub fn tiny_writer(arch: &str, s: TinyShape, rng: &mut StdRng) -> GgufWriter<'st
             add(b("attn_v.weight"), &[e, kv as u64], false);
         }
         add(b("attn_output.weight"), &[q as u64, e], false);
+        if arch == "gpt-oss" {
+            let x = TINY_EXPERTS as u64;
+            for t in ["attn_q.bias", "attn_output.bias"] {
+                add(
+                    b(t),
+                    &[if t == "attn_q.bias" { q as u64 } else { e }],
+                    false,
+                );
+            }
+            add(b("attn_k.bias"), &[kv as u64], false);
+            add(b("attn_v.bias"), &[kv as u64], false);
+            add(b("attn_sinks.weight"), &[s.n_head as u64], false);
+            add(b("post_attention_norm.weight"), &[e], true);
+            add(b("ffn_gate_inp.weight"), &[e, x], false);
+            add(b("ffn_gate_inp.bias"), &[x], false);
+            add(b("ffn_gate_exps.weight"), &[e, f, x], false);
+            add(b("ffn_up_exps.weight"), &[e, f, x], false);
+            add(b("ffn_down_exps.weight"), &[f, e, x], false);
+            add(b("ffn_gate_exps.bias"), &[f, x], false);
+            add(b("ffn_up_exps.bias"), &[f, x], false);
+            add(b("ffn_down_exps.bias"), &[e, x], false);
+            continue;
+        }
         add(b("ffn_norm.weight"), &[e], true);
         if arch == "phi3" {
             add(b("ffn_up.weight"), &[e, 2 * f], false);

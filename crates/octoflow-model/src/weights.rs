@@ -12,6 +12,7 @@ use octoflow_gguf::{GgmlType, GgufFile, TensorInfo};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
+use crate::plan::{FfnPlan, MoePlan};
 
 /// A weight matrix in its file encoding: `n_rows` rows of `n_cols` elements each.
 ///
@@ -120,18 +121,68 @@ pub struct BlockWeights {
     pub attn_k_norm: Option<Vec<f32>>,
     /// `[n_embd rows, n_head * head_dim_v cols]`
     pub attn_output: QMatrix,
+    /// `attn_output.bias`, `[n_embd]` (gpt-oss)
+    pub attn_output_bias: Option<Vec<f32>>,
+    /// `attn_sinks.weight`, `[n_head]`: per-head sink logits (gpt-oss)
+    pub attn_sinks: Option<Vec<f32>>,
     /// Norm of the attention output before the residual add, `[n_embd]` (gemma3)
     pub post_attention_norm: Option<Vec<f32>>,
     /// `[n_embd]`
     pub ffn_norm: Vec<f32>,
+    /// The feed-forward's matrices, as the plan's kind.
+    pub ffn: FfnWeights,
+    /// Norm of the FFN output before the residual add, `[n_embd]` (gemma3)
+    pub post_ffw_norm: Option<Vec<f32>>,
+}
+
+impl BlockWeights {
+    /// The gated feed-forward's matrices, for paths that run only that kind.
+    pub fn glu(&self) -> Result<&GluWeights> {
+        match &self.ffn {
+            FfnWeights::Glu(g) => Ok(g),
+            FfnWeights::Moe(_) => Err(ModelError::Unsupported(
+                "this path does not run a mixture-of-experts feed-forward yet".into(),
+            )),
+        }
+    }
+}
+
+/// A block's feed-forward matrices.
+#[derive(Debug, Clone)]
+pub enum FfnWeights {
+    Glu(GluWeights),
+    Moe(MoeWeights),
+}
+
+/// A gated feed-forward (`ffn_gate`, `ffn_up`, `ffn_down`).
+#[derive(Debug, Clone)]
+pub struct GluWeights {
     /// `[n_ff rows, n_embd cols]`
     pub ffn_gate: QMatrix,
     /// `[n_ff rows, n_embd cols]`
     pub ffn_up: QMatrix,
     /// `[n_embd rows, n_ff cols]`
     pub ffn_down: QMatrix,
-    /// Norm of the FFN output before the residual add, `[n_embd]` (gemma3)
-    pub post_ffw_norm: Option<Vec<f32>>,
+}
+
+/// A mixture of experts: the router and every expert's matrices stacked expert after expert
+/// (GGUF's 3-D `*_exps` tensors, `[n_cols, rows per expert, n_expert]`).
+#[derive(Debug, Clone)]
+pub struct MoeWeights {
+    /// `ffn_gate_inp`, `[n_expert rows, n_embd cols]`
+    pub router: QMatrix,
+    /// `[n_expert]` (gpt-oss)
+    pub router_bias: Option<Vec<f32>>,
+    /// `ffn_gate_exps`, `[n_expert * n_ff rows, n_embd cols]`
+    pub gate: QMatrix,
+    /// `ffn_up_exps`, `[n_expert * n_ff rows, n_embd cols]`
+    pub up: QMatrix,
+    /// `ffn_down_exps`, `[n_expert * n_embd rows, n_ff cols]`
+    pub down: QMatrix,
+    /// `[n_expert * n_ff]`, `[n_expert * n_ff]`, `[n_expert * n_embd]` (gpt-oss)
+    pub gate_bias: Option<Vec<f32>>,
+    pub up_bias: Option<Vec<f32>>,
+    pub down_bias: Option<Vec<f32>>,
 }
 
 /// All weights of a model.
@@ -193,7 +244,11 @@ impl Loader<'_> {
         let name = |t: &str| format!("blk.{il}.{t}");
         let m = |t: &str, rows, cols| self.matrix(&name(t), rows, cols);
         let v = |t: &str, n| self.vector(&name(t), n);
-        let (attn, glu) = (&c.blocks[il].attn, c.blocks[il].glu());
+        let (attn, ffn) = (&c.blocks[il].attn, &c.blocks[il].ffn);
+        let ffn_post_norm = match ffn {
+            FfnPlan::Glu(g) => g.post_norm,
+            FfnPlan::Moe(_) => false,
+        };
         // Biases are loaded wherever present (llama.cpp does the same for llama), but required
         // only where the plan has them.
         let bias = |t: &str, n| -> Result<Option<Vec<f32>>> {
@@ -206,7 +261,24 @@ impl Loader<'_> {
         let when = |on: bool, t: &str, n| if on { v(t, n).map(Some) } else { Ok(None) };
         let attn_out_cols = c.n_head * c.head_dim_v;
         let (attn_q, attn_k, attn_v) = self.qkv(il, c)?;
-        let (ffn_gate, ffn_up) = self.gate_up(il, c)?;
+        let ffn_weights = match ffn {
+            FfnPlan::Glu(_) => {
+                let (ffn_gate, ffn_up) = self.gate_up(il, c)?;
+                FfnWeights::Glu(GluWeights {
+                    ffn_gate,
+                    ffn_up,
+                    ffn_down: m("ffn_down.weight", c.n_embd, c.n_ff)?,
+                })
+            }
+            FfnPlan::Moe(p) => FfnWeights::Moe(self.experts(il, c, p)?),
+        };
+        // gpt-oss names the feed-forward's pre-norm `post_attention_norm` (llama.cpp's
+        // `attn_post_norm`, applied to the residual stream, not to the attention output)
+        let ffn_norm = if c.arch == crate::arch::Architecture::GptOss {
+            "post_attention_norm.weight"
+        } else {
+            "ffn_norm.weight"
+        };
         Ok(BlockWeights {
             attn_norm: v("attn_norm.weight", c.n_embd)?,
             attn_q,
@@ -218,12 +290,12 @@ impl Loader<'_> {
             attn_q_norm: when(attn.qk_norm, "attn_q_norm.weight", c.head_dim)?,
             attn_k_norm: when(attn.qk_norm, "attn_k_norm.weight", c.head_dim)?,
             attn_output: m("attn_output.weight", c.n_embd, attn_out_cols)?,
+            attn_output_bias: when(attn.out_bias, "attn_output.bias", c.n_embd)?,
+            attn_sinks: when(attn.sinks, "attn_sinks.weight", c.n_head)?,
             post_attention_norm: when(attn.post_norm, "post_attention_norm.weight", c.n_embd)?,
-            ffn_norm: v("ffn_norm.weight", c.n_embd)?,
-            ffn_gate,
-            ffn_up,
-            ffn_down: m("ffn_down.weight", c.n_embd, c.n_ff)?,
-            post_ffw_norm: when(glu.post_norm, "post_ffw_norm.weight", c.n_embd)?,
+            ffn_norm: v(ffn_norm, c.n_embd)?,
+            ffn: ffn_weights,
+            post_ffw_norm: when(ffn_post_norm, "post_ffw_norm.weight", c.n_embd)?,
         })
     }
 
@@ -265,6 +337,37 @@ impl Loader<'_> {
         ))
     }
 
+    /// A mixture of experts' router and stacked expert matrices (and their biases where the
+    /// plan has them).
+    fn experts(&self, il: usize, c: &ModelConfig, p: &MoePlan) -> Result<MoeWeights> {
+        let name = |t: &str| format!("blk.{il}.{t}");
+        let (e, f, d) = (p.n_expert, p.n_ff, c.n_embd);
+        let bias = |t: &str, dims: &[u64]| -> Result<Option<Vec<f32>>> {
+            if !p.biases {
+                return Ok(None);
+            }
+            let n = dims.iter().product::<u64>() as usize;
+            self.values(&name(t), dims, n).map(Some)
+        };
+        Ok(MoeWeights {
+            router: self.matrix(&name("ffn_gate_inp.weight"), e, d)?,
+            router_bias: bias("ffn_gate_inp.bias", &[e as u64])?,
+            gate: self.stacked(&name("ffn_gate_exps.weight"), e, f, d)?,
+            up: self.stacked(&name("ffn_up_exps.weight"), e, f, d)?,
+            down: self.stacked(&name("ffn_down_exps.weight"), e, d, f)?,
+            gate_bias: bias("ffn_gate_exps.bias", &[f as u64, e as u64])?,
+            up_bias: bias("ffn_up_exps.bias", &[f as u64, e as u64])?,
+            down_bias: bias("ffn_down_exps.bias", &[d as u64, e as u64])?,
+        })
+    }
+
+    /// A 3-D `[n_cols, rows, n_expert]` tensor as one matrix of `n_expert * rows` rows.
+    fn stacked(&self, name: &str, n_expert: usize, rows: usize, n_cols: usize) -> Result<QMatrix> {
+        let dims = [n_cols as u64, rows as u64, n_expert as u64];
+        let info = self.find(name, &dims)?;
+        self.bind_matrix(name, info, n_expert * rows, n_cols, &dims)
+    }
+
     fn find(&self, name: &str, expected: &[u64]) -> Result<&TensorInfo> {
         let info = self.file.tensor(name).ok_or_else(|| self.missing(name))?;
         if info.dims != expected {
@@ -284,7 +387,19 @@ impl Loader<'_> {
     }
 
     fn matrix(&self, name: &str, n_rows: usize, n_cols: usize) -> Result<QMatrix> {
-        let info = self.find(name, &[n_cols as u64, n_rows as u64])?;
+        let dims = [n_cols as u64, n_rows as u64];
+        let info = self.find(name, &dims)?;
+        self.bind_matrix(name, info, n_rows, n_cols, &dims)
+    }
+
+    fn bind_matrix(
+        &self,
+        name: &str,
+        info: &TensorInfo,
+        n_rows: usize,
+        n_cols: usize,
+        dims: &[u64],
+    ) -> Result<QMatrix> {
         let row_bytes =
             quant::quantized_size(info.ty, n_cols).map_err(|source| ModelError::Quant {
                 name: name.to_string(),
@@ -297,7 +412,7 @@ impl Loader<'_> {
                     info.size,
                     row_bytes * n_rows
                 ),
-                expected: vec![n_cols as u64, n_rows as u64],
+                expected: dims.to_vec(),
                 found: info.dims.clone(),
             });
         }
@@ -313,7 +428,12 @@ impl Loader<'_> {
     }
 
     fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>> {
-        let info = self.find(name, &[n as u64])?;
+        self.values(name, &[n as u64], n)
+    }
+
+    /// A tensor of shape `dims` (`n` elements) dequantized to f32.
+    fn values(&self, name: &str, dims: &[u64], n: usize) -> Result<Vec<f32>> {
+        let info = self.find(name, dims)?;
         let mut out = vec![0f32; n];
         quant::dequantize(info.ty, self.file.tensor_data(info), &mut out).map_err(|source| {
             ModelError::Quant {

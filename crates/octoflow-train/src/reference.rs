@@ -4,7 +4,7 @@
 
 use octoflow_kernels::dropout_uniform;
 use octoflow_model::plan::planned;
-use octoflow_model::{Activation, AttnPlan, FfnPlan, Model, RopePlan, RopeType};
+use octoflow_model::{Activation, AttnPlan, Model, RopePlan, RopeType};
 
 use crate::error::Result;
 use crate::gpu::Rows;
@@ -63,6 +63,8 @@ struct Block {
     up: Mat,
     down: Mat,
     post_ffw: Vec<f64>,
+    /// The feed-forward's plan (the only kind this reference runs).
+    glu: octoflow_model::GluPlan,
 }
 
 /// A model dequantized to f64 for the reference loss.
@@ -95,7 +97,14 @@ impl<'a> RefModel<'a> {
             .zip(&model.config.blocks)
             .enumerate()
             .map(|(il, (b, plan))| {
-                let (ap, glu) = (&plan.attn, plan.glu());
+                if let Some(missing) = plan.gpu_missing() {
+                    // the reference mirrors the GPU training step, which refuses the same
+                    return Err(octoflow_model::ModelError::Unsupported(format!(
+                        "the f64 training reference does not run {missing}"
+                    ))
+                    .into());
+                }
+                let (ap, glu, gw) = (&plan.attn, plan.glu()?, b.glu()?);
                 let norm = |on, t: &Option<Vec<f32>>, name| -> Result<Vec<f64>> {
                     Ok(planned(il, on, t, name)?.map_or_else(Vec::new, |v| v64(v)))
                 };
@@ -114,10 +123,11 @@ impl<'a> RefModel<'a> {
                     o: Mat::of(&b.attn_output)?,
                     post_attn: norm(ap.post_norm, &b.post_attention_norm, "post_attention_norm")?,
                     ffn_norm: v64(&b.ffn_norm),
-                    gate: Mat::of(&b.ffn_gate)?,
-                    up: Mat::of(&b.ffn_up)?,
-                    down: Mat::of(&b.ffn_down)?,
+                    gate: Mat::of(&gw.ffn_gate)?,
+                    up: Mat::of(&gw.ffn_up)?,
+                    down: Mat::of(&gw.ffn_down)?,
                     post_ffw: norm(glu.post_norm, &b.post_ffw_norm, "post_ffw_norm")?,
+                    glu: *glu,
                 })
             })
             .collect::<Result<_>>()?;
@@ -213,7 +223,7 @@ impl<'a> RefModel<'a> {
             }
         }
         for (l, (bw, plan)) in self.blocks.iter().zip(&c.blocks).enumerate() {
-            let (ap, FfnPlan::Glu(glu)) = (&plan.attn, &plan.ffn);
+            let (ap, glu) = (&plan.attn, &bw.glu);
             let mut h = x.clone();
             rmsnorm(&mut h, &bw.attn_norm, eps);
             let mut qkv = Vec::new();

@@ -9,7 +9,9 @@
 use std::process::Command;
 use std::sync::Arc;
 
+use octoflow_gguf::quant;
 use octoflow_gguf::value::{Value, ValueType};
+use octoflow_gguf::GgmlType;
 use octoflow_model::testing::{open, rng, tiny_writer, TinyShape, TINY};
 use octoflow_model::{Logits, Model, Numerics, Session};
 use rand::Rng;
@@ -39,13 +41,23 @@ fn llama_cpp_logits(path: &std::path::Path, ids: &[u32]) -> Vec<Vec<f32>> {
     serde_json::from_slice(&out.stdout).expect("logits JSON")
 }
 
-/// `arch`'s tiny model; with `rope_freqs`, also llama 3.1's per-frequency RoPE divisors
-/// (`rope_freqs.weight`, random in [1, 8], as llama 3.1's scaling makes them).
-fn check_arch(arch: &str, rope_freqs: bool) {
-    let label = if rope_freqs {
-        format!("{arch}+rope_freqs")
-    } else {
-        arch.to_string()
+/// What a check adds to the plain tiny model of its family.
+#[derive(Clone, Copy, PartialEq)]
+enum Variant {
+    Plain,
+    /// llama 3.1's per-frequency RoPE divisors (`rope_freqs.weight`, random in [1, 8], as
+    /// llama 3.1's scaling makes them).
+    RopeFreqs,
+    /// Expert matrices in MXFP4, as gpt-oss ships them (llama.cpp then quantizes the
+    /// activations to Q8_0 for those products).
+    Mxfp4Experts,
+}
+
+fn check_arch(arch: &str, variant: Variant) {
+    let label = match variant {
+        Variant::Plain => arch.to_string(),
+        Variant::RopeFreqs => format!("{arch}+rope_freqs"),
+        Variant::Mxfp4Experts => format!("{arch}+mxfp4"),
     };
     let arch = arch.to_string();
     let arch = arch.as_str();
@@ -63,7 +75,25 @@ fn check_arch(arch: &str, rope_freqs: bool) {
         ..TINY
     };
     let mut w = tiny_writer(arch, shape, &mut rng);
-    if rope_freqs {
+    if variant == Variant::Mxfp4Experts {
+        for t in w.tensors_mut().iter_mut() {
+            if !t.name.ends_with("_exps.weight") {
+                continue;
+            }
+            let values: Vec<f32> = t
+                .data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            let n_rows = values.len() / t.dims[0] as usize;
+            let row = quant::quantized_size(GgmlType::MXFP4, t.dims[0] as usize).expect("size");
+            let mut out = vec![0u8; row * n_rows];
+            quant::quantize(GgmlType::MXFP4, &values, &mut out).expect("mxfp4");
+            t.ty = GgmlType::MXFP4;
+            t.data = out.into();
+        }
+    }
+    if variant == Variant::RopeFreqs {
         let n = head_dim / 2;
         let f: Vec<u8> = (0..n)
             .flat_map(|_| rng.gen_range(1.0f32..8.0).to_le_bytes())
@@ -134,8 +164,9 @@ fn check_arch(arch: &str, rope_freqs: bool) {
 
 #[test]
 fn every_architecture_matches_llama_cpp_on_random_models() {
-    for arch in ["llama", "qwen2", "qwen3", "gemma3", "phi3"] {
-        check_arch(arch, false);
+    for arch in ["llama", "qwen2", "qwen3", "gemma3", "phi3", "gpt-oss"] {
+        check_arch(arch, Variant::Plain);
     }
-    check_arch("llama", true);
+    check_arch("llama", Variant::RopeFreqs);
+    check_arch("gpt-oss", Variant::Mxfp4Experts);
 }

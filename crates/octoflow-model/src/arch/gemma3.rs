@@ -41,6 +41,7 @@ pub(super) fn configure(meta: &Meta, base: &BaseHParams) -> Result<Recipe> {
                     kind: RopeType::Neox,
                     base: SWA_ROPE_BASE,
                     scale: 1.0,
+                    yarn: None,
                 };
                 (AttnKind::SlidingWindow(window), local)
             } else {
@@ -55,6 +56,8 @@ pub(super) fn configure(meta: &Meta, base: &BaseHParams) -> Result<Recipe> {
                     scale: 1.0 / query_pre_attn_scalar.sqrt(),
                     scale_q: false,
                     post_norm: true,
+                    out_bias: false,
+                    sinks: false,
                 },
                 ffn: FfnPlan::Glu(GluPlan {
                     act: Activation::GeluTanh,

@@ -22,6 +22,8 @@ pub(super) fn configure(meta: &Meta, base: &BaseHParams) -> Result<Recipe> {
             scale: attention_scale,
             scale_q: false,
             post_norm: false,
+            out_bias: false,
+            sinks: false,
         },
         ffn: FfnPlan::Glu(GluPlan {
             act: Activation::Silu,

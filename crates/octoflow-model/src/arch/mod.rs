@@ -4,6 +4,7 @@
 //! forward walks that plan, so a family built from known pieces is one file here.
 
 mod gemma3;
+mod gpt_oss;
 mod llama;
 mod phi3;
 mod qwen2;
@@ -25,11 +26,14 @@ pub enum Architecture {
     Qwen3,
     /// Phi-3: llama with fused QKV and gate-up matrices (split at load), NeoX RoPE.
     Phi3,
+    /// GPT-OSS: mixture of experts, attention sinks and biases, alternating sliding-window
+    /// layers, YaRN RoPE.
+    GptOss,
 }
 
 impl Architecture {
     /// The supported names, for error messages.
-    pub const SUPPORTED: &'static str = "llama, qwen2, qwen3, gemma3, phi3";
+    pub const SUPPORTED: &'static str = "llama, qwen2, qwen3, gemma3, phi3, gpt-oss";
 
     /// Parses a `general.architecture` value.
     pub fn from_name(name: &str) -> Option<Self> {
@@ -39,6 +43,7 @@ impl Architecture {
             "gemma3" => Some(Self::Gemma3),
             "qwen3" => Some(Self::Qwen3),
             "phi3" => Some(Self::Phi3),
+            "gpt-oss" => Some(Self::GptOss),
             _ => None,
         }
     }
@@ -51,6 +56,7 @@ impl Architecture {
             Self::Gemma3 => "gemma3",
             Self::Qwen3 => "qwen3",
             Self::Phi3 => "phi3",
+            Self::GptOss => "gpt-oss",
         }
     }
 }
@@ -69,5 +75,6 @@ pub(crate) fn configure(meta: &Meta, base: &BaseHParams) -> Result<Recipe> {
         Architecture::Gemma3 => gemma3::configure(meta, base),
         Architecture::Qwen3 => Ok(qwen3::configure(base)),
         Architecture::Phi3 => phi3::configure(meta, base),
+        Architecture::GptOss => gpt_oss::configure(meta, base),
     }
 }

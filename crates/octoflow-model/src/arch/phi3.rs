@@ -39,6 +39,8 @@ pub(super) fn configure(meta: &Meta, base: &BaseHParams) -> Result<Recipe> {
             scale: base.default_attention_scale(),
             scale_q: true,
             post_norm: false,
+            out_bias: false,
+            sinks: false,
         },
         ffn: FfnPlan::Glu(GluPlan {
             act: Activation::Silu,

@@ -14,6 +14,8 @@ pub(super) fn configure(base: &BaseHParams) -> Recipe {
             scale: base.default_attention_scale(),
             scale_q: false,
             post_norm: false,
+            out_bias: false,
+            sinks: false,
         },
         ffn: FfnPlan::Glu(GluPlan {
             act: Activation::Silu,

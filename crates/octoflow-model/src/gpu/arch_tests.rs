@@ -59,3 +59,19 @@ fn every_architecture_runs_on_the_gpu_as_on_the_cpu_reference() {
         }
     }
 }
+
+#[test]
+fn gpt_oss_on_the_gpu_is_a_clear_error_pointing_to_the_cpu_reference() {
+    let Some(ctx) = gpu_or_skip("gpt_oss_on_the_gpu_is_a_clear_error") else {
+        return;
+    };
+    let model = tiny_model("gpt-oss", TINY, &mut rng("gpu_arch_gpt_oss"));
+    let e = GpuModel::load(&ctx, &model)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        e.contains("gpt-oss") && e.contains("mixture-of-experts") && e.contains("--device cpu"),
+        "{e}"
+    );
+}

@@ -120,6 +120,11 @@ impl Graph<'_> {
             chain.lend_scratch(None);
             match &plan.ffn {
                 FfnPlan::Glu(g) => self.glu_block(chain, il, g, n, &mut st)?,
+                FfnPlan::Moe(_) => {
+                    return Err(ModelError::Unsupported(
+                        "the GPU path does not run a mixture-of-experts feed-forward yet".into(),
+                    ))
+                }
             }
         }
         self.settle(chain, n, &mut st, &x)
@@ -137,7 +142,7 @@ impl Graph<'_> {
                 .c
                 .blocks
                 .iter()
-                .all(|b| b.attn.post_norm && b.glu().post_norm)
+                .all(|b| b.attn.post_norm && b.glu().is_ok_and(|g| g.post_norm))
             && !self.k.linear.tuning().unfused_post
     }
 

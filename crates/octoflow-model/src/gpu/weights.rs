@@ -189,14 +189,15 @@ impl GpuWeights {
         }
         let mut blocks = Vec::with_capacity(w.blk.len());
         for b in &w.blk {
+            let g = b.glu()?;
             let mats = [
                 &b.attn_q,
                 &b.attn_k,
                 &b.attn_v,
                 &b.attn_output,
-                &b.ffn_gate,
-                &b.ffn_up,
-                &b.ffn_down,
+                &g.ffn_gate,
+                &g.ffn_up,
+                &g.ffn_down,
             ]
             .into_iter()
             .map(|m| up.matrix(m))

@@ -9,7 +9,7 @@
 use octoflow_kernels::{CrossEntropyArgs, Positions, RopeArgs};
 use octoflow_model::gpu::kernels::{glu_op, rope_mode};
 use octoflow_model::gpu::weights::GpuMatrix;
-use octoflow_model::plan::{planned, qk_norms, FfnPlan, RopePlan};
+use octoflow_model::plan::{planned, qk_norms, RopePlan};
 use octoflow_vk::{Buffer, BufferSlice, Chain};
 
 use super::layer::{f, Attn};
@@ -111,7 +111,7 @@ impl Trainer {
         let (c, b, t) = (&self.c, &self.b, self.rows);
         let k = self.gm.kernels();
         let lw = &self.gm.weights().blk[il];
-        let (plan, FfnPlan::Glu(glu)) = (&c.blocks[il].attn, &c.blocks[il].ffn);
+        let (plan, glu) = (&c.blocks[il].attn, c.blocks[il].glu()?);
         let (d, ff, eps) = (c.n_embd, c.n_ff, c.rms_eps);
         let (qd, kd, vd, ad) = (c.q_dim(), c.k_dim(), c.v_dim(), c.n_head * c.head_dim_v);
         let x = f(&b.xs[il], t * d)?;
@@ -317,7 +317,7 @@ impl Trainer {
     pub(crate) fn layer_backward(&self, chain: &mut Chain, il: usize) -> Result<()> {
         let (c, b, t) = (&self.c, &self.b, self.rows);
         let lw = &self.gm.weights().blk[il];
-        let (plan, FfnPlan::Glu(glu)) = (&c.blocks[il].attn, &c.blocks[il].ffn);
+        let (plan, glu) = (&c.blocks[il].attn, c.blocks[il].glu()?);
         let post_ffw = planned(il, glu.post_norm, &lw.post_ffw_norm, "post_ffw_norm")?;
         let post_attn = planned(
             il,

@@ -235,7 +235,7 @@ impl Trainer {
         // the raw projections the backward reads exist only where some block's plan norms them
         let qk_norm = c.blocks.iter().any(|b| b.attn.qk_norm);
         let post_attn = c.blocks.iter().any(|b| b.attn.post_norm);
-        let post_ffw = c.blocks.iter().any(|b| b.glu().post_norm);
+        let post_ffw = c.blocks.iter().any(|b| b.glu().is_ok_and(|g| g.post_norm));
         let before = ctx.memory_usage().0;
         let b = Bufs {
             io: Buffer::new(&ctx, "train.io", 4 * io.words as u64, MemoryKind::Upload)?,
