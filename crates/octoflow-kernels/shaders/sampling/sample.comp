@@ -42,9 +42,15 @@ layout(push_constant) uniform Push { uint n_vocab; uint out_offset; uint lp_offs
 float lse_m = NEG_INF;
 float lse_s = 0.0;
 
+// Whether this dispatch writes log-probabilities (main sets it from the push constant): a
+// uniform branch, so callers that want none (the decode chains) pay no exp per logit.
+bool lse_on = false;
+
 // -inf adds nothing (and would make exp(-inf - -inf) NaN); NaN poisons the sum, as on the CPU.
 void lse_add(float v) {
-    if (v > lse_m) {
+    if (!lse_on) {
+        // nothing to accumulate
+    } else if (v > lse_m) {
         lse_s = lse_s * exp(lse_m - v) + 1.0;
         lse_m = v;
     } else if (v != NEG_INF) {
@@ -351,6 +357,7 @@ void main() {
         s_word[tid] = state[sb + tid];
     }
     barrier();
+    lse_on = pc.lp_offset != NO_LOGPROB;
     float temperature = uintBitsToFloat(s_word[4]);
     uint token;
     if (temperature <= 0.0) {
@@ -358,13 +365,12 @@ void main() {
     } else {
         token = sample_top_k(pc.n_vocab, temperature);
     }
-    bool want_lp = pc.lp_offset != NO_LOGPROB;
-    if (want_lp) {
+    if (lse_on) {
         workgroup_lse();
     }
     if (tid == 0u) {
         outv[pc.out_offset + row] = token;
-        if (want_lp) {
+        if (lse_on) {
             // The CPU's order of operations: l - max, then - ln(sum).
             float lp = (logits[row_base + token] - s_lse_m) - log(s_lse_s);
             outv[pc.lp_offset + row] = floatBitsToUint(lp);

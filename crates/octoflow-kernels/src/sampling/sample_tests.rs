@@ -389,6 +389,15 @@ fn bad_shapes_are_clear_errors() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("n_vocab is 0"), "{err}");
+    // Log-probabilities past the end of `out` (4 words): rows 3..5 do not fit.
+    let err = sample
+        .record_rows(&mut chain, &w, 2, 2, &s, &w, 0, Some(3))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("out (small)") && err.contains("out_offset 3"),
+        "{err}"
+    );
 }
 
 #[test]
