@@ -9,7 +9,8 @@
 //! [`Sample::record_rows`] can also write each drawn token's log-probability at temperature 1
 //! ([`logprob_ref`]), the score the agent VM's `best` compares: the max and the sum of
 //! `exp(l - max)` are accumulated online in a pass the draw makes anyway, so asking for it adds
-//! one f32 write per row and no pass over the vocabulary.
+//! an `exp` per logit and one f32 write per row, no pass over the vocabulary; a dispatch that
+//! asks for none (the decode chains) skips the accumulation by a uniform branch.
 
 use octoflow_core::Draw;
 use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
