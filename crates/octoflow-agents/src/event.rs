@@ -18,7 +18,7 @@ pub enum Event {
         /// Why the span ended: `Eog`, `Stop` (a stop-set sequence), `Length`, `Context`.
         finish: Option<Finish>,
         /// Mean log-probability of the span's generated tokens at temperature 1 (`-inf` for an
-        /// empty span, NaN when the device sampled).
+        /// empty span; from the engine's sampler when it sampled on the device).
         score: f32,
     },
     /// A runtime error that ended `instance` (the others go on).

@@ -4,9 +4,8 @@
 //! events, whether the run is over) and resets the event ring.
 //!
 //! The host [`Run`] is kept as the mirror the state is unpacked into after each submit: its
-//! events, its instances' statuses and its deadlock report are the GPU's. Scores are NaN on the
-//! GPU (its sampler gives no log-probabilities), so runs whose programs use `best` stay on the
-//! host interpreter (refused here).
+//! events, its instances' statuses and its deadlock report are the GPU's. The sampler writes
+//! each token's log-probability beside it, so spans carry scores and `best` runs here too.
 
 use octoflow_kernels::agents::layout::{
     H_EV_HEAD, H_EV_LOST, H_EV_READ, H_LIVE, H_N, H_N_BOXES, H_N_QUEUES, H_STALLED, H_WORDS,
@@ -25,7 +24,6 @@ use octoflow_vk::{gate_words, Buffer, Chain, Context, MemoryKind};
 use crate::error::AgentError;
 use crate::event::Event;
 use crate::gpu_state::{pack, unpack, VmImage};
-use crate::isa::Op;
 use crate::program::Program;
 use crate::run::{Run, RunConfig};
 
@@ -102,11 +100,6 @@ impl<'m> GpuRun<'m> {
         steps: u32,
     ) -> Result<Self, AgentError> {
         let gpu = |e: octoflow_model::ModelError| AgentError::Gpu(e.to_string());
-        if program.uses(Op::Best) {
-            return Err(AgentError::Gpu(
-                "the program uses `best`, which needs scores the GPU sampler does not give; run it on the host".into(),
-            ));
-        }
         if steps == 0 {
             return Err(AgentError::Gpu(
                 "steps per submit must be at least 1".into(),
@@ -183,8 +176,9 @@ impl<'m> GpuRun<'m> {
                     .map_err(vk)?,
             );
         }
+        // The sampled tokens, then their log-probabilities (the sampler's second half).
         let tokens =
-            Buffer::new(&ctx, "vm_tokens", 4 * o.max(1), MemoryKind::DeviceLocal).map_err(vk)?;
+            Buffer::new(&ctx, "vm_tokens", 8 * o.max(1), MemoryKind::DeviceLocal).map_err(vk)?;
         let bounds = row_buckets(max_rows as u32);
         let skip = Buffer::new(
             &ctx,
@@ -259,6 +253,7 @@ impl<'m> GpuRun<'m> {
             mix: rows.mix.clone(),
             states: rows.states.clone(),
             tokens: self.tokens.whole(),
+            logprobs_at: shape.max_out,
         };
         let mut chain = if self.ctx.caps().timestamps {
             Chain::with_span_timing(&self.ctx)
@@ -359,6 +354,7 @@ impl<'m> GpuRun<'m> {
             mix: rt.mix,
             states: rt.states,
             tokens: self.tokens.whole(),
+            logprobs_at: shape.max_out,
         };
         let mut probe = Chain::new(&self.ctx).map_err(vk)?;
         self.forward(&mut probe, &device_rows, rows, shape)?;

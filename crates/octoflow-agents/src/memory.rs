@@ -23,8 +23,8 @@ pub struct Span {
     pub finish: Option<Finish>,
     /// `%stop`: 0 none, 1 an end-of-generation token, `2 + k` the stop set's sequence `k`.
     pub stop: u32,
-    /// Mean log-probability of the generated tokens at temperature 1 (`-inf` for no tokens,
-    /// NaN where the device sampled and no logits came back).
+    /// Mean log-probability of the generated tokens at temperature 1 (`-inf` for no tokens;
+    /// the engine's log-probabilities where it sampled on the device).
     pub score: f32,
 }
 

@@ -18,7 +18,8 @@ use crate::state::{Instance, Presample, Status};
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Draws {
     pub sampling: Sampling,
-    /// Ask the engine for [`RowOutput::Sample`] instead of logits (no scores then).
+    /// Ask the engine for [`RowOutput::Sample`] instead of logits: the token and its
+    /// log-probability come back, computed by the engine.
     pub on_device: bool,
 }
 
@@ -102,7 +103,7 @@ fn row(inst: &Instance, pos: u32, token: u32, output: RowOutput) -> BatchRow {
     }
 }
 
-/// The token a sampling row gives, and its log-probability (NaN when the device sampled).
+/// The token a sampling row gives, and its log-probability (the engine's when it sampled).
 fn draw_of(
     inst: &Instance,
     result: &RowResult,
@@ -117,7 +118,7 @@ fn draw_of(
                 .sample_cpu(logits);
             Ok((t, logprob(logits, t)))
         }
-        RowResult::Token(t) if draws.on_device => Ok((*t, f32::NAN)),
+        RowResult::Token { token, logprob } if draws.on_device => Ok((*token, *logprob)),
         other => Err(AgentError::EngineResult {
             row,
             asked: if draws.on_device {

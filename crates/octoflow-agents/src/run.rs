@@ -16,7 +16,6 @@ use octoflow_model::{BatchForward, RowResult};
 use crate::error::{AgentError, StartError};
 use crate::event::Event;
 use crate::interp::{interpret, Ctx, Env};
-use crate::isa::Op;
 use crate::memory::{Arena, Mailbox, Memory, Queue, Task};
 use crate::plan::{advance, plan, Draws, Owner, Plan};
 use crate::program::{Capacity, CapacityEnv, Program};
@@ -44,8 +43,9 @@ pub struct RunConfig {
     pub chunk: usize,
     /// Arena capacity in tokens (constants, tasks, pushed tasks and every `gen`'s span).
     pub arena_tokens: usize,
-    /// Ask the engine to sample on the device where it can ([`BatchForward::device_samples`])
-    /// and the program never reads scores (no `best`); spans then have NaN scores.
+    /// Ask the engine to sample on the device where it can ([`BatchForward::device_samples`]);
+    /// the engine's log-probabilities then score the spans (the GPU's sum rounds differently
+    /// from the host's, so a near-tie in `best` may go the other way: docs/VM.md, "Scores").
     pub device_sampling: bool,
 }
 
@@ -192,9 +192,9 @@ impl Run {
             top_p: config.top_p,
             min_p: config.min_p,
         };
-        let on_device = config.device_sampling
-            && !program.uses(Op::Best)
-            && engine.device_samples(&sampling.draw(config.seed, 0));
+        // The engine's sampled rows carry their log-probabilities, so `best` needs no logits.
+        let on_device =
+            config.device_sampling && engine.device_samples(&sampling.draw(config.seed, 0));
         Ok(Self {
             mem: Memory {
                 arena,
@@ -223,7 +223,7 @@ impl Run {
         !self.instances.iter().any(|i| i.status.is_live())
     }
 
-    /// Whether rows ask the engine to sample (so spans carry no scores).
+    /// Whether rows ask the engine to sample (scores then come from the engine too).
     pub fn samples_on_device(&self) -> bool {
         self.draws.on_device
     }
@@ -357,9 +357,9 @@ impl Run {
         })
     }
 
-    /// Every draw asks the engine to sample on the device from now on, whatever the program:
-    /// the GPU interpreter's mode (spans score NaN, so `best` keeps the lowest slot of its
-    /// range). The engine must sample on the device.
+    /// Every draw asks the engine to sample on the device from now on: the GPU interpreter's
+    /// mode (tokens and their log-probabilities, so the scores `best` compares, come from the
+    /// engine's sampler). The engine must sample on the device.
     pub fn set_device_sampling(&mut self, on: bool) {
         self.draws.on_device = on;
     }

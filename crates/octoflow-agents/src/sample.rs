@@ -26,14 +26,6 @@ impl Sampling {
     }
 }
 
-/// `log softmax(logits)[token]` at temperature 1, in f32 (max-subtracted, summed in index
-/// order — the order the GPU interpreter's reduction must reproduce only where scores decide,
-/// in `best`).
-pub fn logprob(logits: &[f32], token: u32) -> f32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
-    match logits.get(token as usize) {
-        Some(&l) => l - max - sum.ln(),
-        None => f32::NEG_INFINITY,
-    }
-}
+/// A token's score: `log softmax(logits)[token]` at temperature 1 (one function for the host,
+/// the CPU engine and the GPU sampler's reference).
+pub use octoflow_core::sampling::logprob;

@@ -280,18 +280,30 @@ fn sampling_on_the_device_gives_the_hosts_tokens() {
 }
 
 #[test]
-fn best_of_never_samples_on_the_device() {
+fn best_of_samples_on_the_device_with_the_hosts_scores() {
     let mut rng = rng("best_of_tiny");
     let model = tiny_model("llama", TINY, &mut rng);
     let tasks = random_tasks(&mut rng, 2);
-    let cfg = RunConfig {
-        instances: 2,
-        max_tokens: 4,
-        eog: vec![EOG],
-        device_sampling: true,
-        ..RunConfig::default()
-    };
-    let (out, on_device) = run_vm(&model, Pattern::BestOf, cfg, &tasks);
-    assert!(!on_device, "best reads scores: logits must come back");
-    assert_eq!(out.len(), 2);
+    for temperature in [0.0, 0.8] {
+        let cfg = RunConfig {
+            instances: 3,
+            max_tokens: 4,
+            temperature,
+            top_k: 40,
+            eog: vec![EOG],
+            ..RunConfig::default()
+        };
+        let (host, on_device) = run_vm(&model, Pattern::BestOf, cfg.clone(), &tasks);
+        assert!(!on_device);
+        let device_cfg = RunConfig {
+            device_sampling: true,
+            ..cfg
+        };
+        // CpuBatch's sampled rows carry octoflow-core's `logprob`, the host's own function:
+        // the same scores bit for bit, so `best` picks the same winners.
+        let (device, on_device) = run_vm(&model, Pattern::BestOf, device_cfg, &tasks);
+        assert!(on_device, "best reads scores the engine's sampler gives");
+        assert_eq!(host.len(), 2);
+        assert_eq!(host, device, "temperature {temperature}");
+    }
 }

@@ -110,6 +110,18 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// `log softmax(logits)[token]` at temperature 1, in f32: the max subtracted, the sum of
+/// `exp(l - max)` taken in index order (the agent VM's token score; the GPU sampler's
+/// `logprob_ref`). A token past the row scores `-inf`; a NaN logit makes every score NaN.
+pub fn logprob(logits: &[f32], token: u32) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
+    match logits.get(token as usize) {
+        Some(&l) => l - max - sum.ln(),
+        None => f32::NEG_INFINITY,
+    }
+}
+
 /// A sampler for one sequence: the parameters, the recent-token window for penalties, and the
 /// draw counter.
 #[derive(Debug, Clone)]

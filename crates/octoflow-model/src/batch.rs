@@ -63,8 +63,10 @@ pub struct BatchRow {
 pub enum RowResult {
     /// The row asked for nothing.
     None,
-    /// The sampled token.
-    Token(u32),
+    /// The token sampled on the device, with its log-probability at temperature 1
+    /// (`log softmax(logits)[token]`, octoflow-core `sampling::logprob`; the GPU sums in
+    /// another order, so engines agree on it to rounding, not bit for bit).
+    Token { token: u32, logprob: f32 },
     /// `[n_vocab]` logits.
     Logits(Vec<f32>),
 }

@@ -201,7 +201,10 @@ impl BatchForward for CpuBatch<'_> {
                     RowOutput::Sample(draw) => {
                         let t = draw.sample_cpu(row_logits);
                         sampled[*slot] = Some(t);
-                        RowResult::Token(t)
+                        RowResult::Token {
+                            token: t,
+                            logprob: octoflow_core::sampling::logprob(row_logits, t),
+                        }
                     }
                 };
             }

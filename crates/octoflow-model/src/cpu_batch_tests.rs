@@ -142,12 +142,12 @@ fn sampled_tokens_feed_the_next_step_as_greedy_decoding_alone() {
         .expect("decode submit");
         assert_eq!(b.pending(), 2);
         match b.collect().expect("collect").last() {
-            Some(RowResult::Token(t)) => got.push(*t),
+            Some(RowResult::Token { token, .. }) => got.push(*token),
             other => panic!("unexpected result {other:?}"),
         }
     }
     match b.collect().expect("collect").as_slice() {
-        [RowResult::Token(t)] => got.push(*t),
+        [RowResult::Token { token, .. }] => got.push(*token),
         other => panic!("unexpected results {other:?}"),
     }
     assert_eq!(got, want);

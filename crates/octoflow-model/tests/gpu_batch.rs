@@ -42,9 +42,10 @@ fn logits_of(r: &RowResult) -> &[f32] {
     }
 }
 
-fn token_of(r: &RowResult) -> u32 {
+/// A sampled row's token and its log-probability.
+fn token_of(r: &RowResult) -> (u32, f32) {
     match r {
-        RowResult::Token(t) => *t,
+        RowResult::Token { token, logprob } => (*token, *logprob),
         other => panic!("expected a token, got {other:?}"),
     }
 }
@@ -158,7 +159,7 @@ fn rows_of_several_sequences_match_each_sequence_alone() {
         let mut s = seq.clone();
         s.push(*next);
         let want3 = cpu_last(&model, &s);
-        let t = token_of(&r3[i]);
+        let (t, lp) = token_of(&r3[i]);
         // greedy on the GPU: the CPU's best, or a near-tie of it (within what the GPU's logits
         // may differ from the CPU's, twice: the history ran through up to 18-row steps)
         let best = want3.iter().fold(f32::MIN, |m, &v| m.max(v));
@@ -168,6 +169,13 @@ fn rows_of_several_sequences_match_each_sequence_alone() {
             best - want3[t as usize] <= tie,
             "slot {i}: sampled {t}, CPU logit {} vs best {best}",
             want3[t as usize]
+        );
+        // Its log-probability, `l - logsumexp(logits)`, moves by at most twice the logits'
+        // largest error (`tie` is already twice it), plus the sum's rounding.
+        let want_lp = octoflow_core::sampling::logprob(&want3, t);
+        assert!(
+            (lp - want_lp).abs() <= 2.0 * tie + 1e-4 * want_lp.abs().max(1.0),
+            "slot {i}: log-probability {lp} vs CPU {want_lp}"
         );
         s.push(t);
         assert_logits_close(

@@ -392,7 +392,7 @@ impl<'t> Loop<'_, 't> {
                 continue;
             };
             let (token, logprob) = match results.get(rm.row) {
-                Some(RowResult::Token(t)) => (*t, None),
+                Some(RowResult::Token { token, .. }) => (*token, None),
                 Some(RowResult::Logits(l)) => seq.sample_logits(l),
                 _ => {
                     seq.fail("the engine returned no token for a sampling row");

@@ -155,7 +155,10 @@ impl BatchForward for Fake {
                     if !self.device {
                         return bad(format!("row {i}: device sampling is off"));
                     }
-                    RowResult::Token(draw.sample_cpu(&self.logits(&self.slots[slot])))
+                    let logits = self.logits(&self.slots[slot]);
+                    let token = draw.sample_cpu(&logits);
+                    let logprob = octoflow_core::sampling::logprob(&logits, token);
+                    RowResult::Token { token, logprob }
                 }
             });
         }

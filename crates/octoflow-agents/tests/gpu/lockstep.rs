@@ -209,15 +209,16 @@ pub fn lockstep(
                 .step(&plan.rows)
                 .unwrap_or_else(|e| fail!("forward", e.to_string()));
             let mut tokens = vec![0u32; max_rows];
+            let mut logprobs = vec![f32::NAN; max_rows];
             for (o, &row) in tables.out_rows.iter().enumerate() {
                 if (o as u32) < tables.step[P_OUTS as usize] {
-                    tokens[o] = match results[row as usize] {
-                        RowResult::Token(t) => t,
+                    (tokens[o], logprobs[o]) = match results[row as usize] {
+                        RowResult::Token { token, logprob } => (token, logprob),
                         ref other => fail!("forward", format!("row {row}: {other:?}")),
                     };
                 }
             }
-            let raw = gpu.advance(&state, &tables.step, &tokens);
+            let raw = gpu.advance(&state, &tables.step, &tokens, &logprobs);
             run.advance_phase(&plan.owners, &results)
                 .unwrap_or_else(|e| fail!("advance", e.to_string()));
             let (img, events, _) = normalize(run, &raw).unwrap_or_else(|e| fail!("advance", e));

@@ -200,13 +200,26 @@ impl Gpu {
         }
     }
 
-    /// Runs the advance phase on `img` with a step record and the sampled tokens.
-    pub fn advance(&self, img: &VmImage, step: &[u32], tokens: &[u32]) -> VmImage {
+    /// Runs the advance phase on `img` with a step record and the sampled tokens and their
+    /// log-probabilities (laid out as the sampler writes them: tokens, then the f32 bits).
+    pub fn advance(
+        &self,
+        img: &VmImage,
+        step: &[u32],
+        tokens: &[u32],
+        logprobs: &[f32],
+    ) -> VmImage {
         let state = State::new(&self.ctx, img);
         let n = dims(img).instances;
         let step = buffer(&self.ctx, "step", step);
+        assert_eq!(tokens.len(), logprobs.len());
         let max_out = tokens.len() as u32;
-        let tokens = buffer(&self.ctx, "tokens", tokens);
+        let words: Vec<u32> = tokens
+            .iter()
+            .copied()
+            .chain(logprobs.iter().map(|l| l.to_bits()))
+            .collect();
+        let tokens = buffer(&self.ctx, "tokens", &words);
         let mut chain = Chain::new(&self.ctx).expect("chain");
         self.advance
             .record(

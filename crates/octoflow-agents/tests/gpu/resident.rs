@@ -54,7 +54,7 @@ impl<'g> Resident<'g> {
             state,
             tables,
             sizes,
-            tokens: buffer(&gpu.ctx, "tokens", &vec![0; o]),
+            tokens: buffer(&gpu.ctx, "tokens", &vec![0; 2 * o]),
             shape,
             template: run.clone(),
             img,
@@ -147,10 +147,12 @@ impl<'g> Resident<'g> {
             })
             .collect();
         let results = engine.step(&batch).expect("forward");
-        let mut tokens = vec![0u32; self.shape.max_out as usize];
+        // The sampler's layout: tokens, then their log-probabilities' bits.
+        let max_out = self.shape.max_out as usize;
+        let mut tokens = vec![0u32; 2 * max_out];
         for (o, &r) in t[2][..n_out].iter().enumerate() {
-            tokens[o] = match results[r as usize] {
-                RowResult::Token(token) => token,
+            (tokens[o], tokens[max_out + o]) = match results[r as usize] {
+                RowResult::Token { token, logprob } => (token, logprob.to_bits()),
                 ref other => panic!("row {r}: {other:?}"),
             };
         }

@@ -48,8 +48,9 @@ bool vm_accept(uint token, float logprob) {
         inst[B + I_PENDING] = token;
         inc64(I_DRAWS_LO);
         inc64(I_GENERATED_LO);
-        // Scores are NaN on the GPU (no log-probabilities come back from the device sampler):
-        // the sum only carries them; f32 division need not round as the host's otherwise.
+        // The host's f32 sum and mean (`precise`: no reassociation or fused operations). Vulkan
+        // lets division be off by 2.5 ulp where the host's is exact, so a score may differ from
+        // the host's in its last bits (docs/VM.md, "Scores").
         precise float sum = uintBitsToFloat(inst[B + I_GEN_LOGPROB_SUM]) + logprob;
         inst[B + I_GEN_LOGPROB_SUM] = floatBitsToUint(sum);
         precise float score = sum / float(gen);

@@ -5,8 +5,9 @@
 // end-of-generation, limit, context); a feeding instance moves on by its rows and keeps the
 // token of a feed's last row as the presample.
 //
-// The device sampler gives no log-probabilities: every token's comes as NaN, so spans score
-// NaN (as on the host when it samples on the device; an empty span still scores -inf).
+// Each token comes with its log-probability from the sampler (sample.comp), which vm_accept adds
+// to the span's sum exactly as the host adds the engine's: a span's score is that sum over its
+// length, what `best` compares.
 #extension GL_GOOGLE_include_directive : require
 
 #include "layout.glsl"
@@ -23,7 +24,7 @@ layout(std430, binding = 2) buffer Arena { uint arena[]; };
 layout(std430, binding = 3) readonly buffer Tables { uint tables[]; };
 // The step record vm_plan wrote.
 layout(std430, binding = 4) readonly buffer Step { uint step[]; };
-// [max_out]: the token sampled for each output row.
+// [2, max_out]: the token sampled for each output row, then the f32 bits of its log-probability.
 layout(std430, binding = 5) readonly buffer Tokens { uint tokens[]; };
 
 layout(push_constant) uniform Push {
@@ -41,14 +42,16 @@ void main() {
         uint count = step[p + PI_COUNT];
         uint oi = step[p + PI_OUT];
         uint token = oi < pc.max_out ? tokens[oi] : 0u;
-        float nan = uintBitsToFloat(0x7fc00000u);
+        // NaN where there is no output row (a feed's inner rows never read it).
+        float logprob = oi < pc.max_out ? uintBitsToFloat(tokens[pc.max_out + oi])
+                                        : uintBitsToFloat(0x7fc00000u);
         uint status = inst[B + I_STATUS];
         if (status == ST_GEN) {
             // The row fed the pending token at `pos`.
             inst[B + I_POS] += 1u;
             inst[B + I_HAS_PENDING] = 0u;
             inst[B + I_PENDING] = 0u;
-            if (vm_accept(token, nan)) {
+            if (vm_accept(token, logprob)) {
                 inst[B + I_STATUS] = ST_RUN;
             }
         } else if (status == ST_FEED) {
@@ -57,7 +60,7 @@ void main() {
             if (oi != NONE) {
                 inst[B + I_HAS_PRESAMPLE] = 1u;
                 inst[B + I_PRE_TOKEN] = token;
-                inst[B + I_PRE_LOGPROB] = floatBitsToUint(nan);
+                inst[B + I_PRE_LOGPROB] = floatBitsToUint(logprob);
                 inst[B + I_STATUS] = ST_RUN;
             }
         }

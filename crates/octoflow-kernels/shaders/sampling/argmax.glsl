@@ -5,6 +5,8 @@
 // The result is the CPU `argmax`: the first index of the largest value, comparing with `>` (so
 // NaN is never chosen and -0.0 ties with +0.0), and 0 when no value beats -inf (empty, all NaN
 // or all -inf). Every invocation must call it (it has barriers); every invocation gets the result.
+// With ARGMAX_LSE defined, the includer's `void lse_add(float)` also sees every logit of the
+// row (and -inf padding), so a log-sum-exp rides on the same pass over the vocabulary.
 
 uint row_base = 0u; // first logit of this workgroup's row
 
@@ -31,6 +33,9 @@ uint workgroup_argmax(uint n) {
             v[j] = i < n ? logits[row_base + i] : uintBitsToFloat(0xFF800000u);
         }
         for (uint j = 0u; j < 4u; ++j) {
+#ifdef ARGMAX_LSE
+            lse_add(v[j]);
+#endif
             if (v[j] > bv) {
                 bv = v[j];
                 bi = base + j * L + tid;

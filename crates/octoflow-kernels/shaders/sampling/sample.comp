@@ -7,6 +7,10 @@
 //   ties by token id ascending, NaN logits never candidates (all NaN: token 0).
 // Then out[out_offset] = token and the state's step advances by one (always, as the CPU's).
 // Rows: workgroup r draws from logits row r with state r (8 words each) into out[out_offset + r].
+// Unless lp_offset is NO_LOGPROB, out[lp_offset + r] also gets the f32 bits of the token's
+// log-probability at temperature 1, log softmax(logits)[token] (octoflow-core `logprob`): the
+// running max and sum of exp(l - max) ride on a pass the draw makes anyway (the argmax scan, or
+// the first radix pass), so the vocabulary is still read as often as without it.
 //
 // One workgroup. Top-k without sorting the vocabulary: a 4-pass radix select (8 bits a pass) on
 // the logits' order-preserving keys finds the key T of the k-th largest candidate; if more logits
@@ -27,9 +31,69 @@ layout(std430, binding = 0) readonly buffer Logits { float logits[]; };
 layout(std430, binding = 1) buffer State { uint state[]; };
 layout(std430, binding = 2) writeonly buffer Out { uint outv[]; };
 
-layout(push_constant) uniform Push { uint n_vocab; uint out_offset; } pc;
+layout(push_constant) uniform Push { uint n_vocab; uint out_offset; uint lp_offset; } pc;
 
+// lp_offset meaning "write no log-probabilities" (the Rust side's None).
+#define NO_LOGPROB 0xFFFFFFFFu
+#define NEG_INF uintBitsToFloat(0xFF800000u)
+
+// This invocation's share of the row's log-sum-exp, online: the largest logit seen and the sum
+// of exp(l - lse_m) over those seen (rescaled when the max grows, so no second pass).
+float lse_m = NEG_INF;
+float lse_s = 0.0;
+
+// Whether this dispatch writes log-probabilities (main sets it from the push constant): a
+// uniform branch, so callers that want none (the decode chains) pay no exp per logit.
+bool lse_on = false;
+
+// -inf adds nothing (and would make exp(-inf - -inf) NaN); NaN poisons the sum, as on the CPU.
+void lse_add(float v) {
+    if (!lse_on) {
+        // nothing to accumulate
+    } else if (v > lse_m) {
+        lse_s = lse_s * exp(lse_m - v) + 1.0;
+        lse_m = v;
+    } else if (v != NEG_INF) {
+        lse_s += exp(v - lse_m);
+    }
+}
+
+#define ARGMAX_LSE
 #include "argmax.glsl"
+
+shared float lse_mv[gl_WorkGroupSize.x];
+shared float lse_sv[gl_WorkGroupSize.x];
+shared float s_lse_m, s_lse_s;
+
+// A partial sum `s` over max `m`, rescaled to max `to` (an empty part stays 0, not NaN).
+float lse_rescale(float s, float m, float to) {
+    return s == 0.0 ? 0.0 : s * exp(m - to);
+}
+
+// Merges every invocation's (lse_m, lse_s) into s_lse_m, s_lse_s. Every invocation calls it.
+void workgroup_lse() {
+    uint tid = gl_LocalInvocationID.x;
+    float m = subgroupMax(lse_m);
+    float s = subgroupAdd(lse_rescale(lse_s, lse_m, m));
+    if (subgroupElect()) {
+        lse_mv[gl_SubgroupID] = m;
+        lse_sv[gl_SubgroupID] = s;
+    }
+    barrier();
+    if (tid == 0u) {
+        float mm = NEG_INF;
+        for (uint g = 0u; g < gl_NumSubgroups; ++g) {
+            mm = max(mm, lse_mv[g]);
+        }
+        float ss = 0.0;
+        for (uint g = 0u; g < gl_NumSubgroups; ++g) {
+            ss += lse_rescale(lse_sv[g], lse_mv[g], mm);
+        }
+        s_lse_m = mm;
+        s_lse_s = ss;
+    }
+    barrier();
+}
 
 shared uint s_word[8];
 shared uint hist[256];
@@ -79,8 +143,9 @@ float key_value(uint k) {
 
 // One radix pass: histogram of the 8-bit digit at `shift` over the logits whose key matches
 // s_prefix under s_mask (by_id false), or over the token ids of the logits whose key is `t` and
-// whose id matches s_prefix under s_mask (by_id true). Ends with hist complete (barrier).
-void radix_histogram(uint n, uint shift, bool by_id, uint t) {
+// whose id matches s_prefix under s_mask (by_id true). With `lse`, every logit of the row also
+// goes to lse_add. Ends with hist complete (barrier).
+void radix_histogram(uint n, uint shift, bool by_id, uint t, bool lse) {
     const uint L = gl_WorkGroupSize.x;
     uint tid = gl_LocalInvocationID.x;
     hist[tid] = 0u;
@@ -94,10 +159,13 @@ void radix_histogram(uint n, uint shift, bool by_id, uint t) {
             v[j] = i < n ? logits[row_base + i] : uintBitsToFloat(0x7FC00000u);
         }
         for (uint j = 0u; j < 4u; ++j) {
+            uint i = base + j * L + tid;
+            if (lse && i < n) {
+                lse_add(v[j]);
+            }
             if (isnan(v[j])) {
                 continue;
             }
-            uint i = base + j * L + tid;
             uint k = order_key(v[j]);
             if (by_id) {
                 if (k == t && (i & mask) == prefix) {
@@ -143,7 +211,7 @@ uint sample_top_k(uint n, float temperature) {
     }
     for (uint pass = 0u; pass < 4u; ++pass) {
         uint shift = 24u - 8u * pass;
-        radix_histogram(n, shift, false, 0u);
+        radix_histogram(n, shift, false, 0u, pass == 0u);
         if (tid == 0u) {
             if (pass == 0u) {
                 uint total = 0u;
@@ -178,7 +246,7 @@ uint sample_top_k(uint n, float temperature) {
             if (shift > 0u && ((n - 1u) >> shift) == 0u) {
                 continue; // every id has a zero digit here
             }
-            radix_histogram(n, shift, true, t);
+            radix_histogram(n, shift, true, t, false);
             if (tid == 0u) {
                 radix_choose(shift, true);
             }
@@ -289,6 +357,7 @@ void main() {
         s_word[tid] = state[sb + tid];
     }
     barrier();
+    lse_on = pc.lp_offset != NO_LOGPROB;
     float temperature = uintBitsToFloat(s_word[4]);
     uint token;
     if (temperature <= 0.0) {
@@ -296,8 +365,16 @@ void main() {
     } else {
         token = sample_top_k(pc.n_vocab, temperature);
     }
+    if (lse_on) {
+        workgroup_lse();
+    }
     if (tid == 0u) {
         outv[pc.out_offset + row] = token;
+        if (lse_on) {
+            // The CPU's order of operations: l - max, then - ln(sum).
+            float lp = (logits[row_base + token] - s_lse_m) - log(s_lse_s);
+            outv[pc.lp_offset + row] = floatBitsToUint(lp);
+        }
         uint carry;
         state[sb + 2u] = uaddCarry(s_word[2], 1u, carry);
         state[sb + 3u] = s_word[3] + carry;

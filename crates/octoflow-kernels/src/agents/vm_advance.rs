@@ -1,5 +1,6 @@
 //! Phase 3 of a VM step (shader `vm_advance.comp`; the reference is
-//! `octoflow_agents::plan::advance`): each instance takes its rows' sampled tokens.
+//! `octoflow_agents::plan::advance`): each instance takes its rows' sampled tokens and their
+//! log-probabilities, the scores `best` compares.
 
 use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
 
@@ -27,9 +28,9 @@ impl VmAdvance {
     }
 
     /// Records the phase over `instances` instances of `state` (reads `hdr`, `tables`; writes
-    /// `inst`, `arena`) with the step record `step` of `vm_plan` and `tokens` (`[max_out]`
-    /// u32, the token sampled for each output row). Scores come out NaN: the device sampler
-    /// gives no log-probabilities.
+    /// `inst`, `arena`) with the step record `step` of `vm_plan` and `tokens` (`[2, max_out]`
+    /// u32: the token sampled for each output row, then the f32 bits of its log-probability —
+    /// what `Sample::record_rows` writes with `logprobs_at = max_out`).
     pub fn record(
         &self,
         chain: &mut Chain,
@@ -42,7 +43,7 @@ impl VmAdvance {
         const OP: &str = "vm_advance";
         check_state(OP, state, instances)?;
         need(OP, "step", step, u128::from(step_words(instances)))?;
-        need(OP, "tokens", tokens, u128::from(max_out))?;
+        need(OP, "tokens", tokens, 2 * u128::from(max_out))?;
         let bindings = [
             state.hdr.clone(),
             state.inst.clone(),

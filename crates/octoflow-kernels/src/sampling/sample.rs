@@ -5,6 +5,12 @@
 //!
 //! All state lives in a device buffer ([`SamplerState`]) so a decode chain can run several steps
 //! per submit: the draw counter advances on the GPU.
+//!
+//! [`Sample::record_rows`] can also write each drawn token's log-probability at temperature 1
+//! ([`logprob_ref`]), the score the agent VM's `best` compares: the max and the sum of
+//! `exp(l - max)` are accumulated online in a pass the draw makes anyway, so asking for it adds
+//! an `exp` per logit and one f32 write per row, no pass over the vocabulary; a dispatch that
+//! asks for none (the decode chains) skips the accumulation by a uniform branch.
 
 use octoflow_core::Draw;
 use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
@@ -103,6 +109,9 @@ impl SamplerState {
 /// Bytes of a [`SamplerState`] in a buffer.
 const STATE_BYTES: u64 = 32;
 
+/// The push constant's "no log-probabilities" (`NO_LOGPROB` in `sample.comp`).
+const NO_LOGPROB: u32 = u32::MAX;
+
 /// The sampling kernel, built once per device. One workgroup per draw.
 pub struct Sample {
     pipeline: Pipeline,
@@ -112,7 +121,7 @@ impl Sample {
     /// Builds the pipeline.
     pub fn new(ctx: &Context) -> Result<Self> {
         Ok(Sample {
-            pipeline: Pipeline::new(ctx, &PipelineDesc::new(shaders::SAMPLE, 3, 8))?,
+            pipeline: Pipeline::new(ctx, &PipelineDesc::new(shaders::SAMPLE, 3, 12))?,
         })
     }
 
@@ -135,12 +144,14 @@ impl Sample {
         out: &BufferSlice,
         out_offset: u32,
     ) -> Result<()> {
-        self.record_rows(chain, logits, n_vocab, 1, state, out, out_offset)
+        self.record_rows(chain, logits, n_vocab, 1, state, out, out_offset, None)
     }
 
     /// [`Sample::record`] for `n_rows` rows at once: row `r` of `logits` (`[n_rows, n_vocab]`)
     /// is drawn with state `r` (`state` holds `n_rows` [`SamplerState`]s, each advanced) into
-    /// `out[out_offset + r]`. One workgroup per row.
+    /// `out[out_offset + r]`. One workgroup per row. With `logprobs_at = Some(at)`,
+    /// `out[at + r]` also gets the f32 bits of `logprob_ref(row r, token)` (the same buffer, so
+    /// the callers that read tokens back read both in one transfer).
     #[allow(clippy::too_many_arguments)]
     pub fn record_rows(
         &self,
@@ -151,9 +162,20 @@ impl Sample {
         state: &BufferSlice,
         out: &BufferSlice,
         out_offset: u32,
+        logprobs_at: Option<u32>,
     ) -> Result<()> {
         check_rows("sample", logits, n_vocab, n_rows)?;
         check_out("sample", out, out_offset, n_rows)?;
+        if let Some(at) = logprobs_at {
+            if at == NO_LOGPROB {
+                let detail = format!("log-probabilities at word {at}, the reserved 'none'");
+                return Err(KernelError::Shape {
+                    op: "sample",
+                    detail,
+                });
+            }
+            check_out("sample", out, at, n_rows)?;
+        }
         if state.size < STATE_BYTES * u64::from(n_rows) {
             let detail = format!(
                 "state ({}) holds {} bytes, {n_rows} SamplerStates need {}",
@@ -169,7 +191,10 @@ impl Sample {
         chain.dispatch(
             &self.pipeline,
             &[logits.clone(), state.clone(), out.clone()],
-            &Push::new().u32(n_vocab).u32(out_offset),
+            &Push::new()
+                .u32(n_vocab)
+                .u32(out_offset)
+                .u32(logprobs_at.unwrap_or(NO_LOGPROB)),
             [n_rows, 1, 1],
         )?;
         Ok(())
@@ -180,6 +205,14 @@ impl Sample {
 /// the SplitMix64 finalizer over `(seed, step)`, top 24 bits as a number in [0, 1).
 pub fn uniform_ref(seed: u64, step: u64) -> f32 {
     octoflow_core::sampling::uniform(seed, step)
+}
+
+/// CPU reference of the log-probability [`Sample::record_rows`] writes: octoflow-core's
+/// `logprob`, `log softmax(logits)[token]` at temperature 1 whatever the draw's parameters
+/// (the GPU sums `exp(l - max)` in another order, so the two agree to a relative bound, not
+/// bit for bit).
+pub fn logprob_ref(logits: &[f32], token: u32) -> f32 {
+    octoflow_core::sampling::logprob(logits, token)
 }
 
 /// Softmax terms `exp(v - v[0])` of values sorted descending, and their sequential sum.

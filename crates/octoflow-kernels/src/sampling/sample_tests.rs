@@ -266,6 +266,7 @@ fn gpu_sample_of_many_rows_in_one_dispatch() {
             &sb.whole(),
             &out.whole(),
             1,
+            None,
         )
         .unwrap();
     chain.run().unwrap();
@@ -388,6 +389,15 @@ fn bad_shapes_are_clear_errors() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("n_vocab is 0"), "{err}");
+    // Log-probabilities past the end of `out` (4 words): rows 3..5 do not fit.
+    let err = sample
+        .record_rows(&mut chain, &w, 2, 2, &s, &w, 0, Some(3))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("out (small)") && err.contains("out_offset 3"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -448,4 +458,115 @@ fn gpu_sample_edge_rows() {
         ctx.download(&out, 0, &mut got).unwrap();
         assert_eq!(got[0], want, "n = {n}, {s:?}, seed {seed}");
     }
+}
+
+/// Finite logits with exact ties and a few -inf (which add nothing to the sum): never all -inf.
+fn logprob_logits(rng: &mut impl Rng, n: usize) -> Vec<f32> {
+    let spread = [0.5f32, 3.0, 10.0, 30.0][rng.gen_range(0..4)];
+    let mut v: Vec<f32> = (0..n)
+        .map(|_| match rng.gen_range(0..100) {
+            0 => f32::NEG_INFINITY,
+            1..=30 => rng.gen_range(0..6) as f32 * spread / 4.0,
+            _ => rng.gen_range(-spread..spread),
+        })
+        .collect();
+    v[rng.gen_range(0..n)] = rng.gen_range(-spread..spread);
+    v
+}
+
+/// Each row's log-probability comes out beside its token, at temperature 0 (argmax's pass) and
+/// above (the radix select's first pass), against `logprob_ref` of the token the GPU drew.
+/// Bound: `check_close` at 1e-4. `l - max` is exact on both sides; `ln(sum)` carries the
+/// relative error of the sum of `exp(l - max)` (in [1, n]), which the CPU takes sequentially
+/// and the GPU online per invocation then by subgroups: a few ulps of `exp` each plus the
+/// summation's rounding, ~√n·2⁻²⁴ in practice (≤ 2e-5 at n = 50,000) — far under 1e-4 of a
+/// log-probability, or of 1% of the row group's largest (a near-zero one's floor). The outputs
+/// start as NaN, so a row the kernel skips never passes.
+#[test]
+fn gpu_logprobs_match_the_cpu_reference() {
+    let Some(ctx) = gpu_or_skip("gpu_logprobs_match_the_cpu_reference") else {
+        return;
+    };
+    let (seed, mut rng) = crate::testkit::seeded("gpu_logprobs_match_the_cpu_reference");
+    let sample = Sample::new(&ctx).unwrap();
+    for (n, n_rows) in [(1usize, 3usize), (7, 8), (1000, 8), (5000, 6), (49152, 4)] {
+        for greedy in [true, false] {
+            let logits: Vec<Vec<f32>> = (0..n_rows).map(|_| logprob_logits(&mut rng, n)).collect();
+            let states: Vec<SamplerState> = (0..n_rows)
+                .map(|_| {
+                    let mut s = random_state(&mut rng);
+                    s.temperature = if greedy {
+                        0.0
+                    } else {
+                        [0.1f32, 0.8, 1.0, 2.0][rng.gen_range(0..4)]
+                    };
+                    s
+                })
+                .collect();
+            let flat: Vec<f32> = logits.concat();
+            let words: Vec<u32> = states.iter().flat_map(|s| s.to_words()).collect();
+            let lb = crate::testkit::with(&ctx, "logits", &flat);
+            let sb = crate::testkit::with(&ctx, "states", &words);
+            // [1 guard word | n_rows tokens | n_rows log-probs]: NaN everywhere to start.
+            let out = crate::testkit::poisoned(&ctx, "out", 1 + 2 * n_rows);
+            let mut chain = Chain::new(&ctx).unwrap();
+            sample
+                .record_rows(
+                    &mut chain,
+                    &lb.whole(),
+                    n as u32,
+                    n_rows as u32,
+                    &sb.whole(),
+                    &out.whole(),
+                    1,
+                    Some(1 + n_rows as u32),
+                )
+                .unwrap();
+            chain.run().unwrap();
+            let mut got = vec![0u32; 1 + 2 * n_rows];
+            ctx.download(&out, 0, &mut got).unwrap();
+            assert_eq!(got[0], f32::NAN.to_bits(), "the guard word is untouched");
+            let tokens = &got[1..=n_rows];
+            let lps: Vec<f32> = got[1 + n_rows..]
+                .iter()
+                .map(|&w| f32::from_bits(w))
+                .collect();
+            let mut want = Vec::with_capacity(n_rows);
+            for (r, (row, s)) in logits.iter().zip(&states).enumerate() {
+                let t = sample_ref(row, s);
+                if tokens[r] != t {
+                    let d = boundary_distance(row, s);
+                    assert!(
+                        !greedy && d < BOUNDARY,
+                        "row {r}, {s:?}, seed {seed}: GPU token {} vs CPU {t}",
+                        tokens[r]
+                    );
+                }
+                want.push(logprob_ref(row, tokens[r]));
+            }
+            crate::check_close(&lps, &want, 1e-4)
+                .unwrap_or_else(|e| panic!("n = {n}, greedy {greedy}, seed {seed}: {e}"));
+        }
+    }
+    assert_no_validation_errors(&ctx);
+}
+
+#[test]
+fn logprob_ref_is_log_softmax_at_temperature_one() {
+    let l = [1.0f32, 2.0, 3.0, f32::NEG_INFINITY];
+    let z: f32 = l.iter().map(|v| v.exp()).sum();
+    for t in 0..3 {
+        let want = l[t] - z.ln();
+        assert!((logprob_ref(&l, t as u32) - want).abs() < 1e-6);
+    }
+    assert_eq!(logprob_ref(&l, 3), f32::NEG_INFINITY);
+    assert_eq!(
+        logprob_ref(&l, 4),
+        f32::NEG_INFINITY,
+        "a token past the row"
+    );
+    assert!(
+        logprob_ref(&[0.0, f32::NAN], 0).is_nan(),
+        "NaN poisons the sum"
+    );
 }

@@ -53,7 +53,8 @@ struct IoSet {
     mix: Buffer,
     /// `[max_out]` sampler states.
     states: Buffer,
-    /// `[max_out]` u32: tokens sampled per output row.
+    /// `[2, max_out]` u32: tokens sampled per output row, then their log-probabilities' f32
+    /// bits (one buffer, so one read brings both back).
     tokens: Buffer,
     /// `[max_out, n_vocab]` f32 logits for the host, allocated on first need.
     logits: Option<Buffer>,
@@ -71,8 +72,12 @@ pub struct DeviceRows {
     pub mix: BufferSlice,
     /// `[n_out]` sampler states ([`SamplerState`], 8 words each).
     pub states: BufferSlice,
-    /// `[n_out]` u32: the sampled tokens.
+    /// u32: the sampled tokens at `0..n_out`, and the f32 bits of their log-probabilities at
+    /// `logprobs_at..logprobs_at + n_out` (the sampler writes both; `logprobs_at >= n_out`).
     pub tokens: BufferSlice,
+    /// Where the log-probabilities start in `tokens`: the buffer's fixed half, whatever a
+    /// step's `n_out` (the readers index it by output row).
+    pub logprobs_at: u32,
 }
 
 /// Chain cache key: (row bucket, output-row bucket, logits copied to the host, io set).
@@ -150,7 +155,11 @@ impl GpuModel {
                     max_out * SAMPLER_WORDS as u32,
                     MemoryKind::Upload,
                 )?,
-                tokens: host(&format!("batch_tokens.{i}"), max_out, MemoryKind::Readback)?,
+                tokens: host(
+                    &format!("batch_tokens.{i}"),
+                    2 * max_out,
+                    MemoryKind::Readback,
+                )?,
                 logits: None,
             })
         };
@@ -293,6 +302,7 @@ impl GpuBatch<'_> {
             mix: io.mix.whole(),
             states: io.states.whole(),
             tokens: io.tokens.whole(),
+            logprobs_at: self.max_out,
         };
         let logits_rows = self.record_rows(&mut chain, &rows, n, n_out)?;
         if let (true, Some(rows)) = (logits, logits_rows) {
@@ -355,6 +365,7 @@ impl GpuBatch<'_> {
             &rows.states,
             &rows.tokens,
             0,
+            Some(rows.logprobs_at),
         )?;
         Ok(Some(logits))
     }
@@ -593,15 +604,20 @@ impl BatchForward for GpuBatch<'_> {
         }
         let io = &self.sets[p.key.3];
         let mut tokens = vec![0u32; p.n_out as usize];
+        let mut logprobs = vec![0f32; p.n_out as usize];
         if p.n_out > 0 {
             io.tokens.read(0, &mut tokens)?;
+            io.tokens.read(4 * u64::from(self.max_out), &mut logprobs)?;
         }
         let n_vocab = self.model.config.n_vocab;
         let mut out = Vec::with_capacity(p.outputs.len());
         for o in &p.outputs {
             out.push(match *o {
                 None => RowResult::None,
-                Some((i, false)) => RowResult::Token(tokens[i as usize]),
+                Some((i, false)) => RowResult::Token {
+                    token: tokens[i as usize],
+                    logprob: logprobs[i as usize],
+                },
                 Some((i, true)) => {
                     let buf = io.logits.as_ref().ok_or_else(|| {
                         ModelError::Gpu("the host logits buffer was not allocated".into())

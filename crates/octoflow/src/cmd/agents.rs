@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use octoflow_agents::{assemble, Event, GpuRun, Op, Pattern, Program, Run, RunConfig};
+use octoflow_agents::{assemble, Event, GpuRun, Pattern, Program, Run, RunConfig};
 use octoflow_core::Finish;
 use octoflow_model::{BatchForward, CpuBatch};
 use octoflow_text::{ChatTemplate, Message, Tokenizer};
@@ -71,7 +71,7 @@ pub struct Args {
     chat_template: Option<PathBuf>,
     /// Steps per GPU submit: the programs run on the GPU, K whole steps (interpret, plan, the
     /// batched forward, advance) per submit; 0 interprets them on the host between steps (as
-    /// `--device cpu` and programs using `best` always do). Default: 16 on a GPU, 0 on a CPU
+    /// `--device cpu` always does). Default: 16 on a GPU, 0 on a CPU
     /// Vulkan driver (lavapipe), where running every step at `--max-rows` rows costs more than
     /// the host's turns between steps.
     #[arg(long)]
@@ -156,7 +156,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let mut engine = CpuBatch::new(&model, args.instances, n_ctx, max_rows);
             drive(&mut engine, program, config, prompts, &mut sink)?
         }
-        Loaded::Gpu(g) if steps_on(g, args.steps) > 0 && !program.uses(Op::Best) => {
+        Loaded::Gpu(g) if steps_on(g, args.steps) > 0 => {
             let steps = steps_on(g, args.steps);
             let built = g.context().pipelines_built();
             let t = Instant::now();
@@ -172,11 +172,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             drive_gpu(gpu, &mut sink)?
         }
         Loaded::Gpu(g) => {
-            if steps_on(g, args.steps) > 0 {
-                eprintln!(
-                    "octoflow agents: the program uses `best` (scores): interpreted on the host"
-                );
-            }
             let mut engine = g
                 .batch(args.instances, n_ctx, max_rows)
                 .context("allocating the instances' KV caches and buffers on the GPU")?;

@@ -66,8 +66,8 @@ fn prefill(
     }
     for (i, r) in results {
         for (row, out) in chunks[i].iter().zip(r) {
-            if let RowResult::Token(t) = out {
-                first[row.slot as usize] = t;
+            if let RowResult::Token { token, .. } = out {
+                first[row.slot as usize] = token;
             }
         }
     }
