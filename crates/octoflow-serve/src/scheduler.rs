@@ -268,10 +268,12 @@ impl<'t> Loop<'_, 't> {
                 Work::Agents(job) => {
                     let slots = free[..job.config.instances].to_vec();
                     let chunk = self.opts.prefill_chunk;
-                    match ActiveRun::start(self.next_id, job, slots, &*self.engine, chunk) {
-                        Ok(run) => self.runs.push(run),
-                        // Refused through the run's channel; the handler counts the failure.
-                        Err(_) => {}
+                    // A run that cannot start was refused through its channel; the handler
+                    // answers it and counts the failure.
+                    if let Ok(run) =
+                        ActiveRun::start(self.next_id, job, slots, &*self.engine, chunk)
+                    {
+                        self.runs.push(run);
                     }
                     self.next_id += 1;
                     continue;
