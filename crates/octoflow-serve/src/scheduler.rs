@@ -311,14 +311,9 @@ impl<'t> Loop<'_, 't> {
         let mut meta: Vec<RowMeta> = Vec::new();
         self.rotate = (self.rotate + 1) % self.slots.len();
         let ready = self.runs.iter().any(|r| !r.in_flight);
-        let decode_cap = if ready && max_rows > 1 {
-            max_rows - 1
-        } else {
-            max_rows
-        };
-        self.decode_rows(&mut rows, &mut meta, decode_cap);
-        let half = rows.len() + (max_rows - rows.len().min(max_rows)).div_ceil(2);
-        self.prefill_rows(&mut rows, &mut meta, if ready { half } else { max_rows });
+        self.decode_rows(&mut rows, &mut meta, decode_cap(max_rows, ready));
+        let cap = prefill_first_cap(max_rows, rows.len(), ready);
+        self.prefill_rows(&mut rows, &mut meta, cap);
         let (agents, progressed) = self.agent_rows(&mut rows, max_rows);
         self.prefill_rows(&mut rows, &mut meta, max_rows);
         if rows.is_empty() {
@@ -549,4 +544,59 @@ fn count_generated(metrics: &Metrics, tokens: u64) {
     metrics
         .generation_tokens
         .fetch_add(tokens, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Most rows the sequences' decode rows may fill: all of them, but one when an agent run is
+/// ready to plan (so decode rows alone never hold a run off).
+fn decode_cap(max_rows: usize, agents_ready: bool) -> usize {
+    if agents_ready && max_rows > 1 {
+        max_rows - 1
+    } else {
+        max_rows
+    }
+}
+
+/// Rows the step may hold after the sequences' first prompt chunks, when the step already
+/// holds `rows`: with an agent run ready, the chunks take at most half of what is left (the
+/// smaller half, so the row decode rows left is the runs'), and the runs plan next; else
+/// everything.
+fn prefill_first_cap(max_rows: usize, rows: usize, agents_ready: bool) -> usize {
+    if agents_ready {
+        rows + max_rows.saturating_sub(rows) / 2
+    } else {
+        max_rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_agent_runs_the_sequences_have_every_row() {
+        assert_eq!(decode_cap(8, false), 8);
+        assert_eq!(prefill_first_cap(8, 3, false), 8);
+    }
+
+    #[test]
+    fn a_ready_agent_run_always_keeps_room() {
+        // Decode rows leave at least one row; prompt chunks at most half of the rest.
+        assert_eq!(decode_cap(8, true), 7);
+        assert_eq!(prefill_first_cap(8, 7, true), 7);
+        assert_eq!(prefill_first_cap(8, 2, true), 5);
+        assert_eq!(prefill_first_cap(8, 1, true), 4);
+        assert_eq!(prefill_first_cap(512, 0, true), 256);
+        for max_rows in 2..40 {
+            for decode in 0..=decode_cap(max_rows, true) {
+                let cap = prefill_first_cap(max_rows, decode, true);
+                assert!(cap < max_rows, "{max_rows} rows, {decode} decode rows");
+            }
+        }
+    }
+
+    #[test]
+    fn a_one_row_step_goes_to_whoever_comes_first() {
+        assert_eq!(decode_cap(1, true), 1);
+        assert_eq!(prefill_first_cap(1, 0, true), 0);
+    }
 }
