@@ -335,3 +335,47 @@ async fn a_client_that_disconnects_cancels_its_run_and_frees_the_instances() {
     assert_eq!(outputs(&events).len(), 1, "{events:?}");
     s.stop().await.expect("clean stop");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_gpu_engine_a_run_and_completions_sharing_steps_get_what_each_gets_alone() {
+    if octoflow_vk::testing::gpu_or_skip("serve_agents_gpu").is_none() {
+        return;
+    }
+    let Some(s) = start(Shape {
+        instances: 4,
+        max_rows: 64,
+        gpu: true,
+        ..Shape::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let run = json!({
+        "pattern": "queue",
+        "tasks": [{"id": "a", "prompt": "One, two, three,"}, {"id": "b", "prompt": PROMPT},
+                  {"id": "c", "prompt": "def add(a, b):"}],
+        "instances": 2,
+        "max_tokens": 6,
+        "temperature": 0,
+    });
+    let completion = json!({"prompt": PROMPT, "max_tokens": 6, "temperature": 0});
+    // Each alone first: the same engine, nothing beside it.
+    let alone = outputs(&run_stream(&s, &run).await);
+    assert_eq!(alone.len(), 3, "{alone:?}");
+    let (status, v) = s.post("/v1/completions", &completion).await;
+    assert_eq!(status, 200, "{v}");
+    let want = v["choices"][0]["text"].clone();
+    // Together: the run's device-sampled rows and the completions' rows in the same steps.
+    let (events, a, b) = tokio::join!(
+        run_stream(&s, &run),
+        s.post("/v1/completions", &completion),
+        s.post("/v1/completions", &completion)
+    );
+    for (status, v) in [a, b] {
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["choices"][0]["text"], want, "{v}");
+    }
+    assert_eq!(sorted(&outputs(&events)), sorted(&alone), "{events:?}");
+    s.stop().await.expect("clean stop");
+}
