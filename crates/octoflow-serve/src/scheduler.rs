@@ -266,8 +266,13 @@ impl<'t> Loop<'_, 't> {
             let job = match work {
                 Work::Generate(job) => job,
                 Work::Agents(job) => {
-                    let slots = free[..job.config.instances].to_vec();
+                    let slots = free.iter().take(job.config.instances).copied().collect();
                     let chunk = self.opts.prefill_chunk;
+                    // The host tasks once each (how often a program feeds them is its own).
+                    let prompt: usize = job.tasks.iter().map(Vec::len).sum();
+                    self.metrics
+                        .prompt_tokens
+                        .fetch_add(prompt as u64, std::sync::atomic::Ordering::Relaxed);
                     // A run that cannot start was refused through its channel; the handler
                     // answers it and counts the failure.
                     if let Ok(run) =
