@@ -133,7 +133,12 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
     })
 }
 
-fn range(param: &str, v: Option<f32>, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
+pub(crate) fn range(
+    param: &str,
+    v: Option<f32>,
+    lo: f32,
+    hi: f32,
+) -> Result<Option<f32>, ApiError> {
     match v {
         Some(x) if !x.is_finite() || x < lo || x > hi => Err(ApiError::invalid(
             param.to_string(),

@@ -1,6 +1,6 @@
-//! What travels between the HTTP handlers and the scheduler thread: a [`Job`] (one request, its
-//! prompt tokens and parameters) through the bounded [`Queue`], and [`Event`]s back through the
-//! job's channel.
+//! What travels between the HTTP handlers and the scheduler thread: [`Work`] (a [`Job`]: one
+//! request, its prompt tokens and parameters; or an agent run) through the bounded [`Queue`],
+//! and [`Event`]s back through the job's channel.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use octoflow_core::{Finish, SamplingParams};
 use tokio::sync::mpsc::UnboundedSender;
+
+use crate::agents::job::{AgentJob, AgentMsg};
 
 /// How a request generates.
 #[derive(Debug, Clone)]
@@ -39,6 +41,49 @@ pub struct Job {
     pub events: UnboundedSender<Event>,
     /// When the request was queued (for the time-to-first-token metric).
     pub enqueued: Instant,
+}
+
+/// What waits in the queue: a completion request or an agent run. Either needs a number of
+/// free instances at once (`n` choices; the run's instances).
+#[derive(Debug)]
+pub enum Work {
+    Generate(Job),
+    Agents(AgentJob),
+}
+
+impl Work {
+    /// Free instances it needs to be admitted.
+    pub fn instances(&self) -> usize {
+        match self {
+            Work::Generate(j) => j.params.n,
+            Work::Agents(a) => a.config.instances,
+        }
+    }
+
+    /// Whether its client went away while it waited.
+    pub fn abandoned(&self) -> bool {
+        match self {
+            Work::Generate(j) => j.events.is_closed(),
+            Work::Agents(a) => a.events.is_closed(),
+        }
+    }
+
+    /// Ends it unadmitted with `message` (shutdown).
+    pub fn refuse(self, message: &str) {
+        match self {
+            Work::Generate(j) => {
+                let _ = j.events.send(Event::Error {
+                    message: message.into(),
+                });
+            }
+            Work::Agents(a) => {
+                let _ = a.events.send(AgentMsg::Failed {
+                    message: message.into(),
+                    code: "shutting_down",
+                });
+            }
+        }
+    }
 }
 
 /// The log-probability of one generated token and its most likely alternatives.
@@ -84,7 +129,7 @@ pub enum Refused {
 
 #[derive(Debug, Default)]
 struct State {
-    jobs: VecDeque<Job>,
+    jobs: VecDeque<Work>,
     closed: bool,
 }
 
@@ -112,7 +157,7 @@ impl Queue {
     }
 
     /// Queues a job, or says why not.
-    pub fn push(&self, job: Job) -> Result<(), Refused> {
+    pub fn push(&self, job: Work) -> Result<(), Refused> {
         let mut s = self.lock();
         if s.closed {
             return Err(Refused::Closed);
@@ -126,7 +171,7 @@ impl Queue {
     }
 
     /// Takes the oldest job if `fits` accepts it (it needs that many free instances).
-    pub fn pop_if(&self, fits: impl FnOnce(&Job) -> bool) -> Option<Job> {
+    pub fn pop_if(&self, fits: impl FnOnce(&Work) -> bool) -> Option<Work> {
         let mut s = self.lock();
         if s.jobs.front().is_some_and(fits) {
             s.jobs.pop_front()
@@ -157,7 +202,7 @@ impl Queue {
     }
 
     /// Removes and returns every waiting job.
-    pub fn drain(&self) -> Vec<Job> {
+    pub fn drain(&self) -> Vec<Work> {
         self.lock().jobs.drain(..).collect()
     }
 

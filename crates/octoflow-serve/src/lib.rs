@@ -5,6 +5,8 @@
 //! - [`scheduler`]: the thread that owns the engine ([`octoflow_model::BatchForward`]) and runs
 //!   continuous batching; [`seq`]: one sequence's state; [`job`]: the request queue and events.
 //! - [`metrics`]: Prometheus counters; [`server`]: start, banner, graceful shutdown.
+//! - [`agents`]: agent runs over HTTP (`POST /v1/agents/runs`), stepped in the scheduler's
+//!   shared steps, and the task, program and output-line code `octoflow agents` shares.
 //!
 //! The engine borrows the model, so the caller passes a factory that runs on the scheduler
 //! thread, builds the engine there and hands it to [`Driver::run`]:
@@ -23,6 +25,7 @@
 //! # }
 //! ```
 
+pub mod agents;
 pub mod api;
 pub mod error;
 pub mod job;

@@ -43,7 +43,7 @@ impl Histogram {
 /// The server's metrics, shared by the handlers and the scheduler.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    /// Requests answered successfully (completions and chat completions).
+    /// Requests answered successfully (completions, chat completions, agent runs).
     pub requests_ok: AtomicU64,
     /// Requests refused or failed (any 4xx/5xx of the generation endpoints).
     pub requests_failed: AtomicU64,
@@ -55,7 +55,7 @@ pub struct Metrics {
     pub generation_tokens: AtomicU64,
     /// Requests waiting for an instance.
     pub queue_depth: AtomicU64,
-    /// Instances holding a sequence.
+    /// Instances holding a sequence or an agent run's instance.
     pub active_instances: AtomicU64,
     /// Instances in all.
     pub instances: AtomicU64,
@@ -140,7 +140,7 @@ impl Metrics {
         put(
             "octoflow_active_instances",
             "gauge",
-            "Instances holding a sequence.",
+            "Instances holding a sequence or an agent run's instance.",
             get(&self.active_instances),
         );
         put(

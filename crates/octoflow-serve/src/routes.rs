@@ -1,5 +1,6 @@
 //! The HTTP routes: OpenAI's `/v1/chat/completions`, `/v1/completions` and `/v1/models`, plus
-//! `/health`, `/metrics`, `/tokenize` and `/detokenize`.
+//! `/health`, `/metrics`, `/tokenize` and `/detokenize`; agent runs' `/v1/agents/runs` is in
+//! [`crate::agents::route`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use serde_json::json;
 
 use crate::api::{self, ChatRequest, CompletionRequest, Content, Prompt};
 use crate::error::ApiError;
-use crate::job::{Job, Queue, Refused};
+use crate::job::{Job, Queue, Refused, Work};
 use crate::metrics::Metrics;
 use crate::respond::{self, Kind, Meta};
 
@@ -54,6 +55,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/agents/runs", post(crate::agents::route::runs))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/tokenize", post(tokenize))
@@ -113,7 +115,7 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
 }
 
 /// The body, or 413 when it is over the limit.
-fn body(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+pub(crate) fn body(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large(st.body_limit)
@@ -179,6 +181,14 @@ fn check_prompt(st: &AppState, prompt: &[u32], param: &str) -> Result<(), ApiErr
     })
 }
 
+/// The answer to work the queue refused.
+pub(crate) fn refused(r: Refused) -> ApiError {
+    match r {
+        Refused::Full(cap) => ApiError::queue_full(cap),
+        Refused::Closed => ApiError::shutting_down(),
+    }
+}
+
 /// Queues the job and answers: a stream of chunks, or one body once every choice ended.
 async fn dispatch(
     st: &AppState,
@@ -200,10 +210,7 @@ async fn dispatch(
         events: tx,
         enqueued: Instant::now(),
     };
-    st.queue.push(job).map_err(|r| match r {
-        Refused::Full(cap) => ApiError::queue_full(cap),
-        Refused::Closed => ApiError::shutting_down(),
-    })?;
+    st.queue.push(Work::Generate(job)).map_err(refused)?;
     let prefix = match kind {
         Kind::Chat => "chatcmpl",
         Kind::Completion => "cmpl",
@@ -242,7 +249,7 @@ async fn completions(
     finish(&st, r)
 }
 
-fn finish(st: &AppState, r: Result<Response, ApiError>) -> Response {
+pub(crate) fn finish(st: &AppState, r: Result<Response, ApiError>) -> Response {
     match r {
         Ok(resp) => resp,
         Err(e) => {

@@ -1,14 +1,18 @@
 //! The scheduler thread: continuous batching over a [`BatchForward`] engine.
 //!
-//! Each instance (engine slot) holds at most one sequence (one choice of one request). Every
-//! iteration:
-//! 1. sequences whose client went away are dropped (their instance is free for the next step);
-//! 2. waiting jobs are admitted while enough instances are free (`n` choices need `n`);
+//! Each instance (engine slot) holds at most one sequence (one choice of one request) or one
+//! instance of an agent run. Every iteration:
+//! 1. sequences and agent runs whose client went away are dropped (their instances are free
+//!    for the next step);
+//! 2. waiting work is admitted while enough instances are free (`n` choices need `n`, an agent
+//!    run its `instances`);
 //! 3. while fewer than [`MAX_IN_FLIGHT`] steps are in flight, a step is built and submitted:
 //!    one decode row for every sequence that has its next input (up to `max_rows`, rotating
-//!    which go first), then prompt chunks of the sequences still prefilling in the rows left
-//!    (at most `prefill_chunk` per sequence per step);
-//! 4. the oldest step in flight is collected and its tokens handed to their sequences.
+//!    which go first), then prompt chunks of the sequences still prefilling, and the rows of
+//!    the agent runs whose previous rows are back ([`crate::agents::active`]); see
+//!    [`Loop::submit_step`] for how the room is shared;
+//! 4. the oldest step in flight is collected and its tokens handed to their sequences, and
+//!    each agent run in it takes its slice of the results.
 //!
 //! Pipelining: a sequence sampled on the device takes its next input as
 //! [`TokenIn::Sampled`] when its sampling row is in the step just submitted, so step N+1 goes to
@@ -26,7 +30,8 @@ use octoflow_model::{BatchForward, BatchRow, RowOutput, RowResult, TokenIn, MAX_
 use octoflow_text::Tokenizer;
 use tokio::sync::oneshot;
 
-use crate::job::{Event, Queue};
+use crate::agents::active::{ActiveRun, Outcome as RunOutcome, Part, Planned};
+use crate::job::{Queue, Work};
 use crate::metrics::Metrics;
 use crate::seq::{Outcome, Seq};
 
@@ -72,9 +77,12 @@ pub struct Driver {
     pub(crate) opts: SchedOptions,
 }
 
-/// A submitted step: which rows give which sequence a token.
+/// A submitted step: which rows give which sequence a token, and which rows are agent runs'.
 struct StepMeta {
     rows: Vec<RowMeta>,
+    /// Kept apart from `rows`: an agent run's device-sampled row is never a sequence's
+    /// [`TokenIn::Sampled`] input.
+    agents: Vec<Planned>,
     n_rows: usize,
     submitted: Instant,
 }
@@ -113,6 +121,7 @@ impl Driver {
         let mut s = Loop {
             engine,
             slots: Vec::new(),
+            runs: Vec::new(),
             inflight: VecDeque::new(),
             next_id: 0,
             rotate: 0,
@@ -131,6 +140,8 @@ impl Driver {
 struct Loop<'a, 't> {
     engine: &'a mut dyn BatchForward,
     slots: Vec<Option<Seq<'t>>>,
+    /// Admitted agent runs; the slots they hold are `None` in `slots`.
+    runs: Vec<ActiveRun>,
     inflight: VecDeque<StepMeta>,
     next_id: u64,
     rotate: usize,
@@ -148,10 +159,8 @@ impl<'t> Loop<'_, 't> {
             self.drop_disconnected();
             if self.queue.is_closed() {
                 let d = *deadline.get_or_insert_with(|| Instant::now() + self.opts.grace);
-                for job in self.queue.drain() {
-                    let _ = job.events.send(Event::Error {
-                        message: "the server is shutting down".into(),
-                    });
+                for work in self.queue.drain() {
+                    work.refuse("the server is shutting down");
                 }
                 if Instant::now() >= d {
                     self.fail_all("the server shut down before the request finished");
@@ -166,14 +175,14 @@ impl<'t> Loop<'_, 't> {
             self.metrics
                 .active_instances
                 .store(self.active() as u64, std::sync::atomic::Ordering::Relaxed);
-            let mut submitted = false;
+            let (mut submitted, mut progressed) = (false, false);
             if self.engine.pending() < MAX_IN_FLIGHT {
-                submitted = self.submit_step();
+                (submitted, progressed) = self.submit_step();
             }
             let pending = self.engine.pending();
             if pending > 0 && (pending >= MAX_IN_FLIGHT || !submitted) {
                 self.collect_step();
-            } else if pending == 0 && !submitted {
+            } else if pending == 0 && !submitted && !progressed {
                 // Nothing to run: wait for work (or, with sequences that cannot move, which
                 // should not happen, avoid spinning).
                 self.queue
@@ -186,8 +195,21 @@ impl<'t> Loop<'_, 't> {
         }
     }
 
+    /// Instances in use: by sequences and by agent runs.
     fn active(&self) -> usize {
-        self.slots.iter().filter(|s| s.is_some()).count()
+        let seqs = self.slots.iter().filter(|s| s.is_some()).count();
+        seqs + self.runs.iter().map(|r| r.slots.len()).sum::<usize>()
+    }
+
+    /// Slots that neither a sequence nor an agent run holds, in order.
+    fn free_slots(&self) -> Vec<usize> {
+        let mut free: Vec<bool> = self.slots.iter().map(Option::is_none).collect();
+        for r in &self.runs {
+            for &s in &r.slots {
+                free[s] = false;
+            }
+        }
+        (0..free.len()).filter(|&s| free[s]).collect()
     }
 
     fn drop_disconnected(&mut self) {
@@ -197,6 +219,12 @@ impl<'t> Loop<'_, 't> {
                 Metrics::inc(&self.metrics.requests_cancelled);
             }
         }
+        // A cancelled run's rows still in flight are dropped when collected (by its id).
+        let before = self.runs.len();
+        self.runs.retain(|r| !r.disconnected());
+        for _ in self.runs.len()..before {
+            Metrics::inc(&self.metrics.requests_cancelled);
+        }
     }
 
     fn fail_all(&mut self, message: &str) {
@@ -204,6 +232,9 @@ impl<'t> Loop<'_, 't> {
             if let Some(seq) = slot.take() {
                 seq.fail(message);
             }
+        }
+        for run in self.runs.drain(..) {
+            run.fail(message, "server_error");
         }
     }
 
@@ -218,27 +249,47 @@ impl<'t> Loop<'_, 't> {
         self.inflight.clear();
     }
 
-    /// Admits waiting jobs while their choices fit in the free instances.
+    /// Admits waiting work while it fits in the free instances.
     fn admit(&mut self) {
         loop {
-            let free = self.slots.iter().filter(|s| s.is_none()).count();
-            let Some(job) = self
+            let free = self.free_slots();
+            let Some(work) = self
                 .queue
-                .pop_if(|j| j.params.n <= free || j.events.is_closed())
+                .pop_if(|w| w.instances() <= free.len() || w.abandoned())
             else {
                 return;
             };
-            if job.events.is_closed() {
+            if work.abandoned() {
                 Metrics::inc(&self.metrics.requests_cancelled);
                 continue;
             }
+            let job = match work {
+                Work::Generate(job) => job,
+                Work::Agents(job) => {
+                    let slots = free.iter().take(job.config.instances).copied().collect();
+                    let chunk = self.opts.prefill_chunk;
+                    // The host tasks once each (how often a program feeds them is its own).
+                    let prompt: usize = job.tasks.iter().map(Vec::len).sum();
+                    self.metrics
+                        .prompt_tokens
+                        .fetch_add(prompt as u64, std::sync::atomic::Ordering::Relaxed);
+                    // A run that cannot start was refused through its channel; the handler
+                    // answers it and counts the failure.
+                    if let Ok(run) =
+                        ActiveRun::start(self.next_id, job, slots, &*self.engine, chunk)
+                    {
+                        self.runs.push(run);
+                    }
+                    self.next_id += 1;
+                    continue;
+                }
+            };
             self.metrics.prompt_tokens.fetch_add(
                 (job.prompt.len() * job.params.n) as u64,
                 std::sync::atomic::Ordering::Relaxed,
             );
-            let free_slots = self.slots.iter_mut().filter(|s| s.is_none());
-            for (index, slot) in free_slots.take(job.params.n).enumerate() {
-                *slot = Some(Seq::new(
+            for (index, &slot) in free.iter().take(job.params.n).enumerate() {
+                self.slots[slot] = Some(Seq::new(
                     self.next_id,
                     index,
                     &job,
@@ -251,17 +302,53 @@ impl<'t> Loop<'_, 't> {
         }
     }
 
-    /// Builds and submits one step; false when no sequence has a row to run.
-    fn submit_step(&mut self) -> bool {
+    /// Builds and submits one step. Returns whether rows were submitted, and whether anything
+    /// moved at all (an agent run may end a step without rows: an interpret-only step).
+    ///
+    /// The room is shared so that neither kind of work starves the other: decode rows of the
+    /// sequences go first (one each; one row is kept back when an agent run is ready, so a
+    /// step full of decode rows cannot hold a run off for ever); of the rows left, prompt
+    /// chunks may take half, the ready agent runs (rotating which goes first) then plan into
+    /// what remains, and prompt chunks take whatever the runs left.
+    fn submit_step(&mut self) -> (bool, bool) {
         let max_rows = self.engine.max_rows();
-        let n_ctx = self.engine.n_ctx();
         let mut rows: Vec<BatchRow> = Vec::new();
         let mut meta: Vec<RowMeta> = Vec::new();
+        self.rotate = (self.rotate + 1) % self.slots.len();
+        let ready = self.runs.iter().any(|r| !r.in_flight);
+        self.decode_rows(&mut rows, &mut meta, decode_cap(max_rows, ready));
+        let cap = prefill_first_cap(max_rows, rows.len(), ready);
+        self.prefill_rows(&mut rows, &mut meta, cap);
+        let (agents, progressed) = self.agent_rows(&mut rows, max_rows);
+        self.prefill_rows(&mut rows, &mut meta, max_rows);
+        if rows.is_empty() {
+            return (false, progressed);
+        }
+        let submitted = Instant::now();
+        match self.engine.submit(&rows) {
+            Ok(()) => {
+                self.inflight.push_back(StepMeta {
+                    rows: meta,
+                    agents,
+                    n_rows: rows.len(),
+                    submitted,
+                });
+                (true, true)
+            }
+            Err(e) => {
+                self.engine_failed(&format!("submitting a step: {e}"));
+                (false, true)
+            }
+        }
+    }
+
+    /// One decode row for every sequence that has its next input, up to `cap` rows in the
+    /// step, rotating which sequences go first.
+    fn decode_rows(&mut self, rows: &mut Vec<BatchRow>, meta: &mut Vec<RowMeta>, cap: usize) {
+        let n_ctx = self.engine.n_ctx();
         let n = self.slots.len();
-        self.rotate = (self.rotate + 1) % n;
-        // Decode rows first, rotating which sequences go first when they do not all fit.
         for k in 0..n {
-            if rows.len() >= max_rows {
+            if rows.len() >= cap {
                 break;
             }
             let slot = (self.rotate + k) % n;
@@ -303,9 +390,14 @@ impl<'t> Loop<'_, 't> {
             seq.next_pos += 1;
             seq.requested += 1;
         }
-        // Prompt chunks in the rows left.
-        for slot in 0..n {
-            let room = max_rows.saturating_sub(rows.len());
+    }
+
+    /// Prompt chunks of the sequences still prefilling, until the step holds `cap` rows (at
+    /// most `prefill_chunk` per sequence per step; a second call goes on where the first
+    /// stopped).
+    fn prefill_rows(&mut self, rows: &mut Vec<BatchRow>, meta: &mut Vec<RowMeta>, cap: usize) {
+        for slot in 0..self.slots.len() {
+            let room = cap.saturating_sub(rows.len());
             if room == 0 {
                 break;
             }
@@ -344,23 +436,50 @@ impl<'t> Loop<'_, 't> {
             seq.fed += take;
             seq.next_pos = seq.fed;
         }
-        if rows.is_empty() {
-            return false;
+    }
+
+    /// The parts of the agent runs whose previous rows are back, until the step holds `cap`
+    /// rows; runs that ended without rows are removed. Returns the runs' rows and whether a
+    /// run moved.
+    fn agent_rows(&mut self, rows: &mut Vec<BatchRow>, cap: usize) -> (Vec<Planned>, bool) {
+        let mut planned = Vec::new();
+        let mut progressed = false;
+        let n = self.runs.len();
+        let first = if n == 0 { 0 } else { self.rotate % n };
+        let mut ended = Vec::new();
+        for k in 0..n {
+            let i = (first + k) % n;
+            let room = cap.saturating_sub(rows.len());
+            let metrics = self.metrics;
+            let run = &mut self.runs[i];
+            if room == 0 || run.in_flight {
+                continue;
+            }
+            let before = run.generated();
+            match run.plan(room, rows, self.tokenizer) {
+                Part::Rows(p) => planned.push(p),
+                Part::Interpreted(outcome) => {
+                    progressed = true;
+                    count_generated(metrics, run.generated() - before);
+                    if outcome != RunOutcome::Continue {
+                        ended.push((i, outcome));
+                    }
+                }
+            }
         }
-        let submitted = Instant::now();
-        match self.engine.submit(&rows) {
-            Ok(()) => {
-                self.inflight.push_back(StepMeta {
-                    rows: meta,
-                    n_rows: rows.len(),
-                    submitted,
-                });
-                true
-            }
-            Err(e) => {
-                self.engine_failed(&format!("submitting a step: {e}"));
-                false
-            }
+        ended.sort_unstable_by_key(|&(i, _)| std::cmp::Reverse(i));
+        for (i, outcome) in ended {
+            self.runs.remove(i);
+            self.count_end(outcome);
+        }
+        (planned, progressed)
+    }
+
+    fn count_end(&self, outcome: RunOutcome) {
+        match outcome {
+            RunOutcome::Done => Metrics::inc(&self.metrics.requests_ok),
+            RunOutcome::Failed => Metrics::inc(&self.metrics.requests_failed),
+            RunOutcome::Continue => {}
         }
     }
 
@@ -407,5 +526,82 @@ impl<'t> Loop<'_, 't> {
                 self.slots[rm.slot] = None;
             }
         }
+        for planned in meta.agents {
+            // A run cancelled since is gone: its results are dropped.
+            let Some(i) = self.runs.iter().position(|r| r.id == planned.run) else {
+                continue;
+            };
+            let metrics = self.metrics;
+            let run = &mut self.runs[i];
+            let before = run.generated();
+            let outcome = run.take(&planned, &results, self.tokenizer);
+            count_generated(metrics, run.generated() - before);
+            if outcome != RunOutcome::Continue {
+                self.runs.remove(i);
+                self.count_end(outcome);
+            }
+        }
+    }
+}
+
+/// Counts an agent run's generated tokens with the sequences'.
+fn count_generated(metrics: &Metrics, tokens: u64) {
+    metrics
+        .generation_tokens
+        .fetch_add(tokens, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Most rows the sequences' decode rows may fill: all of them, but one when an agent run is
+/// ready to plan (so decode rows alone never hold a run off).
+fn decode_cap(max_rows: usize, agents_ready: bool) -> usize {
+    if agents_ready && max_rows > 1 {
+        max_rows - 1
+    } else {
+        max_rows
+    }
+}
+
+/// Rows the step may hold after the sequences' first prompt chunks, when the step already
+/// holds `rows`: with an agent run ready, the chunks take at most half of what is left (the
+/// smaller half, so the row decode rows left is the runs'), and the runs plan next; else
+/// everything.
+fn prefill_first_cap(max_rows: usize, rows: usize, agents_ready: bool) -> usize {
+    if agents_ready {
+        rows + max_rows.saturating_sub(rows) / 2
+    } else {
+        max_rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_agent_runs_the_sequences_have_every_row() {
+        assert_eq!(decode_cap(8, false), 8);
+        assert_eq!(prefill_first_cap(8, 3, false), 8);
+    }
+
+    #[test]
+    fn a_ready_agent_run_always_keeps_room() {
+        // Decode rows leave at least one row; prompt chunks at most half of the rest.
+        assert_eq!(decode_cap(8, true), 7);
+        assert_eq!(prefill_first_cap(8, 7, true), 7);
+        assert_eq!(prefill_first_cap(8, 2, true), 5);
+        assert_eq!(prefill_first_cap(8, 1, true), 4);
+        assert_eq!(prefill_first_cap(512, 0, true), 256);
+        for max_rows in 2..40 {
+            for decode in 0..=decode_cap(max_rows, true) {
+                let cap = prefill_first_cap(max_rows, decode, true);
+                assert!(cap < max_rows, "{max_rows} rows, {decode} decode rows");
+            }
+        }
+    }
+
+    #[test]
+    fn a_one_row_step_goes_to_whoever_comes_first() {
+        assert_eq!(decode_cap(1, true), 1);
+        assert_eq!(prefill_first_cap(1, 0, true), 0);
     }
 }

@@ -8,12 +8,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Context};
-use octoflow_agents::{assemble, Event, GpuRun, Pattern, Program, Run, RunConfig};
-use octoflow_core::Finish;
+use anyhow::{anyhow, bail, Context};
+use octoflow_agents::{Event, GpuRun, Program, Run, RunConfig};
 use octoflow_model::{BatchForward, CpuBatch};
-use octoflow_text::{ChatTemplate, Message, Tokenizer};
-use serde_json::{json, Value};
+use octoflow_serve::agents::lines::Lines;
+use octoflow_serve::agents::source::Source;
+use octoflow_serve::agents::tasks::{Task, TaskError, TaskSpec};
+use octoflow_text::{ChatTemplate, Tokenizer};
+use serde_json::Value;
 
 use super::common::{DeviceArgs, Loaded};
 
@@ -89,22 +91,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("--instances must be at least 1");
     }
     let source = match (&args.pattern, &args.program) {
-        (Some(p), _) => p.parse::<Pattern>()?.source().to_string(),
-        (None, Some(f)) => std::fs::read_to_string(f)
-            .with_context(|| format!("reading the program {}", f.display()))?,
+        (Some(p), _) => Source::pattern(p)?,
+        (None, Some(f)) => Source::Text {
+            name: f.display().to_string(),
+            text: std::fs::read_to_string(f)
+                .with_context(|| format!("reading the program {}", f.display()))?,
+        },
         (None, None) => bail!("give --pattern NAME or --program FILE.s"),
     };
-    let source_name = match (&args.pattern, &args.program) {
-        (Some(p), _) => format!("pattern {p}"),
-        (_, Some(f)) => f.display().to_string(),
-        _ => String::new(),
-    };
+    let source_name = source.name();
     let path = super::common::model_path(args.model.as_deref())?;
     let gguf = Arc::new(octoflow_gguf::GgufFile::open(&path)?);
     let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
-    let tokenize = |s: &str| tokenizer.encode(s, false, true);
-    let program =
-        assemble(&source, &tokenize).with_context(|| format!("assembling {source_name}"))?;
+    let program = source
+        .assemble(&tokenizer)
+        .with_context(|| format!("assembling {source_name}"))?;
     let tasks = read_tasks(&args, &gguf, &tokenizer)?;
     let model = octoflow_model::Model::from_gguf(gguf.clone()).context("loading the model")?;
     let n_ctx = if args.ctx_size > 0 {
@@ -142,10 +143,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut sink = Sink {
         out: BufWriter::new(out),
         tokenizer: &tokenizer,
-        ids: tasks.iter().map(|t| t.id.clone()).collect(),
-        outputs: 0,
-        errors: 0,
-        tokens: 0,
+        lines: Lines::new(tasks.iter().map(|t| t.id.clone()).collect()),
     };
     let prompts = tasks.into_iter().map(|t| t.tokens).collect();
     let loaded = Loaded::new(&model, &args.device)?;
@@ -186,36 +184,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     });
     eprintln!(
         "octoflow agents: {} outputs ({} errors) to {} | {} tokens generated in {:.2} s: {:.1} tasks/s, {:.1} tokens/s | {} steps in {} submits, {:.4} submits per generated token | host CPU {:.1} s{busy}",
-        sink.outputs,
-        sink.errors,
+        sink.lines.outputs,
+        sink.lines.errors,
         args.output.display(),
         stats.generated,
         secs,
-        sink.ids.len() as f64 / secs,
+        sink.lines.ids.len() as f64 / secs,
         stats.generated as f64 / secs,
         stats.steps,
         stats.submits,
         stats.submits as f64 / stats.generated.max(1) as f64,
         host
     );
-    if sink.errors > 0 {
+    if sink.lines.errors > 0 {
         bail!(
             "{} instance(s) failed (see the error lines in {})",
-            sink.errors,
+            sink.lines.errors,
             args.output.display()
         );
     }
     Ok(())
 }
 
-/// A host task: its id as given and its prompt's tokens.
-struct Task {
-    id: Value,
-    tokens: Vec<u32>,
-}
-
-/// Reads the task file: one JSON object per line (blank lines skipped), `prompt` tokenized with
-/// the BOS token as `octoflow run -p` does, `messages` rendered with the chat template first.
+/// Reads the task file: one JSON object per line (blank lines skipped), read as the server
+/// reads a request's `tasks` ([`TaskSpec`]); the chat template is loaded for the first task
+/// given as messages.
 fn read_tasks(
     args: &Args,
     gguf: &octoflow_gguf::GgufFile,
@@ -233,43 +226,21 @@ fn read_tasks(
         }
         let v: Value =
             serde_json::from_str(&line).with_context(|| format!("{}: not JSON", at()))?;
-        let Value::Object(obj) = v else {
-            bail!("{}: a task is a JSON object", at());
-        };
-        let id = obj.get("id").cloned().unwrap_or_else(|| json!(tasks.len()));
-        let text = match (obj.get("prompt"), obj.get("messages")) {
-            (Some(Value::String(p)), None) => p.clone(),
-            (None, Some(Value::Array(ms))) => {
-                let mut messages = Vec::with_capacity(ms.len());
-                for m in ms {
-                    let (Some(Value::String(role)), Some(Value::String(content))) =
-                        (m.get("role"), m.get("content"))
-                    else {
-                        bail!(
-                            "{}: each message needs a string \"role\" and \"content\"",
-                            at()
-                        );
-                    };
-                    messages.push(Message::new(role.clone(), content.clone()));
-                }
-                if template.is_none() {
-                    template = Some(match &args.chat_template {
-                        Some(f) => ChatTemplate::from_file_for_model(f, gguf)?,
-                        None => ChatTemplate::from_gguf(gguf)?,
-                    });
-                }
-                let t = template.as_ref().context("no chat template")?;
-                t.render(&messages, true).with_context(at)?
-            }
-            (Some(_), Some(_)) => bail!("{}: give \"prompt\" or \"messages\", not both", at()),
-            (Some(_), None) => bail!("{}: \"prompt\" must be a string", at()),
-            (None, Some(_)) => bail!("{}: \"messages\" must be an array", at()),
-            (None, None) => bail!("{}: a task needs \"prompt\" or \"messages\"", at()),
-        };
-        tasks.push(Task {
-            id,
-            tokens: tokenizer.encode(&text, true, true),
-        });
+        let spec = TaskSpec::from_json(&v, tasks.len()).map_err(|e| anyhow!("{}: {e}", at()))?;
+        if spec.needs_template() && template.is_none() {
+            template = Some(match &args.chat_template {
+                Some(f) => ChatTemplate::from_file_for_model(f, gguf)?,
+                None => ChatTemplate::from_gguf(gguf)?,
+            });
+        }
+        let task = spec
+            .tokenize(tokenizer, template.as_ref())
+            .map_err(|e| match e {
+                // As before the shared reader: the line, then the template's own error.
+                TaskError::Template(e) => anyhow::Error::new(e).context(at()),
+                e => anyhow!("{}: {e}", at()),
+            })?;
+        tasks.push(task);
     }
     if tasks.is_empty() {
         bail!("{}: no tasks", args.tasks.display());
@@ -277,65 +248,24 @@ fn read_tasks(
     Ok(tasks)
 }
 
-/// Where outputs go: one JSON line each, flushed at once (a killed run keeps what it wrote).
+/// Where outputs go: one JSON line each ([`Lines`]: the shape the server streams), flushed at
+/// once (a killed run keeps what it wrote).
 struct Sink<'t> {
     out: BufWriter<File>,
     tokenizer: &'t Tokenizer,
-    ids: Vec<Value>,
-    outputs: usize,
-    errors: usize,
-    tokens: usize,
+    lines: Lines,
 }
 
 impl Sink<'_> {
     fn write(&mut self, event: Event) -> anyhow::Result<()> {
-        let line = match event {
-            Event::Output {
-                instance,
-                task,
-                round,
-                tokens,
-                finish,
-                score,
-            } => {
-                self.outputs += 1;
-                self.tokens += tokens.len();
-                let mut line = json!({
-                    "id": self.task_id(task),
-                    "instance": instance,
-                    "round": round,
-                    "text": self.tokenizer.decode(&tokens),
-                    "tokens": tokens.len(),
-                    "finish": finish.map(finish_name),
-                });
-                if score.is_finite() {
-                    line["score"] = json!(score);
-                }
-                line
-            }
-            Event::Error { instance, message } => {
-                self.errors += 1;
-                eprintln!("octoflow agents: instance {instance}: {message}");
-                json!({ "instance": instance, "error": message })
-            }
-        };
+        if let Event::Error { instance, message } = &event {
+            eprintln!("octoflow agents: instance {instance}: {message}");
+        }
+        let line = self.lines.line(event, self.tokenizer);
         serde_json::to_writer(&mut self.out, &line)?;
         self.out.write_all(b"\n")?;
         self.out.flush().context("writing the output file")?;
         Ok(())
-    }
-
-    fn task_id(&self, task: Option<u32>) -> Value {
-        task.and_then(|t| self.ids.get(t as usize).cloned())
-            .unwrap_or(Value::Null)
-    }
-}
-
-/// The OpenAI name of a finish reason.
-fn finish_name(f: Finish) -> &'static str {
-    match f {
-        Finish::Length | Finish::Context => "length",
-        _ => "stop",
     }
 }
 
@@ -369,7 +299,7 @@ fn drive(
             "step {} | {} live | {} outputs | {generated} tokens",
             report.step + 1,
             report.live,
-            sink.outputs
+            sink.lines.outputs
         ));
         bar.tick();
     }
@@ -400,7 +330,7 @@ fn drive_gpu(mut gpu: GpuRun<'_>, sink: &mut Sink<'_>) -> anyhow::Result<Stats> 
             "step {} | {} live | {} outputs | {} tokens",
             run.steps(),
             report.live,
-            sink.outputs,
+            sink.lines.outputs,
             run.generated()
         ));
         bar.tick();
