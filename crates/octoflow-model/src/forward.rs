@@ -33,7 +33,7 @@ use crate::numerics::{gelu_ggml, rope_angles_ggml_yarn, round_f16_slice, Numeric
 use crate::ops::{
     add_bias_rows, add_in_place, gelu_tanh, rmsnorm_rows, rope, rope_angles_yarn, silu,
 };
-use crate::plan::{planned, qk_norms, AttnPlan, FfnPlan, Gating, GluPlan, MoePlan};
+use crate::plan::{planned, qk_norms, AttnPlan, FfnPlan, GluPlan, MoePlan};
 use crate::weights::{BlockWeights, FfnWeights, QMatrix};
 
 /// Which positions of a batch get logits.
@@ -390,9 +390,9 @@ fn moe_block(
         let mut order: Vec<usize> = (0..e_n).collect();
         order.sort_by(|&a, &b| lg[b].total_cmp(&lg[a]).then(a.cmp(&b)));
         order.truncate(plan.n_used);
-        let mut weights: Vec<f32> = order.iter().map(|&e| lg[e]).collect();
-        match plan.gating {
-            Gating::SoftmaxOfSelected => crate::ops::softmax(&mut weights),
+        let mut weights = plan.gating.weights(lg, &order);
+        if plan.weights_scale != 1.0 {
+            weights.iter_mut().for_each(|w| *w *= plan.weights_scale);
         }
         for (&e, &wt) in order.iter().zip(&weights) {
             let gate = linear_bias(

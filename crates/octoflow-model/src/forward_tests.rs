@@ -4,7 +4,9 @@
 use crate::testing::{rng, tiny_model, TinyShape, TINY};
 use crate::{mean_nll, token_nlls, Forward, Logits, Model, ModelError};
 
-const ARCHS: [&str; 6] = ["llama", "qwen2", "qwen3", "gemma3", "phi3", "gpt-oss"];
+const ARCHS: [&str; 7] = [
+    "llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "gpt-oss",
+];
 const TOKENS: [u32; 12] = [3, 17, 42, 0, 9, 49, 21, 7, 7, 30, 11, 5];
 
 fn assert_close(a: &[f32], b: &[f32], what: &str) {

@@ -160,6 +160,8 @@ pub struct MoePlan {
     pub act: MoeAct,
     /// The router and every expert's products carry biases (`*.bias`, gpt-oss).
     pub biases: bool,
+    /// Factor on the selected experts' weights (`expert_weights_scale`; 1.0 when absent).
+    pub weights_scale: f32,
 }
 
 /// How router logits become the selected experts' weights.
@@ -168,6 +170,45 @@ pub enum Gating {
     /// Select the top logits, then softmax over the selected ones only (gpt-oss,
     /// llama.cpp's `SOFTMAX_WEIGHT`).
     SoftmaxOfSelected,
+    /// Softmax over every expert, select the top, and with `norm` divide the selected
+    /// weights by their sum (at least 2⁻¹⁴, llama.cpp's clamp) (qwen3moe: `SOFTMAX`,
+    /// `expert_weights_norm`).
+    Softmax { norm: bool },
+}
+
+impl Gating {
+    /// The weights of the `selected` experts (in selection order) from all of a token's
+    /// router logits.
+    pub fn weights(self, logits: &[f32], selected: &[usize]) -> Vec<f32> {
+        match self {
+            Gating::SoftmaxOfSelected => {
+                let mut w: Vec<f32> = selected.iter().map(|&e| logits[e]).collect();
+                softmax_f32(&mut w);
+                w
+            }
+            Gating::Softmax { norm } => {
+                let mut p = logits.to_vec();
+                softmax_f32(&mut p);
+                let mut w: Vec<f32> = selected.iter().map(|&e| p[e]).collect();
+                if norm {
+                    let sum = w.iter().sum::<f32>().max(6.103_515_6e-5);
+                    w.iter_mut().for_each(|v| *v /= sum);
+                }
+                w
+            }
+        }
+    }
+}
+
+/// `exp(x - max) / Σ`, in f32.
+fn softmax_f32(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    x.iter_mut().for_each(|v| *v /= sum);
 }
 
 /// The activation of an expert's gate and up products.
@@ -176,6 +217,8 @@ pub enum MoeAct {
     /// gpt-oss's clamped SwiGLU: `x = min(gate, limit)`, `y = clamp(up, -limit, limit)`,
     /// `x · σ(alpha · x) · (y + 1)` (llama.cpp's `swiglu_oai`).
     SwigluOai { alpha: f32, limit: f32 },
+    /// `silu(gate) · up` (qwen3moe).
+    Silu,
 }
 
 impl MoeAct {
@@ -187,6 +230,7 @@ impl MoeAct {
                 let y = up.clamp(-limit, limit);
                 x / (1.0 + (-alpha * x).exp()) * (y + 1.0)
             }
+            MoeAct::Silu => gate / (1.0 + (-gate).exp()) * up,
         }
     }
 }

@@ -75,12 +75,15 @@ pub fn tiny_writer(arch: &str, s: TinyShape, rng: &mut StdRng) -> GgufWriter<'st
     if arch == "gemma3" || arch == "gpt-oss" {
         w.set(key("attention.sliding_window"), Value::U32(4));
     }
-    if arch == "gpt-oss" {
-        // 4 experts, 2 per token; YaRN over an original context of 64 so that its ramp
-        // falls inside the tiny head's frequency pairs
+    if arch == "gpt-oss" || arch == "qwen3moe" {
+        // 4 experts, 2 per token
         w.set(key("expert_count"), Value::U32(TINY_EXPERTS as u32));
         w.set(key("expert_used_count"), Value::U32(2));
         w.set(key("expert_feed_forward_length"), Value::U32(s.n_ff as u32));
+    }
+    if arch == "gpt-oss" {
+        // YaRN over an original context of 64 so that its ramp falls inside the tiny head's
+        // frequency pairs
         w.set(key("rope.scaling.type"), Value::String("yarn".into()));
         w.set(key("rope.scaling.factor"), Value::F32(4.0));
         w.set(key("rope.scaling.original_context_length"), Value::U32(64));
@@ -145,6 +148,16 @@ pub fn tiny_writer(arch: &str, s: TinyShape, rng: &mut StdRng) -> GgufWriter<'st
             continue;
         }
         add(b("ffn_norm.weight"), &[e], true);
+        if arch == "qwen3moe" {
+            let x = TINY_EXPERTS as u64;
+            add(b("attn_q_norm.weight"), &[s.head_dim as u64], true);
+            add(b("attn_k_norm.weight"), &[s.head_dim as u64], true);
+            add(b("ffn_gate_inp.weight"), &[e, x], false);
+            add(b("ffn_gate_exps.weight"), &[e, f, x], false);
+            add(b("ffn_up_exps.weight"), &[e, f, x], false);
+            add(b("ffn_down_exps.weight"), &[f, e, x], false);
+            continue;
+        }
         if arch == "phi3" {
             add(b("ffn_up.weight"), &[e, 2 * f], false);
         } else {

@@ -145,15 +145,37 @@ fn check_arch(arch: &str, variant: Variant) {
     let ours = session.forward(&ids, 0, Logits::All).expect("forward");
     let theirs = llama_cpp_logits(&path, &ids);
     assert_eq!(theirs.len(), N_TOKENS, "{label}: rows from llama.cpp");
+    // The oracle reproduces llama.cpp's roundings to ~1e-6 over the first 8 positions; past
+    // them llama.cpp's CPU attention rounds in a way it does not emulate (1e-4..6e-4 on every
+    // family). With MXFP4 experts, whose products llama.cpp takes over Q8_0-quantized
+    // activations, such a difference can move an activation's code by one: up to 7.2e-3 seen
+    // over 22 seeds of that variant, so it gets 2e-2 where the others keep 4e-3. Every
+    // variant must also pick llama.cpp's top token wherever llama.cpp's top-2 margin exceeds
+    // 0.1, which no bound on the logits can loosen.
+    let bound = if variant == Variant::Mxfp4Experts {
+        2e-2
+    } else {
+        4e-3
+    };
     let mut worst = 0f32;
     for (pos, (o, t)) in ours.chunks_exact(N_VOCAB).zip(&theirs).enumerate() {
         assert_eq!(t.len(), N_VOCAB, "{label}: llama.cpp's vocabulary");
+        let top = |v: &[f32]| {
+            (0..v.len())
+                .max_by(|&a, &b| v[a].total_cmp(&v[b]))
+                .unwrap_or(0)
+        };
+        let mut sorted = t.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        if sorted[0] - sorted[1] > 0.1 {
+            assert_eq!(top(o), top(t), "{label}: position {pos}: top token differs");
+        }
         let scale = t.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
         for (i, (a, b)) in o.iter().zip(t).enumerate() {
             let err = (a - b).abs() / scale;
             // NaN fails: the comparison below is false for it
             assert!(
-                err <= 4e-3,
+                err <= bound,
                 "{label}: position {pos}, logit {i}: ours {a}, llama.cpp {b} (relative {err})"
             );
             worst = worst.max(err);
@@ -164,7 +186,9 @@ fn check_arch(arch: &str, variant: Variant) {
 
 #[test]
 fn every_architecture_matches_llama_cpp_on_random_models() {
-    for arch in ["llama", "qwen2", "qwen3", "gemma3", "phi3", "gpt-oss"] {
+    for arch in [
+        "llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "gpt-oss",
+    ] {
         check_arch(arch, Variant::Plain);
     }
     check_arch("llama", Variant::RopeFreqs);

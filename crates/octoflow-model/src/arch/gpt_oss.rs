@@ -50,6 +50,7 @@ pub(super) fn configure(meta: &Meta, base: &BaseHParams) -> Result<Recipe> {
             limit: LIMIT,
         },
         biases: true,
+        weights_scale: super::expert_weights_scale(meta)?,
     };
     let blocks = (0..base.n_layer)
         .map(|il| BlockPlan {

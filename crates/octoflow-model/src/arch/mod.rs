@@ -9,6 +9,7 @@ mod llama;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod qwen3moe;
 
 use crate::config::{BaseHParams, Meta, Recipe};
 use crate::error::Result;
@@ -26,6 +27,8 @@ pub enum Architecture {
     Qwen3,
     /// Phi-3: llama with fused QKV and gate-up matrices (split at load), NeoX RoPE.
     Phi3,
+    /// Qwen3-MoE: qwen3's attention with a mixture-of-experts feed-forward.
+    Qwen3Moe,
     /// GPT-OSS: mixture of experts, attention sinks and biases, alternating sliding-window
     /// layers, YaRN RoPE.
     GptOss,
@@ -33,7 +36,7 @@ pub enum Architecture {
 
 impl Architecture {
     /// The supported names, for error messages.
-    pub const SUPPORTED: &'static str = "llama, qwen2, qwen3, gemma3, phi3, gpt-oss";
+    pub const SUPPORTED: &'static str = "llama, qwen2, qwen3, qwen3moe, gemma3, phi3, gpt-oss";
 
     /// Parses a `general.architecture` value.
     pub fn from_name(name: &str) -> Option<Self> {
@@ -44,6 +47,7 @@ impl Architecture {
             "qwen3" => Some(Self::Qwen3),
             "phi3" => Some(Self::Phi3),
             "gpt-oss" => Some(Self::GptOss),
+            "qwen3moe" => Some(Self::Qwen3Moe),
             _ => None,
         }
     }
@@ -57,6 +61,7 @@ impl Architecture {
             Self::Qwen3 => "qwen3",
             Self::Phi3 => "phi3",
             Self::GptOss => "gpt-oss",
+            Self::Qwen3Moe => "qwen3moe",
         }
     }
 }
@@ -76,5 +81,15 @@ pub(crate) fn configure(meta: &Meta, base: &BaseHParams) -> Result<Recipe> {
         Architecture::Qwen3 => Ok(qwen3::configure(base)),
         Architecture::Phi3 => phi3::configure(meta, base),
         Architecture::GptOss => gpt_oss::configure(meta, base),
+        Architecture::Qwen3Moe => qwen3moe::configure(meta, base),
     }
+}
+
+/// `expert_weights_scale`: a factor on the selected experts' weights (llama.cpp applies it
+/// when it is neither 0 nor 1; absent means 1).
+fn expert_weights_scale(meta: &Meta) -> Result<f32> {
+    Ok(match meta.opt_f32("expert_weights_scale")? {
+        None | Some(0.0) => 1.0,
+        Some(s) => s,
+    })
 }
