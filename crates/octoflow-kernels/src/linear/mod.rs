@@ -307,6 +307,12 @@ impl Linear {
         TYPES.contains(&ty)
     }
 
+    /// The weight types the kernels read (every product path, the GLU, `GetRows` and
+    /// `LinearT` take the same ones).
+    pub fn weight_types() -> &'static [GgmlType] {
+        &TYPES
+    }
+
     /// Records `y (=|+=) x · Wᵀ (+ bias)`: the cooperative-matrix kernel for batches of
     /// [`Tuning::coop_min_tokens`] or more where the device has it, else the matvec kernel for
     /// `n_tokens <=` [`MATVEC_MAX_TOKENS`], the tiled matmul above. Checks the type, the shapes and every
