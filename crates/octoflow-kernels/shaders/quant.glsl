@@ -81,7 +81,8 @@ uint byte_of(uint u, uint k) {
     : ((q) < 12u ? (t2) : (t3))), int(8u * ((q) & 3u)), 8)
 // ggml's kvalues_iq4nl {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
 #define IQ4NL_VALUE(q) QKV_PICK(0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u, q)
-// ggml's kvalues_mxfp4: E2M1 values doubled {0, 1, 2, 3, 4, 6, 8, 12, -0, -1, ..., -12}
+// ggml's kvalues_mxfp4: E2M1 values doubled {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, ..., -12} (the
+// code of -0 reads 0)
 #define MXFP4_VALUE(q) QKV_PICK(0x03020100u, 0x0C080604u, 0xFDFEFF00u, 0xF4F8FAFCu, q)
 
 // a * b + c rounded twice, as the CPU codecs compute it: `precise` forbids the fused
