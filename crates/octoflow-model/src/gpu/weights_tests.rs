@@ -98,7 +98,8 @@ fn gpu_runs_models_of_every_weight_type_it_reads() {
         let tokens: Vec<u32> = (0..7)
             .map(|_| rng.gen_range(0..SHAPE.n_vocab as u32))
             .collect();
-        // a prompt batch (matmul or linear_cpu; get_rows), then one decode-shaped step (matvec)
+        // a prompt batch (get_rows; matmul, matmul_coop or linear_cpu), then one decode-shaped
+        // step (matvec or linear_cpu)
         let mut s = gm.session(16, 1).expect("session");
         let mut got = s.forward(&tokens[..6], 0, Logits::All).expect("forward");
         got.extend(s.forward(&tokens[6..], 6, Logits::All).expect("step"));
@@ -106,10 +107,20 @@ fn gpu_runs_models_of_every_weight_type_it_reads() {
             .session(16)
             .forward(&tokens, 0, Logits::All)
             .expect("cpu");
-        // f32 on both sides in another summation order; 6 tokens never take cooperative
-        // matrices (COOP_MIN_TOKENS), so no f16 rounding
+        // f32 on both sides in another summation order (~1e-6 per product): 1e-4; where the
+        // 6-token prompt runs on cooperative matrices (COOP_MIN_TOKENS), the products are of
+        // f16-rounded operands: 5e-3, as the adapter tests bound them
+        let bound = if gm.kernels().linear.uses_coop(6) {
+            5e-3
+        } else {
+            1e-4
+        };
         let e = rel_err(&got, &want);
-        assert!(e < 1e-3, "{ty}: GPU vs CPU logits differ by {e:.2e}");
+        println!("{ty}: GPU vs CPU logits within {e:.2e} of the largest");
+        assert!(
+            e < bound,
+            "{ty}: GPU vs CPU logits differ by {e:.2e} (bound {bound:.0e})"
+        );
     }
 }
 
