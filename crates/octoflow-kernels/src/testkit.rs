@@ -86,7 +86,8 @@ pub fn random_weights(rng: &mut StdRng, ty: GgmlType, n_rows: usize, n_cols: usi
     q
 }
 
-/// A column count for `ty`: K-quants 256..1024, legacy 96..1024 in blocks, floats any (odd too).
+/// A column count for `ty`: 256-element super-blocks 256..1024, 32-element blocks 96..1024,
+/// floats any (odd too).
 pub fn random_cols(rng: &mut StdRng, ty: GgmlType) -> usize {
     match ty.block_size() {
         1 => rng.gen_range(1..700),

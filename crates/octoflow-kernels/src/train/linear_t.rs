@@ -1,8 +1,8 @@
 //! Input gradient through a frozen GGUF-encoded weight (shader `linear_t.comp`):
 //! `dx[t, i] (=|+=) Σ_o dy[t, dy_col + o] · W[o, i]`, i.e. `dX = dY · W` — the backward of
 //! [`crate::Linear`] with respect to its input. Weights are read in their GGUF encoding exactly
-//! as the forward kernels read them (see [`crate::linear`]); types: F32, F16, Q4_0, Q4_1, Q5_0,
-//! Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+//! as the forward kernels read them (see [`crate::linear`]); types: those of
+//! [`crate::Linear::weight_types`].
 //!
 //! The kernel is tiled: a workgroup owns 64 in-columns × 64 tokens of `dx` and walks the
 //! out-rows 32 at a time, dequantizing the weight tile into shared memory once per step.
@@ -66,8 +66,8 @@ impl LinearT {
     }
 
     /// Records `dx (=|+=) dy[:, dy_col .. dy_col + n_rows] · W`. Checks the type (`n_cols` a
-    /// multiple of the block size: 32 for the legacy quants, 256 for K-quants, any for F32/F16),
-    /// the shapes and every operand's size.
+    /// multiple of the block size: 32 for the legacy quants, MXFP4 and IQ4_NL, 256 for the
+    /// K-quants and IQ4_XS, any for floats), the shapes and every operand's size.
     pub fn record(&self, chain: &mut Chain, a: &LinearTArgs) -> Result<()> {
         let shape = |detail: String| KernelError::Shape { op: OP, detail };
         let w = &a.w;
