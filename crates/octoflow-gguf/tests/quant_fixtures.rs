@@ -1,6 +1,7 @@
 //! Our quant codecs against outside references: fixtures made by gguf-py 0.19, by ggml's C
 //! reference quantizers, and from the first blocks of real tensors of the three models
-//! (tests/fixtures/quant/make_fixtures.py says how they were made and how to remake them).
+//! (tests/fixtures/quant/make_fixtures.py says how they were made and how to remake them;
+//! iq4_xs.bin, IQ4_XS blocks dequantized by gguf-py, was made later by the same script).
 
 use std::collections::BTreeSet;
 
@@ -179,10 +180,12 @@ fn set(names: &[&'static str]) -> BTreeSet<&'static str> {
 
 #[test]
 fn dequantize_matches_gguf_py_bit_for_bit() {
-    let checked = check_dequantize(&load("synthetic.bin"));
+    let mut records = load("synthetic.bin");
+    records.extend(load("iq4_xs.bin"));
+    let checked = check_dequantize(&records);
     let documented = set(&[
         "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-        "Q6_K", "MXFP4", "IQ4_NL",
+        "Q6_K", "MXFP4", "IQ4_NL", "IQ4_XS",
     ]);
     assert_eq!(checked, documented, "types verified against gguf-py");
 }

@@ -9,20 +9,23 @@
 // registers in between.
 //
 // Before including this file a shader defines exactly one QTYPE_* (QTYPE_F32, QTYPE_F16,
-// QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1, QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_Q5_K,
-// QTYPE_Q6_K) and declares the weights as a buffer with the member `uint w[];` (32-bit words of
-// the little-endian GGUF bytes). A row of n elements starts at byte `row_byte` (row r of a
-// matrix: r * row_bytes, row_bytes = quantized_size(type, n)). Blocks of Q4_0, Q5_0, Q8_0, Q6_K
-// and rows of F16 are only 2-byte aligned: their fields are read as windows of whole words (the
-// words holding the region, from word b >> 2) and picked apart at decode time with the bit
-// (b & 2), which chunk_decode recomputes from row_byte and c. Every load is of a word holding a
-// byte of the chunk's block (of the chunk's real elements for F32/F16), so nothing is read past
-// the end of a buffer of whole words.
+// QTYPE_BF16, QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1, QTYPE_Q8_0, QTYPE_MXFP4,
+// QTYPE_IQ4_NL, QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_IQ4_XS) and
+// declares the weights as a buffer with the member `uint w[];` (32-bit words of the
+// little-endian GGUF bytes). A row of n elements starts at byte `row_byte` (row r of a matrix:
+// r * row_bytes, row_bytes = quantized_size(type, n)). Blocks of Q4_0, Q5_0, Q8_0, IQ4_NL,
+// Q3_K, Q6_K and rows of F16/BF16 are only 2-byte aligned: their fields are read as windows of
+// whole words (the words holding the region, from word b >> 2) and picked apart at decode time
+// with the bit (b & 2), which chunk_decode recomputes from row_byte and c. MXFP4's 17-byte
+// blocks start at any byte: its five words are realigned by funnel shifts at decode time. Every
+// load is of a word holding a byte of the chunk's block (of the chunk's real elements for
+// F32/F16/BF16), so nothing is read past the end of a buffer of whole words.
 //
-// Chunk c of a row holds elements [32c, 32c + 32). For the legacy types it is block c; for the
-// K-quants it is sub-chunk c % 8 of super-block c / 8. For F32/F16 the last chunk may be partial
-// (n not a multiple of 32): chunk_fetch loads only its real elements, chunk_decode zero-fills past
-// n and chunk_len() says how many are real.
+// Chunk c of a row holds elements [32c, 32c + 32). For the 32-element block types (legacy,
+// MXFP4, IQ4_NL) it is block c; for the 256-element super-blocks (K-quants, IQ4_XS) it is
+// sub-chunk c % 8 of super-block c / 8. For F32/F16/BF16 the last chunk may be partial (n not a
+// multiple of 32): chunk_fetch loads only its real elements, chunk_decode zero-fills past n and
+// chunk_len() says how many are real.
 //
 // Products are formed as the CPU codecs form them (scale times code, minus the min last).
 //
@@ -72,6 +75,15 @@ uint byte_of(uint u, uint k) {
 // The low / high (hi: a bool) u16 of word u, and the IEEE f16 there as f32.
 #define HALF_BITS(u, hi) ((hi) ? ((u) >> 16) : ((u) & 0xFFFFu))
 #define HALF_OF(u, hi) unpackHalf2x16(HALF_BITS(u, hi)).x
+// Entry q (0..15) of a 16-entry table of i8 packed little-endian into the words t0..t3: selects,
+// not an indexed array, so the code book stays in immediates and the lookup is branch-free.
+#define QKV_PICK(t0, t1, t2, t3, q) bitfieldExtract(int((q) < 8u ? ((q) < 4u ? (t0) : (t1)) \
+    : ((q) < 12u ? (t2) : (t3))), int(8u * ((q) & 3u)), 8)
+// ggml's kvalues_iq4nl {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
+#define IQ4NL_VALUE(q) QKV_PICK(0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u, q)
+// ggml's kvalues_mxfp4: E2M1 values doubled {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, ..., -12} (the
+// code of -0 reads 0)
+#define MXFP4_VALUE(q) QKV_PICK(0x03020100u, 0x0C080604u, 0xFDFEFF00u, 0xF4F8FAFCu, q)
 
 // a * b + c rounded twice, as the CPU codecs compute it: `precise` forbids the fused
 // multiply-add, so decoded weights agree bit for bit with `octoflow_gguf::quant::dequantize`
@@ -90,7 +102,7 @@ float qmad(float a, float b, float c) {
 #define QBYTES 4u
 #define QDENSE 1
 #define QRAW 32u // the 32 elements (4-byte aligned)
-#elif defined(QTYPE_F16)
+#elif defined(QTYPE_F16) || defined(QTYPE_BF16)
 #define QK 1u
 #define QBYTES 2u
 #define QDENSE 1
@@ -115,6 +127,22 @@ float qmad(float a, float b, float c) {
 #define QK 32u
 #define QBYTES 34u
 #define QRAW 9u // [d:2][qs:32] at an even offset
+#elif defined(QTYPE_MXFP4)
+#define QK 32u
+#define QBYTES 17u
+#define QRAW 5u // [e:1][qs:16] at any offset
+#elif defined(QTYPE_IQ4_NL)
+#define QK 32u
+#define QBYTES 18u
+#define QRAW 5u // [d:2][qs:16] at an even offset
+#elif defined(QTYPE_Q2_K)
+#define QK 256u
+#define QBYTES 84u
+#define QRAW 10u // the sub-block's 32 qs bytes, its scale pair's word, the (d, dmin) word
+#elif defined(QTYPE_Q3_K)
+#define QK 256u
+#define QBYTES 110u
+#define QRAW 22u // hmask and qs windows (9 words each), the window of scales and d (4 words)
 #elif defined(QTYPE_Q4_K)
 #define QK 256u
 #define QBYTES 144u
@@ -127,6 +155,10 @@ float qmad(float a, float b, float c) {
 #define QK 256u
 #define QBYTES 210u
 #define QRAW 20u // ql and qh windows (9 words each), the scale pair's word, d's word
+#elif defined(QTYPE_IQ4_XS)
+#define QK 256u
+#define QBYTES 136u
+#define QRAW 6u // [d:2][scales_h:2], scales_l, the sub-block's 16 qs bytes
 #else
 #error "quant.glsl: define one QTYPE_*"
 #endif
@@ -156,7 +188,7 @@ void chunk_fetch(uint row_byte, uint c, uint n, out uint raw[QRAW]) {
     QUNROLL for (uint k = 0u; k < QRAW; k++) {
         raw[k] = k < len ? w[i0 + k] : 0u;
     }
-#elif defined(QTYPE_F16)
+#elif defined(QTYPE_F16) || defined(QTYPE_BF16)
     uint b = row_byte + 64u * c;
     uint i0 = b >> 2;
     uint last = ((b & 2u) + 2u * chunk_len(c, n) - 1u) >> 2; // the word of the last real byte
@@ -199,6 +231,41 @@ void chunk_fetch(uint row_byte, uint c, uint n, out uint raw[QRAW]) {
     }
     raw[18] = w[(bb + 192u + 2u * j) >> 2];
     raw[19] = w[(bb + 208u) >> 2];
+#elif defined(QTYPE_Q2_K)
+    // [scales:16][qs:64][d:2][dmin:2], 4-byte aligned: the 32 qs bytes of sub-chunk j = c % 8
+    // at 16 + 32 * (j / 4), the word of scales 2j and 2j + 1, the word of d and dmin.
+    uint i0 = (row_byte + (c / 8u) * QBYTES) >> 2;
+    uint j = c % 8u;
+    uint qs = i0 + 4u + 8u * (j / 4u);
+    QUNROLL for (uint k = 0u; k < 8u; k++) {
+        raw[k] = w[qs + k];
+    }
+    raw[8] = w[i0 + j / 2u];
+    raw[9] = w[i0 + 20u];
+#elif defined(QTYPE_Q3_K)
+    // [hmask:32][qs:64][scales:12][d:2] at an even offset: raw[0..9) the window of the 32 hmask
+    // bytes, raw[9..18) that of the 32 qs bytes of sub-chunk j = c % 8 at 32 + 32 * (j / 4),
+    // raw[18..22) that of the scales and d (bytes 96..110).
+    uint bb = row_byte + (c / 8u) * QBYTES;
+    uint j = c % 8u;
+    uint qs = bb + 32u + 32u * (j / 4u);
+    QUNROLL for (uint k = 0u; k < 9u; k++) {
+        raw[k] = w[(bb >> 2) + k];
+        raw[9u + k] = w[(qs >> 2) + k];
+    }
+    QUNROLL for (uint k = 0u; k < 4u; k++) {
+        raw[18u + k] = w[((bb + 96u) >> 2) + k];
+    }
+#elif defined(QTYPE_IQ4_XS)
+    // [d:2][scales_h:2][scales_l:4][qs:128], 4-byte aligned: words 0 and 1, then the 16 qs
+    // bytes of sub-block j = c % 8 at 8 + 16 * j.
+    uint i0 = (row_byte + (c / 8u) * QBYTES) >> 2;
+    uint j = c % 8u;
+    raw[0] = w[i0];
+    raw[1] = w[i0 + 1u];
+    QUNROLL for (uint k = 0u; k < 4u; k++) {
+        raw[2u + k] = w[i0 + 2u + 4u * j + k];
+    }
 #else
     // Legacy blocks: the QRAW words holding block c.
     uint i0 = (row_byte + c * QBYTES) >> 2;
@@ -222,7 +289,14 @@ void chunk_decode(uint raw[QRAW], uint row_byte, uint c, uint n, out float v[32]
     QUNROLL for (uint i = 0u; i < 32u; i++) {
         v[i] = i < len ? unpackHalf2x16(WIN_U16(raw, 2u * i, h)).x : 0.0;
     }
-#elif defined(QTYPE_Q4_0) || defined(QTYPE_Q5_0)
+#elif defined(QTYPE_BF16)
+    // bf16 is the top half of an f32.
+    uint len = chunk_len(c, n);
+    bool h = ((row_byte + 64u * c) & 2u) != 0u;
+    QUNROLL for (uint i = 0u; i < 32u; i++) {
+        v[i] = i < len ? uintBitsToFloat(WIN_U16(raw, 2u * i, h) << 16) : 0.0;
+    }
+#elif defined(QTYPE_Q4_0) || defined(QTYPE_Q5_0) || defined(QTYPE_IQ4_NL)
     bool h = ((row_byte + c * QBYTES) & 2u) != 0u;
     float d = unpackHalf2x16(WIN_U16(raw, 0u, h)).x;
 #ifdef QTYPE_Q5_0
@@ -236,9 +310,12 @@ void chunk_decode(uint raw[QRAW], uint row_byte, uint c, uint n, out float v[32]
         uint u = WIN_U32(raw, QS_AT + 4u * k, h);
         QUNROLL for (uint i = 0u; i < 4u; i++) {
             uint e = 4u * k + i;
-#ifdef QTYPE_Q5_0
+#if defined(QTYPE_Q5_0)
             v[e] = d * float(int((byte_of(u, i) & 0xFu) | (((qh >> e) & 1u) << 4)) - 16);
             v[e + 16u] = d * float(int((byte_of(u, i) >> 4) | (((qh >> (e + 16u)) & 1u) << 4)) - 16);
+#elif defined(QTYPE_IQ4_NL)
+            v[e] = d * float(IQ4NL_VALUE(byte_of(u, i) & 0xFu));
+            v[e + 16u] = d * float(IQ4NL_VALUE(byte_of(u, i) >> 4));
 #else
             v[e] = d * float(int(byte_of(u, i) & 0xFu) - 8);
             v[e + 16u] = d * float(int(byte_of(u, i) >> 4) - 8);
@@ -276,6 +353,89 @@ void chunk_decode(uint raw[QRAW], uint row_byte, uint c, uint n, out float v[32]
         int u = int(WIN_U32(raw, 2u + 4u * k, h));
         QUNROLL for (uint i = 0u; i < 4u; i++) {
             v[4u * k + i] = d * float(bitfieldExtract(u, int(8u * i), 8));
+        }
+    }
+#elif defined(QTYPE_MXFP4)
+    // The block starts at byte o = b & 3 of raw[0]: e is byte o, qs word k the four bytes from
+    // o + 1 + 4k, i.e. raw[k + 1] itself when o = 3, else the funnel of raw[k] and raw[k + 1]
+    // (sh is clamped so that the unused funnel at o = 3 shifts by less than 32).
+    uint o = (row_byte + c * QBYTES) & 3u;
+    uint e8 = byte_of(raw[0], o);
+    // 2^(e - 128), half the E8M0 scale (ggml halves the scale, its code book is doubled);
+    // e = 0 and 1 give f32 subnormals, as on the CPU.
+    float d = uintBitsToFloat(e8 < 2u ? 0x00200000u << e8 : (e8 - 1u) << 23);
+    uint sh = 8u * min(o + 1u, 3u);
+    QUNROLL for (uint k = 0u; k < 4u; k++) {
+        uint u = o == 3u ? raw[k + 1u] : (raw[k] >> sh) | (raw[k + 1u] << (32u - sh));
+        QUNROLL for (uint i = 0u; i < 4u; i++) {
+            uint e = 4u * k + i;
+            v[e] = float(MXFP4_VALUE(byte_of(u, i) & 0xFu)) * d;
+            v[e + 16u] = float(MXFP4_VALUE(byte_of(u, i) >> 4)) * d;
+        }
+    }
+#elif defined(QTYPE_Q2_K)
+    // Sub-chunk j = c % 8 is sub-blocks 2j (elements l < 16) and 2j + 1: code l is bits
+    // 2 * (j % 4) of qs byte l; scale byte s holds the 4-bit scale (low) and min (high).
+    uint j = c % 8u;
+    float d = HALF_OF(raw[9], false);
+    float dmin = HALF_OF(raw[9], true);
+    uint sp = HALF_BITS(raw[8], (j & 1u) != 0u); // scale bytes 2j, 2j + 1
+    float dl0 = d * float(sp & 0xFu);
+    float ml0 = dmin * float((sp >> 4) & 0xFu);
+    float dl1 = d * float((sp >> 8) & 0xFu);
+    float ml1 = dmin * float(sp >> 12);
+    uint shift = 2u * (j % 4u);
+    QUNROLL for (uint k = 0u; k < 8u; k++) {
+        uint u = raw[k];
+        float dl = k < 4u ? dl0 : dl1;
+        float ml = k < 4u ? ml0 : ml1;
+        QUNROLL for (uint i = 0u; i < 4u; i++) {
+            v[4u * k + i] = qmad(dl, float((byte_of(u, i) >> shift) & 3u), -ml);
+        }
+    }
+#elif defined(QTYPE_Q3_K)
+    // Sub-chunk j = c % 8 is sub-blocks 2j (elements l < 16) and 2j + 1: code l is bits
+    // 2 * (j % 4) of qs byte l, minus 4 unless bit j of hmask byte l is set. Sub-block s's 6-bit
+    // scale: low nibble of scale byte s (s < 8) or high nibble of byte s - 8, top 2 bits at
+    // 2 * (s / 4) of byte 8 + s % 4; for s = 2j, 2j + 1 those byte pairs are half-words.
+    uint bb = row_byte + (c / 8u) * QBYTES;
+    uint j = c % 8u;
+    bool h = (bb & 2u) != 0u;
+    uint s0 = WIN_U32(raw, 72u, h); // scale bytes 0..4 (the window raw[18..22) at byte 72)
+    uint s1 = WIN_U32(raw, 76u, h);
+    uint s2 = WIN_U32(raw, 80u, h);
+    float d = HALF_OF(raw[21], h); // region byte 12: word 3 of the window, half h
+    uint lp = HALF_BITS((j % 4u) < 2u ? s0 : s1, (j & 1u) != 0u);
+    uint hp = HALF_BITS(s2, (j & 1u) != 0u);
+    uint lsh = j < 4u ? 0u : 4u;
+    uint hsh = 2u * (j / 2u);
+    int sc0 = int(((lp >> lsh) & 0xFu) | (((hp >> hsh) & 3u) << 4)) - 32;
+    int sc1 = int(((lp >> (8u + lsh)) & 0xFu) | (((hp >> (8u + hsh)) & 3u) << 4)) - 32;
+    float dl0 = d * float(sc0);
+    float dl1 = d * float(sc1);
+    uint shift = 2u * (j % 4u);
+    QUNROLL for (uint k = 0u; k < 8u; k++) {
+        uint um = WIN_U32(raw, 4u * k, h);
+        uint uq = WIN_U32(raw, 36u + 4u * k, h); // raw[9..18): byte offset 36
+        float dl = k < 4u ? dl0 : dl1;
+        QUNROLL for (uint i = 0u; i < 4u; i++) {
+            int q = int((byte_of(uq, i) >> shift) & 3u) - (((byte_of(um, i) >> j) & 1u) != 0u ? 0 : 4);
+            v[4u * k + i] = dl * float(q);
+        }
+    }
+#elif defined(QTYPE_IQ4_XS)
+    // Sub-block j = c % 8: 6-bit scale from nibble j % 2 of scales_l byte j / 2 and bits 2j of
+    // scales_h; elements l < 16 the low nibbles of the 16 qs bytes, the rest the high nibbles.
+    uint j = c % 8u;
+    float d = HALF_OF(raw[0], false);
+    uint ls = ((byte_of(raw[1], j / 2u) >> (4u * (j % 2u))) & 0xFu) | (((raw[0] >> (16u + 2u * j)) & 3u) << 4);
+    float dl = d * float(int(ls) - 32);
+    QUNROLL for (uint k = 0u; k < 4u; k++) {
+        uint u = raw[2u + k];
+        QUNROLL for (uint i = 0u; i < 4u; i++) {
+            uint e = 4u * k + i;
+            v[e] = dl * float(IQ4NL_VALUE(byte_of(u, i) & 0xFu));
+            v[e + 16u] = dl * float(IQ4NL_VALUE(byte_of(u, i) >> 4));
         }
     }
 #elif defined(QTYPE_Q4_K) || defined(QTYPE_Q5_K)

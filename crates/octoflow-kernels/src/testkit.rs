@@ -59,17 +59,35 @@ pub fn buffer_with(ctx: &Context, name: &str, bytes: &[u8]) -> Buffer {
     b
 }
 
-/// Random `n_rows x n_cols` weights in `ty`'s encoding.
+/// Random `n_rows x n_cols` weights in `ty`'s encoding: uniform -1 .. 1 through the CPU
+/// quantizer, or for the types without one (IQ4_NL, IQ4_XS) random blocks — random codes and
+/// sub-block scales, the f16 `d` at each block's start chosen so that values stay within about
+/// ±1 (code books reach ±127; IQ4_XS sub-block scales ±32 more).
 pub fn random_weights(rng: &mut StdRng, ty: GgmlType, n_rows: usize, n_cols: usize) -> Vec<u8> {
-    let f: Vec<f32> = (0..n_rows * n_cols)
-        .map(|_| rng.gen_range(-1.0..1.0))
-        .collect();
-    let mut q = vec![0u8; octoflow_gguf::quant::quantized_size(ty, n_rows * n_cols).unwrap()];
-    octoflow_gguf::quant::quantize(ty, &f, &mut q).unwrap();
+    use octoflow_gguf::quant;
+    let mut q = vec![0u8; quant::quantized_size(ty, n_rows * n_cols).unwrap()];
+    if quant::can_quantize(ty) {
+        let f: Vec<f32> = (0..n_rows * n_cols)
+            .map(|_| rng.gen_range(-1.0..1.0))
+            .collect();
+        quant::quantize(ty, &f, &mut q).unwrap();
+        return q;
+    }
+    let d_max = match ty {
+        GgmlType::IQ4_NL => 1.0 / 127.0,
+        GgmlType::IQ4_XS => 1.0 / (32.0 * 127.0),
+        _ => panic!("random_weights: no quantizer and no block recipe for {ty}"),
+    };
+    rng.fill(&mut q[..]);
+    for b in q.chunks_exact_mut(ty.type_size()) {
+        let d = half::f16::from_f32(rng.gen_range(-d_max..d_max));
+        b[..2].copy_from_slice(&d.to_bits().to_le_bytes());
+    }
     q
 }
 
-/// A column count for `ty`: K-quants 256..1024, legacy 96..1024 in blocks, floats any (odd too).
+/// A column count for `ty`: 256-element super-blocks 256..1024, 32-element blocks 96..1024,
+/// floats any (odd too).
 pub fn random_cols(rng: &mut StdRng, ty: GgmlType) -> usize {
     match ty.block_size() {
         1 => rng.gen_range(1..700),

@@ -49,7 +49,8 @@ fn unsupported_architecture_is_named_with_the_supported_list() {
     w.set("general.architecture", Value::String("mamba".into()));
     let e = config(&w).unwrap_err().to_string();
     assert!(
-        e.contains("\"mamba\"") && e.contains("llama, qwen2, qwen3, gemma3"),
+        e.contains("\"mamba\"")
+            && e.contains("llama, qwen2, qwen3, qwen3moe, gemma3, phi3, gpt-oss"),
         "{e}"
     );
 }

@@ -50,6 +50,13 @@ pub enum ModelError {
     /// A tensor's element type has no CPU codec.
     #[error("tensor {name:?}: type {ty} is not supported by the CPU reference")]
     UnsupportedTensorType { name: String, ty: GgmlType },
+    /// A matrix's element type is not one the GPU kernels read (`supported` lists those).
+    #[error("tensor {name:?}: type {ty} is not supported on the GPU (supported: {supported})")]
+    UnsupportedGpuTensorType {
+        name: String,
+        ty: GgmlType,
+        supported: String,
+    },
     /// A quant codec rejected a tensor's data.
     #[error("tensor {name:?}: {source}")]
     Quant {

@@ -21,7 +21,7 @@ use super::{
 const QK: usize = 32;
 
 /// The non-linear 4-bit code book of IQ4_NL (`kvalues_iq4nl` in ggml).
-const IQ4_NL_VALUES: [i8; 16] = [
+pub(super) const IQ4_NL_VALUES: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 

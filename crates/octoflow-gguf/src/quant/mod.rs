@@ -13,15 +13,15 @@
 //! | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 | yes | yes |
 //! | Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K | yes | yes |
 //! | MXFP4 | yes | yes |
-//! | IQ4_NL | yes | no |
+//! | IQ4_NL, IQ4_XS | yes | no |
 //!
 //! # Verified against outside references (tests/quant_fixtures.rs, fixtures made by
 //! tests/fixtures/quant/make_fixtures.py)
 //!
 //! - **Dequantization, bit-exact against gguf-py 0.19** (`gguf.quants.dequantize`): F16, BF16,
-//!   Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4, IQ4_NL, on synthetic
-//!   blocks and on the first blocks of real tensors of the three models (Q4_1, Q5_0, Q8_0, Q4_K,
-//!   Q6_K, F32). gguf-py has no Q8_1 or Q8_K; those are checked by round trips only.
+//!   Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4, IQ4_NL, IQ4_XS, on
+//!   synthetic blocks and on the first blocks of real tensors of the three models (Q4_1, Q5_0,
+//!   Q8_0, Q4_K, Q6_K, F32). gguf-py has no Q8_1 or Q8_K; those are checked by round trips only.
 //! - **Quantization, bit-exact against gguf-py 0.19** (`gguf.quants.quantize`): F16, BF16, Q4_0,
 //!   Q4_1, Q5_0, Q5_1, Q8_0, MXFP4.
 //! - **Quantization, bit-exact against ggml's C reference quantizers** (`quantize_row_*_ref`,
@@ -33,6 +33,7 @@
 //! - Every quantizer also has a round-trip error bound on fresh random input (`tests.rs`).
 
 mod float;
+mod iq4_xs;
 mod k_dequant;
 mod k_quantize;
 mod k_search;
@@ -214,6 +215,11 @@ fn codec(ty: GgmlType) -> Option<Codec> {
         T::IQ4_NL => Codec {
             dequantize: dequantize_blocks::<legacy::IQ4_NL>,
             dot: dot_blocks::<legacy::IQ4_NL>,
+            quantize: None,
+        },
+        T::IQ4_XS => Codec {
+            dequantize: dequantize_blocks::<iq4_xs::IQ4_XS>,
+            dot: dot_blocks::<iq4_xs::IQ4_XS>,
             quantize: None,
         },
         T::MXFP4 => blocks!(mxfp4::MXFP4),

@@ -391,7 +391,9 @@ glu_type_tests!(
     gpu_linear_glu_f32 => F32, gpu_linear_glu_f16 => F16, gpu_linear_glu_q4_0 => Q4_0,
     gpu_linear_glu_q4_1 => Q4_1, gpu_linear_glu_q5_0 => Q5_0, gpu_linear_glu_q5_1 => Q5_1,
     gpu_linear_glu_q8_0 => Q8_0, gpu_linear_glu_q4_k => Q4_K, gpu_linear_glu_q5_k => Q5_K,
-    gpu_linear_glu_q6_k => Q6_K
+    gpu_linear_glu_q6_k => Q6_K, gpu_linear_glu_bf16 => BF16, gpu_linear_glu_mxfp4 => MXFP4,
+    gpu_linear_glu_iq4_nl => IQ4_NL, gpu_linear_glu_q2_k => Q2_K, gpu_linear_glu_q3_k => Q3_K,
+    gpu_linear_glu_iq4_xs => IQ4_XS
 );
 
 #[test]
@@ -445,12 +447,12 @@ fn fused_glu_mismatches_are_clear_errors() {
         let e = run(w(q8, 8, &bw), w(q8, 8, &sw), 2, None);
         assert!(e.contains("up weights (small)"), "{e}");
         let e = run(
-            w(GgmlType::Q2_K, 8, &bw),
-            w(GgmlType::Q2_K, 8, &bw),
+            w(GgmlType::Q8_K, 8, &bw),
+            w(GgmlType::Q8_K, 8, &bw),
             2,
             None,
         );
-        assert!(e.contains("Q2_K") && e.contains("not supported"), "{e}");
+        assert!(e.contains("Q8_K") && e.contains("not supported"), "{e}");
         if cpu {
             let e = run(w(q8, 8, &bw), w(q8, 8, &bw), 2, Some((&bw, 1e-6)));
             assert!(e.contains("fused norm"), "{e}");
@@ -462,7 +464,7 @@ fn fused_glu_mismatches_are_clear_errors() {
         assert_eq!(lin.fuses_glu(9, q8, q8), lin.uses_coop(9));
         assert!(!lin.fuses_glu(0, q8, q8));
         assert!(!lin.fuses_glu(1, q8, GgmlType::Q4_0));
-        assert!(!lin.fuses_glu(1, GgmlType::Q2_K, GgmlType::Q2_K));
+        assert!(!lin.fuses_glu(1, GgmlType::Q8_K, GgmlType::Q8_K));
     }
 }
 
@@ -502,11 +504,11 @@ fn bad_shapes_and_types_are_clear_errors() {
     };
     let e = args(GgmlType::Q4_K, 300, "big");
     assert!(e.contains("300") && e.contains("256"), "{e}");
-    let e = args(GgmlType::Q2_K, 256, "big");
-    assert!(e.contains("Q2_K") && e.contains("not supported"), "{e}");
+    let e = args(GgmlType::Q8_K, 256, "big");
+    assert!(e.contains("Q8_K") && e.contains("not supported"), "{e}");
     let e = args(GgmlType::Q8_0, 64, "small");
     assert!(e.contains("x (small)") && e.contains("192 floats"), "{e}");
-    assert!(!Linear::supports(GgmlType::Q2_K) && Linear::supports(GgmlType::Q6_K));
+    assert!(!Linear::supports(GgmlType::Q8_K) && Linear::supports(GgmlType::Q6_K));
     let a = LinearArgs {
         w: QWeightRef {
             ty: GgmlType::F32,

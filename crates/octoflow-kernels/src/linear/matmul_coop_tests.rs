@@ -191,7 +191,10 @@ type_tests!(
     gpu_matmul_coop_q4_1 => Q4_1, gpu_matmul_coop_q5_0 => Q5_0,
     gpu_matmul_coop_q5_1 => Q5_1, gpu_matmul_coop_q8_0 => Q8_0,
     gpu_matmul_coop_q4_k => Q4_K, gpu_matmul_coop_q5_k => Q5_K,
-    gpu_matmul_coop_q6_k => Q6_K
+    gpu_matmul_coop_q6_k => Q6_K, gpu_matmul_coop_bf16 => BF16,
+    gpu_matmul_coop_mxfp4 => MXFP4, gpu_matmul_coop_iq4_nl => IQ4_NL,
+    gpu_matmul_coop_q2_k => Q2_K, gpu_matmul_coop_q3_k => Q3_K,
+    gpu_matmul_coop_iq4_xs => IQ4_XS
 );
 
 /// Gate, up and the activation in one dispatch ([`crate::Linear::record_glu`] on batches

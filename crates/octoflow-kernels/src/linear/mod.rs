@@ -4,8 +4,9 @@
 //! `quant.glsl`).
 //!
 //! Weights stay on the device in their exact GGUF bytes: `n_rows` rows of `n_cols` elements,
-//! row `r` at byte `r * row_bytes` with `row_bytes = quantized_size(ty, n_cols)`. Types: F32,
-//! F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+//! row `r` at byte `r * row_bytes` with `row_bytes = quantized_size(ty, n_cols)`. Types
+//! ([`Linear::weight_types`]): F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL,
+//! Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS.
 //!
 //! On CPU drivers (lavapipe) both products use `linear_cpu.comp` instead, a layout without
 //! shared memory whose x reads are subgroup-uniform (see the shader's header).
@@ -305,6 +306,12 @@ impl Linear {
     /// Whether the kernels read weights of type `ty`.
     pub fn supports(ty: GgmlType) -> bool {
         TYPES.contains(&ty)
+    }
+
+    /// The weight types the kernels read (every product path, the GLU, `GetRows` and
+    /// `LinearT` take the same ones).
+    pub fn weight_types() -> &'static [GgmlType] {
+        &TYPES
     }
 
     /// Records `y (=|+=) x · Wᵀ (+ bias)`: the cooperative-matrix kernel for batches of

@@ -175,7 +175,9 @@ type_tests!(
     gpu_linear_f32 => F32, gpu_linear_f16 => F16, gpu_linear_q4_0 => Q4_0,
     gpu_linear_q4_1 => Q4_1, gpu_linear_q5_0 => Q5_0, gpu_linear_q5_1 => Q5_1,
     gpu_linear_q8_0 => Q8_0, gpu_linear_q4_k => Q4_K, gpu_linear_q5_k => Q5_K,
-    gpu_linear_q6_k => Q6_K
+    gpu_linear_q6_k => Q6_K, gpu_linear_bf16 => BF16, gpu_linear_mxfp4 => MXFP4,
+    gpu_linear_iq4_nl => IQ4_NL, gpu_linear_q2_k => Q2_K, gpu_linear_q3_k => Q3_K,
+    gpu_linear_iq4_xs => IQ4_XS
 );
 
 /// Every matvec work layout the kernels can be asked for ([`MatvecPlan`]: 32 to 256

@@ -1,8 +1,8 @@
 //! Input gradient through a frozen GGUF-encoded weight (shader `linear_t.comp`):
 //! `dx[t, i] (=|+=) Σ_o dy[t, dy_col + o] · W[o, i]`, i.e. `dX = dY · W` — the backward of
 //! [`crate::Linear`] with respect to its input. Weights are read in their GGUF encoding exactly
-//! as the forward kernels read them (see [`crate::linear`]); types: F32, F16, Q4_0, Q4_1, Q5_0,
-//! Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+//! as the forward kernels read them (see [`crate::linear`]); types: those of
+//! [`crate::Linear::weight_types`].
 //!
 //! The kernel is tiled: a workgroup owns 64 in-columns × 64 tokens of `dx` and walks the
 //! out-rows 32 at a time, dequantizing the weight tile into shared memory once per step.
@@ -66,8 +66,8 @@ impl LinearT {
     }
 
     /// Records `dx (=|+=) dy[:, dy_col .. dy_col + n_rows] · W`. Checks the type (`n_cols` a
-    /// multiple of the block size: 32 for the legacy quants, 256 for K-quants, any for F32/F16),
-    /// the shapes and every operand's size.
+    /// multiple of the block size: 32 for the legacy quants, MXFP4 and IQ4_NL, 256 for the
+    /// K-quants and IQ4_XS, any for floats), the shapes and every operand's size.
     pub fn record(&self, chain: &mut Chain, a: &LinearTArgs) -> Result<()> {
         let shape = |detail: String| KernelError::Shape { op: OP, detail };
         let w = &a.w;
@@ -304,7 +304,9 @@ mod tests {
         gpu_linear_t_f32 => F32, gpu_linear_t_f16 => F16, gpu_linear_t_q4_0 => Q4_0,
         gpu_linear_t_q4_1 => Q4_1, gpu_linear_t_q5_0 => Q5_0, gpu_linear_t_q5_1 => Q5_1,
         gpu_linear_t_q8_0 => Q8_0, gpu_linear_t_q4_k => Q4_K, gpu_linear_t_q5_k => Q5_K,
-        gpu_linear_t_q6_k => Q6_K
+        gpu_linear_t_q6_k => Q6_K, gpu_linear_t_bf16 => BF16, gpu_linear_t_mxfp4 => MXFP4,
+        gpu_linear_t_iq4_nl => IQ4_NL, gpu_linear_t_q2_k => Q2_K, gpu_linear_t_q3_k => Q3_K,
+        gpu_linear_t_iq4_xs => IQ4_XS
     );
 
     /// A vocabulary-like product: many out-rows (several thousand steps of the row loop) into
@@ -362,14 +364,14 @@ mod tests {
         };
         let e = err(GgmlType::Q4_K, 300, &bw, &bw, 10);
         assert!(e.contains("300") && e.contains("256"), "{e}");
-        let e = err(GgmlType::Q2_K, 256, &bw, &bw, 10);
-        assert!(e.contains("Q2_K") && e.contains("not supported"), "{e}");
+        let e = err(GgmlType::Q8_K, 256, &bw, &bw, 10);
+        assert!(e.contains("Q8_K") && e.contains("not supported"), "{e}");
         let e = err(GgmlType::Q8_0, 64, &sw, &bw, 10);
         assert!(e.contains("dy (small)") && e.contains("30 floats"), "{e}");
         let e = err(GgmlType::Q8_0, 64, &bw, &sw, 10);
         assert!(e.contains("dx (small)") && e.contains("192 floats"), "{e}");
         let e = err(GgmlType::F32, 4, &bw, &bw, 9);
         assert!(e.contains("dy_stride 9 < dy_col 2 + n_rows 8"), "{e}");
-        assert!(!LinearT::supports(GgmlType::Q2_K) && LinearT::supports(GgmlType::Q6_K));
+        assert!(!LinearT::supports(GgmlType::Q8_K) && LinearT::supports(GgmlType::Q6_K));
     }
 }

@@ -56,8 +56,10 @@ impl GpuModel {
         }
         Ok(Self {
             config: c.clone(),
-            kernels: Kernels::new(ctx)?,
+            // weights first: a weight type the kernels do not read fails before any pipeline
+            // is built
             weights: GpuWeights::upload(ctx, model)?,
+            kernels: Kernels::new(ctx)?,
             ctx: ctx.clone(),
             adapters: None,
         })

@@ -101,6 +101,20 @@ impl<'a> Uploader<'a> {
     }
 
     fn matrix(&mut self, m: &'a QMatrix) -> Result<PlannedMatrix<'a>> {
+        // Every matrix goes through the same per-type kernels (products, the GLU, get_rows for
+        // the embedding, linear_t when training), so one check here names the tensor before
+        // any recording would fail on it.
+        if !octoflow_kernels::Linear::supports(m.ty) {
+            let supported: Vec<String> = octoflow_kernels::Linear::weight_types()
+                .iter()
+                .map(|t| t.to_string())
+                .collect();
+            return Err(ModelError::UnsupportedGpuTensorType {
+                name: m.name.clone(),
+                ty: m.ty,
+                supported: supported.join(", "),
+            });
+        }
         let row_bytes = m.row_bytes() as u64;
         let rows_per_piece = ((self.limit - PAD) / row_bytes.max(1)).min(u64::from(u32::MAX));
         if rows_per_piece == 0 {
@@ -261,3 +275,7 @@ impl GpuWeights {
         })
     }
 }
+
+#[cfg(test)]
+#[path = "weights_tests.rs"]
+mod tests;
