@@ -290,3 +290,14 @@ pub fn random_adapter(
         tensors,
     }
 }
+
+/// Largest |got - want| relative to the largest |want| (logits of two paths); NaN fails.
+pub fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+    got.iter().zip(want).fold(0f32, |m, (g, w)| {
+        let d = (g - w).abs();
+        assert!(d.is_finite(), "non-finite logit {g} vs {w}");
+        m.max(d / scale)
+    })
+}

@@ -11,19 +11,8 @@ use rand::Rng;
 
 use crate::adapter::{merged_file, Adapter, Target};
 use crate::gpu::GpuModel;
-use crate::testing::{open, random_adapter, rng, tiny_writer, TINY};
+use crate::testing::{open, random_adapter, rel_err, rng, tiny_writer, TINY};
 use crate::{BatchForward, BatchRow, Forward, Logits, Model, RowOutput, RowResult, TokenIn};
-
-/// Largest |got - want| relative to the largest |want|; NaN fails.
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-    got.iter().zip(want).fold(0f32, |m, (g, w)| {
-        let d = (g - w).abs();
-        assert!(d.is_finite(), "non-finite logit {g} vs {w}");
-        m.max(d / scale)
-    })
-}
 
 /// The CPU reference over `base` with `adapters` merged (F32).
 fn merged_model(base: &Arc<octoflow_gguf::GgufFile>, adapters: &[(&Adapter, f32)]) -> Model {

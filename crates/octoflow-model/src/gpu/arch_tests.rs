@@ -4,21 +4,10 @@
 //! together they tie each family's GPU path to llama.cpp.
 
 use crate::gpu::GpuModel;
-use crate::testing::{rng, tiny_model, TINY};
+use crate::testing::{rel_err, rng, tiny_model, TINY};
 use crate::{Forward, Logits};
 use octoflow_vk::testing::gpu_or_skip;
 use rand::Rng;
-
-/// Largest |got - want| relative to the largest |want|; NaN fails.
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-    got.iter().zip(want).fold(0f32, |m, (g, w)| {
-        let d = (g - w).abs();
-        assert!(d.is_finite(), "non-finite logit {g} vs {w}");
-        m.max(d / scale)
-    })
-}
 
 #[test]
 fn every_architecture_runs_on_the_gpu_as_on_the_cpu_reference() {

@@ -12,7 +12,7 @@ use rand::Rng;
 use crate::error::ModelError;
 use crate::gpu::weights::GpuWeights;
 use crate::gpu::GpuModel;
-use crate::testing::{open, rng, tiny_writer, TinyShape};
+use crate::testing::{open, rel_err, rng, tiny_writer, TinyShape};
 use crate::{Forward, Logits, Model};
 
 /// Tiny, but every matrix's rows are whole 256-element super-blocks (K-quants, IQ4_XS).
@@ -60,17 +60,6 @@ fn with_matrices_in(
         t.data = q.into();
     }
     w
-}
-
-/// Largest |got - want| relative to the largest |want|; NaN fails.
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-    got.iter().zip(want).fold(0f32, |m, (g, w)| {
-        let d = (g - w).abs();
-        assert!(d.is_finite(), "non-finite logit {g} vs {w}");
-        m.max(d / scale)
-    })
 }
 
 #[test]
