@@ -183,12 +183,12 @@ impl Gating {
         match self {
             Gating::SoftmaxOfSelected => {
                 let mut w: Vec<f32> = selected.iter().map(|&e| logits[e]).collect();
-                softmax_f32(&mut w);
+                crate::ops::softmax(&mut w);
                 w
             }
             Gating::Softmax { norm } => {
                 let mut p = logits.to_vec();
-                softmax_f32(&mut p);
+                crate::ops::softmax(&mut p);
                 let mut w: Vec<f32> = selected.iter().map(|&e| p[e]).collect();
                 if norm {
                     let sum = w.iter().sum::<f32>().max(6.103_515_6e-5);
@@ -198,17 +198,6 @@ impl Gating {
             }
         }
     }
-}
-
-/// `exp(x - max) / Σ`, in f32.
-fn softmax_f32(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
-    x.iter_mut().for_each(|v| *v /= sum);
 }
 
 /// The activation of an expert's gate and up products.

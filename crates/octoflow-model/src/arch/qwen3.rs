@@ -8,17 +8,7 @@ use crate::plan::{AttnKind, AttnPlan, BlockPlan, FfnPlan, GluPlan};
 
 pub(super) fn configure(base: &BaseHParams) -> Recipe {
     let block = BlockPlan {
-        attn: AttnPlan {
-            qkv_bias: false,
-            qk_norm: true,
-            rope: base.rope(RopeType::Neox),
-            kind: AttnKind::Full,
-            scale: base.default_attention_scale(),
-            scale_q: false,
-            post_norm: false,
-            out_bias: false,
-            sinks: false,
-        },
+        attn: attention(base),
         ffn: FfnPlan::Glu(GluPlan {
             act: Activation::Silu,
             post_norm: false,
@@ -27,5 +17,20 @@ pub(super) fn configure(base: &BaseHParams) -> Recipe {
     Recipe {
         embedding_scale: 1.0,
         blocks: vec![block; base.n_layer],
+    }
+}
+
+/// Qwen3's attention sub-block (qwen3moe's too).
+pub(super) fn attention(base: &BaseHParams) -> AttnPlan {
+    AttnPlan {
+        qkv_bias: false,
+        qk_norm: true,
+        rope: base.rope(RopeType::Neox),
+        kind: AttnKind::Full,
+        scale: base.default_attention_scale(),
+        scale_q: false,
+        post_norm: false,
+        out_bias: false,
+        sinks: false,
     }
 }

@@ -9,9 +9,9 @@
 //! - An expert's width is `expert_feed_forward_length`, else `feed_forward_length /
 //!   expert_used_count`.
 
-use crate::config::{BaseHParams, Meta, Recipe, RopeType};
+use crate::config::{BaseHParams, Meta, Recipe};
 use crate::error::Result;
-use crate::plan::{AttnKind, AttnPlan, BlockPlan, FfnPlan, Gating, MoeAct, MoePlan};
+use crate::plan::{BlockPlan, FfnPlan, Gating, MoeAct, MoePlan};
 
 pub(super) fn configure(meta: &Meta, base: &BaseHParams) -> Result<Recipe> {
     let n_expert = meta.req_usize("expert_count")?;
@@ -26,17 +26,7 @@ pub(super) fn configure(meta: &Meta, base: &BaseHParams) -> Result<Recipe> {
         .opt_usize("expert_feed_forward_length")?
         .unwrap_or(base.n_ff / n_used);
     let block = BlockPlan {
-        attn: AttnPlan {
-            qkv_bias: false,
-            qk_norm: true,
-            rope: base.rope(RopeType::Neox),
-            kind: AttnKind::Full,
-            scale: base.default_attention_scale(),
-            scale_q: false,
-            post_norm: false,
-            out_bias: false,
-            sinks: false,
-        },
+        attn: super::qwen3::attention(base),
         ffn: FfnPlan::Moe(MoePlan {
             n_expert,
             n_used,
