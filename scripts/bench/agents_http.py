@@ -18,7 +18,7 @@ Prints tasks/s, generated tokens/s (the server's usage counts) and the client's 
 Standard library only; a new connection per request (llama-server drops kept-alive ones
 under load).
 
-  python3 scripts/bench/agents_http.py --url http://127.0.0.1:8080 --tasks T.jsonl queue -n 64
+  python3 scripts/bench/agents_http.py --url http://127.0.0.1:8080 --tasks T.jsonl -n 64 queue
   python3 scripts/bench/agents_http.py --url ... --tasks T.jsonl debate --instances 3 --rounds 2
 """
 

@@ -23,7 +23,12 @@ PY
 run() { # label, then octoflow agents arguments
   local label=$1; shift
   echo "== $label"
-  timeout 300 "$@" 2>&1 | grep -E "octoflow agents: [0-9]+ outputs|error|Error" | tail -2
+  timeout 300 "$@" 2>&1 | grep -E "octoflow agents: |error|Error" | tail -3
+}
+prun() { # label, then octoflow agents arguments: with --profile, the kernels' table
+  local label=$1; shift
+  echo "== $label (--profile)"
+  timeout 300 "$@" --profile 2>&1 | grep -vE "^\s*$" | grep -E "GPU time|^kernel|^(vm|rows)|floor|octoflow agents: |error|Error" | head -${TOP:-40}
 }
 for bin in "$@"; do
   echo "#### $bin"
@@ -33,6 +38,8 @@ for bin in "$@"; do
   run "queue 2000 tasks x 1000 instances -c 256 --steps 32" $bin agents -m $M --pattern queue --tasks q2000.jsonl --instances 1000 -n 64 --temp 0 -c 256 --steps 32 -o $OUT/q2000.$(basename $bin).jsonl
   run "debate 16 x 3 x 2 rounds -c 1024 --steps 32" $bin agents -m $M --pattern debate --tasks debate16.jsonl --instances 3 --rounds 2 -n 64 --temp 0 -c 1024 --steps 32 -o $OUT/debate.$(basename $bin).jsonl
   run "debate 16 x 3 x 2 rounds -c 1024 host (--steps 0)" $bin agents -m $M --pattern debate --tasks debate16.jsonl --instances 3 --rounds 2 -n 64 --temp 0 -c 1024 --steps 0 -o $OUT/debate0.$(basename $bin).jsonl
+  prun "queue 256x256" $bin agents -m $M --pattern queue --tasks q256.jsonl --instances 256 -n 64 --temp 0 -c 512 --steps 32 -o $OUT/q256p.$(basename $bin).jsonl
+  prun "debate 16 x 3 x 2" $bin agents -m $M --pattern debate --tasks debate16.jsonl --instances 3 --rounds 2 -n 64 --temp 0 -c 1024 --steps 32 -o $OUT/debatep.$(basename $bin).jsonl
 done
 bin=$1
 echo "#### serve + asyncio ($bin)"
@@ -40,9 +47,9 @@ $bin serve -m $M --instances 256 -c 1024 --max-rows 512 --queue 4096 --port 8199
 pid=$!
 for _ in $(seq 120); do curl -sf http://127.0.0.1:8199/health >/dev/null && break; sleep 0.5; done
 for c in 256; do
-  echo "== http queue 256 tasks, concurrency $c"; python3 agents_http.py --url http://127.0.0.1:8199 --tasks q256.jsonl --concurrency $c queue -n 64
-  echo "== http queue 2000 tasks, concurrency $c"; python3 agents_http.py --url http://127.0.0.1:8199 --tasks q2000.jsonl --concurrency $c queue -n 64
+  echo "== http queue 256 tasks, concurrency $c"; python3 agents_http.py --url http://127.0.0.1:8199 --tasks q256.jsonl --concurrency $c -n 64 queue
+  echo "== http queue 2000 tasks, concurrency $c"; python3 agents_http.py --url http://127.0.0.1:8199 --tasks q2000.jsonl --concurrency $c -n 64 queue
 done
-echo "== http queue 2000 tasks, concurrency 1000 (serve has 256 instances)"; python3 agents_http.py --url http://127.0.0.1:8199 --tasks q2000.jsonl --concurrency 1000 queue -n 64
-echo "== http debate 16, one task at a time"; python3 agents_http.py --url http://127.0.0.1:8199 --tasks debate16.jsonl --concurrency 1 debate --instances 3 --rounds 2 -n 64
+echo "== http queue 2000 tasks, concurrency 1000 (serve has 256 instances)"; python3 agents_http.py --url http://127.0.0.1:8199 --tasks q2000.jsonl --concurrency 1000 -n 64 queue
+echo "== http debate 16, one task at a time"; python3 agents_http.py --url http://127.0.0.1:8199 --tasks debate16.jsonl --concurrency 1 -n 64 debate --instances 3 --rounds 2
 kill $pid; wait $pid 2>/dev/null

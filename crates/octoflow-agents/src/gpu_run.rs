@@ -19,7 +19,7 @@ use octoflow_kernels::agents::{
 use octoflow_kernels::gate::Gate;
 use octoflow_model::gpu::{DeviceRows, GpuBatch, GpuModel};
 use octoflow_model::BatchForward;
-use octoflow_vk::{gate_words, Buffer, Chain, Context, MemoryKind};
+use octoflow_vk::{gate_words, summarize, Buffer, Chain, Context, LabelTime, MemoryKind};
 
 use crate::error::AgentError;
 use crate::event::Event;
@@ -81,9 +81,16 @@ pub struct GpuRun<'m> {
     /// `[buckets]` u32: `vm_select`'s skip flags.
     skip: Buffer,
     buckets: Vec<Bucket>,
+    kernels: Kernels,
+    dims: VmDims,
+    shape: RowShape,
     chain: Chain,
     steps: u32,
     done: bool,
+    /// Per-kernel GPU time summed over the submits since profiling was turned on (`None`:
+    /// off). Labels are scoped: `vm/…` for the VM's phases, `rows{N}/…` for the forward of
+    /// the bucket of `N` rows, skipped or not.
+    profile: Option<Vec<LabelTime>>,
 }
 
 impl<'m> GpuRun<'m> {
@@ -202,16 +209,41 @@ impl<'m> GpuRun<'m> {
             tokens,
             skip,
             buckets: Vec::new(),
+            kernels,
+            dims,
+            shape,
             chain: Chain::new(&ctx).map_err(vk)?,
             steps,
             done: false,
+            profile: None,
         };
         for rows in bounds {
             let bucket = me.bucket(rows, shape)?;
             me.buckets.push(bucket);
         }
-        me.chain = me.record(&kernels, dims, shape)?;
+        me.chain = me.record()?;
         Ok(me)
+    }
+
+    /// Turns per-dispatch GPU timing on or off (the chain is recorded again); with it on,
+    /// [`GpuRun::profile`] sums every submit's dispatch times per kernel.
+    pub fn set_profiling(&mut self, on: bool) -> Result<(), AgentError> {
+        if on && !self.ctx.caps().timestamps {
+            return Err(AgentError::Gpu(format!(
+                "{} has no compute timestamps; profiling is unavailable",
+                self.ctx.caps().name
+            )));
+        }
+        if on != self.profile.is_some() {
+            self.profile = on.then(Vec::new);
+            self.chain = self.record()?;
+        }
+        Ok(())
+    }
+
+    /// GPU time per kernel over the submits since profiling was turned on, largest first.
+    pub fn profile(&self) -> Option<&[LabelTime]> {
+        self.profile.as_deref()
     }
 
     fn buffers(&self) -> VmBuffers {
@@ -242,7 +274,8 @@ impl<'m> GpuRun<'m> {
     }
 
     /// The chain of `self.steps` steps.
-    fn record(&self, k: &Kernels, dims: VmDims, shape: RowShape) -> Result<Chain, AgentError> {
+    fn record(&self) -> Result<Chain, AgentError> {
+        let (k, dims, shape) = (&self.kernels, self.dims, self.shape);
         let vk = |e: octoflow_vk::VkError| AgentError::Gpu(e.to_string());
         let kernel = |e: octoflow_kernels::KernelError| AgentError::Gpu(e.to_string());
         let (state, rows) = (self.buffers(), self.row_tables());
@@ -255,7 +288,9 @@ impl<'m> GpuRun<'m> {
             tokens: self.tokens.whole(),
             logprobs_at: shape.max_out,
         };
-        let mut chain = if self.ctx.caps().timestamps {
+        let mut chain = if self.profile.is_some() {
+            Chain::with_profiling(&self.ctx)
+        } else if self.ctx.caps().timestamps {
             Chain::with_span_timing(&self.ctx)
         } else {
             Chain::new(&self.ctx)
@@ -264,6 +299,7 @@ impl<'m> GpuRun<'m> {
         // after the host's writes of the header (the ring reset) and the previous submit
         chain.barrier().map_err(vk)?;
         for _ in 0..self.steps {
+            chain.set_scope(Some("vm"));
             k.interpret
                 .record(&mut chain, &state, dims)
                 .map_err(kernel)?;
@@ -294,6 +330,7 @@ impl<'m> GpuRun<'m> {
             // One bucket's forward runs: its rows past the step's count are padding (the
             // spare KV slot), outputs past it sample row 0 greedily and are not read.
             for b in &self.buckets {
+                chain.set_scope(Some(&format!("rows{}", b.rows)));
                 chain.gate_begin(&b.args).map_err(vk)?;
                 self.forward(&mut chain, &device_rows, b.rows, shape)?;
                 let groups = chain.gate_end().map_err(vk)?;
@@ -307,6 +344,7 @@ impl<'m> GpuRun<'m> {
                 }
             }
             chain.compute_barrier().map_err(vk)?;
+            chain.set_scope(Some("vm"));
             k.advance
                 .record(
                     &mut chain,
@@ -323,6 +361,7 @@ impl<'m> GpuRun<'m> {
                 .map_err(kernel)?;
             chain.compute_barrier().map_err(vk)?;
         }
+        chain.set_scope(None);
         chain.finish().map_err(vk)?;
         Ok(chain)
     }
@@ -400,7 +439,25 @@ impl<'m> GpuRun<'m> {
             .map_err(vk)?;
         debug_assert_eq!((H_EV_READ, H_EV_LOST), (H_EV_HEAD + 1, H_EV_HEAD + 2));
         self.chain.run().map_err(vk)?;
-        let gpu_ns = self.chain.span_ns().map_err(vk)?;
+        let gpu_ns = match self.profile.as_mut() {
+            Some(total) => {
+                let times = self.chain.timings().map_err(vk)?.unwrap_or_default();
+                let ns = times.iter().map(|t| t.ns).sum::<f64>();
+                for t in summarize(&times) {
+                    match total.iter_mut().find(|l| l.label == t.label) {
+                        Some(l) => {
+                            l.count += t.count;
+                            l.total_ns += t.total_ns;
+                            l.floor_ns = l.floor_ns.zip(t.floor_ns).map(|(a, b)| a + b);
+                        }
+                        None => total.push(t),
+                    }
+                }
+                total.sort_by(|a, b| b.total_ns.total_cmp(&a.total_ns));
+                Some(ns)
+            }
+            None => self.chain.span_ns().map_err(vk)?,
+        };
         let image = self.download()?;
         let h = |at: u32| image.hdr[at as usize];
         let stalled = h(H_STALLED) != 0;

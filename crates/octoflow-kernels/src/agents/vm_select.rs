@@ -1,8 +1,8 @@
 //! Which row bucket a VM step's forward runs at (shader `vm_select.comp`): `GpuRun` records the
 //! batched forward once per bucket of rows, each in a gated span, and this writes the skip
 //! flags the gate kernel turns into those spans' indirect arguments — the smallest bucket that
-//! holds the step's rows runs, the others (and all of them when the step has no rows) cost
-//! only their empty dispatches.
+//! holds the step's rows runs, the others (and all of them when the step has no rows) issue
+//! only empty dispatches.
 
 use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
 
@@ -82,18 +82,14 @@ pub fn vm_select_ref(rows: u32, bounds: &[u32]) -> Vec<u32> {
         .collect()
 }
 
-/// Bucket bounds for a forward of at most `max_rows` rows: 4, then ×4 while below half the
-/// maximum, then the maximum. Few buckets, because every skipped one still costs its
-/// dispatches (as no-ops) each step; a step runs at most 4× its rows (or the maximum).
+/// Bucket bounds for a forward of at most `max_rows` rows: one bucket, the maximum. A skipped
+/// bucket's span still issues its dispatches and barriers each step (as no-ops), and on the
+/// H100 those cost more than the rows a smaller bucket saves (docs/perf-log, session 17), so
+/// the policy keeps only the span that skips steps with no rows at all. The selection and
+/// `GpuRun` take any increasing list: a cheaper skip (one recording whose row count is read
+/// on the GPU) would make more buckets worth their cost.
 pub fn row_buckets(max_rows: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut b = 4u32;
-    while b.saturating_mul(2) <= max_rows && out.len() + 1 < MAX_BUCKETS {
-        out.push(b);
-        b = b.saturating_mul(4);
-    }
-    out.push(max_rows.max(1));
-    out
+    vec![max_rows.max(1)]
 }
 
 #[cfg(test)]
@@ -105,7 +101,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn buckets_increase_end_at_the_maximum_and_stay_few() {
+    fn buckets_end_at_the_maximum_and_are_valid_bounds() {
         for max in [1u32, 3, 4, 7, 8, 9, 48, 288, 1032, 65536, u32::MAX] {
             let b = row_buckets(max);
             assert_eq!(*b.last().unwrap(), max, "{max}: {b:?}");
@@ -113,8 +109,7 @@ mod tests {
             assert!(b.len() <= MAX_BUCKETS, "{max}: {b:?}");
             check_bounds(&b).unwrap();
         }
-        assert_eq!(row_buckets(288), vec![4, 16, 64, 288]);
-        assert_eq!(row_buckets(48), vec![4, 16, 48]);
+        assert_eq!(row_buckets(288), vec![288]);
     }
 
     #[test]

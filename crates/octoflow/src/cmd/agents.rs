@@ -78,6 +78,11 @@ pub struct Args {
     /// the host's turns between steps.
     #[arg(long)]
     steps: Option<u32>,
+    /// Times every GPU dispatch (timestamps) and prints the GPU time per kernel over the run:
+    /// the VM's phases (`vm/…`) and each row bucket's forward (`rows{N}/…`). Needs `--steps`
+    /// above 0 on a device with timestamps; slows the run a little.
+    #[arg(long)]
+    profile: bool,
     /// Output file: one JSON object per output, written as it is produced.
     #[arg(short = 'o', long)]
     output: PathBuf,
@@ -147,19 +152,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let prompts = tasks.into_iter().map(|t| t.tokens).collect();
     let loaded = Loaded::new(&model, &args.device)?;
-    let t0 = Instant::now();
-    let cpu0 = cpu_seconds();
-    let stats = match &loaded {
+    // The clocks start when the run does: loading, recording chains and warming up are
+    // start-up (printed on their own), as a server's start is not part of its requests' time.
+    let (stats, t0, cpu0) = match &loaded {
         Loaded::Cpu => {
+            if args.profile {
+                bail!("--profile times GPU chains: it needs a GPU device");
+            }
             let mut engine = CpuBatch::new(&model, args.instances, n_ctx, max_rows);
-            drive(&mut engine, program, config, prompts, &mut sink)?
+            let (t0, cpu0) = (Instant::now(), cpu_seconds());
+            (
+                drive(&mut engine, program, config, prompts, &mut sink)?,
+                t0,
+                cpu0,
+            )
         }
         Loaded::Gpu(g) if steps_on(g, args.steps) > 0 => {
             let steps = steps_on(g, args.steps);
             let built = g.context().pipelines_built();
             let t = Instant::now();
-            let gpu = GpuRun::new(g, program, config, prompts, n_ctx, max_rows, steps)
+            let mut gpu = GpuRun::new(g, program, config, prompts, n_ctx, max_rows, steps)
                 .context("starting the run on the GPU")?;
+            if args.profile {
+                gpu.set_profiling(true).context("turning profiling on")?;
+            }
             eprintln!(
                 "octoflow agents: on the GPU, {} steps a submit ({:.2} s to record, {} pipeline(s) built)",
                 steps,
@@ -167,14 +183,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 g.context().pipelines_built() - built
             );
             super::warm::save_pipelines(g.context());
-            drive_gpu(gpu, &mut sink)?
+            let (t0, cpu0) = (Instant::now(), cpu_seconds());
+            (drive_gpu(gpu, &mut sink)?, t0, cpu0)
         }
         Loaded::Gpu(g) => {
+            if args.profile {
+                bail!("--profile times the GPU interpreter's chains: give --steps above 0");
+            }
             let mut engine = g
                 .batch(args.instances, n_ctx, max_rows)
                 .context("allocating the instances' KV caches and buffers on the GPU")?;
             super::warm::warm_up("octoflow agents", g.context(), || Ok(engine.warm_up()?))?;
-            drive(&mut engine, program, config, prompts, &mut sink)?
+            let (t0, cpu0) = (Instant::now(), cpu_seconds());
+            (
+                drive(&mut engine, program, config, prompts, &mut sink)?,
+                t0,
+                cpu0,
+            )
         }
     };
     let secs = t0.elapsed().as_secs_f64();
@@ -337,6 +362,9 @@ fn drive_gpu(mut gpu: GpuRun<'_>, sink: &mut Sink<'_>) -> anyhow::Result<Stats> 
     }
     bar.finish_and_clear();
     let run = gpu.run();
+    if let Some(p) = gpu.profile() {
+        eprintln!("{}", super::profile::table(p, run.steps() as usize));
+    }
     Ok(Stats {
         steps: run.steps(),
         submits,
