@@ -155,6 +155,7 @@ fn decode_attention_timing() {
             } else {
                 Positions::Run
             },
+            sinks: None,
         };
         let old_plan = crate::attention::plan(ctx.caps(), &args);
         let old = |c: &mut Chain| k.record_plan(c, &args, old_plan).unwrap();
@@ -273,16 +274,18 @@ fn decode_fresh_timing() {
             pos: &pw,
             pos_offset: 0,
             positions: Positions::Run,
+            sinks: None,
         };
+        let freqs: Vec<f64> = (0..hd / 2)
+            .map(|i| 10000f64.powf(-2.0 * i as f64 / hd as f64))
+            .collect();
+        let table = crate::rope::RopeFreqs::upload(&ctx, "rope_freqs", &freqs, 1.0).unwrap();
         let fresh = FreshKv {
             k: &kw,
             v: &vw,
             n_ctx: rows as u32,
-            n_rot: hd as u32,
             mode: RopeMode::Neox,
-            base: 10000.0,
-            scale: 1.0,
-            freq_factors: None,
+            freqs: &table,
             qk_norm: qk.then_some((&ww, &ww, 1e-6)),
         };
         let base = plan(ctx.caps(), &args);
@@ -330,11 +333,8 @@ fn decode_fresh_timing() {
                 n_head_kv: n_kv as u32,
                 head_dim: hd as u32,
                 head_dim_v: hd as u32,
-                n_rot: hd as u32,
                 mode: RopeMode::Neox,
-                base: 10000.0,
-                scale: 1.0,
-                freq_factors: None,
+                freqs: &table,
                 pos: &pw,
                 pos_offset: 0,
                 positions: Positions::Run,

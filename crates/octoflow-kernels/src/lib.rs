@@ -93,7 +93,7 @@ pub use operand::Positions;
 pub use pick_ids::{pick_ids_ref, PickIds, FROM_PREV};
 pub use rms_norm::{rms_norm_ref, RmsNorm};
 pub use rms_norm_back::{rms_norm_back_ref, RmsNormBack};
-pub use rope::{rope_back_ref, rope_ref, Rope, RopeArgs, RopeMode};
+pub use rope::{rope_back_ref, rope_ref, Rope, RopeArgs, RopeFreqs, RopeMode};
 pub use rope_store::{rope_store_ref, RopeStore, RopeStoreArgs, RopeStoreShape};
 pub use sample::{sample_ref, uniform_ref, Sample, SamplerState, MAX_TOP_K};
 pub use set_rows::{set_rows_ref, SetRows};

@@ -33,7 +33,7 @@ use crate::numerics::{gelu_ggml, rope_angles_ggml_yarn, round_f16_slice, Numeric
 use crate::ops::{
     add_bias_rows, add_in_place, gelu_tanh, rmsnorm_rows, rope, rope_angles_yarn, silu,
 };
-use crate::plan::{planned, qk_norms, AttnPlan, FfnPlan, GluPlan, MoePlan};
+use crate::plan::{planned, planned_bias, qk_norms, AttnPlan, FfnPlan, GluPlan, MoePlan};
 use crate::weights::{BlockWeights, FfnWeights, QMatrix};
 
 /// Which positions of a batch get logits.
@@ -265,16 +265,8 @@ impl<'m> Session<'m> {
         }
         t("kqv_out", &att);
 
-        let out_bias = match (plan.out_bias, &lw.attn_output_bias) {
-            (false, _) => None,
-            (true, Some(b)) => Some(b.as_slice()),
-            (true, None) => {
-                return Err(crate::error::ModelError::PlanWithoutTensor {
-                    name: format!("blk.{il}.attn_output.bias"),
-                })
-            }
-        };
-        let mut o = linear_bias(&lw.attn_output, &att, out_bias, nm)?;
+        let out_bias = planned_bias(il, plan.out_bias, &lw.attn_output_bias, "attn_output")?;
+        let mut o = linear_bias(&lw.attn_output, &att, out_bias.map(Vec::as_slice), nm)?;
         t("attn_out", &o);
         let post = &lw.post_attention_norm;
         if let Some(pn) = planned(il, plan.post_norm, post, "post_attention_norm")? {

@@ -89,20 +89,40 @@ pub fn rope_angles_yarn(
     freq_factors: Option<&[f32]>,
     yarn: Option<&Yarn>,
 ) -> Vec<(f32, f32)> {
+    let m = f64::from(yarn.map_or(1.0, |y| y.mscale));
+    rope_freqs(n_rot, base, scale, freq_factors, yarn)
+        .into_iter()
+        .map(|f| {
+            let theta = pos as f64 * f;
+            ((theta.cos() * m) as f32, (theta.sin() * m) as f32)
+        })
+        .collect()
+}
+
+/// Each rotated pair's angle per position, in radians (f64), `i < n_rot / 2`:
+/// `base^(-2i / n_rot) / factor_i` times `scale`, or with YaRN times the blend
+/// `scale * (1 - mix_i) + mix_i` of the scaled and unscaled angle (`yarn.mix(i)`, llama.cpp's
+/// `rope_yarn`). The one place this math lives: [`rope_angles_yarn`] multiplies it by the
+/// position, and the GPU's RoPE kernels take it as their frequency table.
+pub fn rope_freqs(
+    n_rot: usize,
+    base: f32,
+    scale: f32,
+    freq_factors: Option<&[f32]>,
+    yarn: Option<&Yarn>,
+) -> Vec<f64> {
     (0..n_rot / 2)
         .map(|i| {
-            let inv_freq = (base as f64).powf(-2.0 * i as f64 / n_rot as f64);
-            let factor = freq_factors.map_or(1.0, |f| f64::from(f[i]));
-            let extrap = pos as f64 * inv_freq / factor;
-            let interp = f64::from(scale) * extrap;
-            let (theta, m) = match yarn {
-                None => (interp, 1.0),
+            let inv_freq = f64::from(base).powf(-2.0 * i as f64 / n_rot as f64);
+            let extrap = inv_freq / freq_factors.map_or(1.0, |f| f64::from(f[i]));
+            let blend = match yarn {
+                None => f64::from(scale),
                 Some(y) => {
                     let mix = f64::from(y.mix(i));
-                    (interp * (1.0 - mix) + extrap * mix, f64::from(y.mscale))
+                    f64::from(scale) * (1.0 - mix) + mix
                 }
             };
-            ((theta.cos() * m) as f32, (theta.sin() * m) as f32)
+            extrap * blend
         })
         .collect()
 }

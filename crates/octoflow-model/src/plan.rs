@@ -234,7 +234,7 @@ pub struct GluPlan {
 
 impl BlockPlan {
     /// The gated feed-forward block, for walkers that run only that kind (the GPU graph and
-    /// training refuse a model with another kind at load, through [`BlockPlan::gpu_ready`]).
+    /// training refuse a model with another kind at load, through [`BlockPlan::gpu_missing`]).
     pub fn glu(&self) -> Result<&GluPlan> {
         match &self.ffn {
             FfnPlan::Glu(g) => Ok(g),
@@ -249,6 +249,17 @@ impl BlockPlan {
     pub fn gpu_missing(&self) -> Option<&'static str> {
         if matches!(self.ffn, FfnPlan::Moe(_)) {
             Some("a mixture-of-experts feed-forward")
+        } else {
+            None
+        }
+    }
+
+    /// Why the training step (and its f64 reference) cannot run this block yet, if it cannot:
+    /// [`BlockPlan::gpu_missing`]'s pieces, and gpt-oss's attention pieces, which the
+    /// inference graph runs but the training step's forward and backward do not.
+    pub fn train_missing(&self) -> Option<&'static str> {
+        if let Some(missing) = self.gpu_missing() {
+            Some(missing)
         } else if self.attn.sinks {
             Some("attention sinks")
         } else if self.attn.out_bias {
@@ -270,6 +281,22 @@ pub fn planned<'a, T>(il: usize, on: bool, w: &'a Option<T>, name: &str) -> Resu
         (true, Some(w)) => Ok(Some(w)),
         (true, None) => Err(ModelError::PlanWithoutTensor {
             name: format!("blk.{il}.{name}.weight"),
+        }),
+    }
+}
+
+/// [`planned`] for a bias: the tensor `blk.{il}.{name}.bias`.
+pub fn planned_bias<'a, T>(
+    il: usize,
+    on: bool,
+    w: &'a Option<T>,
+    name: &str,
+) -> Result<Option<&'a T>> {
+    match (on, w) {
+        (false, _) => Ok(None),
+        (true, Some(w)) => Ok(Some(w)),
+        (true, None) => Err(ModelError::PlanWithoutTensor {
+            name: format!("blk.{il}.{name}.bias"),
         }),
     }
 }

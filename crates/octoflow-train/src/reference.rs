@@ -97,7 +97,7 @@ impl<'a> RefModel<'a> {
             .zip(&model.config.blocks)
             .enumerate()
             .map(|(il, (b, plan))| {
-                if let Some(missing) = plan.gpu_missing() {
+                if let Some(missing) = plan.train_missing() {
                     // the reference mirrors the GPU training step, which refuses the same
                     return Err(octoflow_model::ModelError::Unsupported(format!(
                         "the f64 training reference does not run {missing}"

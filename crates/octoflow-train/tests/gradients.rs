@@ -192,3 +192,35 @@ fn gradients_with_dropout_match_finite_differences() {
     // the reference applies the same counter-based masks (dropout_uniform, same seed and salts)
     check_arch("qwen2", 0.25);
 }
+
+/// gpt-oss's attention pieces run in the inference graph but not in the training step: the
+/// trainer and the f64 reference refuse such a model by name instead of training without them.
+#[test]
+fn gpt_oss_attention_is_a_clear_error_for_training() {
+    let Some(ctx) = gpu_or_skip("train_gpt_oss_attention_refused") else {
+        return;
+    };
+    let mut r = rng("train_gpt_oss_attention_refused");
+    let mut model = octoflow_model::testing::tiny_model("llama", TINY, &mut r);
+    let n_head = model.config.n_head;
+    model.config.blocks[1].attn.sinks = true;
+    model.weights.blk[1].attn_sinks = Some(vec![0.5; n_head]);
+    let e = RefModel::new(&model).err().expect("refused").to_string();
+    assert!(e.contains("attention sinks"), "{e}");
+    let gm = GpuModel::load(&ctx, &model).expect("the inference graph runs sinks");
+    let opts = TrainerOptions {
+        batch: 1,
+        seq_len: SEQ,
+        lora: LoraConfig {
+            rank: 4,
+            alpha: 8.0,
+            dropout: 0.0,
+            targets: Target::ALL.to_vec(),
+        },
+    };
+    let e = Trainer::new(gm, &opts).err().expect("refused").to_string();
+    assert!(
+        e.contains("attention sinks") && e.contains("training step"),
+        "{e}"
+    );
+}

@@ -17,6 +17,10 @@
 // Split-K (flash decoding): the cluster's key range is cut into n_split pieces, one cluster
 // each. With n_split == 1 the result goes to o; otherwise the unnormalized (m, l, acc) of each
 // piece goes to the scratch buffer `part` and attention_merge.comp combines the pieces.
+//
+// Sinks (has_sinks, gpt-oss): query head h's softmax denominator also counts exp(sinks[h] - m),
+// a column with no value (llama.cpp's soft_max with sinks), added where the output is
+// normalized (here with one piece, else in the merge).
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -38,6 +42,7 @@ layout(std430, binding = 2) readonly buffer V { float v[]; };
 layout(std430, binding = 3) writeonly buffer O { float o[]; };
 layout(std430, binding = 4) readonly buffer P { uint pos[]; };
 layout(std430, binding = 5) writeonly buffer Part { float part[]; };
+layout(std430, binding = 6) readonly buffer S { float sinks[]; };
 layout(std430, binding = 0) readonly buffer Q4 { vec4 q4[]; };
 layout(std430, binding = 1) readonly buffer K4 { vec4 k4[]; };
 layout(std430, binding = 2) readonly buffer V4 { vec4 v4[]; };
@@ -57,6 +62,7 @@ layout(push_constant) uniform Push {
     uint n_split;
     uint table;    // 1: per-token (position, first cache row) pairs in pos
     uint kv_total; // rows in the k and v buffers
+    uint has_sinks;
 } pc;
 
 // 4 floats from element e of a row of width `width` (zeros past it).
@@ -211,7 +217,8 @@ void main() {
             float f = 1.0;
             if (pc.n_split == 1u) {
                 ob = row * pc.head_dim_v;
-                f = l[x] > 0.0 ? 1.0 / l[x] : 0.0;
+                float den = l[x] + (pc.has_sinks != 0u ? exp(sinks[h0 + u] - m[x]) : 0.0);
+                f = den > 0.0 ? 1.0 / den : 0.0; // 0: no key, or a sink beyond exp's range
             } else {
                 // part: [rows * n_split, head_dim_v] acc, then [rows * n_split] (m, l) pairs
                 uint slot = row * pc.n_split + split;

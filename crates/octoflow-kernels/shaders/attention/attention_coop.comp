@@ -27,6 +27,10 @@
 // part[n_rows * n_split * D + 2 * (r * n_split + s)] — and the merge pass combines them: the
 // causal tiles near the end of a run hold many more key blocks than the first ones, and one
 // workgroup per tile would leave the device mostly idle.
+//
+// Sinks (has_sinks, gpt-oss): head h's denominator also counts exp(sinks[h] - m), a column with
+// no value (llama.cpp's soft_max with sinks), added where the output is divided by l (with one
+// piece; else in the merge).
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -61,6 +65,7 @@ layout(std430, binding = 2) readonly buffer V4 { vec4 v4[]; };
 layout(std430, binding = 3) writeonly buffer O { float o[]; };
 layout(std430, binding = 4) readonly buffer P { uint pos[]; };
 layout(std430, binding = 5) writeonly buffer Part { float part[]; };
+layout(std430, binding = 6) readonly buffer S { float sinks[]; };
 
 layout(push_constant) uniform Push {
     uint n_tokens;
@@ -71,6 +76,7 @@ layout(push_constant) uniform Push {
     uint pos_offset;
     float scale;
     uint n_split;
+    uint has_sinks;
 } pc;
 
 // K block at [0, BC * LD), V block at [BC * LD, 2 * BC * LD); the q tile (BR rows) before the
@@ -227,6 +233,8 @@ void main() {
     // (constant indices only: a variably indexed accumulator array would live in local memory).
     bool split = pc.n_split > 1u;
     uint n_rows = pc.n_tokens * pc.n_head;
+    // the row's softmax denominator: l, plus the sink's column (no value) with sinks
+    float den = l + (pc.has_sinks != 0u && !split ? exp(sinks[h] - m) : 0.0);
     if (split && lane < 16u && t < pc.n_tokens) {
         uint mb = n_rows * pc.n_split * D + 2u * ((t * pc.n_head + h) * pc.n_split + piece);
         part[mb] = m;
@@ -239,7 +247,7 @@ void main() {
         [[unroll]] for (uint e0 = 0u; e0 < 256u; e0 += 32u) {
             uint e = e0 + lane;
             uint r = e / 16u;
-            float lr = subgroupShuffle(l, r);
+            float lr = subgroupShuffle(den, r);
             uint tr = t0 + 16u * sg + r;
             if (tr < pc.n_tokens) {
                 float x = ss[sbase + e];

@@ -20,6 +20,8 @@
 //            by exp(m_old - m_new) once per tile. No cross-lane reduction per tile.
 //   merge    at the end the KG key groups of a dim (adjacent lanes of one subgroup) take their
 //            common max and add their rescaled (l, acc) with xor shuffles.
+// Sinks (has_sinks, gpt-oss): head h's denominator also counts exp(sinks[h] - m), a column with
+// no value (llama.cpp's soft_max with sinks), added where the output is normalized.
 // One piece: o = acc / l directly. Several pieces: each writes its unnormalized (m, l, acc) to
 // `part` ([rows * n_split, NVL * 4] acc (rows padded to vec4s), then [rows * n_split] (m, l)
 // pairs, row = t * n_head + h), makes it visible device-wide (memoryBarrierBuffer, barrier),
@@ -37,7 +39,7 @@
 // the write-only bindings of the same caches; no workgroup reads those rows from the cache in
 // this dispatch. This fuses what rms_norm (q, k heads), rope_store and the barriers between them
 // did. A workgroup first loads its query heads, the step's keys and values, the RMS weights and
-// the host's double-float RoPE frequencies `fq` into shared memory (all loads at once), then
+// the host's double-float RoPE frequency table `fq` (as rope_store.comp's) into shared memory (all loads at once), then
 // computes the rows' RMS factors and the weighted, rotated rows there (rope.glsl's angle), and
 // reads them from there.
 #extension GL_KHR_shader_subgroup_basic : require
@@ -73,13 +75,13 @@ layout(std430, binding = 0) readonly buffer Q4 { vec4 q4[]; };
 layout(std430, binding = 1) readonly buffer K4 { vec4 k4[]; };
 layout(std430, binding = 2) readonly buffer V4 { vec4 v4[]; };
 layout(std430, binding = 3) writeonly buffer O4 { vec4 o4[]; };
+layout(std430, binding = 7) readonly buffer S { float sinks[]; };
 #ifdef FRESH
 #include "rope.glsl"
-layout(std430, binding = 7) readonly buffer KR { float kr_raw[]; };
-layout(std430, binding = 8) readonly buffer VR { float vr_raw[]; };
-layout(std430, binding = 9) writeonly buffer KW { float kw[]; };
-layout(std430, binding = 10) writeonly buffer VW { float vw[]; };
-layout(std430, binding = 11) readonly buffer FF { float ff[]; };
+layout(std430, binding = 8) readonly buffer KR { float kr_raw[]; };
+layout(std430, binding = 9) readonly buffer VR { float vr_raw[]; };
+layout(std430, binding = 10) writeonly buffer KW { float kw[]; };
+layout(std430, binding = 11) writeonly buffer VW { float vw[]; };
 layout(std430, binding = 12) readonly buffer QNW { float qnw[]; };
 layout(std430, binding = 13) readonly buffer KNW { float knw[]; };
 layout(std430, binding = 14) readonly buffer FQ { vec2 fq[]; };
@@ -89,7 +91,7 @@ const uint RW = RW4 * 4u;    // floats of a staged q/k row
 const uint QK_ROWS = HB + MAX_FRESH;
 shared float raw_sh[QK_ROWS * RW]; // raw rows: the query heads, then the step's keys up to t
 shared float w_sh[2u * RW];  // RMS weights of q, then of k (1 without qk_norm)
-shared vec2 fq_sh[RW / 2u];  // frequencies of the pairs (double-float, divided by ff)
+shared vec2 fq_sh[RW / 2u];  // frequencies of the pairs (double-float)
 shared float inv_q[HB];      // RMS factors of this workgroup's query heads (1 without qk_norm)
 shared float inv_k[MAX_FRESH]; // ... and of KV head kvh of the step's tokens
 shared vec4 q_sh[HB * RW4];  // the query heads, weighted and rotated (RMS factor not applied)
@@ -112,10 +114,11 @@ layout(push_constant) uniform Push {
     uint table;     // 1: per-token (position, first cache row) pairs in pos
     uint kv_total;  // rows in the k and v buffers
     uint min_chunk; // fewest keys in a piece
+    uint has_sinks; // 1: sinks[h] joins head h's softmax denominator
 #ifdef FRESH
     uint n_rot;     // rotated dims of a head (pairs as in rope_store.comp)
     uint neox;
-    uint has_ff;    // frequencies divided by ff[i]
+    float mscale;   // factor on cos and sin (YaRN)
     uint qk_norm;   // 1: q and k heads are RMS-normed (qnw, knw) before the rotation
     float eps;
     uint n_ctx;     // cache rows written (rows at or past it are not stored)
@@ -185,7 +188,7 @@ float fresh1(uint row, uint u, uint d) {
     bool first = neox ? d < half_rot : (d & 1u) == 0u;
     uint dp = neox ? (first ? d + half_rot : d - half_rot) : (d ^ 1u);
     float xp = raw_sh[row * RW + dp] * w_sh[wb + dp];
-    vec2 cs = rope_cos_sin_freq(fq_sh[i], fresh0 + u);
+    vec2 cs = rope_cos_sin(fq_sh[i], fresh0 + u, pc.mscale);
     return first ? x * cs.x - xp * cs.y : xp * cs.y + x * cs.x;
 }
 #endif
@@ -209,6 +212,14 @@ vec4 ld_val(uint j, uint kbase, uint kvh, uint e) {
     }
 #endif
     return ld_v((kbase + j) * v_stride + kvh * pc.head_dim_v, e);
+}
+
+// 1 / the softmax denominator of query head h from its running max m and sum l of exp(s - m):
+// l, plus exp(sink - m) with sinks (a column with no value); 0 where nothing is left (no key
+// seen and no sink, or a sink so far above every score that exp overflows: the output's limit)
+float inv_norm(float l, float m, uint h) {
+    float den = l + (pc.has_sinks != 0u ? exp(sinks[h] - m) : 0.0);
+    return den > 0.0 ? 1.0 / den : 0.0;
 }
 
 void main() {
@@ -343,8 +354,7 @@ void main() {
     [[unroll]] for (uint i = 0; i < (RW / 2u + WG - 1u) / WG; i++) {
         uint x = tid + i * WG;
         if (x < half_rot) {
-            vec2 f = fq[x];
-            fq_sh[x] = pc.has_ff != 0u ? dd_div_f(f, ff[x]) : f;
+            fq_sh[x] = fq[x];
         }
     }
     barrier();
@@ -491,7 +501,7 @@ void main() {
         if (owner) {
             [[unroll]] for (uint h = 0; h < HB; h++) {
                 if (h < n_h) {
-                    float f = l[h] > 0.0 ? 1.0 / l[h] : 0.0;
+                    float f = inv_norm(l[h], m[h], h0 + h);
                     st_o((t * pc.n_head + h0 + h) * hv, d * 4u, acc[h] * f);
                 }
             }
@@ -560,6 +570,6 @@ void main() {
                 a += w * av[i];
             }
         }
-        st_o((t * pc.n_head + h0 + h) * hv, dv * 4u, ls > 0.0 ? a / ls : vec4(0.0));
+        st_o((t * pc.n_head + h0 + h) * hv, dv * 4u, a * inv_norm(ls, mx, h0 + h));
     }
 }

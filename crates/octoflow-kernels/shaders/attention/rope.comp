@@ -1,9 +1,10 @@
 #version 450
 // Rotary position embedding, f32, in place on x [n_tokens, n_heads, head_dim]. One invocation
 // per rotated pair: pair i < n_rot/2 of head (t, h) is (2i, 2i+1) (normal) or (i, i + n_rot/2)
-// (neox), rotated by theta_i = p * scale * r^i / ff[i] (by -theta_i when `inverse`: the transpose,
-// RoPE's backward) with p = pos[pos_offset] + t (table mode: pos[pos_offset + 2t]) and
-// r = base^(-2/n_rot) (given by the host in double-float). Dims >= n_rot are not touched.
+// (neox), rotated by theta_i = p * f[i] and scaled by mscale (by -theta_i when `inverse`: the
+// transpose, RoPE's backward) with p = pos[pos_offset] + t (table mode: pos[pos_offset + 2t]).
+// f is the host's per-pair frequency table (double-float radians per position, see rope.glsl).
+// Dims >= n_rot are not touched.
 //
 // Accuracy: see rope.glsl (double-float angle, reduced to a fraction of a turn).
 #extension GL_GOOGLE_include_directive : require
@@ -15,7 +16,7 @@ layout(local_size_x = 256) in;
 
 layout(std430, binding = 0) buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer P { uint pos[]; };
-layout(std430, binding = 2) readonly buffer F { float ff[]; };
+layout(std430, binding = 2) readonly buffer F { vec2 freq[]; };
 
 layout(push_constant) uniform Push {
     uint n_tokens;
@@ -23,11 +24,8 @@ layout(push_constant) uniform Push {
     uint head_dim;
     uint n_rot;
     uint neox;
-    uint has_ff;
     uint pos_offset;
-    float scale;
-    float r_hi;
-    float r_lo;
+    float mscale;
     uint table; // 1: token t at pos[pos_offset + 2t] (per-token (position, row) pairs)
     uint inverse; // 1: rotate by -theta (the transpose: RoPE's backward)
 } pc;
@@ -43,8 +41,7 @@ void main() {
     uint t = head / pc.n_heads;
     uint p = pc.table != 0u ? pos[pc.pos_offset + 2u * t] : pos[pc.pos_offset] + t;
 
-    vec2 r = vec2(pc.r_hi, pc.r_lo);
-    vec2 cossin = rope_cos_sin(i, p, r, pc.scale, pc.has_ff != 0u, pc.has_ff != 0u ? ff[i] : 1.0);
+    vec2 cossin = rope_cos_sin(freq[i], p, pc.mscale);
     float cs = cossin.x;
     float sn = pc.inverse != 0u ? -cossin.y : cossin.y;
 

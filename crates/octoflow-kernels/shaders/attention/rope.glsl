@@ -1,5 +1,7 @@
-// The RoPE angle, shared by rope.comp and rope_store.comp: cos and sin of
-// theta_i = p * scale * r^i / ff_i, r = base^(-2/n_rot) given by the host in double-float.
+// The RoPE angle, shared by rope.comp, rope_store.comp and attention_decode.comp (FRESH): cos and
+// sin of theta_i = p * f_i, times mscale, where f_i is pair i's frequency in radians per
+// position, computed by the host in f64 (base, linear scale, rope_freqs divisors and YaRN's blend
+// all folded in: one place for that math) and handed over as a double-float vec2(hi, lo) table.
 //
 // Accuracy: theta reaches ~3e4 rad, where an f32 angle is off by ~1e-3. The angle is computed
 // in double-float (pairs of f32, ~44 bits), reduced to a fraction of a turn in [-1/2, 1/2] and
@@ -40,14 +42,6 @@ vec2 dd_mul_f(vec2 a, float b) {
     return quick_two_sum(p.x, lo);
 }
 
-vec2 dd_div_f(vec2 a, float b) {
-    precise float q1 = a.x / b;
-    vec2 r = two_prod(q1, b);
-    precise float rem = ((a.x - r.x) - r.y) + a.y;
-    precise float q2 = rem / b;
-    return quick_two_sum(q1, q2);
-}
-
 // vec2(cos, sin) of theta = c * p for a double-float frequency c (radians per position)
 vec2 rope_cos_sin_freq(vec2 c, uint p) {
     vec2 theta = dd_mul_f(c, float(p));
@@ -58,22 +52,8 @@ vec2 rope_cos_sin_freq(vec2 c, uint p) {
     return vec2(cos(ang), sin(ang));
 }
 
-// vec2(cos, sin) of theta_i at position p (exact as a float below 2^24); r = vec2(r_hi, r_lo);
-// the frequency is divided by ff_i only when has_ff.
-vec2 rope_cos_sin(uint i, uint p, vec2 r, float scale, bool has_ff, float ff_i) {
-    // c = r^i by binary powering
-    vec2 c = vec2(1.0, 0.0);
-    vec2 b = r;
-    for (uint e = i; e != 0u; e >>= 1) {
-        if ((e & 1u) != 0u) {
-            c = dd_mul(c, b);
-        }
-        b = dd_mul(b, b);
-    }
-    c = dd_mul_f(c, scale);
-    if (has_ff) {
-        c = dd_div_f(c, ff_i);
-    }
-    return rope_cos_sin_freq(c, p);
+// mscale * vec2(cos, sin) of theta = f * p for pair frequency f (double-float radians per
+// position; the per-pair table every RoPE kernel binds) at position p (exact below 2^24)
+vec2 rope_cos_sin(vec2 f, uint p, float mscale) {
+    return mscale * rope_cos_sin_freq(f, p);
 }
-

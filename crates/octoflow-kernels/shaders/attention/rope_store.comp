@@ -9,8 +9,9 @@
 // p(t) = pos[pos_offset + 2t], row(t) = pos[pos_offset + 2t + 1] + p(t) (table mode: the second
 // word is the first cache row of t's sequence). Rows at or past n_ctx are not written (q is still
 // rotated). Rotation as in rope.comp: pair i < n_rot/2 of a head is (2i, 2i+1) (normal) or
-// (i, i + n_rot/2) (neox), rotated by theta_i = p * scale * r^i / ff[i] with r = base^(-2/n_rot)
-// (see rope.glsl); dims >= n_rot pass through (to kc for k). q, k, v, kc, vc must not overlap.
+// (i, i + n_rot/2) (neox), rotated by theta_i = p * f[i] and scaled by mscale, f the host's
+// per-pair frequency table (see rope.glsl); dims >= n_rot pass through (to kc for k). q, k, v,
+// kc, vc must not overlap.
 //
 // One invocation per work item, the three ranges one after the other in the flat index:
 //   [0, nq)           q pairs:   (t, h, i), nq = n_tokens * n_head * n_rot/2;
@@ -30,7 +31,7 @@ layout(std430, binding = 2) readonly buffer V { float v[]; };
 layout(std430, binding = 3) writeonly buffer KC { float kc[]; };
 layout(std430, binding = 4) writeonly buffer VC { float vc[]; };
 layout(std430, binding = 5) readonly buffer P { uint pos[]; };
-layout(std430, binding = 6) readonly buffer F { float ff[]; };
+layout(std430, binding = 6) readonly buffer F { vec2 freq[]; };
 
 layout(push_constant) uniform Push {
     uint n_tokens;
@@ -41,11 +42,8 @@ layout(push_constant) uniform Push {
     uint v_width;
     uint n_ctx;
     uint neox;
-    uint has_ff;
     uint pos_offset;
-    float scale;
-    float r_hi;
-    float r_lo;
+    float mscale;
     uint table; // 1: per-token (position, first cache row) pairs from pos[pos_offset]
 } pc;
 
@@ -61,9 +59,7 @@ uint cache_row(uint t) {
 }
 
 vec2 cos_sin(uint i, uint t) {
-    vec2 r = vec2(pc.r_hi, pc.r_lo);
-    return rope_cos_sin(i, position(t), r, pc.scale, pc.has_ff != 0u,
-                        pc.has_ff != 0u ? ff[i] : 1.0);
+    return rope_cos_sin(freq[i], position(t), pc.mscale);
 }
 
 // Offsets of pair i's two dims within a head.

@@ -40,8 +40,8 @@ impl AttentionCoop {
             return Ok(None);
         }
         Ok(Some(AttentionCoop {
-            d64: coop_pipeline(ctx, shaders::ATTENTION_COOP_D64, 6, 32)?,
-            d128: coop_pipeline(ctx, shaders::ATTENTION_COOP_D128, 6, 32)?,
+            d64: coop_pipeline(ctx, shaders::ATTENTION_COOP_D64, 7, 36)?,
+            d128: coop_pipeline(ctx, shaders::ATTENTION_COOP_D128, 7, 36)?,
             target_groups: Tuning::from_caps(caps).attention_target_groups,
         }))
     }
@@ -91,7 +91,8 @@ impl AttentionCoop {
             .u32(a.window)
             .u32(a.pos_offset)
             .f32(a.scale)
-            .u32(split);
+            .u32(split)
+            .u32(a.has_sinks());
         let groups = [a.n_tokens.div_ceil(TOKENS_PER_GROUP), a.n_head, split];
         let max = chain.context().caps().max_workgroup_count;
         if groups[0] > max[0] || groups[1] > max[1] {
@@ -200,6 +201,9 @@ mod tests {
             } else {
                 0
             };
+            // sink logits in the scores' range, in half the cases (each split among them)
+            let sinks = case % 4 >= 2;
+            let sink_logits: Vec<f32> = (0..n_head).map(|_| rng.gen_range(-2.0..4.0)).collect();
             let s = AttentionShape {
                 n_head,
                 n_head_kv: n_kv,
@@ -208,6 +212,7 @@ mod tests {
                 n_kv_rows: rows,
                 window,
                 scale: 1.0 / (hd as f32).sqrt(),
+                sinks: sinks.then_some(sink_logits.as_slice()),
             };
             let mut gen =
                 |n: usize| -> Vec<f32> { (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect() };
@@ -221,6 +226,8 @@ mod tests {
             );
             let ob = poisoned(&ctx, "out", n_tok * n_head * hd);
             let pb = with(&ctx, "pos", &[3u32, 1, start as u32]);
+            let sb = with(&ctx, "sinks", &sink_logits);
+            let sw = sb.whole();
             let args = AttentionArgs {
                 q: &qb.whole(),
                 k: &kb.whole(),
@@ -237,6 +244,7 @@ mod tests {
                 pos: &pb.whole(),
                 pos_offset: 2,
                 positions: Positions::Run,
+                sinks: sinks.then_some(&sw),
             };
             assert!(AttentionCoop::applies(&args));
             // the kernel itself, then through Attention::record (which picks it for runs of
@@ -261,7 +269,7 @@ mod tests {
             if let Err(e) = check_mag(&read(&ctx, &ob, want.len()), &want, &mag, REL_COOP) {
                 panic!(
                     "attention_coop {n_tok} tokens {n_head}/{n_kv} heads d {hd} rows {rows} \
-                     window {window} at {start}, split {split} (seed {seed}): {e}"
+                     window {window} at {start}, split {split}, sinks {sinks} (seed {seed}): {e}"
                 );
             }
         }

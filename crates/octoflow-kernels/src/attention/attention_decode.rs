@@ -15,15 +15,12 @@
 //! the step's keys and values into the cache: what `rms_norm` (q, k heads), `rope_store` and two
 //! or three barriers did, so a decode layer has one or two barrier stages fewer.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
-use octoflow_vk::{Buffer, BufferSlice, Chain, DeviceCaps, DeviceKind, MemoryKind, Push};
+use octoflow_vk::{BufferSlice, Chain, DeviceCaps, DeviceKind, Push};
 
 use crate::attention::{grid, kv_total, validate, AttentionArgs};
 use crate::error::Result;
 use crate::operand::{bad, need, overlap, Positions};
-use crate::rope::{check_angles, RopeMode};
+use crate::rope::{RopeFreqs, RopeMode};
 use crate::scratch::QueueScratch;
 use crate::shaders;
 use crate::spec::SpecPipelines;
@@ -58,16 +55,10 @@ pub struct FreshKv<'a> {
     pub v: &'a BufferSlice,
     /// Rows of each cache.
     pub n_ctx: u32,
-    /// Rotated dimensions (even, at most `head_dim`); as in [`crate::RopeStoreArgs`].
-    pub n_rot: u32,
     /// Pair layout.
     pub mode: RopeMode,
-    /// `theta_i = pos * scale * base^(-2i/n_rot) / freq_factors[i]` (radians).
-    pub base: f32,
-    /// Linear position scale (1 for none).
-    pub scale: f32,
-    /// `[n_rot/2]` f32 divisors of the frequencies, or none.
-    pub freq_factors: Option<&'a BufferSlice>,
+    /// The angles (and `n_rot`), as [`crate::RopeStoreArgs`] takes them.
+    pub freqs: &'a RopeFreqs,
     /// Per-head RMSNorm of q and of k before the rotation: the `[head_dim]` f32 weights of q and
     /// of k, and epsilon (as [`crate::RmsNorm::record`] over head rows).
     pub qk_norm: Option<(&'a BufferSlice, &'a BufferSlice, f32)>,
@@ -165,8 +156,6 @@ pub(crate) fn plan(caps: &DeviceCaps, a: &AttentionArgs) -> DecodePlan {
 pub(crate) struct Decode {
     pipelines: SpecPipelines,
     fresh: SpecPipelines,
-    /// RoPE frequency tables of the fused variant, per (n_rot, base bits, scale bits).
-    freqs: Mutex<HashMap<(u32, u32, u32), Buffer>>,
     part: QueueScratch,
     counts: QueueScratch,
 }
@@ -174,14 +163,13 @@ pub(crate) struct Decode {
 impl Decode {
     pub(crate) fn new() -> Self {
         Decode {
-            pipelines: SpecPipelines::new(shaders::ATTENTION_DECODE, 7, 52, "attention_decode"),
+            pipelines: SpecPipelines::new(shaders::ATTENTION_DECODE, 8, 56, "attention_decode"),
             fresh: SpecPipelines::new(
                 shaders::ATTENTION_DECODE_FRESH,
                 15,
-                76,
+                80,
                 "attention_decode_fresh",
             ),
-            freqs: Mutex::new(HashMap::new()),
             part: QueueScratch::new("attention_decode_part"),
             counts: QueueScratch::zeroed("attention_decode_count"),
         }
@@ -212,7 +200,7 @@ impl Decode {
                 ),
             ));
         }
-        check_angles(OP, f.n_rot, a.head_dim, f.base, f.scale)?;
+        f.freqs.check(OP, a.head_dim)?;
         let n = u128::from(a.n_tokens);
         let hk = u128::from(a.n_head_kv);
         let k_width = hk * u128::from(a.head_dim);
@@ -221,9 +209,6 @@ impl Decode {
         need(OP, "v", f.v, n * v_width)?;
         need(OP, "k_cache", a.k, u128::from(f.n_ctx) * k_width)?;
         need(OP, "v_cache", a.v, u128::from(f.n_ctx) * v_width)?;
-        if let Some(ff) = f.freq_factors {
-            need(OP, "freq_factors", ff, u128::from(f.n_rot / 2))?;
-        }
         if let Some((qw, kw, _)) = f.qk_norm {
             need(OP, "q_norm", qw, u128::from(a.head_dim))?;
             need(OP, "k_norm", kw, u128::from(a.head_dim))?;
@@ -238,33 +223,6 @@ impl Decode {
             }
         }
         self.dispatch(chain, a, p, Some(f))
-    }
-
-    /// The RoPE frequencies `scale * base^(-2i / n_rot)`, `i < n_rot / 2`, computed in f64 and
-    /// uploaded once per (n_rot, base, scale) as double-floats (hi, lo): the fused kernel only
-    /// multiplies them by the position, where `rope_store.comp` raises base^(-2/n_rot) to the
-    /// i-th power itself (a chain of double-float products too long for a stage's prologue).
-    fn frequencies(&self, chain: &Chain, f: &FreshKv) -> Result<BufferSlice> {
-        let key = (f.n_rot, f.base.to_bits(), f.scale.to_bits());
-        let mut cache = self.freqs.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(b) = cache.get(&key) {
-            return Ok(b.whole());
-        }
-        let table: Vec<f32> = (0..f.n_rot / 2)
-            .flat_map(|i| {
-                let e = -2.0 * f64::from(i) / f64::from(f.n_rot);
-                let c = f64::from(f.scale) * f64::from(f.base).powf(e);
-                let hi = c as f32;
-                [hi, (c - f64::from(hi)) as f32]
-            })
-            .collect();
-        let ctx = chain.context();
-        let size = (4 * table.len() as u64).max(8);
-        let b = Buffer::new(ctx, "rope_frequencies", size, MemoryKind::DeviceLocal)?;
-        ctx.upload(&b, 0, &table)?;
-        let whole = b.whole();
-        cache.insert(key, b);
-        Ok(whole)
     }
 
     /// Records validated `a` with layout `p` (checked here) through the plain or (with `fresh`)
@@ -338,7 +296,8 @@ impl Decode {
             .u32(p.split)
             .u32(a.positions.flag())
             .u32(kv_total(a))
-            .u32(p.min_chunk);
+            .u32(p.min_chunk)
+            .u32(a.has_sinks());
         let groups = n_counts * u64::from(p.split);
         let mut bindings = vec![
             a.q.clone(),
@@ -348,12 +307,13 @@ impl Decode {
             a.pos.clone(),
             part,
             counts,
+            a.sinks_binding().clone(),
         ];
         if let Some(f) = fresh {
             push = push
-                .u32(f.n_rot)
+                .u32(f.freqs.n_rot)
                 .u32(u32::from(f.mode == RopeMode::Neox))
-                .u32(u32::from(f.freq_factors.is_some()))
+                .f32(f.freqs.mscale)
                 .u32(u32::from(f.qk_norm.is_some()))
                 .f32(f.qk_norm.map_or(0.0, |n| n.2))
                 .u32(f.n_ctx);
@@ -364,10 +324,9 @@ impl Decode {
                 f.v.clone(),
                 a.k.clone(),
                 a.v.clone(),
-                f.freq_factors.unwrap_or(f.k).clone(),
                 qw.clone(),
                 kw.clone(),
-                self.frequencies(chain, f)?,
+                f.freqs.table.clone(),
             ]);
         }
         chain.dispatch(&pipeline, &bindings, &push, grid(groups, OP)?)?;

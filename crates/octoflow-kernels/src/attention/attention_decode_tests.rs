@@ -30,7 +30,9 @@ fn max_rel(got: &[f32], want: &[f32]) -> f32 {
 
 /// One attention problem: cache contents, queries and where they sit.
 struct Problem {
-    s: AttentionShape,
+    s: AttentionShape<'static>,
+    /// `[n_head]` sink logits, or none.
+    sinks: Option<Vec<f32>>,
     n_tok: usize,
     q: Vec<f32>,
     k: Vec<f32>,
@@ -60,10 +62,12 @@ impl Problem {
             n_kv_rows: rows,
             window,
             scale: 1.0 / (hd as f32).sqrt(),
+            sinks: None,
         };
         let mut gen = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect() };
         Problem {
             s,
+            sinks: None,
             n_tok,
             q: gen(n_tok * n_head * hd),
             k: gen(cache_rows * n_kv * hd),
@@ -73,9 +77,22 @@ impl Problem {
         }
     }
 
+    /// With random sink logits (in the scores' range, so that they matter) when `on`.
+    fn with_sinks(mut self, rng: &mut impl Rng, on: bool) -> Self {
+        self.sinks = on.then(|| {
+            (0..self.s.n_head)
+                .map(|_| rng.gen_range(-2.0..4.0))
+                .collect()
+        });
+        self
+    }
+
     /// The reference output.
     fn want(&self) -> Vec<f32> {
-        let s = &self.s;
+        let s = &AttentionShape {
+            sinks: self.sinks.as_deref(),
+            ..self.s
+        };
         let mut want = vec![0f32; self.n_tok * s.n_head * s.head_dim_v];
         match &self.table {
             None => attention_ref(s, &self.q, &self.k, &self.v, self.start, &mut want),
@@ -122,6 +139,7 @@ struct Bufs {
     v: Buffer,
     out: Buffer,
     pos: Buffer,
+    sinks: Option<Buffer>,
 }
 
 impl Bufs {
@@ -132,6 +150,7 @@ impl Bufs {
             v: with(ctx, "v", &pr.v),
             out: poisoned(ctx, "out", pr.n_tok * pr.s.n_head * pr.s.head_dim_v),
             pos: with(ctx, "pos", &pr.pos_words()),
+            sinks: pr.sinks.as_ref().map(|x| with(ctx, "sinks", x)),
         }
     }
 }
@@ -140,6 +159,7 @@ impl Bufs {
 /// [`Attention::record`] (which must pick the decode kernel for these shapes).
 fn record(chain: &mut Chain, k: &Attention, pr: &Problem, b: &Bufs, plan: Option<DecodePlan>) {
     let s = &pr.s;
+    let sinks = b.sinks.as_ref().map(|x| x.whole());
     let args = AttentionArgs {
         q: &b.q.whole(),
         k: &b.k.whole(),
@@ -160,6 +180,7 @@ fn record(chain: &mut Chain, k: &Attention, pr: &Problem, b: &Bufs, plan: Option
         } else {
             Positions::Run
         },
+        sinks: sinks.as_ref(),
     };
     assert!(applies(&args), "not a decode shape");
     let before = chain.dispatch_count();
@@ -197,11 +218,18 @@ fn run_case(
     rng: &mut impl Rng,
     c: Case,
     plan: Option<DecodePlan>,
+    sinks: bool,
 ) -> std::result::Result<f32, String> {
     let (n_tok, heads, dims, rows, window, start) = c;
-    let mut pr = Problem::new(rng, n_tok, heads, dims, rows, rows, window);
+    let mut pr = Problem::new(rng, n_tok, heads, dims, rows, rows, window).with_sinks(rng, sinks);
     pr.start = start;
-    run(ctx, k, &pr, plan, &format!("decode case {c:?}"))
+    run(
+        ctx,
+        k,
+        &pr,
+        plan,
+        &format!("decode case {c:?}, sinks {sinks}"),
+    )
 }
 
 #[test]
@@ -243,8 +271,9 @@ fn decode_attention_matches_the_reference_on_random_inputs() {
         (1, (12, 1), (256, 256), 1000, 0, 999),
     ];
     let mut worst = 0f32;
-    for c in cases {
-        match run_case(&ctx, &k, &mut rng, c, None) {
+    for (i, c) in cases.into_iter().enumerate() {
+        // every other case with sinks
+        match run_case(&ctx, &k, &mut rng, c, None, i % 2 == 1) {
             Ok(e) => worst = worst.max(e),
             Err(e) => panic!("{e}, seed {seed}"),
         }
@@ -282,9 +311,9 @@ fn every_decode_layout_matches_the_reference() {
     ];
     let mut worst = 0f32;
     let mut ran = 0;
-    for c in cases {
+    for (ci, c) in cases.into_iter().enumerate() {
         let (_, (n_head, n_kv), (_, hv), ..) = c;
-        for (wg, lpk, hb, kg, split, min_chunk) in layouts {
+        for (li, (wg, lpk, hb, kg, split, min_chunk)) in layouts.into_iter().enumerate() {
             let group = (n_head / n_kv) as u32;
             let p = DecodePlan {
                 wg,
@@ -297,7 +326,7 @@ fn every_decode_layout_matches_the_reference() {
             if lpk > sg || kg > sg || wg < sg || kg as usize * hv.div_ceil(4) > wg as usize {
                 continue;
             }
-            match run_case(&ctx, &k, &mut rng, c, Some(p)) {
+            match run_case(&ctx, &k, &mut rng, c, Some(p), (ci + li) % 2 == 1) {
                 Ok(e) => worst = worst.max(e),
                 Err(e) => panic!("{e}, seed {seed}"),
             }
@@ -351,11 +380,13 @@ fn decode_position_table_attends_each_token_to_its_own_sequence() {
         ((4, 4), (64, 64), 3000, 0, 2, 3),
     ];
     let mut worst = 0f32;
-    for (heads, dims, rows, window, n_seq, n_tok) in cases {
-        let pr = table_problem(&mut rng, heads, dims, rows, window, n_seq, n_tok);
+    for (i, (heads, dims, rows, window, n_seq, n_tok)) in cases.into_iter().enumerate() {
+        let sinks = i % 2 == 0;
+        let pr = table_problem(&mut rng, heads, dims, rows, window, n_seq, n_tok)
+            .with_sinks(&mut rng, sinks);
         let what = format!(
             "decode table {heads:?} heads {dims:?} dims, {n_seq} sequences of {rows}, \
-             window {window}, {n_tok} tokens"
+             window {window}, {n_tok} tokens, sinks {sinks}"
         );
         // the device's own layout, then many small pieces merged (each token its own count)
         let many = DecodePlan {
@@ -388,7 +419,8 @@ fn a_replayed_decode_chain_merges_every_time() {
     let sg = ctx.caps().subgroup.size;
     let mut run_pr = Problem::new(&mut rng, 2, (14, 2), (64, 64), 1500, 1500, 0);
     run_pr.start = 1200;
-    let table_pr = table_problem(&mut rng, (4, 1), (256, 256), 900, 0, 3, 4);
+    let table_pr =
+        table_problem(&mut rng, (4, 1), (256, 256), 900, 0, 3, 4).with_sinks(&mut rng, true);
     for mut pr in [run_pr, table_pr] {
         let pr = &mut pr;
         let b = Bufs::new(&ctx, pr);
@@ -477,6 +509,7 @@ fn the_decode_kernel_takes_decode_steps_and_bad_layouts_are_errors() {
         pos: &pb.whole(),
         pos_offset: 0,
         positions: Positions::Run,
+        sinks: None,
     };
     assert!(applies(&args));
     // whole GQA groups on a CPU; on a GPU cut into even chunks when there are few pairs
@@ -520,8 +553,9 @@ fn the_decode_kernel_takes_decode_steps_and_bad_layouts_are_errors() {
 }
 
 /// One step of the fused kernel: (n_tokens, (n_head, n_head_kv), (head_dim, head_dim_v), n_rot,
-/// rope ("neox" pairs or normal, with "norm": per-head RMSNorm of q and k, "ff": frequency
-/// factors), cache rows, window, start).
+/// options ("neox" pairs or normal, with "norm": per-head RMSNorm of q and k, "ff": frequency
+/// factors, "yarn": YaRN-shaped frequencies and magnitude, "sinks": sink logits), cache rows,
+/// window, start).
 type FreshCase = (
     usize,
     (usize, usize),
@@ -545,11 +579,12 @@ fn run_fresh(
     plan: Option<DecodePlan>,
 ) -> std::result::Result<f32, String> {
     use crate::rms_norm::rms_norm_ref;
-    use crate::rope::RopeMode;
+    use crate::rope::{test_freqs, RopeFreqs, RopeMode};
     use crate::rope_store::{rope_store_ref, run_rows, RopeStoreShape};
     let (n_tok, (n_head, n_kv), (hd, hv), n_rot, rope, rows, window, start) = c;
     let has = |w: &str| rope.split_whitespace().any(|x| x == w);
     let (neox, qk_norm, has_ff) = (has("neox"), has("norm"), has("ff"));
+    let (yarn, has_sinks) = (has("yarn"), has("sinks"));
     let mut gen = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
         (0..n).map(|_| rng.gen_range(lo..hi)).collect()
     };
@@ -562,6 +597,7 @@ fn run_fresh(
     let qn = gen(hd, 0.5, 1.5);
     let kn = gen(hd, 0.5, 1.5);
     let ff = gen(n_rot / 2, 1.0, 4.0);
+    let sinks = gen(n_head, -2.0, 4.0);
     let eps = 1e-6;
     let mode = if neox {
         RopeMode::Neox
@@ -569,6 +605,8 @@ fn run_fresh(
         RopeMode::Normal
     };
     let (base, scale) = (10000.0, if has_ff { 1.0 } else { 0.5 });
+    let ff = has_ff.then_some(ff.as_slice());
+    let (freqs, mscale) = test_freqs(rng, n_rot, base, scale, ff, yarn);
 
     // the device: caches with the step's rows poisoned
     let stored: Vec<usize> = (start..start + n_tok).filter(|&r| r < rows).collect();
@@ -585,6 +623,7 @@ fn run_fresh(
         n_kv_rows: rows,
         window,
         scale: 1.0 / (hd as f32).sqrt(),
+        sinks: has_sinks.then_some(sinks.as_slice()),
     };
     let bq = with(ctx, "q", &q);
     let bk = with(ctx, "k", &k);
@@ -593,7 +632,9 @@ fn run_fresh(
     let bvc = with(ctx, "vc", &vc_dev);
     let bqn = with(ctx, "qn", &qn);
     let bkn = with(ctx, "kn", &kn);
-    let bff = with(ctx, "ff", &ff);
+    let table = RopeFreqs::upload(ctx, "rope_freqs", &freqs, mscale).unwrap();
+    let bs = with(ctx, "sinks", &sinks);
+    let sinks_w = bs.whole();
     let out = poisoned(ctx, "out", n_tok * n_head * hv);
     let pos = with(ctx, "pos", &[7u32, start as u32]);
     let args = AttentionArgs {
@@ -612,18 +653,15 @@ fn run_fresh(
         pos: &pos.whole(),
         pos_offset: 1,
         positions: Positions::Run,
+        sinks: has_sinks.then_some(&sinks_w),
     };
     let (qnw, knw) = (bqn.whole(), bkn.whole());
-    let ffw = bff.whole();
     let f = FreshKv {
         k: &bk.whole(),
         v: &bv.whole(),
         n_ctx: rows as u32,
-        n_rot: n_rot as u32,
         mode,
-        base,
-        scale,
-        freq_factors: has_ff.then_some(&ffw),
+        freqs: &table,
         qk_norm: qk_norm.then_some((&qnw, &knw, eps)),
     };
     let mut chain = Chain::new(ctx).unwrap();
@@ -645,15 +683,11 @@ fn run_fresh(
         n_head_kv: n_kv,
         head_dim: hd,
         head_dim_v: hv,
-        n_rot,
         mode,
-        base,
-        scale,
     };
     let run = run_rows(start, n_tok);
-    let ff_ref = has_ff.then_some(ff.as_slice());
     rope_store_ref(
-        &mut q_ref, &k_ref, &v, &mut kc, &mut vc, &shape, ff_ref, &run,
+        &mut q_ref, &k_ref, &v, &mut kc, &mut vc, &shape, &freqs, mscale, &run,
     );
     let mut want = vec![0f32; n_tok * n_head * hv];
     attention_ref(&s, &q_ref, &kc, &vc, start, &mut want);
@@ -676,7 +710,7 @@ fn fused_decode_attention_matches_norm_rope_store_then_attention() {
     let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let att = Attention::new(&ctx).unwrap().without_coop();
     let sg = ctx.caps().subgroup.size;
-    let cases: [FreshCase; 13] = [
+    let cases: [FreshCase; 16] = [
         // qwen2.5 (neox, full rotation) at positions 0, 6, 599, 30000 (angles of ~3e4 rad)
         (1, (14, 2), (64, 64), 64, "neox", 1024, 0, 0),
         (1, (4, 1), (64, 64), 64, "neox", 32768, 0, 30000),
@@ -695,6 +729,10 @@ fn fused_decode_attention_matches_norm_rope_store_then_attention() {
         // odd widths; the last tokens past the cache end (not stored, not seen)
         (3, (6, 2), (38, 22), 20, "neox norm", 60, 0, 30),
         (5, (9, 3), (64, 64), 64, "normal", 200, 0, 197),
+        // gpt-oss: YaRN angles, sinks, windowed and full layers
+        (1, (8, 2), (64, 64), 64, "neox yarn sinks", 300, 128, 250),
+        (1, (8, 2), (64, 64), 64, "neox yarn sinks", 32768, 0, 30000),
+        (3, (8, 1), (64, 64), 64, "neox yarn sinks", 100, 0, 5),
     ];
     let many = DecodePlan {
         wg: 128.max(sg),

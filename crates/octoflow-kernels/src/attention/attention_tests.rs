@@ -16,16 +16,23 @@ const REL: f32 = 1e-4;
 /// (n_tokens, n_head, n_head_kv, head_dim, head_dim_v, n_kv_rows, window, start)
 type Case = (usize, usize, usize, usize, usize, usize, usize, usize);
 
-/// Runs one case on fresh random inputs (with `plan`, or the device's own choice) and returns
-/// the mismatch, if any, as an error naming the case.
+/// `[n_head]` random sink logits, in the scores' range so that they matter.
+fn random_sinks(rng: &mut impl Rng, n_head: usize) -> Vec<f32> {
+    (0..n_head).map(|_| rng.gen_range(-2.0..4.0)).collect()
+}
+
+/// Runs one case on fresh random inputs (with `plan`, or the device's own choice; with random
+/// sink logits when `sinks`) and returns the mismatch, if any, as an error naming the case.
 fn run_case(
     ctx: &Context,
     k: &Attention,
     rng: &mut impl Rng,
     c: Case,
     plan: Option<Plan>,
+    sinks: bool,
 ) -> std::result::Result<(), String> {
     let (n_tok, n_head, n_kv, hd, hv, rows, window, start) = c;
+    let sink_logits = random_sinks(rng, n_head);
     let s = AttentionShape {
         n_head,
         n_head_kv: n_kv,
@@ -34,6 +41,7 @@ fn run_case(
         n_kv_rows: rows,
         window,
         scale: 1.0 / (hd as f32).sqrt(),
+        sinks: sinks.then_some(sink_logits.as_slice()),
     };
     let mut gen = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect() };
     let q = gen(n_tok * n_head * hd);
@@ -42,6 +50,8 @@ fn run_case(
     let (qb, kb, vb) = (with(ctx, "q", &q), with(ctx, "k", &kc), with(ctx, "v", &vc));
     let ob = poisoned(ctx, "out", n_tok * n_head * hv);
     let pb = with(ctx, "pos", &[3u32, 1, start as u32]);
+    let sb = with(ctx, "sinks", &sink_logits);
+    let sw = sb.whole();
     let args = AttentionArgs {
         q: &qb.whole(),
         k: &kb.whole(),
@@ -58,6 +68,7 @@ fn run_case(
         pos: &pb.whole(),
         pos_offset: 2,
         positions: Positions::Run,
+        sinks: sinks.then_some(&sw),
     };
     let mut chain = Chain::new(ctx).unwrap();
     match plan {
@@ -70,7 +81,7 @@ fn run_case(
     check_close(&read(ctx, &ob, want.len()), &want, REL).map_err(|e| {
         format!(
             "attention {n_tok} tokens {n_head}/{n_kv} heads {hd}/{hv} rows {rows} \
-             window {window} at {start}, plan {plan:?}: {e}"
+             window {window} at {start}, sinks {sinks}, plan {plan:?}: {e}"
         )
     })
 }
@@ -97,8 +108,9 @@ fn gpu_attention_matches_the_reference_on_random_inputs() {
         (6, 6, 2, 38, 22, 50, 0, 10),     // dims not multiples of 4
         (64, 9, 3, 64, 64, 512, 0, 256),  // a prefill chunk at a later position
     ];
-    for c in cases {
-        if let Err(e) = run_case(&ctx, &k, &mut rng, c, None) {
+    for (i, c) in cases.into_iter().enumerate() {
+        // every other case with sinks
+        if let Err(e) = run_case(&ctx, &k, &mut rng, c, None, i % 2 == 1) {
             panic!("{e}, seed {seed}");
         }
     }
@@ -127,8 +139,8 @@ fn every_work_layout_matches_the_reference() {
         (16, 4, 1, 3),
         (32, 1, 2, 2),
     ];
-    for c in cases {
-        for (cl, hpl, tpl, split) in plans {
+    for (ci, c) in cases.into_iter().enumerate() {
+        for (pi, (cl, hpl, tpl, split)) in plans.into_iter().enumerate() {
             if cl > sg {
                 continue;
             }
@@ -139,7 +151,7 @@ fn every_work_layout_matches_the_reference() {
                 tpl,
                 split,
             };
-            if let Err(e) = run_case(&ctx, &k, &mut rng, c, Some(p)) {
+            if let Err(e) = run_case(&ctx, &k, &mut rng, c, Some(p), (ci + pi) % 2 == 1) {
                 panic!("{e}, seed {seed}");
             }
         }
@@ -192,6 +204,7 @@ fn attention_timing() {
             pos: &pb.whole(),
             pos_offset: 0,
             positions: Positions::Run,
+            sinks: None,
         };
         let reps = 5;
         for (path, k) in [("", &plain), (" coop", &coop)] {
@@ -254,6 +267,7 @@ fn bad_head_counts_and_short_caches_are_shape_errors() {
         pos: &pb.whole(),
         pos_offset: 0,
         positions: Positions::Run,
+        sinks: None,
     };
     let err = k.record(&mut chain, &args).unwrap_err().to_string();
     assert!(err.contains("n_head 9"), "{err}");
@@ -267,6 +281,12 @@ fn bad_head_counts_and_short_caches_are_shape_errors() {
     args.head_dim = 512;
     let err = k.record(&mut chain, &args).unwrap_err().to_string();
     assert!(err.contains("head_dim 512"), "{err}");
+    args.head_dim = 64;
+    let short = with(&ctx, "attn_sinks", &[0f32; 8]);
+    let ss = short.whole();
+    args.sinks = Some(&ss);
+    let err = k.record(&mut chain, &args).unwrap_err().to_string();
+    assert!(err.contains("sinks") && err.contains("attn_sinks"), "{err}");
 }
 
 #[test]
@@ -277,12 +297,19 @@ fn position_table_attends_each_query_to_its_own_sequence() {
     let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let k = Attention::new(&ctx).unwrap().without_coop();
     // (n_head, n_head_kv, head_dim, head_dim_v, rows per sequence, window, sequences, queries)
-    for (n_head, n_kv, hd, hv, rows, window, n_seq, n_tok) in [
+    for (i, (n_head, n_kv, hd, hv, rows, window, n_seq, n_tok)) in [
         (9, 3, 64, 64, 300, 0, 5, 11),
         (4, 1, 256, 256, 200, 16, 3, 7),
         (6, 2, 38, 22, 40, 0, 4, 9),
         (14, 2, 64, 64, 2000, 0, 3, 3), // long sequences: split-K
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let sink_logits = random_sinks(&mut rng, n_head);
+        let sinks = i % 2 == 1;
+        let sb = with(&ctx, "sinks", &sink_logits);
+        let sw = sb.whole();
         let s = AttentionShape {
             n_head,
             n_head_kv: n_kv,
@@ -291,6 +318,7 @@ fn position_table_attends_each_query_to_its_own_sequence() {
             n_kv_rows: rows,
             window,
             scale: 1.0 / (hd as f32).sqrt(),
+            sinks: sinks.then_some(sink_logits.as_slice()),
         };
         let mut gen = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect() };
         let q = gen(n_tok * n_head * hd);
@@ -335,6 +363,7 @@ fn position_table_attends_each_query_to_its_own_sequence() {
             pos: &pb.whole(),
             pos_offset: 1,
             positions: Positions::Table,
+            sinks: sinks.then_some(&sw),
         };
         let mut want = vec![0f32; n_tok * n_head * hv];
         let (kw, vw) = (n_kv * hd, n_kv * hv);
@@ -360,8 +389,8 @@ fn position_table_attends_each_query_to_its_own_sequence() {
             if let Err(e) = check_close(&read(&ctx, &ob, want.len()), &want, REL) {
                 panic!(
                     "attention table {n_head}/{n_kv} heads {hd}/{hv}, {n_seq} sequences of \
-                     {rows}, window {window}, {n_tok} queries, attention.comp {old}, seed \
-                     {seed}: {e}"
+                     {rows}, window {window}, {n_tok} queries, sinks {sinks}, attention.comp \
+                     {old}, seed {seed}: {e}"
                 );
             }
         }

@@ -67,12 +67,16 @@ pub struct AttentionArgs<'a> {
     /// `pos[pos_offset + 2t + 1] + j` of `k` and `v` (which then hold several sequences), and
     /// `n_kv_rows` is the capacity of one sequence.
     pub positions: Positions,
+    /// `[n_head]` f32 sink logits (gpt-oss's `attn_sinks`), or none: query head `h`'s softmax
+    /// denominator also counts `exp(sinks[h])`, a column with no value (llama.cpp's `soft_max`
+    /// with sinks).
+    pub sinks: Option<&'a BufferSlice>,
 }
 
 impl AttentionArgs<'_> {
     /// The bindings of the prefill kernels (`attention.comp`, `attention_coop.comp`): q, k, v,
-    /// out, pos and the split-K scratch `part`.
-    pub(crate) fn bindings(&self, part: &BufferSlice) -> [BufferSlice; 6] {
+    /// out, pos, the split-K scratch `part` and the sinks.
+    pub(crate) fn bindings(&self, part: &BufferSlice) -> [BufferSlice; 7] {
         [
             self.q.clone(),
             self.k.clone(),
@@ -80,7 +84,18 @@ impl AttentionArgs<'_> {
             self.out.clone(),
             self.pos.clone(),
             part.clone(),
+            self.sinks_binding().clone(),
         ]
+    }
+
+    /// The sinks, or a valid binding that is never read without them.
+    pub(crate) fn sinks_binding(&self) -> &BufferSlice {
+        self.sinks.unwrap_or(self.q)
+    }
+
+    /// The kernels' `has_sinks` flag.
+    pub(crate) fn has_sinks(&self) -> u32 {
+        u32::from(self.sinks.is_some())
     }
 }
 
@@ -117,10 +132,10 @@ impl Attention {
     /// Builds the merge pipeline (the main one is specialized per head shape on first use).
     pub fn new(ctx: &Context) -> Result<Self> {
         Ok(Attention {
-            pipelines: SpecPipelines::new(shaders::ATTENTION, 6, 48, "attention"),
+            pipelines: SpecPipelines::new(shaders::ATTENTION, 7, 52, "attention"),
             merge: Pipeline::new(
                 ctx,
-                &PipelineDesc::new(shaders::ATTENTION_MERGE, 2, 12).label("attention_merge"),
+                &PipelineDesc::new(shaders::ATTENTION_MERGE, 3, 20).label("attention_merge"),
             )?,
             scratch: QueueScratch::new("attention_split"),
             decode: Decode::new(),
@@ -209,7 +224,8 @@ impl Attention {
             .f32(a.scale)
             .u32(p.split)
             .u32(a.positions.flag())
-            .u32(kv_total(a));
+            .u32(kv_total(a))
+            .u32(a.has_sinks());
         let group = a.n_head / a.n_head_kv;
         let clusters = u64::from(a.n_tokens.div_ceil(p.tpl))
             * u64::from(group.div_ceil(p.hpl))
@@ -253,10 +269,15 @@ pub(crate) fn merge_parts(
     }
     let rows = u64::from(a.n_tokens) * u64::from(a.n_head);
     chain.compute_barrier()?;
-    let push = Push::new().u32(rows as u32).u32(a.head_dim_v).u32(split);
+    let push = Push::new()
+        .u32(rows as u32)
+        .u32(a.head_dim_v)
+        .u32(split)
+        .u32(a.n_head)
+        .u32(a.has_sinks());
     chain.dispatch(
         merge,
-        &[part, a.out.clone()],
+        &[part, a.out.clone(), a.sinks_binding().clone()],
         &push,
         grid(rows, "attention")?,
     )?;
@@ -365,12 +386,15 @@ pub(crate) fn validate(a: &AttentionArgs) -> Result<()> {
         a.pos,
         u128::from(a.pos_offset) + a.positions.words(a.n_tokens),
     )?;
+    if let Some(sinks) = a.sinks {
+        need(OP, "sinks", sinks, h)?;
+    }
     Ok(())
 }
 
 /// Shape of a reference attention call (the same meaning as the [`AttentionArgs`] fields).
 #[derive(Debug, Clone, Copy)]
-pub struct AttentionShape {
+pub struct AttentionShape<'a> {
     /// Query heads.
     pub n_head: usize,
     /// KV heads.
@@ -385,13 +409,16 @@ pub struct AttentionShape {
     pub window: usize,
     /// Factor on `q . k`.
     pub scale: f32,
+    /// `[n_head]` sink logits, or none.
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// CPU reference: `q` `[n_tokens, n_head, head_dim]`, caches `k`, `v` `[n_kv_rows, n_head_kv, _]`,
 /// `out` `[n_tokens, n_head, head_dim_v]`; query `t` at position `start + t` sees keys
 /// `first..=min(p, n_kv_rows - 1)`; scores, max-subtracted softmax and weighted value sum as
 /// `octoflow-model`'s attention, but accumulated in f64 so that the oracle's own rounding does
-/// not count against a kernel that sums in another order. A query that sees no key gets zeros.
+/// not count against a kernel that sums in another order; with sinks, `exp(sinks[h] - max)` joins
+/// head `h`'s denominator. A query that sees no key gets zeros.
 pub fn attention_ref(
     s: &AttentionShape,
     q: &[f32],
@@ -438,8 +465,13 @@ pub(crate) fn attention_ref_rounded(
                 f64::from(s.scale) * dot
             })
             .collect();
-        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let sum: f64 = scores.iter().map(|&x| (x - max).exp()).sum();
+        let sink = s.sinks.map(|k| f64::from(k[h]));
+        let max = scores
+            .iter()
+            .copied()
+            .chain(sink.filter(|_| !scores.is_empty()))
+            .fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = scores.iter().chain(&sink).map(|&x| (x - max).exp()).sum();
         let mut acc = vec![0f64; hv];
         let mut abs = vec![0f64; hv];
         for (j, &x) in (first..end).zip(&scores) {

@@ -11,7 +11,7 @@ use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
 
 use crate::error::Result;
 use crate::operand::{bad, need, overlap, Positions};
-use crate::rope::{check_angles, rope_ref, RopeMode};
+use crate::rope::{rope_ref, RopeFreqs, RopeMode};
 use crate::set_rows::set_rows_ref;
 use crate::shaders;
 
@@ -42,16 +42,10 @@ pub struct RopeStoreArgs<'a> {
     pub head_dim: u32,
     /// Width of a value head.
     pub head_dim_v: u32,
-    /// Rotated dimensions (even, at most `head_dim`); dims `>= n_rot` pass through.
-    pub n_rot: u32,
     /// Pair layout.
     pub mode: RopeMode,
-    /// `theta_i = pos * scale * base^(-2i/n_rot) / freq_factors[i]` (radians).
-    pub base: f32,
-    /// Linear position scale (1 for none).
-    pub scale: f32,
-    /// `[n_rot/2]` f32 divisors of the frequencies (`rope_freqs`), or none.
-    pub freq_factors: Option<&'a BufferSlice>,
+    /// The angles (and `n_rot`: dims `>= n_rot` pass through).
+    pub freqs: &'a RopeFreqs,
     /// u32 buffer: with [`Positions::Run`], token `t` is at position and cache row
     /// `pos[pos_offset] + t`; with [`Positions::Table`], at position `pos[pos_offset + 2t]` and
     /// cache row `pos[pos_offset + 2t + 1] + pos[pos_offset + 2t]` (positions below 2^24).
@@ -71,7 +65,7 @@ impl RopeStore {
     /// Builds the pipeline.
     pub fn new(ctx: &Context) -> Result<Self> {
         Ok(RopeStore {
-            pipeline: Pipeline::new(ctx, &PipelineDesc::new(shaders::ROPE_STORE, 7, 56))?,
+            pipeline: Pipeline::new(ctx, &PipelineDesc::new(shaders::ROPE_STORE, 7, 44))?,
         })
     }
 
@@ -80,12 +74,13 @@ impl RopeStore {
     /// written (q and the caches) must not overlap any other operand.
     pub fn record(&self, chain: &mut Chain, a: &RopeStoreArgs) -> Result<()> {
         const OP: &str = "rope_store";
-        check_angles(OP, a.n_rot, a.head_dim, a.base, a.scale)?;
+        a.freqs.check(OP, a.head_dim)?;
+        let n_rot = a.freqs.n_rot;
         let n = u128::from(a.n_tokens);
         let k_width = u128::from(a.n_head_kv) * u128::from(a.head_dim);
         let v_width = u128::from(a.n_head_kv) * u128::from(a.head_dim_v);
         let q_len = n * u128::from(a.n_head) * u128::from(a.head_dim);
-        let half = u128::from(a.n_rot / 2);
+        let half = u128::from(n_rot / 2);
         // work items: q pairs, k pairs plus pass-through dims, v values (see the shader)
         let items = n * u128::from(a.n_head) * half
             + n * u128::from(a.n_head_kv) * (u128::from(a.head_dim) - half)
@@ -115,20 +110,15 @@ impl RopeStore {
             a.pos,
             u128::from(a.pos_offset) + a.positions.words(a.n_tokens),
         )?;
-        if let Some(f) = a.freq_factors {
-            need(OP, "freq_factors", f, half)?;
-        }
-        let mut operands = vec![
+        let operands = [
             ("q", a.q),
             ("k", a.k),
             ("v", a.v),
             ("k_cache", a.k_cache),
             ("v_cache", a.v_cache),
             ("pos", a.pos),
+            ("freqs", &a.freqs.table),
         ];
-        if let Some(f) = a.freq_factors {
-            operands.push(("freq_factors", f));
-        }
         for (i, (wn, w)) in operands.iter().enumerate() {
             if !matches!(*wn, "q" | "k_cache" | "v_cache") {
                 continue;
@@ -139,26 +129,18 @@ impl RopeStore {
                 }
             }
         }
-        // r = base^(-2/n_rot) in f64, handed over as a double-float (hi + lo)
-        let r = f64::from(a.base).powf(-2.0 / f64::from(a.n_rot));
-        let r_hi = r as f32;
-        let r_lo = (r - f64::from(r_hi)) as f32;
         let groups = chain.context().groups_1d(items as u64, LOCAL_SIZE)?;
-        let ff = a.freq_factors.unwrap_or(a.k);
         let push = Push::new()
             .u32(a.n_tokens)
             .u32(a.n_head)
             .u32(a.n_head_kv)
             .u32(a.head_dim)
-            .u32(a.n_rot)
+            .u32(n_rot)
             .u32(v_width as u32)
             .u32(a.n_ctx)
             .u32(u32::from(a.mode == RopeMode::Neox))
-            .u32(u32::from(a.freq_factors.is_some()))
             .u32(a.pos_offset)
-            .f32(a.scale)
-            .f32(r_hi)
-            .f32(r_lo)
+            .f32(a.freqs.mscale)
             .u32(a.positions.flag());
         chain.dispatch(
             &self.pipeline,
@@ -169,7 +151,7 @@ impl RopeStore {
                 a.k_cache.clone(),
                 a.v_cache.clone(),
                 a.pos.clone(),
-                ff.clone(),
+                a.freqs.table.clone(),
             ],
             &push,
             groups,
@@ -178,17 +160,14 @@ impl RopeStore {
     }
 }
 
-/// Shape and RoPE parameters of [`rope_store_ref`] (as in [`RopeStoreArgs`]).
+/// Shape and RoPE pairing of [`rope_store_ref`] (as in [`RopeStoreArgs`]).
 #[derive(Debug, Clone, Copy)]
 pub struct RopeStoreShape {
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
     pub head_dim_v: usize,
-    pub n_rot: usize,
     pub mode: RopeMode,
-    pub base: f32,
-    pub scale: f32,
 }
 
 /// CPU reference, the composition of [`rope_ref`] and [`set_rows_ref`]: for token `t` at
@@ -196,7 +175,7 @@ pub struct RopeStoreShape {
 /// at `position`, rotates a copy of row `t` of `k` (`[n, n_head_kv, head_dim]`) at `position`
 /// and writes it to row `cache row` of `k_cache`, and writes row `t` of `v`
 /// (`[n, n_head_kv * head_dim_v]`) to that row of `v_cache` (rows past a cache's end skipped).
-/// `k` is not modified.
+/// `k` is not modified. The angles are [`rope_ref`]'s: `freqs` per pair, times `mscale`.
 #[allow(clippy::too_many_arguments)]
 pub fn rope_store_ref(
     q: &mut [f32],
@@ -205,14 +184,14 @@ pub fn rope_store_ref(
     k_cache: &mut [f32],
     v_cache: &mut [f32],
     s: &RopeStoreShape,
-    freq_factors: Option<&[f32]>,
+    freqs: &[f64],
+    mscale: f32,
     rows: &[(usize, usize)],
 ) {
     let (q_width, k_width) = (s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
     let v_width = s.n_head_kv * s.head_dim_v;
     let rope = |x: &mut [f32], n_heads: usize, at: usize| {
-        let (hd, r, m) = (s.head_dim, s.n_rot, s.mode);
-        rope_ref(x, n_heads, hd, r, m, s.base, s.scale, freq_factors, at);
+        rope_ref(x, n_heads, s.head_dim, s.mode, freqs, mscale, at);
     };
     for (t, &(position, row)) in rows.iter().enumerate() {
         rope(&mut q[t * q_width..(t + 1) * q_width], s.n_head, position);

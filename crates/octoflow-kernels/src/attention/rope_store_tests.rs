@@ -5,6 +5,7 @@ use rand::Rng;
 
 use super::*;
 use crate::check_close;
+use crate::rope::test_freqs;
 use crate::testkit::{read, with};
 use crate::KernelError;
 
@@ -25,6 +26,8 @@ struct Case {
     base: f32,
     scale: f32,
     ff: bool,
+    /// YaRN-shaped frequencies and a magnitude factor (see `test_freqs`).
+    yarn: bool,
     /// Table mode over two sequences (first rows 0 and n_ctx/2), else a run from `start`.
     table: bool,
     start: usize,
@@ -61,6 +64,8 @@ fn run_case(
     let k: Vec<f32> = (0..n * kw).map(|_| rng.gen_range(-2.0..2.0)).collect();
     let v: Vec<f32> = (0..n * vw).map(|_| rng.gen_range(-2.0..2.0)).collect();
     let ff: Vec<f32> = (0..c.n_rot / 2).map(|_| rng.gen_range(1.0..40.0)).collect();
+    let ff = c.ff.then_some(&ff[..]);
+    let (freqs, mscale) = test_freqs(rng, c.n_rot, c.base, c.scale, ff, c.yarn);
 
     // (position, cache row) per token, and the u32 words of `pos` from offset 3
     let mut words = vec![rng.gen(), rng.gen(), rng.gen()];
@@ -101,8 +106,8 @@ fn run_case(
     }
     let (qb, kb, vb) = (with(ctx, "q", &q), with(ctx, "k", &k), with(ctx, "v", &v));
     let (kcb, vcb) = (with(ctx, "k_cache", &kc), with(ctx, "v_cache", &vc));
-    let (pb, fb) = (with(ctx, "pos", &words), with(ctx, "rope_freqs", &ff));
-    let fs = fb.whole();
+    let pb = with(ctx, "pos", &words);
+    let table = RopeFreqs::upload(ctx, "rope_freqs", &freqs, mscale).unwrap();
     let args = RopeStoreArgs {
         q: &qb.whole(),
         k: &kb.whole(),
@@ -115,11 +120,8 @@ fn run_case(
         n_head_kv: c.n_head_kv as u32,
         head_dim: hd as u32,
         head_dim_v: c.head_dim_v as u32,
-        n_rot: c.n_rot as u32,
         mode: c.mode,
-        base: c.base,
-        scale: c.scale,
-        freq_factors: c.ff.then_some(&fs),
+        freqs: &table,
         pos: &pb.whole(),
         pos_offset: 3,
         positions: if c.table {
@@ -137,13 +139,9 @@ fn run_case(
         n_head_kv: c.n_head_kv,
         head_dim: hd,
         head_dim_v: c.head_dim_v,
-        n_rot: c.n_rot,
         mode: c.mode,
-        base: c.base,
-        scale: c.scale,
     };
     let (mut want_q, mut want_kc, mut want_vc) = (q.clone(), kc.clone(), vc.clone());
-    let f = c.ff.then_some(&ff[..]);
     rope_store_ref(
         &mut want_q,
         &k,
@@ -151,7 +149,8 @@ fn run_case(
         &mut want_kc,
         &mut want_vc,
         &shape,
-        f,
+        &freqs,
+        mscale,
         &rows,
     );
     let got_q = read(ctx, &qb, q.len());
@@ -219,6 +218,7 @@ fn gpu_rope_store_matches_rope_then_set_rows_on_random_inputs() {
         base: 10_000.0,
         scale: 1.0,
         ff: false,
+        yarn: false,
         table: false,
         start: 17,
         n_ctx: 40,
@@ -266,9 +266,10 @@ fn gpu_rope_store_matches_rope_then_set_rows_on_random_inputs() {
             n_ctx: 48,
             ..base
         },
-        // a run that goes past the end of the cache
+        // a run that goes past the end of the cache (YaRN angles)
         Case {
             n: 3,
+            yarn: true,
             head_dim: 128,
             head_dim_v: 128,
             n_rot: 64,
@@ -277,9 +278,10 @@ fn gpu_rope_store_matches_rope_then_set_rows_on_random_inputs() {
             n_ctx: 4,
             ..base
         },
-        // large positions
+        // large positions, YaRN (gpt-oss's NeoX rotation of 64 dims)
         Case {
             n: 17,
+            yarn: true,
             n_head: 2,
             n_head_kv: 1,
             mode: RopeMode::Neox,
@@ -291,6 +293,7 @@ fn gpu_rope_store_matches_rope_then_set_rows_on_random_inputs() {
         Case {
             n: 1,
             n_rot: 48,
+            yarn: true,
             mode: RopeMode::Neox,
             ff: true,
             table: true,
@@ -334,17 +337,25 @@ fn bad_shapes_and_overlaps_are_shape_errors() {
     let kc = with(&ctx, "kc", &[0f32; 256]);
     let vc = with(&ctx, "vc", &[0f32; 256]);
     let p = with(&ctx, "ctl", &[0u32; 2]);
-    let f = with(&ctx, "rope_freqs", &[1f32; 4]);
+    let table = RopeFreqs::upload(&ctx, "rope_freqs", &[0.5; 32], 1.0).unwrap();
+    let mut short = table.clone();
+    short.table = table.table.buffer.slice(0, 16).unwrap();
+    let (odd, wide) = (
+        RopeFreqs {
+            n_rot: 31,
+            ..table.clone()
+        },
+        RopeFreqs::upload(&ctx, "rope_freqs", &[0.5; 33], 1.0).unwrap(),
+    );
     let kern = RopeStore::new(&ctx).unwrap();
     let mut chain = Chain::new(&ctx).unwrap();
-    let (qs, ks, vs, kcs, vcs, ps, fs) = (
+    let (qs, ks, vs, kcs, vcs, ps) = (
         q.whole(),
         k.whole(),
         v.whole(),
         kc.whole(),
         vc.whole(),
         p.whole(),
-        f.whole(),
     );
     let good = RopeStoreArgs {
         q: &qs,
@@ -358,11 +369,8 @@ fn bad_shapes_and_overlaps_are_shape_errors() {
         n_head_kv: 1,
         head_dim: 64,
         head_dim_v: 64,
-        n_rot: 64,
         mode: RopeMode::Normal,
-        base: 10_000.0,
-        scale: 1.0,
-        freq_factors: None,
+        freqs: &table,
         pos: &ps,
         pos_offset: 1,
         positions: Positions::Run,
@@ -372,9 +380,15 @@ fn bad_shapes_and_overlaps_are_shape_errors() {
         Err(KernelError::Shape { detail, .. }) => detail,
         other => panic!("expected a shape error, got {other:?}"),
     };
-    let e = err(&RopeStoreArgs { n_rot: 31, ..good });
+    let e = err(&RopeStoreArgs {
+        freqs: &odd,
+        ..good
+    });
     assert!(e.contains("n_rot 31"), "{e}");
-    let e = err(&RopeStoreArgs { n_rot: 66, ..good });
+    let e = err(&RopeStoreArgs {
+        freqs: &wide,
+        ..good
+    });
     assert!(e.contains("n_rot 66"), "{e}");
     let e = err(&RopeStoreArgs {
         n_tokens: 0,
@@ -399,18 +413,10 @@ fn bad_shapes_and_overlaps_are_shape_errors() {
     });
     assert!(e.contains("pos") && e.contains("ctl"), "{e}");
     let e = err(&RopeStoreArgs {
-        freq_factors: Some(&fs),
+        freqs: &short,
         ..good
     });
-    assert!(
-        e.contains("freq_factors") && e.contains("rope_freqs"),
-        "{e}"
-    );
-    let e = err(&RopeStoreArgs {
-        base: f32::NAN,
-        ..good
-    });
-    assert!(e.contains("base"), "{e}");
+    assert!(e.contains("freqs") && e.contains("rope_freqs"), "{e}");
     // written operands must not overlap the others
     let e = err(&RopeStoreArgs {
         k_cache: &qs,

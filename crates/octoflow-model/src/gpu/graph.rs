@@ -25,7 +25,7 @@ use crate::gpu::adapters::{GpuAdapters, MixSource};
 use crate::gpu::kernels::{glu_op, rope_mode, Kernels};
 use crate::gpu::scratch::Scratch;
 use crate::gpu::weights::{GpuMatrix, GpuWeights};
-use crate::plan::{planned, qk_norms, AttnPlan, FfnPlan, GluPlan};
+use crate::plan::{planned, planned_bias, qk_norms, AttnPlan, FfnPlan, GluPlan};
 
 /// Where the batch's token ids are read from.
 #[derive(Clone)]
@@ -314,6 +314,7 @@ impl Graph<'_> {
             pos: &ps.buf,
             pos_offset: ps.offset,
             positions: ps.mode,
+            sinks: planned(il, plan.sinks, &lw.attn_sinks, "attn_sinks")?,
         };
         if fresh_applies(&args) && !self.k.linear.tuning().unfused_rope {
             // decode steps: the head norms, RoPE and the cache write happen inside the
@@ -322,11 +323,8 @@ impl Graph<'_> {
                 k: &kk,
                 v: &v,
                 n_ctx: s.n_ctx,
-                n_rot: c.n_rot as u32,
                 mode,
-                base: plan.rope.base,
-                scale: plan.rope.scale,
-                freq_factors: self.w.rope_freqs.as_ref(),
+                freqs: &lw.rope,
                 qk_norm: qk_norm.map(|(qn, kn)| (qn, kn, eps)),
             };
             k.attention.record_fresh(chain, &args, &fresh)?;
@@ -355,11 +353,8 @@ impl Graph<'_> {
                     n_head_kv: c.n_head_kv as u32,
                     head_dim: c.head_dim as u32,
                     head_dim_v: c.head_dim_v as u32,
-                    n_rot: c.n_rot as u32,
                     mode,
-                    base: plan.rope.base,
-                    scale: plan.rope.scale,
-                    freq_factors: self.w.rope_freqs.as_ref(),
+                    freqs: &lw.rope,
                     pos: &ps.buf,
                     pos_offset: ps.offset,
                     positions: ps.mode,
@@ -372,7 +367,10 @@ impl Graph<'_> {
         self.project_residual(
             chain,
             (il, Target::O),
-            &lw.attn_output,
+            (
+                &lw.attn_output,
+                planned_bias(il, plan.out_bias, &lw.attn_output_bias, "attn_output")?,
+            ),
             &att,
             planned(
                 il,
@@ -446,7 +444,7 @@ impl Graph<'_> {
         self.project_residual(
             chain,
             (il, Target::Down),
-            &lw.ffn_down,
+            (&lw.ffn_down, None),
             &gate,
             planned(il, plan.post_norm, &lw.post_ffw_norm, "post_ffw_norm")?,
             n,
@@ -505,7 +503,7 @@ impl Graph<'_> {
         })
     }
 
-    /// `x += post_norm(m · a)` (with `which`'s adapters) on the stream `st`; without a
+    /// `x += post_norm(m · a + bias)` (with `which`'s adapters) on the stream `st`; without a
     /// post-norm the projection adds straight into it; where the step defers post-norms
     /// ([`Graph::defers_post_norms`]) the product is left pending on the stream.
     #[allow(clippy::too_many_arguments)]
@@ -513,7 +511,7 @@ impl Graph<'_> {
         &self,
         chain: &mut Chain,
         which: (usize, Target),
-        m: &GpuMatrix,
+        (m, bias): (&GpuMatrix, Option<&BufferSlice>),
         a: &BufferSlice,
         post_norm: Option<&BufferSlice>,
         n: u32,
@@ -527,12 +525,12 @@ impl Graph<'_> {
         let x = &st.base;
         match post_norm {
             None => {
-                self.linear(chain, m, a, x, n, None, true, None, None)?;
+                self.linear(chain, m, a, x, n, bias, true, None, None)?;
                 self.adapt(chain, which.0, n, &[(which.1, a, x)])?;
             }
             Some(norm) => {
                 let o = f32s(&s.o, width)?;
-                self.linear(chain, m, a, &o, n, None, false, None, None)?;
+                self.linear(chain, m, a, &o, n, bias, false, None, None)?;
                 self.adapt(chain, which.0, n, &[(which.1, a, &o)])?;
                 chain.compute_barrier()?;
                 if self.defers_post_norms(n) {

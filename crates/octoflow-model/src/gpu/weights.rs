@@ -7,10 +7,13 @@
 //! invisible to the math.
 
 use octoflow_gguf::GgmlType;
+use octoflow_kernels::RopeFreqs;
 use octoflow_vk::{pack_plan, Buffer, BufferSlice, Context, MemoryKind};
 
 use crate::error::{ModelError, Result};
 use crate::model::Model;
+use crate::ops::rope_freqs;
+use crate::plan::RopePlan;
 use crate::weights::QMatrix;
 
 /// Every tensor starts on a 16-byte boundary and its binding covers whole 16-byte words, so
@@ -47,12 +50,18 @@ pub struct GpuBlock {
     pub attn_q_norm: Option<BufferSlice>,
     pub attn_k_norm: Option<BufferSlice>,
     pub attn_output: GpuMatrix,
+    pub attn_output_bias: Option<BufferSlice>,
+    pub attn_sinks: Option<BufferSlice>,
     pub post_attention_norm: Option<BufferSlice>,
     pub ffn_norm: BufferSlice,
     pub ffn_gate: GpuMatrix,
     pub ffn_up: GpuMatrix,
     pub ffn_down: GpuMatrix,
     pub post_ffw_norm: Option<BufferSlice>,
+    /// The layer's RoPE angles: its plan's base, scale and YaRN terms with `rope_freqs` folded
+    /// into one frequency per rotated pair ([`crate::ops::rope_freqs`]); one table per distinct
+    /// plan, shared by its layers.
+    pub rope: RopeFreqs,
 }
 
 /// All weights on the device, and the buffers that hold them.
@@ -60,7 +69,6 @@ pub struct GpuWeights {
     pub token_embd: GpuMatrix,
     pub output_norm: BufferSlice,
     pub output: GpuMatrix,
-    pub rope_freqs: Option<BufferSlice>,
     pub blk: Vec<GpuBlock>,
     /// Bytes of device memory the weights occupy.
     pub bytes: u64,
@@ -194,7 +202,6 @@ impl GpuWeights {
             Some(up.matrix(&w.output)?)
         };
         let output_norm = up.vector(&w.output_norm);
-        let rope_freqs = w.rope_freqs.as_deref().map(|f| up.vector(f));
         struct PlannedBlock<'a> {
             mats: Vec<PlannedMatrix<'a>>,
             attn_norm: Slot,
@@ -226,6 +233,8 @@ impl GpuWeights {
                 b.attn_k_norm.as_ref(),
                 b.post_attention_norm.as_ref(),
                 b.post_ffw_norm.as_ref(),
+                b.attn_output_bias.as_ref(),
+                b.attn_sinks.as_ref(),
             ]
             .into_iter()
             .map(|v| v.map(|v| up.vector(v)))
@@ -238,11 +247,13 @@ impl GpuWeights {
             });
         }
         let (slices, bytes) = up.upload(ctx)?;
+        let rope = rope_tables(ctx, model)?;
         let s = |slot: Slot| slices[slot.0].clone();
         let token_embd_gpu = token_embd.bind(&slices);
         let blk = blocks
             .iter()
-            .map(|b| {
+            .zip(rope)
+            .map(|(b, rope)| {
                 let m = |i: usize| b.mats[i].bind(&slices);
                 let v = |i: usize| b.opt[i].map(s);
                 GpuBlock {
@@ -256,12 +267,15 @@ impl GpuWeights {
                     attn_q_norm: v(3),
                     attn_k_norm: v(4),
                     attn_output: m(3),
+                    attn_output_bias: v(7),
+                    attn_sinks: v(8),
                     post_attention_norm: v(5),
                     ffn_norm: s(b.ffn_norm),
                     ffn_gate: m(4),
                     ffn_up: m(5),
                     ffn_down: m(6),
                     post_ffw_norm: v(6),
+                    rope,
                 }
             })
             .collect();
@@ -269,11 +283,32 @@ impl GpuWeights {
             output: output.map_or_else(|| token_embd_gpu.clone(), |o| o.bind(&slices)),
             token_embd: token_embd_gpu,
             output_norm: s(output_norm),
-            rope_freqs: rope_freqs.map(s),
             blk,
             bytes,
         })
     }
+}
+
+/// Each layer's RoPE frequency table (see [`GpuBlock::rope`]), uploaded once per distinct plan.
+fn rope_tables(ctx: &Context, model: &Model) -> Result<Vec<RopeFreqs>> {
+    let c = &model.config;
+    let ff = model.weights.rope_freqs.as_deref();
+    let mut made: Vec<(RopePlan, RopeFreqs)> = Vec::new();
+    c.blocks
+        .iter()
+        .map(|b| {
+            let r = b.attn.rope;
+            if let Some((_, t)) = made.iter().find(|(p, _)| *p == r) {
+                return Ok(t.clone());
+            }
+            let freqs = rope_freqs(c.n_rot, r.base, r.scale, ff, r.yarn.as_ref());
+            let mscale = r.yarn.map_or(1.0, |y| y.mscale);
+            let name = format!("rope_freqs#{}", made.len());
+            let t = RopeFreqs::upload(ctx, &name, &freqs, mscale)?;
+            made.push((r, t.clone()));
+            Ok(t)
+        })
+        .collect()
 }
 
 #[cfg(test)]

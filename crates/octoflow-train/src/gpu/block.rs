@@ -9,7 +9,7 @@
 use octoflow_kernels::{CrossEntropyArgs, Positions, RopeArgs};
 use octoflow_model::gpu::kernels::{glu_op, rope_mode};
 use octoflow_model::gpu::weights::GpuMatrix;
-use octoflow_model::plan::{planned, qk_norms, RopePlan};
+use octoflow_model::plan::{planned, qk_norms};
 use octoflow_vk::{Buffer, BufferSlice, Chain};
 
 use super::layer::{f, Attn};
@@ -18,15 +18,15 @@ use crate::error::Result;
 use crate::lora::Target;
 
 impl Trainer {
-    /// RoPE on q and k (or, `inverse`, the transposed rotation on dq and dk) of a layer.
-    fn rope(&self, chain: &mut Chain, rope: &RopePlan, inverse: bool) -> Result<()> {
+    /// RoPE on q and k (or, `inverse`, the transposed rotation on dq and dk) of layer `il`.
+    fn rope(&self, chain: &mut Chain, il: usize, inverse: bool) -> Result<()> {
         let c = &self.c;
         let (qb, kb) = if inverse {
             (&self.b.dq, &self.b.dk)
         } else {
             (&self.b.q, &self.b.k)
         };
-        let mode = rope_mode(rope.kind);
+        let mode = rope_mode(self.c.blocks[il].attn.rope.kind);
         let pos = self.b.io.whole();
         for (buf, heads) in [(qb, c.n_head), (kb, c.n_head_kv)] {
             let x = f(buf, self.rows * heads * c.head_dim)?;
@@ -37,11 +37,8 @@ impl Trainer {
                     n_tokens: self.rows as u32,
                     n_heads: heads as u32,
                     head_dim: c.head_dim as u32,
-                    n_rot: c.n_rot as u32,
                     mode,
-                    base: rope.base,
-                    scale: rope.scale,
-                    freq_factors: self.gm.weights().rope_freqs.as_ref(),
+                    freqs: &self.gm.weights().blk[il].rope,
                     pos: &pos,
                     pos_offset: self.io.pos as u32,
                     positions: Positions::Table,
@@ -164,7 +161,7 @@ impl Trainer {
                 .record(chain, &kp, kn, &kk, (t * c.n_head_kv) as u32, hd, eps)?;
             chain.compute_barrier()?;
         }
-        self.rope(chain, &plan.rope, false)?;
+        self.rope(chain, il, false)?;
         chain.compute_barrier()?;
         self.attn_mm(chain, Attn::Scores)?;
         chain.compute_barrier()?;
@@ -384,7 +381,7 @@ impl Trainer {
         self.attn_mm(chain, Attn::DQueries)?;
         self.attn_mm(chain, Attn::DKeys)?;
         chain.compute_barrier()?;
-        self.rope(chain, &plan.rope, true)?;
+        self.rope(chain, il, true)?;
         chain.compute_barrier()?;
         let (dq, dk, dv) = (f(&b.dq, t * qd)?, f(&b.dk, t * kd)?, f(&b.dv, t * vd)?);
         if let Some((qn, kn)) = qk_norms(il, plan, &lw.attn_q_norm, &lw.attn_k_norm)? {

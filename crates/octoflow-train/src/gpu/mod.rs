@@ -212,6 +212,14 @@ impl Trainer {
         let gm: Arc<GpuModel> = gm.into();
         opts.lora.validate()?;
         let c = gm.config.clone();
+        if let Some(missing) = c.blocks.iter().find_map(|b| b.train_missing()) {
+            // the inference graph runs these; the training step's forward and backward do not
+            return Err(octoflow_model::ModelError::Unsupported(format!(
+                "{} has {missing}, which the training step does not run yet",
+                c.arch
+            ))
+            .into());
+        }
         if opts.batch == 0 || opts.seq_len < 2 {
             return Err(TrainError::Config(format!(
                 "batch {} × seq-len {}: need at least one sequence of two tokens",
