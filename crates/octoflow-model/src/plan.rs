@@ -245,11 +245,10 @@ impl BlockPlan {
     }
 
     /// Why this block cannot run on the GPU path yet, if it cannot: the pieces the CPU
-    /// reference has and the GPU kernels do not (gpt-oss's).
+    /// reference has and the GPU kernels do not (gpt-oss's attention). Training runs only the
+    /// gated feed-forward and says so when it records a block ([`BlockPlan::glu`]).
     pub fn gpu_missing(&self) -> Option<&'static str> {
-        if matches!(self.ffn, FfnPlan::Moe(_)) {
-            Some("a mixture-of-experts feed-forward")
-        } else if self.attn.sinks {
+        if self.attn.sinks {
             Some("attention sinks")
         } else if self.attn.out_bias {
             Some("an attention output bias")
