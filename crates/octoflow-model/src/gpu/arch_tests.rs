@@ -102,7 +102,8 @@ fn qwen3moe_decode_chain_and_batched_rows_match_the_cpu_reference() {
     };
 
     // the decode chain: 6 greedy tokens, 3 steps per submit; each is the CPU reference's top
-    // token wherever that is clear of the second (the GPU sums in another order)
+    // token wherever that is clear of the second (the GPU sums in another order, and its
+    // prompt may run on f16-rounded operands)
     let p = prompt(&mut r, 9);
     let mut s = gm.session(32, 3).expect("gpu session");
     let first = top1_margin(&s.prefill(&p, 32).expect("gpu prefill")).0;
@@ -118,9 +119,12 @@ fn qwen3moe_decode_chain_and_batched_rows_match_the_cpu_reference() {
     let mut seq = p.clone();
     seq.push(first);
     for (i, &t) in tokens[1..].iter().enumerate() {
-        let (want, margin) = top1_margin(&cpu_last(&seq));
+        let cpu = cpu_last(&seq);
+        let (want, margin) = top1_margin(&cpu);
+        // a margin within twice the logit bound of the largest logit is not clear
+        let clear = 2.0 * bound * cpu.iter().fold(0f32, |m, v| m.max(v.abs()));
         assert!(
-            t == want || margin < 1e-3,
+            t == want || margin < clear,
             "decode chain step {i}: token {t}, the CPU reference's {want} (margin {margin})"
         );
         seq.push(t);

@@ -13,7 +13,7 @@
 //! experts' rows); larger ones group the pairs and take the grouped matmul.
 
 use octoflow_kernels::linear::MATVEC_MAX_TOKENS;
-use octoflow_kernels::{ExpertWeights, ExpertsArgs, Groups};
+use octoflow_kernels::{ExpertWeights, ExpertsArgs, Groups, LinearArgs, QWeightRef};
 use octoflow_vk::{BufferSlice, Chain};
 
 use super::{f32s, Graph, Stream};
@@ -65,8 +65,39 @@ impl Graph<'_> {
 
         // the router reads the normed stream (a pending post-norm is settled first)
         let (input, _, _) = self.block_input(chain, n, st, &lw.ffn_norm, false)?;
-        let rb = mw.router_bias.as_ref();
-        self.linear(chain, &mw.router, &input, &logits, n, rb, false, None, None)?;
+        if mw.router_bias.is_some() && mw.router.pieces.len() > 1 {
+            return Err(ModelError::Gpu(format!(
+                "{}: a bias on a router split into pieces is not supported",
+                mw.router.name
+            )));
+        }
+        // the router in f32 whatever the batch: its top-k must not flip where f16-rounded
+        // operands (the cooperative-matrix kernel) would move two close logits
+        for p in &mw.router.pieces {
+            k.linear.record_f32(
+                chain,
+                &LinearArgs {
+                    w: QWeightRef {
+                        ty: mw.router.ty,
+                        data: &p.slice,
+                        n_rows: p.n_rows,
+                        n_cols: mw.router.n_cols,
+                    },
+                    x: &input,
+                    y: &logits,
+                    n_tokens: n,
+                    y_stride: mw.router.n_rows,
+                    y_col: p.row_begin,
+                    bias: mw
+                        .router_bias
+                        .as_ref()
+                        .filter(|_| mw.router.pieces.len() == 1),
+                    accumulate: false,
+                    norm: None,
+                    pending: None,
+                },
+            )?;
+        }
         chain.compute_barrier()?;
         let gating = moe_gating(plan.gating);
         k.moe.route.record(
