@@ -32,7 +32,9 @@
 //! `linear/` (products on GGUF weights: matvec work layouts, the cooperative-matrix matmul and
 //! its split-K sum, the fused gate/up/activation, row lookups, LoRA products), `attention/`
 //! (the attention kernels and what prepares their operands: RoPE, the KV-cache write, softmax),
-//! `elementwise/` (RMSNorm, add, GLU: per-token ops on the residual stream), `sampling/` (the
+//! `elementwise/` (RMSNorm, add, GLU: per-token ops on the residual stream), `moe/` (the
+//! mixture-of-experts feed-forward: routing, grouping by expert, expert products, the weighted
+//! sum), `sampling/` (the
 //! end of a decode step: argmax, sampler, next ids, positions, stop gate) and `train/`
 //! (backward kernels, loss, optimizer, GEMM). The cut follows the callers — a model's forward
 //! step uses the first four, the trainer adds the fifth — and the shared shader headers: each
@@ -54,6 +56,7 @@ pub mod agents;
 pub mod attention;
 pub mod elementwise;
 pub mod linear;
+pub mod moe;
 pub mod sampling;
 pub mod train;
 
@@ -89,6 +92,10 @@ pub use linear_t::{linear_t_ref, LinearT, LinearTArgs};
 pub use lora::{lora_ref, Lora, LoraMix, LoraStack};
 pub use masked_softmax::{masked_softmax_back_ref, masked_softmax_ref, MaskedSoftmax, SoftmaxMask};
 pub use matmul_coop::{matmul_coop_ref, MatmulCoop};
+pub use moe::{
+    moe_combine_ref, moe_experts_ref, moe_group_ref, moe_route_ref, ExpertWeights, ExpertsArgs,
+    Groups, Moe, MoeAct, MoeCombine, MoeExperts, MoeGating, MoeGroup, MoeRoute,
+};
 pub use operand::Positions;
 pub use pick_ids::{pick_ids_ref, PickIds, FROM_PREV};
 pub use rms_norm::{rms_norm_ref, RmsNorm};

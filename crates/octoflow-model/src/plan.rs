@@ -244,22 +244,12 @@ impl BlockPlan {
         }
     }
 
-    /// Why this block cannot run on the GPU path yet, if it cannot: the pieces the CPU
-    /// reference has and the GPU kernels do not (gpt-oss's).
-    pub fn gpu_missing(&self) -> Option<&'static str> {
+    /// Why the training step (and its f64 reference) cannot run this block yet, if it cannot:
+    /// a mixture-of-experts feed-forward, and gpt-oss's attention pieces, which the inference
+    /// graph runs but the training step's forward and backward do not.
+    pub fn train_missing(&self) -> Option<&'static str> {
         if matches!(self.ffn, FfnPlan::Moe(_)) {
             Some("a mixture-of-experts feed-forward")
-        } else {
-            None
-        }
-    }
-
-    /// Why the training step (and its f64 reference) cannot run this block yet, if it cannot:
-    /// [`BlockPlan::gpu_missing`]'s pieces, and gpt-oss's attention pieces, which the
-    /// inference graph runs but the training step's forward and backward do not.
-    pub fn train_missing(&self) -> Option<&'static str> {
-        if let Some(missing) = self.gpu_missing() {
-            Some(missing)
         } else if self.attn.sinks {
             Some("attention sinks")
         } else if self.attn.out_bias {

@@ -322,6 +322,14 @@ impl Linear {
         self.record_with(chain, a, None)
     }
 
+    /// [`Linear::record`] without the cooperative-matrix kernel: f32 products for any batch
+    /// (the matvec, or the tiled matmul past [`MATVEC_MAX_TOKENS`]). For products whose
+    /// results are compared rather than summed on — a mixture of experts' router, whose top-k
+    /// must not flip where f16-rounded operands would move two close logits.
+    pub fn record_f32(&self, chain: &mut Chain, a: &LinearArgs) -> Result<()> {
+        self.record_inner(chain, a, None, false)
+    }
+
     /// [`Linear::record`], the GPU matvec in the work layout `plan` where given (benchmarks and
     /// tests compare layouts), else in [`MatvecPlan::choose`]'s.
     pub(crate) fn record_with(
@@ -329,6 +337,17 @@ impl Linear {
         chain: &mut Chain,
         a: &LinearArgs,
         plan: Option<MatvecPlan>,
+    ) -> Result<()> {
+        self.record_inner(chain, a, plan, true)
+    }
+
+    /// [`Linear::record_with`], the cooperative-matrix kernel allowed where `allow_coop`.
+    fn record_inner(
+        &self,
+        chain: &mut Chain,
+        a: &LinearArgs,
+        plan: Option<MatvecPlan>,
+        allow_coop: bool,
     ) -> Result<()> {
         let Checked { ti, push, bindings } = check_args(a)?;
         let forced = self.forces_matvec(plan, a.n_tokens);
@@ -348,7 +367,7 @@ impl Linear {
         if let Some(coop) = self
             .coop
             .as_ref()
-            .filter(|_| self.uses_coop(a.n_tokens) && !forced)
+            .filter(|_| allow_coop && self.uses_coop(a.n_tokens) && !forced)
         {
             return coop.dispatch(chain, ti, a, &bindings, &push);
         }

@@ -337,3 +337,57 @@ fn gpu_matvec_layouts_agree_with_the_references() {
     }
     assert_no_validation_errors(&ctx);
 }
+
+#[test]
+fn record_f32_gives_f32_products_at_any_batch() {
+    let Some(ctx) = gpu_or_skip("linear_record_f32") else {
+        return;
+    };
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
+    let k = Linear::new(&ctx).unwrap();
+    let ty = GgmlType::Q8_0;
+    // batches for the matvec and past it (where a device with cooperative matrices would
+    // otherwise take f16-rounded operands): the f32 bound holds
+    for n_tokens in [1usize, 6, 40] {
+        let (n_rows, n_cols) = (rng.gen_range(1..200), 32 * rng.gen_range(1..20));
+        let w = random_weights(&mut rng, ty, n_rows, n_cols);
+        let x = crate::testkit::random(&mut rng, n_tokens * n_cols);
+        let (wb, xb) = (
+            buffer_with(&ctx, "w", &w),
+            crate::testkit::with(&ctx, "x", &x),
+        );
+        let yb = crate::testkit::poisoned(&ctx, "y", n_tokens * n_rows);
+        let mut chain = Chain::new(&ctx).unwrap();
+        k.record_f32(
+            &mut chain,
+            &LinearArgs {
+                w: QWeightRef {
+                    ty,
+                    data: &wb.whole(),
+                    n_rows: n_rows as u32,
+                    n_cols: n_cols as u32,
+                },
+                x: &xb.whole(),
+                y: &yb.whole(),
+                n_tokens: n_tokens as u32,
+                y_stride: n_rows as u32,
+                y_col: 0,
+                bias: None,
+                accumulate: false,
+                norm: None,
+                pending: None,
+            },
+        )
+        .unwrap();
+        chain.run().unwrap();
+        let mut want = vec![0f32; n_tokens * n_rows];
+        linear_ref(
+            ty, &w, n_rows, n_cols, &x, n_tokens, &mut want, n_rows, 0, None, false,
+        )
+        .unwrap();
+        let got = crate::testkit::read(&ctx, &yb, n_tokens * n_rows);
+        if let Err(e) = check_close(&got, &want, REL) {
+            panic!("record_f32 {n_tokens} tokens, {n_rows}x{n_cols}, seed {seed}: {e}");
+        }
+    }
+}

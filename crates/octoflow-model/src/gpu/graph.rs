@@ -27,6 +27,9 @@ use crate::gpu::scratch::Scratch;
 use crate::gpu::weights::{GpuMatrix, GpuWeights};
 use crate::plan::{planned, planned_bias, qk_norms, AttnPlan, FfnPlan, GluPlan};
 
+#[path = "moe_block.rs"]
+mod moe_block;
+
 /// Where the batch's token ids are read from.
 #[derive(Clone)]
 pub enum TokenSource {
@@ -120,11 +123,7 @@ impl Graph<'_> {
             chain.lend_scratch(None);
             match &plan.ffn {
                 FfnPlan::Glu(g) => self.glu_block(chain, il, g, n, &mut st)?,
-                FfnPlan::Moe(_) => {
-                    return Err(ModelError::Unsupported(
-                        "the GPU path does not run a mixture-of-experts feed-forward yet".into(),
-                    ))
-                }
+                FfnPlan::Moe(m) => self.moe_block(chain, il, m, n, &mut st)?,
             }
         }
         self.settle(chain, n, &mut st, &x)
@@ -397,6 +396,7 @@ impl Graph<'_> {
     ) -> Result<()> {
         let (c, s, k) = (self.c, self.s, self.k);
         let lw = &self.w.blk[il];
+        let gw = lw.glu()?;
         let rows = n as usize;
         let gate = f32s(&s.ffn_gate, rows * c.n_ff)?;
         let up = f32s(&s.ffn_up, rows * c.n_ff)?;
@@ -418,7 +418,7 @@ impl Graph<'_> {
             // a pending post-norm was settled by block_input: the norm is not fused here
             self.linear(
                 chain,
-                &lw.ffn_gate,
+                &gw.ffn_gate,
                 &input,
                 &gate,
                 n,
@@ -427,7 +427,7 @@ impl Graph<'_> {
                 norm,
                 None,
             )?;
-            self.linear(chain, &lw.ffn_up, &input, &up, n, None, false, norm, None)?;
+            self.linear(chain, &gw.ffn_up, &input, &up, n, None, false, norm, None)?;
             self.adapt(
                 chain,
                 il,
@@ -444,7 +444,7 @@ impl Graph<'_> {
         self.project_residual(
             chain,
             (il, Target::Down),
-            (&lw.ffn_down, None),
+            (&gw.ffn_down, None),
             &gate,
             planned(il, plan.post_norm, &lw.post_ffw_norm, "post_ffw_norm")?,
             n,
@@ -468,8 +468,8 @@ impl Graph<'_> {
         op: GluOp,
         norm: Option<(&'b BufferSlice, f32)>,
     ) -> Option<LinearGluArgs<'b>> {
-        let lw = &self.w.blk[il];
-        let (g, u) = (&lw.ffn_gate, &lw.ffn_up);
+        let gw = self.w.blk[il].glu().ok()?;
+        let (g, u) = (&gw.ffn_gate, &gw.ffn_up);
         let adapted = self.lora.as_ref().is_some_and(|l| {
             [Target::Gate, Target::Up]
                 .iter()

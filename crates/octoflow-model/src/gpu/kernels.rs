@@ -4,19 +4,36 @@ use octoflow_kernels::add::Add;
 use octoflow_kernels::advance::Advance;
 use octoflow_kernels::gate::Gate;
 use octoflow_kernels::{
-    Argmax, Attention, GetRows, Glu, GluOp, Linear, Lora, PickIds, RmsNorm, Rope, RopeMode,
-    RopeStore, Sample, SetRows,
+    Argmax, Attention, GetRows, Glu, GluOp, Linear, Lora, Moe, MoeAct, MoeGating, PickIds, RmsNorm,
+    Rope, RopeMode, RopeStore, Sample, SetRows,
 };
 use octoflow_vk::Context;
 
 use crate::config::{Activation, RopeType};
 use crate::error::Result;
+use crate::plan::{Gating, MoeAct as PlanAct};
 
 /// The GLU kernel's operation for a plan's activation.
 pub fn glu_op(act: Activation) -> GluOp {
     match act {
         Activation::Silu => GluOp::Silu,
         Activation::GeluTanh => GluOp::GeluTanh,
+    }
+}
+
+/// The routing kernel's gating for a plan's.
+pub fn moe_gating(g: Gating) -> MoeGating {
+    match g {
+        Gating::SoftmaxOfSelected => MoeGating::SoftmaxOfSelected,
+        Gating::Softmax { norm } => MoeGating::Softmax { norm },
+    }
+}
+
+/// The expert kernels' activation for a plan's.
+pub fn moe_act(a: PlanAct) -> MoeAct {
+    match a {
+        PlanAct::Silu => MoeAct::Silu,
+        PlanAct::SwigluOai { alpha, limit } => MoeAct::SwigluOai { alpha, limit },
     }
 }
 
@@ -45,6 +62,7 @@ pub struct Kernels {
     pub advance: Advance,
     pub pick_ids: PickIds,
     pub lora: Lora,
+    pub moe: Moe,
 }
 
 impl Kernels {
@@ -66,6 +84,7 @@ impl Kernels {
             advance: Advance::new(ctx)?,
             pick_ids: PickIds::new(ctx)?,
             lora: Lora::new(ctx)?,
+            moe: Moe::new(ctx)?,
         })
     }
 }

@@ -6,6 +6,7 @@ use octoflow_vk::{Buffer, Context, MemoryKind};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
+use crate::plan::FfnPlan;
 
 /// Slots of indirect-dispatch arguments a gated decode step may use (a step of a 30-layer model
 /// records about 600 dispatches).
@@ -67,6 +68,40 @@ pub struct Scratch {
     pub lora_t: Option<Buffer>,
     /// Bytes per part of `lora_t` (aligned for a binding offset).
     pub lora_part: u64,
+    /// A mixture-of-experts model's routing and expert buffers.
+    pub moe: Option<MoeScratch>,
+}
+
+/// The buffers of a mixture-of-experts feed-forward over `t_max` tokens of `n_used` experts
+/// each (`pairs = t_max * n_used`).
+pub struct MoeScratch {
+    /// `[t_max, n_expert]` f32: router logits.
+    pub logits: Buffer,
+    /// `[pairs]` u32: each pair's expert.
+    pub ids: Buffer,
+    /// `[pairs]` f32: each pair's weight.
+    pub weights: Buffer,
+    /// `[n_expert + 1]` u32 and `[pairs]` u32: the pairs grouped by expert (batches).
+    pub offsets: Buffer,
+    pub list: Buffer,
+    /// `[pairs, n_ff]` f32: the experts' activations.
+    pub act: Buffer,
+    /// `[pairs, n_embd]` f32: the experts' outputs.
+    pub y: Buffer,
+}
+
+impl MoeScratch {
+    fn buffers(&self) -> [&Buffer; 7] {
+        [
+            &self.logits,
+            &self.ids,
+            &self.weights,
+            &self.offsets,
+            &self.list,
+            &self.act,
+            &self.y,
+        ]
+    }
 }
 
 impl Scratch {
@@ -129,7 +164,33 @@ impl Scratch {
         } else {
             None
         };
+        // every MoE block of a model has the same shape (one arch file, one plan per layer kind);
+        // the largest is taken all the same
+        let moe = c
+            .blocks
+            .iter()
+            .filter_map(|b| match &b.ffn {
+                FfnPlan::Moe(m) => Some(m),
+                FfnPlan::Glu(_) => None,
+            })
+            .max_by_key(|m| (m.n_used * m.n_ff.max(c.n_embd), m.n_expert));
+        let moe = match moe {
+            None => None,
+            Some(m) => {
+                let pairs = t * m.n_used;
+                Some(MoeScratch {
+                    logits: dev("moe_logits", t * m.n_expert)?,
+                    ids: dev("moe_ids", pairs)?,
+                    weights: dev("moe_weights", pairs)?,
+                    offsets: dev("moe_offsets", m.n_expert + 1)?,
+                    list: dev("moe_list", pairs)?,
+                    act: dev("moe_act", pairs * m.n_ff)?,
+                    y: dev("moe_y", pairs * c.n_embd)?,
+                })
+            }
+        };
         Ok(Self {
+            moe,
             lora_t,
             lora_part,
             t_max,
@@ -184,6 +245,9 @@ impl Scratch {
             all.push(v);
         }
         all.extend(&self.lora_t);
+        if let Some(m) = &self.moe {
+            all.extend(m.buffers());
+        }
         all.iter().map(|b| b.size()).sum()
     }
 }

@@ -42,12 +42,6 @@ impl GpuModel {
     /// Uploads `model`'s weights to `ctx`'s device and builds the pipelines.
     pub fn load(ctx: &Context, model: &Model) -> Result<Self> {
         let c = &model.config;
-        if let Some(missing) = c.blocks.iter().find_map(|b| b.gpu_missing()) {
-            return Err(ModelError::Unsupported(format!(
-                "{} has {missing}, which the GPU path does not run yet; the CPU reference does (--device cpu)",
-                c.arch
-            )));
-        }
         if !c.n_embd.is_multiple_of(4) {
             return Err(ModelError::Gpu(format!(
                 "n_embd = {} is not a multiple of 4, which the GPU path needs to bind single rows",

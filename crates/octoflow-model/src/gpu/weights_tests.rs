@@ -150,3 +150,85 @@ fn an_unsupported_matrix_type_names_the_tensor_and_type() {
         "{msg}"
     );
 }
+
+/// `w` with its 3-D expert tensors re-encoded in `ty` too (as [`with_matrices_in`] does the
+/// matrices).
+fn with_experts_in(w: GgufWriter<'static>, ty: GgmlType, rng: &mut StdRng) -> GgufWriter<'static> {
+    let mut w = with_matrices_in(w, ty, rng);
+    for t in w.tensors_mut().iter_mut().filter(|t| t.dims.len() == 3) {
+        let values: Vec<f32> = t
+            .data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let mut q = vec![0u8; quant::quantized_size(ty, values.len()).expect("whole blocks")];
+        quant::quantize(ty, &values, &mut q).expect("quantize");
+        t.ty = ty;
+        t.data = q.into();
+    }
+    w
+}
+
+/// A mixture of experts on the GPU: quantized experts (the types real qwen3moe and gpt-oss
+/// files use), and stacked tensors bound in pieces of whole experts as a device with small
+/// bindings binds them, give the CPU reference's logits for a prompt batch (the grouped expert
+/// products) and a decode step (the expert matvec).
+#[test]
+fn gpu_runs_quantized_and_split_experts_as_the_cpu_reference() {
+    let Some(ctx) = gpu_or_skip("gpu_moe_weights") else {
+        return;
+    };
+    let mut gpu: Option<GpuModel> = None;
+    // (type, binding limit): whole tensors, then a limit that splits each 4-expert tensor in
+    // pieces of one expert (an expert of F32 256 x 256 is 256 KiB)
+    for (ty, limit) in [
+        (GgmlType::Q4_K, u64::MAX),
+        (GgmlType::MXFP4, u64::MAX),
+        (GgmlType::Q8_0, u64::MAX),
+        (GgmlType::F32, 300 << 10),
+    ] {
+        let mut rng = rng(&format!("gpu_moe_weights_{ty}"));
+        let mut w = tiny_writer("qwen3moe", SHAPE, &mut rng);
+        if ty != GgmlType::F32 {
+            w = with_experts_in(w, ty, &mut rng);
+        }
+        let model = Model::from_gguf(Arc::new(open(&w).expect("parses"))).expect("binds");
+        let weights =
+            GpuWeights::upload_within(&ctx, &model, limit).unwrap_or_else(|e| panic!("{ty}: {e}"));
+        if limit != u64::MAX {
+            let crate::gpu::weights::GpuFfn::Moe(m) = &weights.blk[0].ffn else {
+                panic!("a MoE block");
+            };
+            assert_eq!(m.gate.pieces.len(), 4, "one expert per piece");
+        }
+        let gm = match gpu.as_mut() {
+            Some(gm) => gm,
+            None => {
+                gpu.insert(GpuModel::load(&ctx, &model).unwrap_or_else(|e| panic!("{ty}: {e}")))
+            }
+        };
+        gm.weights = weights;
+        let tokens: Vec<u32> = (0..11)
+            .map(|_| rng.gen_range(0..SHAPE.n_vocab as u32))
+            .collect();
+        let mut s = gm.session(16, 1).expect("session");
+        let mut got = s.forward(&tokens[..10], 0, Logits::All).expect("forward");
+        got.extend(s.forward(&tokens[10..], 10, Logits::All).expect("step"));
+        let want = model
+            .session(16)
+            .forward(&tokens, 0, Logits::All)
+            .expect("cpu");
+        let bound = if gm.kernels().linear.uses_coop(10) {
+            5e-3
+        } else {
+            1e-4
+        };
+        let e = rel_err(&got, &want);
+        let pieces = if limit == u64::MAX { "whole" } else { "split" };
+        println!("qwen3moe {ty}, {pieces} expert tensors: within {e:.2e}");
+        assert!(
+            e < bound,
+            "{ty}: GPU vs CPU logits differ by {e:.2e} (bound {bound:.0e})"
+        );
+    }
+}

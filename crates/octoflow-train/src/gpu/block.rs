@@ -109,6 +109,7 @@ impl Trainer {
         let k = self.gm.kernels();
         let lw = &self.gm.weights().blk[il];
         let (plan, glu) = (&c.blocks[il].attn, c.blocks[il].glu()?);
+        let gw = lw.glu()?;
         let (d, ff, eps) = (c.n_embd, c.n_ff, c.rms_eps);
         let (qd, kd, vd, ad) = (c.q_dim(), c.k_dim(), c.v_dim(), c.n_head * c.head_dim_v);
         let x = f(&b.xs[il], t * d)?;
@@ -192,8 +193,8 @@ impl Trainer {
         k.rms_norm
             .record(chain, &xmid, &lw.ffn_norm, &n2, t as u32, d as u32, eps)?;
         chain.compute_barrier()?;
-        self.linear(chain, &lw.ffn_gate, &n2, &g, t as u32, None)?;
-        self.linear(chain, &lw.ffn_up, &n2, &u, t as u32, None)?;
+        self.linear(chain, &gw.ffn_gate, &n2, &g, t as u32, None)?;
+        self.linear(chain, &gw.ffn_up, &n2, &u, t as u32, None)?;
         chain.compute_barrier()?;
         self.lora_forward(chain, il, Target::Gate, &n2, &g)?;
         self.lora_forward(chain, il, Target::Up, &n2, &u)?;
@@ -204,7 +205,7 @@ impl Trainer {
         let fo = self.project(
             chain,
             il,
-            (Target::Down, &lw.ffn_down),
+            (Target::Down, &gw.ffn_down),
             &hg,
             (&b.f_raw, &b.f),
             planned(il, glu.post_norm, &lw.post_ffw_norm, "post_ffw_norm")?,
@@ -315,6 +316,7 @@ impl Trainer {
         let (c, b, t) = (&self.c, &self.b, self.rows);
         let lw = &self.gm.weights().blk[il];
         let (plan, glu) = (&c.blocks[il].attn, c.blocks[il].glu()?);
+        let gw = lw.glu()?;
         let post_ffw = planned(il, glu.post_norm, &lw.post_ffw_norm, "post_ffw_norm")?;
         let post_attn = planned(
             il,
@@ -334,7 +336,7 @@ impl Trainer {
             f(&b.hg, t * ff)?,
             f(&b.dhg, t * ff)?,
         );
-        self.project_back(chain, il, Target::Down, &lw.ffn_down, &hg, &df, &dhg)?;
+        self.project_back(chain, il, Target::Down, &gw.ffn_down, &hg, &df, &dhg)?;
         // dg, du in place over g, u (their values are not needed after this)
         self.tk.glu_back.record(
             chain,
@@ -348,9 +350,9 @@ impl Trainer {
         )?;
         chain.compute_barrier()?;
         let (n2, dn) = (f(&b.n2, t * d)?, f(&b.dn, t * d)?);
-        self.linear_t(chain, &lw.ffn_gate, &g, &dn, tu, false)?;
+        self.linear_t(chain, &gw.ffn_gate, &g, &dn, tu, false)?;
         chain.compute_barrier()?;
-        self.linear_t(chain, &lw.ffn_up, &u, &dn, tu, true)?;
+        self.linear_t(chain, &gw.ffn_up, &u, &dn, tu, true)?;
         chain.compute_barrier()?;
         self.lora_backward(chain, il, Target::Gate, &n2, &g, &dn)?;
         chain.compute_barrier()?;

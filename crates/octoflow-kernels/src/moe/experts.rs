@@ -1,0 +1,299 @@
+//! The expert products of a mixture of experts (shaders `moe_matvec.comp`, `moe_matmul.comp`):
+//! for each (token, slot) pair `p`, the product with the rows of the expert it was routed to,
+//! `y[p] = W_{ids[p]} · x[p / x_div] (+ bias)`, or with the GLU variants
+//! `y[p] = act(W_gate x + b_gate, W_up x + b_up)`. A few tokens take the matvec, which reads
+//! the expert id on the device and only that expert's rows; batches take the grouped matmul over
+//! [`super::MoeGroup`]'s lists, which reads each expert's rows once per tile of its pairs.
+
+use octoflow_gguf::GgmlType;
+use octoflow_vk::{BufferSlice, Chain, Push};
+
+use super::MoeAct;
+use crate::error::Result;
+use crate::linear::linear_ref;
+use crate::linear::qweight::{row_bytes, type_index, word_slice, QOp, TYPES};
+use crate::operand::{bad, need};
+use crate::spec::SpecPipelines;
+
+const OP: &str = "moe_experts";
+/// Rows per matvec workgroup (`ROWS` in `moe_matvec.comp`).
+const MATVEC_ROWS: u32 = 4;
+/// Rows and pairs per grouped-matmul tile (`TM`, `TN` in `moe_matmul.comp`).
+const MATMUL_TM: u32 = 64;
+const MATMUL_TN: u32 = 64;
+/// Push-constant bytes of both shaders (11 words).
+const PUSH_BYTES: u32 = 44;
+
+/// Some experts of a stacked GGUF tensor on the device (`[n_cols, n_rows, n_expert]` in GGUF
+/// order): experts `e_begin .. e_begin + n_experts`, each `n_rows` rows of `n_cols` elements of
+/// `ty`, expert after expert, row after row.
+#[derive(Clone, Copy)]
+pub struct ExpertWeights<'a> {
+    pub ty: GgmlType,
+    /// The experts' rows, `n_experts * n_rows * quantized_size(ty, n_cols)` bytes.
+    pub data: &'a BufferSlice,
+    pub e_begin: u32,
+    pub n_experts: u32,
+    /// Rows of one expert (output features).
+    pub n_rows: u32,
+    /// Input features (a multiple of the type's block size).
+    pub n_cols: u32,
+}
+
+/// A batch's pairs grouped by expert ([`super::MoeGroup`]'s output).
+#[derive(Clone, Copy)]
+pub struct Groups<'a> {
+    /// `[n_expert + 1]` u32.
+    pub offsets: &'a BufferSlice,
+    /// `[n_pairs]` u32.
+    pub list: &'a BufferSlice,
+    /// The most pairs one expert can hold (the batch's tokens: a token uses an expert once).
+    pub max_group: u32,
+}
+
+/// One expert product over every pair of a batch (see the module doc).
+pub struct ExpertsArgs<'a> {
+    /// The (gate) matrix.
+    pub w: ExpertWeights<'a>,
+    /// GLU: the up matrix (the gate's type, shape and experts) and the activation.
+    pub glu: Option<(ExpertWeights<'a>, MoeAct)>,
+    /// Every expert's bias, `[n_expert * n_rows]` f32 (GLU: both or neither).
+    pub bias: Option<&'a BufferSlice>,
+    /// GLU: the up matrix's bias, as `bias`.
+    pub bias_up: Option<&'a BufferSlice>,
+    /// Experts of the whole tensor (`w` may hold some of them).
+    pub n_expert: u32,
+    /// `[n_pairs / x_div, n_cols]` f32.
+    pub x: &'a BufferSlice,
+    /// Pairs per row of `x`: the experts per token where a token's slots share its input
+    /// (gate, up), 1 where each pair has its own (down).
+    pub x_div: u32,
+    /// `[n_pairs, n_rows]` f32, apart from the inputs.
+    pub y: &'a BufferSlice,
+    /// `[n_pairs]` u32: each pair's expert.
+    pub ids: &'a BufferSlice,
+    pub n_pairs: u32,
+    /// Grouped (the matmul) where given, else the matvec.
+    pub groups: Option<Groups<'a>>,
+}
+
+/// The expert-product kernels, a matvec and a grouped matmul (and their GLU variants) per
+/// weight type, each built on first use.
+pub struct MoeExperts {
+    matvec: Vec<SpecPipelines>,
+    matvec_glu: Vec<SpecPipelines>,
+    matmul: Vec<SpecPipelines>,
+    matmul_glu: Vec<SpecPipelines>,
+}
+
+impl Default for MoeExperts {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MoeExperts {
+    /// The kernels of every weight type (no pipeline is built until a record needs it).
+    pub fn new() -> Self {
+        let per = |op: QOp, bindings: u32| -> Vec<SpecPipelines> {
+            (0..TYPES.len())
+                .map(|i| {
+                    let s = op.variant(i);
+                    SpecPipelines::new(s, bindings, PUSH_BYTES, s.name)
+                })
+                .collect()
+        };
+        MoeExperts {
+            matvec: per(QOp::MoeMatvec, 5),
+            matvec_glu: per(QOp::MoeMatvecGlu, 7),
+            matmul: per(QOp::MoeMatmul, 6),
+            matmul_glu: per(QOp::MoeMatmulGlu, 8),
+        }
+    }
+
+    /// Records the product `a` (see [`ExpertsArgs`]): one dispatch. Checks the type, the shapes,
+    /// every operand's size and the grid against the device's limits.
+    pub fn record(&self, chain: &mut Chain, a: &ExpertsArgs) -> Result<()> {
+        let w = &a.w;
+        let ti = type_index(OP, w.ty)?;
+        let rb = row_bytes(OP, w.ty, w.n_cols)?;
+        let shape = |d: String| bad(OP, d);
+        if w.n_rows == 0 || w.n_experts == 0 || a.n_pairs == 0 || a.x_div == 0 {
+            return Err(shape(format!(
+                "empty product: {} rows, {} experts, {} pairs, x_div {}",
+                w.n_rows, w.n_experts, a.n_pairs, a.x_div
+            )));
+        }
+        if u64::from(w.e_begin) + u64::from(w.n_experts) > u64::from(a.n_expert) {
+            return Err(shape(format!(
+                "experts {}..{} of a tensor of {}",
+                w.e_begin,
+                w.e_begin + w.n_experts,
+                a.n_expert
+            )));
+        }
+        if !a.n_pairs.is_multiple_of(a.x_div) {
+            return Err(shape(format!(
+                "{} pairs are not whole rows of {} pairs",
+                a.n_pairs, a.x_div
+            )));
+        }
+        let bytes = u64::from(w.n_experts) * u64::from(w.n_rows) * u64::from(rb);
+        let data = word_slice(OP, "weights", w.data, bytes)?;
+        need(
+            OP,
+            "x",
+            a.x,
+            u128::from(a.n_pairs / a.x_div) * u128::from(w.n_cols),
+        )?;
+        need(OP, "y", a.y, u128::from(a.n_pairs) * u128::from(w.n_rows))?;
+        need(OP, "ids", a.ids, u128::from(a.n_pairs))?;
+        let bias_len = u128::from(a.n_expert) * u128::from(w.n_rows);
+        for (name, b) in [("bias", a.bias), ("up bias", a.bias_up)] {
+            if let Some(b) = b {
+                need(OP, name, b, bias_len)?;
+            }
+        }
+        let up = match a.glu {
+            Some((u, _)) => {
+                if (u.ty, u.e_begin, u.n_experts, u.n_rows, u.n_cols)
+                    != (w.ty, w.e_begin, w.n_experts, w.n_rows, w.n_cols)
+                {
+                    return Err(shape(format!(
+                        "GLU: up is {} {}x{} of experts {}+{}, gate {} {}x{} of {}+{}: both must match",
+                        u.ty, u.n_rows, u.n_cols, u.e_begin, u.n_experts,
+                        w.ty, w.n_rows, w.n_cols, w.e_begin, w.n_experts
+                    )));
+                }
+                if a.bias.is_some() != a.bias_up.is_some() {
+                    return Err(shape("GLU: gate and up biases come together".into()));
+                }
+                Some(word_slice(OP, "up weights", u.data, bytes)?)
+            }
+            None if a.bias_up.is_some() => {
+                return Err(shape("an up bias without the GLU's up matrix".into()));
+            }
+            None => None,
+        };
+        let (act, alpha, limit) = a.glu.map_or((0, 0.0, 0.0), |(_, act)| act.push());
+        let push = Push::new()
+            .u32(w.n_rows)
+            .u32(w.n_cols)
+            .u32(rb)
+            .u32(a.n_pairs)
+            .u32(a.x_div)
+            .u32(w.e_begin)
+            .u32(w.n_experts)
+            .u32(u32::from(a.bias.is_some()))
+            .u32(act)
+            .f32(alpha)
+            .f32(limit);
+        // absent biases: x stands in for their bindings (never read)
+        let bias = a.bias.unwrap_or(a.x).clone();
+        let bias_up = a.bias_up.unwrap_or(a.x).clone();
+        let mut bind = vec![data, a.x.clone(), a.y.clone(), bias];
+        let ctx = chain.context();
+        let max = ctx.caps().max_workgroup_count;
+        let (pipeline, groups) = match a.groups {
+            None => {
+                bind.push(a.ids.clone());
+                let groups = [w.n_rows.div_ceil(MATVEC_ROWS), a.n_pairs, 1];
+                let set = if up.is_some() {
+                    &self.matvec_glu
+                } else {
+                    &self.matvec
+                };
+                (set[ti].get(ctx, [0; 7])?, groups)
+            }
+            Some(g) => {
+                need(OP, "offsets", g.offsets, u128::from(a.n_expert) + 1)?;
+                need(OP, "list", g.list, u128::from(a.n_pairs))?;
+                bind.push(g.offsets.clone());
+                bind.push(g.list.clone());
+                let groups = [
+                    w.n_rows.div_ceil(MATMUL_TM),
+                    g.max_group.max(1).div_ceil(MATMUL_TN),
+                    w.n_experts,
+                ];
+                let set = if up.is_some() {
+                    &self.matmul_glu
+                } else {
+                    &self.matmul
+                };
+                (set[ti].get(ctx, [0; 7])?, groups)
+            }
+        };
+        if groups.iter().zip(max).any(|(&g, m)| g > m) {
+            return Err(shape(format!(
+                "a grid of {groups:?} workgroups is over the device's {max:?}"
+            )));
+        }
+        if let Some(u) = up {
+            bind.push(u);
+            bind.push(bias_up);
+        }
+        chain.dispatch(&pipeline, &bind, &push, groups)?;
+        Ok(())
+    }
+}
+
+/// CPU reference of [`MoeExperts::record`] over a whole stacked tensor (`w`, and `up` for the
+/// GLU, each `n_expert * n_rows` rows of `ty`): `y[p * n_rows + r]` for every pair `p` of
+/// `ids`, each product dotted in f64 ([`linear_ref`]).
+#[allow(clippy::too_many_arguments)]
+pub fn moe_experts_ref(
+    ty: GgmlType,
+    w: &[u8],
+    glu: Option<(&[u8], MoeAct)>,
+    bias: Option<(&[f32], Option<&[f32]>)>,
+    n_rows: usize,
+    n_cols: usize,
+    x: &[f32],
+    x_div: usize,
+    ids: &[u32],
+) -> Result<Vec<f32>, octoflow_gguf::quant::QuantError> {
+    let rb = octoflow_gguf::quant::quantized_size(ty, n_cols)?;
+    let expert_bytes = n_rows * rb;
+    let mut y = vec![0f32; ids.len() * n_rows];
+    let mut up = vec![0f32; n_rows];
+    for (p, (&e, yp)) in ids.iter().zip(y.chunks_exact_mut(n_rows)).enumerate() {
+        let e = e as usize;
+        let xp = &x[(p / x_div) * n_cols..(p / x_div + 1) * n_cols];
+        let of = |b: &[u8]| b[e * expert_bytes..(e + 1) * expert_bytes].to_vec();
+        let b_of = |b: &[f32]| b[e * n_rows..(e + 1) * n_rows].to_vec();
+        let bias_g = bias.map(|(b, _)| b_of(b));
+        linear_ref(
+            ty,
+            &of(w),
+            n_rows,
+            n_cols,
+            xp,
+            1,
+            yp,
+            n_rows,
+            0,
+            bias_g.as_deref(),
+            false,
+        )?;
+        if let Some((uw, act)) = glu {
+            let bias_u = bias.and_then(|(_, u)| u).map(b_of);
+            linear_ref(
+                ty,
+                &of(uw),
+                n_rows,
+                n_cols,
+                xp,
+                1,
+                &mut up,
+                n_rows,
+                0,
+                bias_u.as_deref(),
+                false,
+            )?;
+            for (g, &u) in yp.iter_mut().zip(&up) {
+                *g = act.apply(*g, u);
+            }
+        }
+    }
+    Ok(y)
+}
