@@ -20,6 +20,7 @@ pub const FALLBACK_COMPUTE_UNITS: u32 = 128;
 /// | variable | field | effect |
 /// |---|---|---|
 /// | `OCTOFLOW_COOP_MIN_TOKENS=N` (2 ..= 9) | [`Tuning::coop_min_tokens`] | where products move from the matvec to the cooperative-matrix kernel |
+/// | `OCTOFLOW_MATMUL_TARGET_GROUPS=N` (≥ 1) | [`Tuning::matmul_target_groups`] | the workgroups split-K aims at; 1 never splits |
 /// | `OCTOFLOW_UNFUSED_ROPE=1` | [`Tuning::unfused_rope`] | decode steps record head norms, RoPE, the KV write and attention as separate stages |
 /// | `OCTOFLOW_UNFUSED_GLU=1` | [`Tuning::unfused_glu`] | cooperative-matrix batches record gate and up as two products, a barrier and the GLU kernel |
 /// | `OCTOFLOW_UNFUSED_POST=1` | [`Tuning::unfused_post`] | single-token steps of post-norm models (gemma3) record each post-norm and its add as a stage |
@@ -81,6 +82,12 @@ impl Tuning {
         {
             self.coop_min_tokens = n;
         }
+        if let Some(n) = var("OCTOFLOW_MATMUL_TARGET_GROUPS")
+            .and_then(|v| v.parse().ok())
+            .filter(|&n: &u32| n >= 1)
+        {
+            self.matmul_target_groups = n;
+        }
         let on = |name| var(name).is_some_and(|v| v == "1");
         self.unfused_rope = on("OCTOFLOW_UNFUSED_ROPE");
         self.unfused_glu = on("OCTOFLOW_UNFUSED_GLU");
@@ -121,8 +128,18 @@ mod tests {
             ("OCTOFLOW_COOP_MIN_TOKENS", "9"),
             ("OCTOFLOW_UNFUSED_GLU", "1"),
             ("OCTOFLOW_UNFUSED_ROPE", "0"),
+            ("OCTOFLOW_MATMUL_TARGET_GROUPS", "1"),
         ]));
         assert_eq!(t.coop_min_tokens, 9);
+        assert_eq!(t.matmul_target_groups, 1);
+        for bad in ["0", "x"] {
+            let t = base.with_switches(env(if bad == "0" {
+                &[("OCTOFLOW_MATMUL_TARGET_GROUPS", "0")]
+            } else {
+                &[("OCTOFLOW_MATMUL_TARGET_GROUPS", "x")]
+            }));
+            assert_eq!(t.matmul_target_groups, base.matmul_target_groups);
+        }
         assert!(t.unfused_glu && !t.unfused_rope && !t.unfused_post);
         let bad: [&'static [(&str, &str)]; 3] = [
             &[("OCTOFLOW_COOP_MIN_TOKENS", "1")],
