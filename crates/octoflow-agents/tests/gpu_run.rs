@@ -12,10 +12,16 @@ const N_CTX: usize = 256;
 const MAX_ROWS: usize = 16;
 /// The tiny model's vocabulary is 50 ids; id 2 plays the end-of-generation token.
 const EOG: u32 = 2;
-/// Scores' relative bound, GPU against host. Both sum the same sampler's log-probabilities
-/// in the same order with f32 adds (exact in Vulkan); only the mean's division may differ,
-/// by at most 2.5 ulp in Vulkan (3e-7 relative): 1e-6 leaves a margin and nothing more.
+/// Scores' relative bound, GPU against host, where both run the same product kernels. Both
+/// sum the same sampler's log-probabilities in the same order with f32 adds (exact in Vulkan);
+/// only the mean's division may differ, by at most 2.5 ulp in Vulkan (3e-7 relative): 1e-6
+/// leaves a margin and nothing more.
 const SCORE_REL: f32 = 1e-6;
+/// The bound where the GPU run's products take cooperative matrices and the host's small steps
+/// the matvec: `GpuRun` records its forward at `MAX_ROWS` rows, the host's steps run the
+/// batch engine's chain for their own row count, so the logits differ by the f16 rounding of
+/// the cooperative products' operands (6.7e-6 measured on an H100; the tokens stay equal).
+const SCORE_REL_COOP: f32 = 1e-4;
 
 fn tokenize(s: &str) -> Vec<u32> {
     s.bytes().map(|b| b as u32 % TINY.n_vocab as u32).collect()
@@ -51,9 +57,9 @@ fn collect(events: Vec<Event>, by_instance: bool, out: &mut Outputs) {
     }
 }
 
-/// The same outputs (for `best-of`: the same winners), and scores within [`SCORE_REL`] — a
+/// The same outputs (for `best-of`: the same winners), and scores within `rel` — a
 /// score is never NaN now that the sampler gives log-probabilities.
-fn assert_same(got: &Outputs, want: &Outputs, what: &str) {
+fn assert_same(got: &Outputs, want: &Outputs, what: &str, rel: f32) {
     let keys = |o: &Outputs| o.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
     assert_eq!(keys(got), keys(want), "{what}");
     for ((k, g), (_, w)) in got.iter().zip(want) {
@@ -61,7 +67,7 @@ fn assert_same(got: &Outputs, want: &Outputs, what: &str) {
             !w.is_nan() && !g.is_nan(),
             "{what}: {k:?} scores {g} vs host {w}"
         );
-        let close = g == w || (g - w).abs() <= SCORE_REL * w.abs();
+        let close = g == w || (g - w).abs() <= rel * w.abs();
         assert!(close, "{what}: {k:?} scores {g} vs host {w}");
     }
 }
@@ -128,6 +134,11 @@ fn a_run_on_the_gpu_gives_the_host_interpreters_outputs() {
     let mut r = rng("gpu_run");
     let model = tiny_model("llama", TINY, &mut r);
     let gm = GpuModel::load(&ctx, &model).unwrap();
+    let rel = if gm.kernels().linear.uses_coop(MAX_ROWS as u32) {
+        SCORE_REL_COOP
+    } else {
+        SCORE_REL
+    };
     let cases = [
         (Pattern::Queue, 3, 5, false),
         (Pattern::Debate, 3, 2, true),
@@ -183,7 +194,7 @@ fn a_run_on_the_gpu_gives_the_host_interpreters_outputs() {
                 got.sort_by(|a, b| a.0.cmp(&b.0));
                 let what =
                     format!("{pattern:?} at temperature {temperature}, {steps} steps a submit");
-                assert_same(&got, &want, &what);
+                assert_same(&got, &want, &what, rel);
                 assert!(!got.is_empty());
             }
         }
