@@ -63,9 +63,9 @@ pub struct Args {
     /// Context size of each instance in tokens (0: the model's training context, capped at 4096).
     #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
     ctx_size: usize,
-    /// Most rows (tokens) per batched step: a prompt feeds at most this many a step; a GPU step
-    /// runs the smallest recorded bucket (4, 16, 64, ... this) that holds its rows (0: the
-    /// instances + 32, a multiple of 16).
+    /// Most rows (tokens) per batched step: a prompt feeds at most this many a step, and a GPU
+    /// step runs this many rows whatever it needs (0: the instances plus half as many, at
+    /// least 32, a multiple of 16: room for prompts beside every instance's decode row).
     #[arg(long, default_value_t = 0)]
     max_rows: usize,
     /// A Jinja chat template file overriding the model's (for tasks given as messages).
@@ -120,7 +120,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let seed = args.seed.unwrap_or_else(octoflow_core::random_seed);
     let max_rows = match args.max_rows {
-        0 => (args.instances + 32).next_multiple_of(16),
+        0 => (args.instances + (args.instances / 2).max(32)).next_multiple_of(16),
         n => n,
     };
     let config = RunConfig {
