@@ -22,4 +22,5 @@ pip_install() {
 }
 
 pip_install openai openai
+pip_install jsonschema jsonschema
 CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" pip_install llama_cpp llama-cpp-python==0.3.36

@@ -18,6 +18,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use crate::error::ApiError;
 use crate::job::{Event, TokenLogprob};
 use crate::metrics::Metrics;
+use crate::tools::{self, ToolCall, ToolStream, ToolSyntax};
 
 /// OpenAI's `finish_reason` for `finish`.
 pub fn finish_reason(finish: Finish) -> &'static str {
@@ -48,6 +49,8 @@ pub struct Meta {
     /// Whether log-probabilities were asked for (their field is then an object, else null).
     pub logprobs: bool,
     pub include_usage: bool,
+    /// Parse tool calls out of the text in this syntax (chat requests with tools).
+    pub tools: Option<ToolSyntax>,
 }
 
 impl Meta {
@@ -104,8 +107,38 @@ impl Meta {
         }
     }
 
+    /// The id of call `k` of choice `index`.
+    fn call_id(&self, index: usize, k: usize) -> String {
+        let tail = self.id.rsplit('-').next().unwrap_or(&self.id);
+        format!("call_{tail}_{index}_{k}")
+    }
+
     fn choice(&self, index: usize, text: &str, lp: Value, finish: Option<&str>) -> Value {
         match self.kind {
+            Kind::Chat if self.tools.is_some() => {
+                let syntax = self.tools.unwrap_or(ToolSyntax::Hermes);
+                let (content, calls) = tools::parse(text, syntax);
+                let mut message = json!({"role": "assistant", "content": content});
+                let mut finish = finish;
+                if !calls.is_empty() {
+                    if content.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    let calls: Vec<Value> = calls
+                        .iter()
+                        .enumerate()
+                        .map(|(k, c)| c.to_json(&self.call_id(index, k)))
+                        .collect();
+                    message["tool_calls"] = Value::Array(calls);
+                    finish = finish.map(|_| "tool_calls");
+                }
+                json!({
+                    "index": index,
+                    "message": message,
+                    "logprobs": lp,
+                    "finish_reason": finish,
+                })
+            }
             Kind::Chat => json!({
                 "index": index,
                 "message": {"role": "assistant", "content": text},
@@ -213,6 +246,8 @@ struct StreamState {
     completion: usize,
     /// Text bytes sent per choice (completion logprobs' `text_offset`).
     offsets: Vec<usize>,
+    /// Per choice, the text held back while it may be a tool call (requests with tools).
+    calls: Vec<Option<ToolStream>>,
     done: bool,
     metrics: Arc<Metrics>,
 }
@@ -230,6 +265,13 @@ impl StreamState {
                 text,
                 logprob,
             }) => {
+                let text = match self.calls.get_mut(index).and_then(Option::as_mut) {
+                    Some(held) => held.push(&text),
+                    None => text,
+                };
+                if text.is_empty() && logprob.is_none() {
+                    return;
+                }
                 let offset = self.offsets.get(index).copied().unwrap_or(0);
                 let lp = m.logprobs_value(logprob.as_slice(), offset);
                 if let Some(o) = self.offsets.get_mut(index) {
@@ -244,7 +286,24 @@ impl StreamState {
                 completion_tokens,
             }) => {
                 self.completion += completion_tokens;
-                let c = m.chunk_choice(index, json!({}), Value::Null, Some(finish_reason(finish)));
+                let mut reason = finish_reason(finish);
+                if let Some(held) = self.calls.get_mut(index).and_then(Option::take) {
+                    let (content, calls) = held.finish();
+                    if !content.is_empty() {
+                        let c = m.chunk_choice(index, json!({"content": content}), Value::Null, None);
+                        self.out.push_back(data(&m.chunk(vec![c], None)));
+                    }
+                    if !calls.is_empty() {
+                        reason = "tool_calls";
+                    }
+                    for (k, call) in calls.iter().enumerate() {
+                        for delta in call_deltas(m, index, k, call) {
+                            let c = m.chunk_choice(index, delta, Value::Null, None);
+                            self.out.push_back(data(&m.chunk(vec![c], None)));
+                        }
+                    }
+                }
+                let c = m.chunk_choice(index, json!({}), Value::Null, Some(reason));
                 self.out.push_back(data(&m.chunk(vec![c], None)));
                 self.open = self.open.saturating_sub(1);
                 if self.open == 0 {
@@ -277,6 +336,20 @@ impl StreamState {
     }
 }
 
+/// The deltas of call `k` as OpenAI streams one: the first names it (id, type, function name,
+/// empty arguments), the next carries the arguments.
+fn call_deltas(m: &Meta, index: usize, k: usize, call: &ToolCall) -> [Value; 2] {
+    [
+        json!({"tool_calls": [{
+            "index": k,
+            "id": m.call_id(index, k),
+            "type": "function",
+            "function": {"name": call.name, "arguments": ""},
+        }]}),
+        json!({"tool_calls": [{"index": k, "function": {"arguments": call.arguments}}]}),
+    ]
+}
+
 /// Streams the job's events as chunks. Dropping the stream (the client went away) drops the
 /// receiver, which the scheduler notices before its next step.
 pub fn stream(
@@ -298,7 +371,9 @@ pub fn stream(
             .collect();
         out.push_back(data(&meta.chunk(choices, None)));
     }
+    let calls = (0..meta.n).map(|_| meta.tools.map(ToolStream::new)).collect();
     let state = StreamState {
+        calls,
         open: meta.n,
         offsets: vec![0; meta.n],
         meta,
