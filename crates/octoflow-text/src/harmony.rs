@@ -14,6 +14,14 @@
 //! until its `<|message|>`. Text outside the format (a model that answers without a header, a
 //! header that never closes) is released as it was, as an unstructured message, never dropped.
 
+/// Whether a vocabulary speaks harmony (gpt-oss's o200k_harmony: it has `<|start|>`,
+/// `<|channel|>` and `<|message|>`), so its replies are split by [`HarmonyParser`].
+pub fn uses_harmony(vocab: &crate::Vocab) -> bool {
+    ["<|start|>", "<|channel|>", "<|message|>"]
+        .iter()
+        .all(|t| vocab.id(t).is_some())
+}
+
 /// Where the markers' texts begin; a stream holding none of them is plain text.
 const MARKER_START: &str = "<|";
 
