@@ -23,3 +23,6 @@ pip_install() {
 
 pip_install openai openai
 CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" pip_install llama_cpp llama-cpp-python==0.3.36
+# gpt-oss's chat template as llama.cpp ships it, for the harmony tests (crates/octoflow/tests/harmony.rs):
+# read once from llama-cpp-python's source distribution into the model cache's test-data folder.
+python3 "$here/check/gpt_oss_template.py" >/dev/null

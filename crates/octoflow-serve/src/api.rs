@@ -84,6 +84,10 @@ pub struct ChatRequest {
     #[serde(default)]
     pub logprobs: bool,
     pub top_logprobs: Option<i64>,
+    /// `low`, `medium` or `high` (OpenAI's field; the template's `reasoning_effort`, gpt-oss).
+    pub reasoning_effort: Option<String>,
+    /// More variables for the chat template (vLLM's and llama-server's field).
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// `prompt` of `/v1/completions`: text, one text in a list, or token ids.

@@ -1,6 +1,12 @@
 //! Turning a job's [`Event`]s into OpenAI's response bodies: one JSON object
 //! (`chat.completion`, `text_completion`) or a server-sent-event stream of chunks ending with
 //! `data: [DONE]`.
+//!
+//! Chat replies of models that answer in channels (gpt-oss's harmony format) are split as
+//! llama-server and vLLM split them: the final channel is `content`, the analysis channel
+//! `reasoning_content` (in streamed deltas too). Function calls (messages to `functions.NAME`)
+//! are parsed ([`Part::ToolCall`], [`Reply::tool_calls`]) but not sent: that is the hook for
+//! `tool_calls` once the server takes `tools`.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -12,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream};
 use octoflow_core::Finish;
+use octoflow_text::harmony::{Delta as HarmonyDelta, HarmonyParser, Part, Reply};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -48,6 +55,8 @@ pub struct Meta {
     /// Whether log-probabilities were asked for (their field is then an object, else null).
     pub logprobs: bool,
     pub include_usage: bool,
+    /// Whether the reply is in harmony's channels (chat with a gpt-oss vocabulary).
+    pub harmony: bool,
 }
 
 impl Meta {
@@ -106,6 +115,19 @@ impl Meta {
 
     fn choice(&self, index: usize, text: &str, lp: Value, finish: Option<&str>) -> Value {
         match self.kind {
+            Kind::Chat if self.harmony => {
+                let reply = Reply::parse(text);
+                let mut message = json!({"role": "assistant", "content": reply.content});
+                if !reply.reasoning.is_empty() {
+                    message["reasoning_content"] = reply.reasoning.into();
+                }
+                json!({
+                    "index": index,
+                    "message": message,
+                    "logprobs": lp,
+                    "finish_reason": finish,
+                })
+            }
             Kind::Chat => json!({
                 "index": index,
                 "message": {"role": "assistant", "content": text},
@@ -215,6 +237,18 @@ struct StreamState {
     offsets: Vec<usize>,
     done: bool,
     metrics: Arc<Metrics>,
+    /// Per choice, the split of a harmony reply into channels (empty for other replies).
+    parsers: Vec<HarmonyParser>,
+}
+
+/// A streamed delta for a piece of a harmony reply (`None` for what is not sent: function
+/// calls, until the server takes `tools`).
+fn harmony_delta(d: &HarmonyDelta) -> Option<Value> {
+    match d.header.part() {
+        Part::Content => Some(json!({"content": d.text})),
+        Part::Reasoning => Some(json!({"reasoning_content": d.text})),
+        Part::ToolCall(_) => None,
+    }
 }
 
 fn data(v: &Value) -> SseEvent {
@@ -235,8 +269,21 @@ impl StreamState {
                 if let Some(o) = self.offsets.get_mut(index) {
                     *o += text.len();
                 }
-                let c = m.chunk_choice(index, json!({"content": text}), lp, None);
-                self.out.push_back(data(&m.chunk(vec![c], None)));
+                let Some(parser) = self.parsers.get_mut(index) else {
+                    let c = m.chunk_choice(index, json!({"content": text}), lp, None);
+                    self.out.push_back(data(&m.chunk(vec![c], None)));
+                    return;
+                };
+                let mut deltas: Vec<Value> = parser.push(&text).iter().filter_map(harmony_delta).collect();
+                // Log-probabilities ride on the first delta, or on an empty one.
+                if deltas.is_empty() && !lp.is_null() {
+                    deltas.push(json!({}));
+                }
+                let mut lp = Some(lp);
+                for d in deltas {
+                    let c = m.chunk_choice(index, d, lp.take().unwrap_or(Value::Null), None);
+                    self.out.push_back(data(&m.chunk(vec![c], None)));
+                }
             }
             Some(Event::Done {
                 index,
@@ -244,6 +291,12 @@ impl StreamState {
                 completion_tokens,
             }) => {
                 self.completion += completion_tokens;
+                if let Some(parser) = self.parsers.get_mut(index) {
+                    for d in parser.finish().iter().filter_map(harmony_delta) {
+                        let c = m.chunk_choice(index, d, Value::Null, None);
+                        self.out.push_back(data(&m.chunk(vec![c], None)));
+                    }
+                }
                 let c = m.chunk_choice(index, json!({}), Value::Null, Some(finish_reason(finish)));
                 self.out.push_back(data(&m.chunk(vec![c], None)));
                 self.open = self.open.saturating_sub(1);
@@ -298,7 +351,13 @@ pub fn stream(
             .collect();
         out.push_back(data(&meta.chunk(choices, None)));
     }
+    let parsers = if meta.harmony {
+        (0..meta.n).map(|_| HarmonyParser::new()).collect()
+    } else {
+        Vec::new()
+    };
     let state = StreamState {
+        parsers,
         open: meta.n,
         offsets: vec![0; meta.n],
         meta,

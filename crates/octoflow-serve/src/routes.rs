@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use octoflow_generate::PromptError;
-use octoflow_text::{ChatTemplate, Message, Tokenizer};
+use octoflow_text::{harmony, ChatTemplate, Message, Tokenizer};
 use serde_json::json;
 
 use crate::api::{self, ChatRequest, CompletionRequest, Content, Prompt};
@@ -228,6 +228,7 @@ async fn dispatch(
         prompt_tokens,
         logprobs,
         include_usage,
+        harmony: kind == Kind::Chat && harmony::uses_harmony(st.tokenizer.vocab()),
     };
     if stream {
         Ok(respond::stream(meta, rx, st.metrics.clone()).into_response())
@@ -291,8 +292,12 @@ async fn chat_inner(st: &AppState, b: Result<Bytes, BytesRejection>) -> Result<R
             "this model has no chat template; use /v1/completions",
         )
     })?;
+    let mut vars = req.chat_template_kwargs.clone().unwrap_or_default();
+    if let Some(effort) = &req.reasoning_effort {
+        vars.insert("reasoning_effort".into(), effort.clone().into());
+    }
     let text = template
-        .render(&messages, true)
+        .render_with(&messages, true, &vars)
         .map_err(|e| ApiError::invalid("messages".to_string(), e.to_string()))?;
     let prompt = st.tokenizer.encode(&text, true, true);
     check_prompt(st, &prompt, "messages")?;

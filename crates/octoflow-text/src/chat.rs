@@ -6,7 +6,8 @@
 //! string and dict methods work (`.strip()`, `.startswith()`, `.items()`, via minijinja-contrib's
 //! pycompat), and `raise_exception`, `strftime_now` and a Python-style `tojson` are defined. The
 //! variables are `messages` (list of `{role, content}`), `add_generation_prompt`, `bos_token` and
-//! `eos_token`.
+//! `eos_token`, and whatever the caller adds ([`ChatTemplate::render_with`]: gpt-oss's
+//! `reasoning_effort`, `tools`).
 //!
 //! Models whose file has no template get a built-in format for their family ([`BuiltinFormat`]).
 
@@ -242,6 +243,19 @@ impl ChatTemplate {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<String, TextError> {
+        self.render_with(messages, add_generation_prompt, &serde_json::Map::new())
+    }
+
+    /// Renders a conversation with more variables for the template, as transformers'
+    /// `apply_chat_template(**kwargs)` passes them (`reasoning_effort` for gpt-oss, `tools`,
+    /// `enable_thinking`, ...); they cannot replace `messages`, `add_generation_prompt`,
+    /// `bos_token` or `eos_token`. Built-in formats ignore them.
+    pub fn render_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        vars: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, TextError> {
         let env = match &self.kind {
             Kind::Builtin(format) => return Ok(format.render(messages, add_generation_prompt)),
             Kind::Jinja(env) => env,
@@ -255,6 +269,7 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone(),
             eos_token => self.eos_token.clone(),
+            ..Value::from_serialize(vars)
         };
         let template = env
             .get_template(TEMPLATE_NAME)

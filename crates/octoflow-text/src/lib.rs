@@ -15,6 +15,7 @@
 
 mod bpe;
 pub mod chat;
+pub mod harmony;
 pub mod error;
 mod hash;
 mod partition;
