@@ -135,6 +135,7 @@ impl GpuModel {
             max_rows,
             1,
             self.lora_r(),
+            self.kv_type,
         )?;
         let max_out = s.t_logits.min(max_rows);
         let host = |name: &str, words: u32, kind: MemoryKind| {
