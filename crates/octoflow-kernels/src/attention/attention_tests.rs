@@ -59,7 +59,7 @@ fn run_case(
     let sb = with(ctx, "sinks", &sink_logits);
     let sw = sb.whole();
     let args = AttentionArgs {
-        kv: KvType::F32,
+        kv,
         q: &qb.whole(),
         k: &kb.whole(),
         v: &vb.whole(),
