@@ -409,7 +409,7 @@ impl Drop for Served {
 
 fn serve(model: &str) -> Served {
     use std::io::BufRead;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_octoflow"))
+    let child = Command::new(env!("CARGO_BIN_EXE_octoflow"))
         .args([
             "serve", "-m", model, "--device", "cpu", "--port", "0", "-c", "1024",
         ])
@@ -417,17 +417,19 @@ fn serve(model: &str) -> Served {
         .stdout(Stdio::null())
         .spawn()
         .expect("octoflow serve starts");
-    let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    // Owned by `Served` from here, so a failed start still kills and waits for it.
+    let mut served = Served(child, String::new());
+    let mut stderr = std::io::BufReader::new(served.0.stderr.take().expect("stderr"));
     let mut line = String::new();
     loop {
         line.clear();
         let n = stderr.read_line(&mut line).expect("stderr line");
         assert!(n > 0, "octoflow serve exited before its banner");
         if let Some(rest) = line.split("listening on http://").nth(1) {
-            let addr = rest.trim().to_string();
+            served.1 = rest.trim().to_string();
             // Keep draining stderr so the server never blocks on a full pipe.
             std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-            return Served(child, addr);
+            return served;
         }
     }
 }
