@@ -274,7 +274,11 @@ impl StreamState {
                     self.out.push_back(data(&m.chunk(vec![c], None)));
                     return;
                 };
-                let mut deltas: Vec<Value> = parser.push(&text).iter().filter_map(harmony_delta).collect();
+                let mut deltas: Vec<Value> = parser
+                    .push(&text)
+                    .iter()
+                    .filter_map(harmony_delta)
+                    .collect();
                 // Log-probabilities ride on the first delta, or on an empty one.
                 if deltas.is_empty() && !lp.is_null() {
                     deltas.push(json!({}));

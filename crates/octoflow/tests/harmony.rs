@@ -122,7 +122,10 @@ fn tiny_gpt_oss(dir: &Path, scripted: bool) -> PathBuf {
     let n = tokens.len();
     w.set(
         "tokenizer.ggml.tokens",
-        Value::Array(ValueType::String, tokens.iter().cloned().map(Value::String).collect()),
+        Value::Array(
+            ValueType::String,
+            tokens.iter().cloned().map(Value::String).collect(),
+        ),
     );
     w.set(
         "tokenizer.ggml.scores",
@@ -140,7 +143,11 @@ fn tiny_gpt_oss(dir: &Path, scripted: bool) -> PathBuf {
     w.set("tokenizer.ggml.add_bos_token", Value::Bool(false));
     w.set("tokenizer.ggml.add_space_prefix", Value::Bool(false));
     w.set("tokenizer.chat_template", Value::String(real_template()));
-    let path = dir.join(if scripted { "scripted.gguf" } else { "random.gguf" });
+    let path = dir.join(if scripted {
+        "scripted.gguf"
+    } else {
+        "random.gguf"
+    });
     w.write_file(&path).expect("write the tiny model");
     path
 }
@@ -173,13 +180,20 @@ fn script_weights(w: &mut octoflow_gguf::GgufWriter<'static>, tokens: &[String],
                 || n.ends_with("ffn_down_exps.bias") => {}
             _ => continue,
         }
-        t.data = v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>().into();
+        t.data = v
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect::<Vec<u8>>()
+            .into();
     }
 }
 
 /// llama.cpp's answers (scripts/check/llama_text.py).
 fn llama_cpp(model: &Path, request: &Json) -> Json {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/check/llama_text.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/check/llama_text.py"
+    );
     let mut child = Command::new("python3")
         .arg(script)
         .arg(model)
@@ -242,7 +256,15 @@ fn tokenizer_special_tokens_and_template_agree_with_llama_cpp() {
     let word_ids: Vec<u32> = WORDS.iter().map(|w| id(&vocab, w) as u32).collect();
     let sequences = vec![
         marker_ids.clone(),
-        [marker_ids[3], word_ids[0], marker_ids[2], 100, 101, marker_ids[1]].to_vec(),
+        [
+            marker_ids[3],
+            word_ids[0],
+            marker_ids[2],
+            100,
+            101,
+            marker_ids[1],
+        ]
+        .to_vec(),
         word_ids.clone(),
         [1, 2, 0, marker_ids[0]].to_vec(),
     ];
@@ -264,17 +286,37 @@ fn tokenizer_special_tokens_and_template_agree_with_llama_cpp() {
         &json!({"texts": texts, "ids": sequences, "conversations": conversations, "eog": true}),
     );
     for (i, text) in texts.iter().enumerate() {
-        assert_eq!(tok.encode(text, false, true), ids(&answer["special"][i]), "{text}");
-        assert_eq!(tok.encode(text, true, false), ids(&answer["bos_plain"][i]), "{text}");
+        assert_eq!(
+            tok.encode(text, false, true),
+            ids(&answer["special"][i]),
+            "{text}"
+        );
+        assert_eq!(
+            tok.encode(text, true, false),
+            ids(&answer["bos_plain"][i]),
+            "{text}"
+        );
     }
     for (i, seq) in sequences.iter().enumerate() {
-        assert_eq!(answer["decoded"][i].as_str(), Some(tok.decode(seq).as_str()), "{seq:?}");
+        assert_eq!(
+            answer["decoded"][i].as_str(),
+            Some(tok.decode(seq).as_str()),
+            "{seq:?}"
+        );
     }
-    let eog: Vec<u32> = (0..tok.n_vocab() as u32).filter(|&i| tok.is_eog(i)).collect();
+    let eog: Vec<u32> = (0..tok.n_vocab() as u32)
+        .filter(|&i| tok.is_eog(i))
+        .collect();
     assert_eq!(eog, ids(&answer["eog"]), "end-of-generation ids");
     assert!(eog.contains(&marker_ids[4]) && eog.contains(&marker_ids[5]));
-    assert!(!eog.contains(&marker_ids[1]), "<|end|> ends a message, not the reply");
-    for (conv, want) in conversations.iter().zip(answer["rendered"].as_array().expect("rendered")) {
+    assert!(
+        !eog.contains(&marker_ids[1]),
+        "<|end|> ends a message, not the reply"
+    );
+    for (conv, want) in conversations
+        .iter()
+        .zip(answer["rendered"].as_array().expect("rendered"))
+    {
         let messages: Vec<octoflow_text::Message> = conv["messages"]
             .as_array()
             .expect("messages")
@@ -288,7 +330,9 @@ fn tokenizer_special_tokens_and_template_agree_with_llama_cpp() {
             .collect();
         let vars = conv["kwargs"].as_object().cloned().unwrap_or_default();
         let agp = conv["add_generation_prompt"] == true;
-        let got = template.render_with(&messages, agp, &vars).expect("renders");
+        let got = template
+            .render_with(&messages, agp, &vars)
+            .expect("renders");
         assert_eq!(Some(got.as_str()), want.as_str(), "{conv}");
     }
 }
@@ -322,7 +366,9 @@ fn run_prints_the_final_channel_and_shows_reasoning_when_asked() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = tiny_gpt_oss(dir.path(), true);
     let model = path.to_str().expect("UTF-8 path");
-    let base = ["run", "-m", model, "--device", "cpu", "-c", "1024", "--temp", "0"];
+    let base = [
+        "run", "-m", model, "--device", "cpu", "-c", "1024", "--temp", "0",
+    ];
     let run = |extra: &[&str]| {
         let mut args = base.to_vec();
         args.extend_from_slice(&["--chat-prompt", "-p", "Hi", "-n", "32"]);
@@ -363,23 +409,27 @@ impl Drop for Served {
 
 fn serve(model: &str) -> Served {
     use std::io::BufRead;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_octoflow"))
-        .args(["serve", "-m", model, "--device", "cpu", "--port", "0", "-c", "1024"])
+    let child = Command::new(env!("CARGO_BIN_EXE_octoflow"))
+        .args([
+            "serve", "-m", model, "--device", "cpu", "--port", "0", "-c", "1024",
+        ])
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
         .expect("octoflow serve starts");
-    let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    // Owned by `Served` from here, so a failed start still kills and waits for it.
+    let mut served = Served(child, String::new());
+    let mut stderr = std::io::BufReader::new(served.0.stderr.take().expect("stderr"));
     let mut line = String::new();
     loop {
         line.clear();
         let n = stderr.read_line(&mut line).expect("stderr line");
         assert!(n > 0, "octoflow serve exited before its banner");
         if let Some(rest) = line.split("listening on http://").nth(1) {
-            let addr = rest.trim().to_string();
+            served.1 = rest.trim().to_string();
             // Keep draining stderr so the server never blocks on a full pipe.
             std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-            return Served(child, addr);
+            return served;
         }
     }
 }
@@ -398,7 +448,10 @@ fn post(addr: &str, path: &str, body: &Json) -> String {
     s.read_to_string(&mut response).expect("read");
     let (head, rest) = response.split_once("\r\n\r\n").expect("HTTP response");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}\n{rest}");
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         dechunk(rest)
     } else {
         rest.to_string()
@@ -452,7 +505,11 @@ fn serve_splits_content_and_reasoning_whole_and_streamed() {
         content.push_str(delta["content"].as_str().unwrap_or_default());
         reasoning.push_str(delta["reasoning_content"].as_str().unwrap_or_default());
     }
-    assert_eq!((content.as_str(), reasoning.as_str()), ("Answer", "Thinking"), "{events}");
+    assert_eq!(
+        (content.as_str(), reasoning.as_str()),
+        ("Answer", "Thinking"),
+        "{events}"
+    );
 
     // Completions are raw text: the channels' markers stay.
     let body: Json = serde_json::from_str(&post(

@@ -241,7 +241,12 @@ fn channel_writer(
     chat: bool,
 ) -> ChannelWriter<std::io::Stdout, std::io::Stderr> {
     let harmony = chat && harmony::uses_harmony(tokenizer.vocab());
-    ChannelWriter::new(std::io::stdout(), std::io::stderr(), harmony, args.reasoning)
+    ChannelWriter::new(
+        std::io::stdout(),
+        std::io::stderr(),
+        harmony,
+        args.reasoning,
+    )
 }
 
 fn sampling_params(args: &Args) -> anyhow::Result<SamplingParams> {
