@@ -15,8 +15,8 @@
 
 mod bpe;
 pub mod chat;
-pub mod harmony;
 pub mod error;
+pub mod harmony;
 mod hash;
 mod partition;
 mod pretokenize;
