@@ -153,6 +153,15 @@ pub struct Pacer {
     inner: Option<Arc<Guard>>,
 }
 
+impl std::fmt::Debug for Pacer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pacer")
+            .field("sensor", &self.sensor_name())
+            .field("targets", &self.targets())
+            .finish()
+    }
+}
+
 impl Pacer {
     /// No sensor: nothing is measured or paced.
     pub fn off() -> Self {
