@@ -155,13 +155,8 @@ impl Server {
         } else {
             format!(" + LoRA {}", self.state.adapters.join(", "))
         };
-        let pacing = match self.state.metrics.pacer.get().filter(|p| p.has_sensor()) {
-            Some(p) if p.targets().any() => format!(" | pacing to {}", p.targets()),
-            Some(_) => " | unpaced".to_string(),
-            None => String::new(),
-        };
         format!(
-            "octoflow serve: model {}{adapters} | {} instances x {} positions, {} rows/step | device {}{pacing} | \
+            "octoflow serve: model {}{adapters} | {} instances x {} positions, {} rows/step | device {} | \
              {memory} | queue {} | listening on http://{addr}",
             self.state.model_id,
             r.n_slots,

@@ -7,7 +7,6 @@ pub mod channels;
 pub mod common;
 pub mod devices;
 pub mod export;
-pub mod homeo;
 pub mod inspect;
 pub mod perplexity;
 pub mod profile;
