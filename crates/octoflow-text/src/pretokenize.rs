@@ -249,6 +249,16 @@ fn trailing_space_end(cs: &[(usize, char)], i: usize) -> usize {
     }
 }
 
+/// `\s*[\r\n]+|\s+(?!\S)|\s+` at `i` (a white-space character): up to and including the
+/// run's last line break if it has one, else [`trailing_space_end`].
+fn line_space_end(cs: &[(usize, char)], i: usize) -> usize {
+    let q = run_end(cs, i, CharClass::Space);
+    if let Some(k) = (i..q).rev().find(|&k| matches!(cs[k].1, '\r' | '\n')) {
+        return k + 1;
+    }
+    trailing_space_end(cs, i)
+}
+
 /// GPT-2's pattern at char `i`.
 fn gpt2_match(cs: &[(usize, char)], i: usize) -> usize {
     let c = cs[i].1;
@@ -319,11 +329,7 @@ fn llama3_match(cs: &[(usize, char)], i: usize, max_digits: usize) -> usize {
         return end;
     }
     // `\s*[\r\n]+`: up to and including the run's last line break.
-    let q = run_end(cs, i, CharClass::Space);
-    if let Some(k) = (i..q).rev().find(|&k| matches!(cs[k].1, '\r' | '\n')) {
-        return k + 1;
-    }
-    trailing_space_end(cs, i)
+    line_space_end(cs, i)
 }
 
 /// GPT-4o's upper-case letter class as llama.cpp matches it, `(?=\p{L})[^a-z]`: a letter that
@@ -414,21 +420,14 @@ fn gpt4o_match(cs: &[(usize, char)], i: usize) -> usize {
         i
     };
     if other_at(cs, start) {
-        let mut end = start;
-        while other_at(cs, end) {
-            end += 1;
-        }
+        let mut end = run_end(cs, start, CharClass::Other);
         while matches!(cs.get(end), Some((_, '\r' | '\n' | '/'))) {
             end += 1;
         }
         return end;
     }
     // `\s*[\r\n]+`, then `\s+(?!\S)|\s+`
-    let q = run_end(cs, i, CharClass::Space);
-    if let Some(k) = (i..q).rev().find(|&k| matches!(cs[k].1, '\r' | '\n')) {
-        return k + 1;
-    }
-    trailing_space_end(cs, i)
+    line_space_end(cs, i)
 }
 
 #[cfg(test)]
