@@ -68,7 +68,8 @@ fn gpu_gemma3_mean_nll_agrees_with_llama_cpp() {
 }
 
 /// f16 KV caches (the binary's default; llama.cpp's too) move the mean NLL by less than 0.5% of
-/// the f32 caches' own, and keep it within the golden bound.
+/// the f32 caches' own (over the first 256 golden tokens: two runs of the whole text would make
+/// this the slowest test on lavapipe; 0.004% measured over all 512).
 #[test]
 fn gpu_smollm2_f16_kv_cache_keeps_the_mean_nll_within_half_a_percent_of_f32() {
     let Some(ctx) = gpu_or_skip("gpu_f16_kv_nll") else {
@@ -80,7 +81,7 @@ fn gpu_smollm2_f16_kv_cache_keeps_the_mean_nll_within_half_a_percent_of_f32() {
     }
     let (model, golden) = load(SMOLLM2);
     let mut gpu = GpuModel::load(&ctx, &model).unwrap();
-    let ids = &golden.nll[0].token_ids;
+    let ids = &golden.nll[0].token_ids[..256];
     let nll = |gpu: &GpuModel| mean_nll_with(&mut gpu.session(ids.len(), 4).unwrap(), ids);
     let f32_nll = nll(&gpu).unwrap();
     gpu.set_kv_type(KvType::F16).unwrap();
@@ -93,11 +94,5 @@ fn gpu_smollm2_f16_kv_cache_keeps_the_mean_nll_within_half_a_percent_of_f32() {
     assert!(
         f16_nll.is_finite() && rel <= 0.005,
         "{f16_nll} vs {f32_nll}"
-    );
-    // and within the bound every path keeps to llama.cpp's (common/mod.rs: 1%)
-    let want = golden.nll[0].mean_nll;
-    assert!(
-        (f16_nll - want).abs() / want <= 0.01,
-        "{f16_nll} vs golden {want}"
     );
 }

@@ -15,9 +15,9 @@ use crate::KvType;
 /// measured (lavapipe and H100; outputs near zero are judged against 1% of the largest), 1e-4
 /// bound.
 const REL: f32 = 1e-4;
-/// The fused step with f16 caches: the step's own keys are rounded to f16 by the kernel and by
-/// the reference from f32 values that differ by the rotation's ~1e-6, so a stored key may sit
-/// one f16 step (2^-11 relative) away from the reference's, and the outputs move by a few 1e-4.
+/// The fused step's stored f16 keys: the kernel and the reference round f32 values that differ
+/// by the rotation's ~1e-6, so a stored key may sit one f16 step (2^-11 relative) away from the
+/// reference's.
 const REL_F16: f32 = 1e-3;
 
 /// The largest relative error as [`check_close`] measures it (for the report; NaN gives inf).
@@ -742,16 +742,7 @@ fn run_fresh(
     rope_store_ref(
         &mut q_ref, &k_ref, &v, &mut kc, &mut vc, &shape, &freqs, mscale, &run,
     );
-    let mut want = vec![0f32; n_tok * n_head * hv];
-    attention_ref(&s, &q_ref, &kc, &vc, start, &mut want);
-
     let what = format!("fresh case {c:?}, plan {plan:?}, {kv} caches");
-    let (rel_out, rel_k, rel_v) = match kv {
-        KvType::F32 => (REL, REL, 0.0),
-        KvType::F16 => (REL_F16, REL_F16, REL_F16),
-    };
-    let got = read(ctx, &out, want.len());
-    check_close(&got, &want, rel_out).map_err(|e| format!("{what}: out: {e}"))?;
     let read_kv = |b: &Buffer, n: usize| {
         let mut bytes = vec![0u8; n * kv.bytes() as usize];
         ctx.download(b, 0, &mut bytes).unwrap();
@@ -759,8 +750,22 @@ fn run_fresh(
     };
     let got_kc = read_kv(&bkc, kc.len());
     let got_vc = read_kv(&bvc, vc.len());
+    let (rel_k, rel_v) = match kv {
+        KvType::F32 => (REL, 0.0),
+        KvType::F16 => (REL_F16, REL_F16),
+    };
     check_close(&got_kc, &kc, rel_k).map_err(|e| format!("{what}: k cache: {e}"))?;
     check_close(&got_vc, &vc, rel_v).map_err(|e| format!("{what}: v cache: {e}"))?;
+    // with f16 caches the step must attend to exactly the keys and values it stored (what
+    // later steps read back), so the output is held to the reference over the stored caches
+    let (kc, vc) = match kv {
+        KvType::F32 => (kc, vc),
+        KvType::F16 => (got_kc, got_vc),
+    };
+    let mut want = vec![0f32; n_tok * n_head * hv];
+    attention_ref(&s, &q_ref, &kc, &vc, start, &mut want);
+    let got = read(ctx, &out, want.len());
+    check_close(&got, &want, REL).map_err(|e| format!("{what}: out: {e}"))?;
     Ok(max_rel(&got, &want))
 }
 
@@ -805,10 +810,11 @@ fn fused_decode_attention_matches_norm_rope_store_then_attention() {
         min_chunk: 3,
     };
     let mut worst = 0f32;
-    // f16 caches (the product's default) with the device's own layout, where it has them
+    // f16 caches (the product's default) on every other case with the device's own layout,
+    // where it has them
     let f16 = KvType::F16.supported(ctx.caps());
-    for c in cases {
-        let f16_run = f16.then_some((None, KvType::F16));
+    for (i, c) in cases.into_iter().enumerate() {
+        let f16_run = (f16 && i % 2 == 0).then_some((None, KvType::F16));
         for (plan, kv) in [(None, KvType::F32), (Some(many), KvType::F32)]
             .into_iter()
             .chain(f16_run)
