@@ -14,7 +14,7 @@ impl TokenMask {
     /// `n_vocab` are ignored).
     pub fn from_words(mut words: Vec<u32>, n_vocab: usize) -> Self {
         words.resize(n_vocab.div_ceil(32), 0);
-        if n_vocab % 32 != 0 {
+        if !n_vocab.is_multiple_of(32) {
             if let Some(last) = words.last_mut() {
                 *last &= (1u32 << (n_vocab % 32)) - 1;
             }

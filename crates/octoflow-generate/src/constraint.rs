@@ -101,13 +101,14 @@ impl GrammarEnv {
             .eos
             .or(special.eot)
             .or_else(|| eog.first().copied())
-            .ok_or_else(|| ConstraintError::Tokenizer("it has no end-of-generation token".into()))?;
+            .ok_or_else(|| {
+                ConstraintError::Tokenizer("it has no end-of-generation token".into())
+            })?;
         let words: Vec<Vec<u8>> = (0..n_vocab as u32)
             .map(|id| {
                 let attr = tokenizer.vocab().attr(id);
                 let piece = tokenizer.token_to_piece(id, true);
-                if attr.intersects(TokenAttr::CONTROL | TokenAttr::UNKNOWN) || eog.contains(&id)
-                {
+                if attr.intersects(TokenAttr::CONTROL | TokenAttr::UNKNOWN) || eog.contains(&id) {
                     let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
                     w.extend_from_slice(piece);
                     w
@@ -125,8 +126,8 @@ impl GrammarEnv {
         }
         trie = trie.with_eos_tokens(&eos_set);
         let env: TokEnv = Arc::new(Env { trie, tokenizer });
-        let mut factory =
-            ParserFactory::new_simple(&env).map_err(|e| ConstraintError::Tokenizer(e.to_string()))?;
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| ConstraintError::Tokenizer(e.to_string()))?;
         factory.quiet();
         Ok(Self {
             factory: Arc::new(factory),
@@ -145,7 +146,7 @@ impl GrammarEnv {
             return Err(ConstraintError::Compile(e));
         }
         Ok(Constraint {
-            matcher,
+            matcher: Box::new(matcher),
             n_vocab: self.n_vocab,
         })
     }
@@ -154,7 +155,8 @@ impl GrammarEnv {
 /// One choice's grammar state: which tokens may come next, advanced token by token.
 #[derive(Clone)]
 pub struct Constraint {
-    matcher: Matcher,
+    // boxed: the matcher is large and requests carry their constraint through queues
+    matcher: Box<Matcher>,
     n_vocab: usize,
 }
 

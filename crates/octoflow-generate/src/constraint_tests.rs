@@ -43,12 +43,17 @@ fn random_walk(c: &mut Constraint, tok: &Tokenizer, seed: u64) -> String {
         if mask.allows(EOS) {
             return tok.decode(&ids);
         }
-        let allowed: Vec<u32> = (0..mask.n_vocab() as u32).filter(|&t| mask.allows(t)).collect();
+        let allowed: Vec<u32> = (0..mask.n_vocab() as u32)
+            .filter(|&t| mask.allows(t))
+            .collect();
         let t = allowed[rng.gen_range(0..allowed.len())];
         c.commit(t).expect("an allowed token commits");
         ids.push(t);
     }
-    panic!("seed {seed}: no end after 400 tokens: {:?}", tok.decode(&ids));
+    panic!(
+        "seed {seed}: no end after 400 tokens: {:?}",
+        tok.decode(&ids)
+    );
 }
 
 #[test]
@@ -100,9 +105,19 @@ fn random_walks_under_a_schema_always_give_valid_json() {
         let v: serde_json::Value = serde_json::from_str(&text)
             .unwrap_or_else(|e| panic!("seed {seed}: {text:?} is not JSON: {e}"));
         assert!(v["ok"].is_boolean(), "seed {seed}: {text}");
-        assert!(v["n"].as_u64().is_some_and(|n| n <= 99), "seed {seed}: {text}");
-        assert!(["red", "green"].contains(&v["tag"].as_str().unwrap_or("")), "seed {seed}: {text}");
-        assert_eq!(v.as_object().map(|o| o.len()), Some(3), "seed {seed}: {text}");
+        assert!(
+            v["n"].as_u64().is_some_and(|n| n <= 99),
+            "seed {seed}: {text}"
+        );
+        assert!(
+            ["red", "green"].contains(&v["tag"].as_str().unwrap_or("")),
+            "seed {seed}: {text}"
+        );
+        assert_eq!(
+            v.as_object().map(|o| o.len()),
+            Some(3),
+            "seed {seed}: {text}"
+        );
     }
 }
 
@@ -120,7 +135,9 @@ fn lark_and_regex_grammars_constrain_too() {
         .expect("compiles");
     let text = random_walk(&mut c, &tok, seed);
     assert!(
-        text.len() == 5 && text[..3].bytes().all(|b| b.is_ascii_digit()) && text.ends_with(['a', 'b', 'c']),
+        text.len() == 5
+            && text[..3].bytes().all(|b| b.is_ascii_digit())
+            && text.ends_with(['a', 'b', 'c']),
         "seed {seed}: {text:?}"
     );
 }
@@ -130,7 +147,9 @@ fn bad_grammars_are_compile_errors() {
     let (env, _) = env();
     for g in [
         Grammar::Lark("start: (".into()),
-        Grammar::JsonSchema(serde_json::json!({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}})),
+        Grammar::JsonSchema(
+            serde_json::json!({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}),
+        ),
         Grammar::JsonSchema(serde_json::json!({"type": "frobnicate"})),
     ] {
         match env.constraint(&g) {

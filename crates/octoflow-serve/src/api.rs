@@ -114,8 +114,9 @@ impl ChatMessage {
                 .map(|c| {
                     let mut c = c.clone();
                     if let Some(args) = c.pointer_mut("/function/arguments") {
-                        if let Some(parsed) =
-                            args.as_str().and_then(|a| serde_json::from_str::<Value>(a).ok())
+                        if let Some(parsed) = args
+                            .as_str()
+                            .and_then(|a| serde_json::from_str::<Value>(a).ok())
                         {
                             *args = parsed;
                         }
@@ -152,6 +153,10 @@ pub struct ChatRequest {
     pub tool_choice: Option<Value>,
     /// Accepted; a Hermes-style model may make several calls either way.
     pub parallel_tool_calls: Option<bool>,
+    /// `low`, `medium` or `high` (OpenAI's field; the template's `reasoning_effort`, gpt-oss).
+    pub reasoning_effort: Option<String>,
+    /// More variables for the chat template (vLLM's and llama-server's field).
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// `prompt` of `/v1/completions`: text, one text in a list, or token ids.
@@ -251,22 +256,21 @@ pub fn grammar(c: &Common) -> Result<Option<Grammar>, ApiError> {
             }
         },
     };
-    let from_grammar = match (&c.grammar, &c.regex) {
-        (Some(_), Some(_)) => {
-            return Err(bad("grammar", "give grammar or regex, not both".into()));
-        }
-        (Some(g), None) if g.contains("::=") => {
-            return Err(bad(
+    let from_grammar =
+        match (&c.grammar, &c.regex) {
+            (Some(_), Some(_)) => {
+                return Err(bad("grammar", "give grammar or regex, not both".into()));
+            }
+            (Some(g), None) if g.contains("::=") => return Err(bad(
                 "grammar",
                 "GBNF grammars are not supported: write the grammar in llguidance's Lark dialect \
                  (rules as `name: ...`)"
                     .into(),
-            ))
-        }
-        (Some(g), None) => Some(Grammar::Lark(g.clone())),
-        (None, Some(r)) => Some(Grammar::Regex(r.clone())),
-        (None, None) => None,
-    };
+            )),
+            (Some(g), None) => Some(Grammar::Lark(g.clone())),
+            (None, Some(r)) => Some(Grammar::Regex(r.clone())),
+            (None, None) => None,
+        };
     match (from_format, from_grammar) {
         (Some(_), Some(_)) => Err(bad(
             "grammar",
@@ -408,7 +412,10 @@ mod tests {
     fn response_formats_become_grammars() {
         let g = |json: &str| grammar(&common(json));
         assert_eq!(g("{}").expect("none"), None);
-        assert_eq!(g(r#"{"response_format": {"type": "text"}}"#).expect("text"), None);
+        assert_eq!(
+            g(r#"{"response_format": {"type": "text"}}"#).expect("text"),
+            None
+        );
         assert_eq!(
             g(r#"{"response_format": {"type": "json_object"}}"#).expect("object"),
             Some(Grammar::JsonObject)

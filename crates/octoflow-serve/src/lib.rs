@@ -28,8 +28,8 @@
 //! ```
 
 pub mod agents;
-pub mod auth;
 pub mod api;
+pub mod auth;
 pub mod error;
 pub mod job;
 pub mod metrics;

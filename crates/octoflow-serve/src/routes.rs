@@ -14,11 +14,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use octoflow_generate::{Constraint, Grammar, GrammarEnv, PromptError};
-use octoflow_text::{ChatTemplate, Tokenizer};
+use octoflow_text::{harmony, ChatTemplate, Tokenizer};
 use serde_json::json;
 
-use crate::auth::{require_key, Access};
 use crate::api::{self, ChatRequest, CompletionRequest, Prompt};
+use crate::auth::{require_key, Access};
 use crate::error::ApiError;
 use crate::job::{Job, Queue, Refused, Work};
 use crate::metrics::Metrics;
@@ -66,7 +66,10 @@ impl AppState {
             .as_ref()
             .map_err(|e| ApiError::invalid(param.to_string(), e.clone()))?;
         env.constraint(grammar).map_err(|e| {
-            ApiError::invalid(param.to_string(), format!("the {param} does not compile: {e}"))
+            ApiError::invalid(
+                param.to_string(),
+                format!("the {param} does not compile: {e}"),
+            )
         })
     }
 }
@@ -228,8 +231,7 @@ async fn dispatch(
     prompt: Vec<u32>,
     params: crate::job::GenParams,
     (adapter, model): (Option<u32>, String),
-    stream: bool,
-    include_usage: bool,
+    (stream, include_usage): (bool, bool),
     tools: Option<ToolSyntax>,
 ) -> Result<Response, ApiError> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -262,6 +264,7 @@ async fn dispatch(
         logprobs,
         include_usage,
         tools,
+        harmony: kind == Kind::Chat && harmony::uses_harmony(st.tokenizer.vocab()),
     };
     if stream {
         Ok(respond::stream(meta, rx, st.metrics.clone()).into_response())
@@ -309,22 +312,32 @@ async fn chat_inner(st: &AppState, b: Result<Bytes, BytesRejection>) -> Result<R
         )
     })?;
     let tool_list = req.tools.clone().unwrap_or_default();
-    let names = tools::tool_names(&tool_list).map_err(|m| ApiError::invalid("tools".to_string(), m))?;
+    let names =
+        tools::tool_names(&tool_list).map_err(|m| ApiError::invalid("tools".to_string(), m))?;
     let choice = tools::Choice::parse(req.tool_choice.as_ref(), &names)
         .map_err(|m| ApiError::invalid("tool_choice".to_string(), m))?;
     let syntax = ToolSyntax::of_template(template.source());
     let use_tools = choice != tools::Choice::None;
-    if use_tools && syntax == ToolSyntax::Harmony {
+    if use_tools && syntax == ToolSyntax::Harmony && choice != tools::Choice::Auto {
         return Err(ApiError::invalid(
-            "tools".to_string(),
-            "tool calls in the harmony format (gpt-oss) are not supported yet",
+            "tool_choice".to_string(),
+            "harmony models (gpt-oss) take tool_choice \"auto\" or \"none\": a forced call needs a grammar over its channels, which is not built yet",
         ));
     }
-    let messages: Vec<serde_json::Value> =
-        req.messages.iter().map(api::ChatMessage::to_template).collect();
-    let tools_value = serde_json::Value::Array(tool_list.clone());
+    let messages: Vec<serde_json::Value> = req
+        .messages
+        .iter()
+        .map(api::ChatMessage::to_template)
+        .collect();
+    let mut vars = req.chat_template_kwargs.clone().unwrap_or_default();
+    if let Some(effort) = &req.reasoning_effort {
+        vars.insert("reasoning_effort".into(), effort.clone().into());
+    }
+    if use_tools {
+        vars.insert("tools".into(), serde_json::Value::Array(tool_list.clone()));
+    }
     let text = template
-        .render_json(&messages, use_tools.then_some(&tools_value), true)
+        .render_json(&messages, true, &vars)
         .map_err(|e| ApiError::invalid("messages".to_string(), e.to_string()))?;
     let prompt = st.tokenizer.encode(&text, true, true);
     check_prompt(st, &prompt, "messages")?;
@@ -347,6 +360,12 @@ async fn chat_inner(st: &AppState, b: Result<Bytes, BytesRejection>) -> Result<R
         _ => None,
     };
     let grammar = api::grammar(&req.common)?;
+    if grammar.is_some() && syntax == ToolSyntax::Harmony {
+        return Err(ApiError::invalid(
+            grammar_param(&req.common).to_string(),
+            "harmony models (gpt-oss) write channels before their answer; constraining only the final channel is not built yet",
+        ));
+    }
     params.constraint = match (forced, grammar) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
@@ -369,8 +388,7 @@ async fn chat_inner(st: &AppState, b: Result<Bytes, BytesRejection>) -> Result<R
         prompt,
         params,
         picked,
-        req.common.stream,
-        usage,
+        (req.common.stream, usage),
         use_tools.then_some(syntax),
     )
     .await
@@ -433,8 +451,7 @@ async fn completions_inner(
         prompt,
         params,
         picked,
-        req.common.stream,
-        usage,
+        (req.common.stream, usage),
         None,
     )
     .await

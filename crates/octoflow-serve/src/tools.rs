@@ -31,7 +31,8 @@ impl ToolSyntax {
         let s = source.unwrap_or("");
         if s.contains("<|call|>") {
             Self::Harmony
-        } else if !s.contains("<tool_call>") && (s.contains("<|python_tag|>") || s.contains("ipython"))
+        } else if !s.contains("<tool_call>")
+            && (s.contains("<|python_tag|>") || s.contains("ipython"))
         {
             Self::Llama3Json
         } else {
@@ -129,7 +130,9 @@ pub fn tool_names(tools: &[Value]) -> Result<Vec<String>, String> {
                 .ok_or_else(|| format!("tools[{i}].function.name is missing"))?;
             if let Some(p) = t.pointer("/function/parameters") {
                 if !p.is_object() {
-                    return Err(format!("tools[{i}].function.parameters must be a JSON schema object"));
+                    return Err(format!(
+                        "tools[{i}].function.parameters must be a JSON schema object"
+                    ));
                 }
             }
             Ok(name.to_string())
@@ -139,7 +142,10 @@ pub fn tool_names(tools: &[Value]) -> Result<Vec<String>, String> {
 
 /// The JSON schema of one call of `tool` in `syntax` (`arguments` or Llama's `parameters`).
 fn call_schema(tool: &Value, syntax: ToolSyntax) -> Value {
-    let name = tool.pointer("/function/name").cloned().unwrap_or(Value::Null);
+    let name = tool
+        .pointer("/function/name")
+        .cloned()
+        .unwrap_or(Value::Null);
     let params = tool
         .pointer("/function/parameters")
         .cloned()
@@ -161,14 +167,20 @@ fn call_schema(tool: &Value, syntax: ToolSyntax) -> Value {
 pub fn call_grammar(tools: &[Value], only: Option<&str>, syntax: ToolSyntax) -> Option<Grammar> {
     let schemas: Vec<Value> = tools
         .iter()
-        .filter(|t| only.is_none_or(|n| t.pointer("/function/name").and_then(Value::as_str) == Some(n)))
+        .filter(|t| {
+            only.is_none_or(|n| t.pointer("/function/name").and_then(Value::as_str) == Some(n))
+        })
         .map(|t| call_schema(t, syntax))
         .collect();
     let schema = json!({"anyOf": schemas});
     match syntax {
         ToolSyntax::Llama3Json => Some(Grammar::JsonSchema(schema)),
         ToolSyntax::Hermes => {
-            let calls = if only.is_some() { "call" } else { "call (\"\\n\" call)*" };
+            let calls = if only.is_some() {
+                "call"
+            } else {
+                "call (\"\\n\" call)*"
+            };
             Some(Grammar::Lark(format!(
                 "start: {calls}\ncall: \"<tool_call>\\n\" obj \"\\n</tool_call>\"\nobj: %json {schema}\n"
             )))
@@ -218,7 +230,11 @@ pub fn parse(text: &str, syntax: ToolSyntax) -> (String, Vec<ToolCall>) {
                 rest = &after[end + CLOSE.len()..];
             }
             content.push_str(rest);
-            let content = if calls.is_empty() { content } else { content.trim().to_string() };
+            let content = if calls.is_empty() {
+                content
+            } else {
+                content.trim().to_string()
+            };
             (content, calls)
         }
         ToolSyntax::Llama3Json => {
@@ -295,7 +311,9 @@ fn partial_suffix(text: &str, marker: &str) -> usize {
     (1..marker.len())
         .rev()
         .filter(|&n| n <= text.len())
-        .find(|&n| text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..]))
+        .find(|&n| {
+            text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..])
+        })
         .map_or(text.len(), |n| text.len() - n)
 }
 

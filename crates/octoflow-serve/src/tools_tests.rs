@@ -67,12 +67,22 @@ fn tool_choice_is_checked_against_the_tools() {
     let names = vec!["get_weather".to_string()];
     assert_eq!(Choice::parse(None, &names), Ok(Choice::Auto));
     assert_eq!(Choice::parse(None, &[]), Ok(Choice::None));
-    assert_eq!(Choice::parse(Some(&json!("required")), &names), Ok(Choice::Required));
     assert_eq!(
-        Choice::parse(Some(&json!({"type": "function", "function": {"name": "get_weather"}})), &names),
+        Choice::parse(Some(&json!("required")), &names),
+        Ok(Choice::Required)
+    );
+    assert_eq!(
+        Choice::parse(
+            Some(&json!({"type": "function", "function": {"name": "get_weather"}})),
+            &names
+        ),
         Ok(Choice::Named("get_weather".into()))
     );
-    assert!(Choice::parse(Some(&json!({"type": "function", "function": {"name": "nope"}})), &names).is_err());
+    assert!(Choice::parse(
+        Some(&json!({"type": "function", "function": {"name": "nope"}})),
+        &names
+    )
+    .is_err());
     assert!(Choice::parse(Some(&json!("required")), &[]).is_err());
     assert!(Choice::parse(Some(&json!("sometimes")), &names).is_err());
     assert!(tool_names(&[json!({"type": "function", "function": {}})]).is_err());
@@ -81,20 +91,35 @@ fn tool_choice_is_checked_against_the_tools() {
 
 #[test]
 fn the_template_names_the_syntax() {
-    assert_eq!(ToolSyntax::of_template(Some("{{ '<tool_call>' }}")), ToolSyntax::Hermes);
-    assert_eq!(ToolSyntax::of_template(Some("<|python_tag|> ipython")), ToolSyntax::Llama3Json);
-    assert_eq!(ToolSyntax::of_template(Some("<|call|>")), ToolSyntax::Harmony);
+    assert_eq!(
+        ToolSyntax::of_template(Some("{{ '<tool_call>' }}")),
+        ToolSyntax::Hermes
+    );
+    assert_eq!(
+        ToolSyntax::of_template(Some("<|python_tag|> ipython")),
+        ToolSyntax::Llama3Json
+    );
+    assert_eq!(
+        ToolSyntax::of_template(Some("<|call|>")),
+        ToolSyntax::Harmony
+    );
     assert_eq!(ToolSyntax::of_template(None), ToolSyntax::Hermes);
 }
 
 #[test]
 fn the_call_grammar_names_only_the_chosen_function() {
     let other = json!({"type": "function", "function": {"name": "other"}});
-    let Some(Grammar::Lark(g)) = call_grammar(&[weather(), other.clone()], Some("get_weather"), ToolSyntax::Hermes) else {
+    let Some(Grammar::Lark(g)) = call_grammar(
+        &[weather(), other.clone()],
+        Some("get_weather"),
+        ToolSyntax::Hermes,
+    ) else {
         panic!("a lark grammar")
     };
     assert!(g.contains("get_weather") && !g.contains("\"other\""), "{g}");
-    let Some(Grammar::JsonSchema(s)) = call_grammar(&[weather(), other], None, ToolSyntax::Llama3Json) else {
+    let Some(Grammar::JsonSchema(s)) =
+        call_grammar(&[weather(), other], None, ToolSyntax::Llama3Json)
+    else {
         panic!("a schema")
     };
     assert_eq!(s["anyOf"].as_array().map(Vec::len), Some(2));

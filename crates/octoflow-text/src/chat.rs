@@ -6,7 +6,8 @@
 //! string and dict methods work (`.strip()`, `.startswith()`, `.items()`, via minijinja-contrib's
 //! pycompat), and `raise_exception`, `strftime_now` and a Python-style `tojson` are defined. The
 //! variables are `messages` (list of `{role, content}`), `add_generation_prompt`, `bos_token` and
-//! `eos_token`.
+//! `eos_token`, and whatever the caller adds ([`ChatTemplate::render_with`]: gpt-oss's
+//! `reasoning_effort`, `tools`).
 //!
 //! Models whose file has no template get a built-in format for their family ([`BuiltinFormat`]).
 
@@ -246,6 +247,19 @@ impl ChatTemplate {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<String, TextError> {
+        self.render_with(messages, add_generation_prompt, &serde_json::Map::new())
+    }
+
+    /// Renders a conversation with more variables for the template, as transformers'
+    /// `apply_chat_template(**kwargs)` passes them (`reasoning_effort` for gpt-oss, `tools`,
+    /// `enable_thinking`, ...); they cannot replace `messages`, `add_generation_prompt`,
+    /// `bos_token` or `eos_token`. Built-in formats ignore them.
+    pub fn render_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        vars: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, TextError> {
         let env = match &self.kind {
             Kind::Builtin(format) => return Ok(format.render(messages, add_generation_prompt)),
             Kind::Jinja(env) => env,
@@ -259,6 +273,7 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone(),
             eos_token => self.eos_token.clone(),
+            ..Value::from_serialize(vars)
         };
         let template = env
             .get_template(TEMPLATE_NAME)
@@ -278,14 +293,14 @@ impl ChatTemplate {
 
     /// Renders OpenAI-style messages given as JSON (`role`, `content`, and whatever else a
     /// template reads: an assistant's `tool_calls`, a tool result's `tool_call_id` and `name`),
-    /// with `tools` (OpenAI's list of tool definitions) as the template variable `tools`, the
-    /// way transformers' `apply_chat_template(messages, tools=...)` calls it. Built-in formats
-    /// see each message's role and text content only.
+    /// with more variables as [`Self::render_with`] takes them (`tools`, OpenAI's list of tool
+    /// definitions, the way transformers' `apply_chat_template(messages, tools=...)` passes it).
+    /// Built-in formats see each message's role and text content only.
     pub fn render_json(
         &self,
         messages: &[serde_json::Value],
-        tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
+        vars: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String, TextError> {
         let env = match &self.kind {
             Kind::Builtin(_) => {
@@ -302,10 +317,10 @@ impl ChatTemplate {
         };
         let ctx = minijinja::context! {
             messages => Value::from_serialize(messages),
-            tools => tools.map(Value::from_serialize),
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone(),
             eos_token => self.eos_token.clone(),
+            ..Value::from_serialize(vars)
         };
         let template = env
             .get_template(TEMPLATE_NAME)
@@ -377,12 +392,15 @@ mod tests {
             serde_json::json!({"role": "tool", "tool_call_id": "c1", "content": "42"}),
         ];
         let tools = serde_json::json!([{"type": "function", "function": {"name": "f"}}]);
+        let mut vars = serde_json::Map::new();
+        vars.insert("tools".into(), tools);
         assert_eq!(
-            t.render_json(&messages, Some(&tools), false).unwrap(),
+            t.render_json(&messages, false, &vars).unwrap(),
             "T:f;user:hi|assistant:f|tool:42|"
         );
         assert_eq!(
-            t.render_json(&messages[..1], None, false).unwrap(),
+            t.render_json(&messages[..1], false, &serde_json::Map::new())
+                .unwrap(),
             "user:hi|"
         );
         assert!(t.source().is_some_and(|s| s.contains("tool_calls")));

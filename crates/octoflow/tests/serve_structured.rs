@@ -38,7 +38,17 @@ impl Drop for Served {
 /// the banner.
 fn serve(extra: &[&str]) -> (Served, String, Vec<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_octoflow"))
-        .args(["serve", "-m", QWEN, "--port", "0", "-c", "768", "--instances", "2"])
+        .args([
+            "serve",
+            "-m",
+            QWEN,
+            "--port",
+            "0",
+            "-c",
+            "768",
+            "--instances",
+            "2",
+        ])
         .args(extra)
         .env_remove("OCTOFLOW_API_KEY")
         .stderr(Stdio::piped())
@@ -77,7 +87,10 @@ fn structured_output_tools_and_the_api_key_work_with_the_openai_client() {
             .args(["-c", &format!("import {module}")])
             .status()
             .is_ok_and(|s| s.success());
-        assert!(ok, "the {module} Python package is missing: run scripts/test-deps.sh");
+        assert!(
+            ok,
+            "the {module} Python package is missing: run scripts/test-deps.sh"
+        );
     }
     let (_s, addr, _) = serve(&["--device", "gpu", "--api-key", KEY]);
     let script = concat!(

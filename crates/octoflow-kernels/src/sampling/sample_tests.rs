@@ -576,18 +576,27 @@ fn logprob_ref_is_log_softmax_at_temperature_one() {
 fn random_mask(rng: &mut impl Rng, logits: &mut [f32]) -> Option<Vec<u32>> {
     let n = logits.len();
     let mut words = vec![0u32; n.div_ceil(32)];
-    let mut allow = |i: usize, w: &mut Vec<u32>| w[i / 32] |= 1 << (i % 32);
+    let allow = |i: usize, w: &mut Vec<u32>| w[i / 32] |= 1 << (i % 32);
     match rng.gen_range(0..7) {
         0 => return None,
         1 => allow(rng.gen_range(0..n), &mut words),
-        2 => (0..n).filter(|_| rng.gen_bool(0.01)).for_each(|i| allow(i, &mut words)),
-        3 => (0..n).filter(|_| rng.gen_bool(0.5)).for_each(|i| allow(i, &mut words)),
+        2 => (0..n)
+            .filter(|_| rng.gen_bool(0.01))
+            .for_each(|i| allow(i, &mut words)),
+        3 => (0..n)
+            .filter(|_| rng.gen_bool(0.5))
+            .for_each(|i| allow(i, &mut words)),
         4 => (0..n).for_each(|i| allow(i, &mut words)),
         5 => {
             // Allowed tokens exist but none is live: the lowest allowed id.
-            for i in (0..n).filter(|_| rng.gen_bool(0.05)) {
+            let picked: Vec<usize> = (0..n).filter(|_| rng.gen_bool(0.05)).collect();
+            for i in picked {
                 allow(i, &mut words);
-                logits[i] = if rng.gen_bool(0.5) { f32::NAN } else { f32::NEG_INFINITY };
+                logits[i] = if rng.gen_bool(0.5) {
+                    f32::NAN
+                } else {
+                    f32::NEG_INFINITY
+                };
             }
         }
         _ => {} // nothing allowed: token 0
@@ -630,8 +639,10 @@ fn gpu_masked_sample_draws_only_allowed_tokens() {
     let sample = Sample::new(&ctx).unwrap();
     for &(n, n_rows) in &[(7usize, 12usize), (1000, 24), (49152, 10)] {
         let mut logits: Vec<Vec<f32>> = (0..n_rows).map(|_| sampling_logits(&mut rng, n)).collect();
-        let masks: Vec<Option<Vec<u32>>> =
-            logits.iter_mut().map(|l| random_mask(&mut rng, l)).collect();
+        let masks: Vec<Option<Vec<u32>>> = logits
+            .iter_mut()
+            .map(|l| random_mask(&mut rng, l))
+            .collect();
         let states: Vec<SamplerState> = (0..n_rows).map(|_| random_state(&mut rng)).collect();
         let words = mask_row_words(n as u32) as usize;
         let mut mask_buf = vec![0u32; words * n_rows];
@@ -647,8 +658,8 @@ fn gpu_masked_sample_draws_only_allowed_tokens() {
             }
         }
         let upload = |name: &str, words: &[u32]| {
-            let b = Buffer::new(&ctx, name, 4 * words.len() as u64, MemoryKind::DeviceLocal)
-                .unwrap();
+            let b =
+                Buffer::new(&ctx, name, 4 * words.len() as u64, MemoryKind::DeviceLocal).unwrap();
             ctx.upload(&b, 0, words).unwrap();
             b
         };
@@ -680,7 +691,12 @@ fn gpu_masked_sample_draws_only_allowed_tokens() {
             let (row, s, m) = (&logits[r], &states[r], masks[r].as_deref());
             let token = got[r];
             let want = sample_masked_ref(row, s, m);
-            let allowed = |t: u32| m.is_none_or(|w| w.get(t as usize / 32).is_some_and(|w| w >> (t % 32) & 1 == 1));
+            let allowed = |t: u32| {
+                m.is_none_or(|w| {
+                    w.get(t as usize / 32)
+                        .is_some_and(|w| w >> (t % 32) & 1 == 1)
+                })
+            };
             let any_allowed = (0..n as u32).any(allowed);
             assert!(
                 !any_allowed || allowed(token),
@@ -696,7 +712,10 @@ fn gpu_masked_sample_draws_only_allowed_tokens() {
                 assert!(
                     s.temperature > 0.0 && d < BOUNDARY,
                     "n {n} row {r} ({s:?}, mask {}), seed {seed}: GPU {token} vs CPU {want}",
-                    m.map_or("none".into(), |w| format!("{} allowed", w.iter().map(|w| w.count_ones()).sum::<u32>()))
+                    m.map_or("none".into(), |w| format!(
+                        "{} allowed",
+                        w.iter().map(|w| w.count_ones()).sum::<u32>()
+                    ))
                 );
             }
             // The log-probability is the model's, over every token.

@@ -144,6 +144,7 @@ impl GpuModel {
             max_rows,
             1,
             self.lora_r(),
+            self.kv_type,
         )?;
         let max_out = s.t_logits.min(max_rows);
         let host = |name: &str, words: u32, kind: MemoryKind| {
@@ -611,9 +612,10 @@ impl BatchForward for GpuBatch<'_> {
                     MemoryKind::Upload,
                 )?);
             }
-            let buf = io.masks.as_ref().ok_or_else(|| {
-                ModelError::Gpu("the mask buffer was not allocated".into())
-            })?;
+            let buf = io
+                .masks
+                .as_ref()
+                .ok_or_else(|| ModelError::Gpu("the mask buffer was not allocated".into()))?;
             // Unconstrained and padding rows get their flag only: the kernel skips their bits.
             for o in 0..ob as usize {
                 let at = 4 * (o * words) as u64;

@@ -1,0 +1,292 @@
+//! The folder's tokenizer as llama.cpp's `tokenizer.ggml.*` metadata: the byte-level BPE of
+//! `tokenizer.json` (vocabulary, merges, added tokens), the pre-tokenizer named from its regex,
+//! BOS/EOS from `tokenizer_config.json` and `generation_config.json`, and the chat template from
+//! `tokenizer_config.json` or `chat_template.jinja`.
+
+use std::path::Path;
+
+use octoflow_gguf::{Value, ValueType};
+use serde_json::Value as Json;
+
+use crate::error::{HfError, Result};
+use crate::json::Obj;
+
+/// llama.cpp's token types.
+const NORMAL: i32 = 1;
+const CONTROL: i32 = 3;
+const USER_DEFINED: i32 = 4;
+const UNUSED: i32 = 5;
+
+/// Builds the tokenizer metadata; `n_vocab` (config.json's `vocab_size`) pads the vocabulary with
+/// unused `[PAD{id}]` tokens when the embedding has more rows than the tokenizer has tokens, as
+/// llama.cpp's converter does.
+pub fn metadata(dir: &Path, n_vocab: u64) -> Result<Vec<(String, Value)>> {
+    let path = dir.join("tokenizer.json");
+    let json = crate::json::read(&path)?;
+    let t = Obj {
+        path: &path,
+        value: &json,
+    };
+    let model = t.get("model").ok_or_else(|| t.error("model", "missing"))?;
+    let m = Obj {
+        path: &path,
+        value: model,
+    };
+    let kind = m.str_opt("type")?.unwrap_or("");
+    if kind != "BPE" || m.bool_opt("byte_fallback")?.unwrap_or(false) {
+        return Err(HfError::Unsupported {
+            path: path.clone(),
+            what: format!(
+                "tokenizer model {kind:?} (byte_fallback {:?})",
+                m.get("byte_fallback")
+            ),
+            supported: "byte-level BPE".into(),
+        });
+    }
+    let pre = pre_name(&t)?;
+
+    // Vocabulary by id: the model's, then added tokens (which may also restate model tokens).
+    let vocab = m
+        .get("vocab")
+        .and_then(Json::as_object)
+        .ok_or_else(|| m.error("model.vocab", "missing or not an object"))?;
+    let mut tokens: Vec<Option<(String, i32)>> = Vec::new();
+    let mut place = |id: u64, text: &str, ty: i32| -> Result<()> {
+        let id = usize::try_from(id)
+            .ok()
+            .filter(|&i| i < 1 << 24)
+            .ok_or_else(|| t.error("model.vocab", format!("token id {id} out of range")))?;
+        if tokens.len() <= id {
+            tokens.resize(id + 1, None);
+        }
+        tokens[id] = Some((text.to_string(), ty));
+        Ok(())
+    };
+    for (text, id) in vocab {
+        let id = id.as_u64().ok_or_else(|| {
+            m.error(
+                "model.vocab",
+                format!("{text:?} has id {id}, not an integer"),
+            )
+        })?;
+        place(id, text, NORMAL)?;
+    }
+    if let Some(added) = t.get("added_tokens").and_then(Json::as_array) {
+        for a in added {
+            let a = Obj {
+                path: &path,
+                value: a,
+            };
+            let id = a.u64("id")?;
+            let content = a
+                .str_opt("content")?
+                .ok_or_else(|| a.error("added_tokens.content", "missing"))?;
+            let special = a.bool_opt("special")?.unwrap_or(false);
+            place(id, content, if special { CONTROL } else { USER_DEFINED })?;
+        }
+    }
+    let n = tokens.len().max(n_vocab as usize);
+    let mut texts = Vec::with_capacity(n);
+    let mut types = Vec::with_capacity(n);
+    for id in 0..n {
+        let (text, ty) = tokens
+            .get(id)
+            .cloned()
+            .flatten()
+            .unwrap_or_else(|| (format!("[PAD{id}]"), UNUSED));
+        texts.push(Value::String(text));
+        types.push(Value::I32(ty));
+    }
+
+    let merges = m
+        .get("merges")
+        .and_then(Json::as_array)
+        .ok_or_else(|| m.error("model.merges", "missing or not an array"))?;
+    let merges = merges
+        .iter()
+        .map(|mg| match mg {
+            // Older files write "a b", newer ones ["a", "b"].
+            Json::String(s) => Ok(Value::String(s.clone())),
+            Json::Array(pair) => match pair.as_slice() {
+                [Json::String(a), Json::String(b)] => Ok(Value::String(format!("{a} {b}"))),
+                _ => Err(m.error("model.merges", format!("{mg} is not a pair of strings"))),
+            },
+            _ => Err(m.error("model.merges", format!("{mg} is not a merge"))),
+        })
+        .collect::<Result<Vec<_>>>()?;
+
+    let mut out = vec![
+        (
+            "tokenizer.ggml.model".to_string(),
+            Value::String("gpt2".into()),
+        ),
+        ("tokenizer.ggml.pre".to_string(), Value::String(pre.into())),
+        (
+            "tokenizer.ggml.tokens".to_string(),
+            Value::Array(ValueType::String, texts.clone()),
+        ),
+        (
+            "tokenizer.ggml.token_type".to_string(),
+            Value::Array(ValueType::I32, types),
+        ),
+        (
+            "tokenizer.ggml.merges".to_string(),
+            Value::Array(ValueType::String, merges),
+        ),
+    ];
+    let id_of = |text: &str| {
+        texts
+            .iter()
+            .position(|v| v.as_str() == Some(text))
+            .map(|i| i as u32)
+    };
+    special_tokens(dir, &id_of, &mut out)?;
+    Ok(out)
+}
+
+/// llama.cpp's `tokenizer.ggml.pre` for the pre-tokenizer `tokenizer.json` describes. llama.cpp
+/// itself names it from a hash of sample tokenizations; here the regex is recognized directly.
+fn pre_name(t: &Obj) -> Result<&'static str> {
+    let pre = t.get("pre_tokenizer");
+    let mut patterns = Vec::new();
+    let mut byte_level_regex = false;
+    let mut digits = false;
+    let mut walk = vec![pre];
+    while let Some(Some(p)) = walk.pop() {
+        match p.get("type").and_then(Json::as_str) {
+            Some("Sequence") => walk.extend(
+                p.get("pretokenizers")
+                    .and_then(Json::as_array)
+                    .into_iter()
+                    .flatten()
+                    .map(Some),
+            ),
+            Some("Split") => {
+                if let Some(r) = p
+                    .get("pattern")
+                    .and_then(|x| x.get("Regex"))
+                    .and_then(Json::as_str)
+                {
+                    patterns.push(r.to_string());
+                }
+            }
+            Some("ByteLevel") => {
+                byte_level_regex |= p.get("use_regex").and_then(Json::as_bool).unwrap_or(true)
+            }
+            Some("Digits") => digits = true,
+            _ => {}
+        }
+    }
+    const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    match (patterns.as_slice(), byte_level_regex, digits) {
+        ([p], false, false) if p == LLAMA3 => Ok("llama-bpe"),
+        ([p], false, false) if p == QWEN2 => Ok("qwen2"),
+        ([], true, false) => Ok("gpt2"),
+        ([], true, true) => Ok("smollm"),
+        _ => Err(HfError::Unsupported {
+            path: t.path.to_path_buf(),
+            what: format!(
+                "pre_tokenizer {}",
+                pre.map(|p| p.to_string()).unwrap_or_default()
+            ),
+            supported: "llama3's and qwen2's split regex, GPT-2's byte-level regex".into(),
+        }),
+    }
+}
+
+/// BOS/EOS/padding ids, whether to add BOS, and the chat template.
+fn special_tokens(
+    dir: &Path,
+    id_of: &dyn Fn(&str) -> Option<u32>,
+    out: &mut Vec<(String, Value)>,
+) -> Result<()> {
+    let path = dir.join("tokenizer_config.json");
+    let config = crate::json::read_optional(&path)?.unwrap_or(Json::Null);
+    let c = Obj {
+        path: &path,
+        value: &config,
+    };
+    // A special token is written as its text or as {"content": text, ...}.
+    let token = |key: &str| -> Result<Option<u32>> {
+        let text = match c.get(key) {
+            None => return Ok(None),
+            Some(Json::String(s)) => s.as_str(),
+            Some(v) => v
+                .get("content")
+                .and_then(Json::as_str)
+                .ok_or_else(|| c.error(key, format!("{v} is not a token")))?,
+        };
+        id_of(text).map(Some).ok_or_else(|| {
+            c.error(
+                key,
+                format!("{text:?} is not in tokenizer.json's vocabulary"),
+            )
+        })
+    };
+    let gen_path = dir.join("generation_config.json");
+    let gen = crate::json::read_optional(&gen_path)?.unwrap_or(Json::Null);
+    let g = Obj {
+        path: &gen_path,
+        value: &gen,
+    };
+    let first_id = |key: &str| -> Result<Option<u32>> {
+        match g.get(key) {
+            None => Ok(None),
+            Some(Json::Array(ids)) => Ok(ids.first().and_then(Json::as_u64).map(|i| i as u32)),
+            Some(v) => v
+                .as_u64()
+                .map(|i| Some(i as u32))
+                .ok_or_else(|| g.error(key, format!("{v} is not a token id"))),
+        }
+    };
+    let bos = match token("bos_token")? {
+        Some(id) => Some(id),
+        None => first_id("bos_token_id")?,
+    };
+    let eos = match token("eos_token")? {
+        Some(id) => Some(id),
+        None => first_id("eos_token_id")?,
+    };
+    if let Some(id) = bos {
+        out.push(("tokenizer.ggml.bos_token_id".into(), Value::U32(id)));
+    }
+    if let Some(id) = eos {
+        out.push(("tokenizer.ggml.eos_token_id".into(), Value::U32(id)));
+    }
+    if let Some(id) = token("pad_token")? {
+        out.push(("tokenizer.ggml.padding_token_id".into(), Value::U32(id)));
+    }
+    if let Some(add) = c.bool_opt("add_bos_token")? {
+        out.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(add)));
+    }
+    if let Some(t) = chat_template(dir, &c)? {
+        out.push(("tokenizer.chat_template".into(), Value::String(t)));
+    }
+    Ok(())
+}
+
+/// `chat_template.jinja` if present, else `tokenizer_config.json`'s `chat_template` (a string,
+/// or a list of named templates of which `default` is taken).
+fn chat_template(dir: &Path, c: &Obj) -> Result<Option<String>> {
+    let jinja = dir.join("chat_template.jinja");
+    if jinja.exists() {
+        return std::fs::read_to_string(&jinja)
+            .map(Some)
+            .map_err(|source| HfError::Io {
+                path: jinja,
+                source,
+            });
+    }
+    match c.get("chat_template") {
+        None => Ok(None),
+        Some(Json::String(s)) => Ok(Some(s.clone())),
+        Some(Json::Array(list)) => Ok(list
+            .iter()
+            .find(|t| t.get("name").and_then(Json::as_str) == Some("default"))
+            .and_then(|t| t.get("template"))
+            .and_then(Json::as_str)
+            .map(str::to_string)),
+        Some(v) => Err(c.error("chat_template", format!("{v} is not a template"))),
+    }
+}
