@@ -22,6 +22,7 @@ pip_install() {
 }
 
 pip_install openai openai
+pip_install jsonschema jsonschema
 # GGML_NATIVE=OFF: a build for the CPU's advertised features can take AMX, which a virtual
 # machine may advertise and still refuse (SIGILL in llama.cpp's quantized products); the default
 # feature set (AVX2, FMA, F16C) runs everywhere the tests run.

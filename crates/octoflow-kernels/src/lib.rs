@@ -104,7 +104,9 @@ pub use rms_norm::{rms_norm_ref, RmsNorm};
 pub use rms_norm_back::{rms_norm_back_ref, RmsNormBack};
 pub use rope::{rope_back_ref, rope_ref, Rope, RopeArgs, RopeFreqs, RopeMode};
 pub use rope_store::{rope_store_ref, RopeStore, RopeStoreArgs, RopeStoreShape};
-pub use sample::{sample_ref, uniform_ref, Sample, SamplerState, MAX_TOP_K};
+pub use sample::{
+    mask_row_words, sample_masked_ref, sample_ref, uniform_ref, Sample, SamplerState, MAX_TOP_K,
+};
 pub use set_rows::{set_rows_ref, SetRows};
 pub use soft_max::{soft_max_ref, SoftMax};
 pub use split_sum::{split_sum_ref, SplitSum, SumTarget};
