@@ -4,7 +4,8 @@
 //!   codes; [`respond`]: response bodies and SSE streams; [`routes`]: the axum router.
 //! - [`scheduler`]: the thread that owns the engine ([`octoflow_model::BatchForward`]) and runs
 //!   continuous batching; [`seq`]: one sequence's state; [`job`]: the request queue and events.
-//! - [`auth`]: the API key and CORS;
+//! - [`auth`]: the API key and CORS; [`guard`]: Host and Content-Type checks, body deadline,
+//!   access log; [`listen`]: the accept loop (connection cap, header and idle deadlines);
 //! - [`tools`]: tool-call syntaxes, the grammar forcing a call, parsing calls out of text.
 //! - [`metrics`]: Prometheus counters; [`server`]: start, banner, graceful shutdown.
 //! - [`agents`]: agent runs over HTTP (`POST /v1/agents/runs`), stepped in the scheduler's
@@ -31,7 +32,9 @@ pub mod agents;
 pub mod api;
 pub mod auth;
 pub mod error;
+pub mod guard;
 pub mod job;
+pub mod listen;
 pub mod metrics;
 pub mod respond;
 pub mod routes;
@@ -42,5 +45,6 @@ pub mod tools;
 
 pub use auth::Access;
 pub use error::ApiError;
+pub use listen::Limits;
 pub use scheduler::{Driver, EngineInfo, Ready, SchedOptions};
 pub use server::{shutdown_signal, ModelInfo, ServeOptions, Server};

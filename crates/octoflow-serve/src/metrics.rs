@@ -45,7 +45,10 @@ impl Histogram {
 pub struct Metrics {
     /// Requests answered successfully (completions, chat completions, agent runs).
     pub requests_ok: AtomicU64,
-    /// Requests refused or failed (any 4xx/5xx of the generation endpoints).
+    /// Requests refused for what they asked (4xx of the generation endpoints: bad fields,
+    /// unknown model, context exceeded, queue full).
+    pub requests_refused: AtomicU64,
+    /// Requests the server failed (5xx: engine errors, shutdown).
     pub requests_failed: AtomicU64,
     /// Requests whose client went away before the end.
     pub requests_cancelled: AtomicU64,
@@ -108,9 +111,15 @@ impl Metrics {
             get(&self.requests_ok),
         );
         put(
+            "octoflow_requests_refused_total",
+            "counter",
+            "Generation requests refused for what they asked (4xx).",
+            get(&self.requests_refused),
+        );
+        put(
             "octoflow_requests_failed_total",
             "counter",
-            "Generation requests refused or failed (4xx/5xx).",
+            "Generation requests the server failed (5xx).",
             get(&self.requests_failed),
         );
         put(

@@ -114,6 +114,7 @@ impl Driver {
         self.metrics
             .instances
             .store(ready.n_slots as u64, std::sync::atomic::Ordering::Relaxed);
+        self.queue.set_idle(ready.n_slots);
         if let Some(tx) = self.ready.take() {
             // The server may have given up waiting; serving on is harmless.
             let _ = tx.send(ready);
@@ -259,6 +260,7 @@ impl<'t> Loop<'_, 't> {
                 .queue
                 .pop_if(|w| w.instances() <= free.len() || w.abandoned())
             else {
+                self.queue.set_idle(free.len());
                 return;
             };
             if work.abandoned() {
@@ -395,23 +397,27 @@ impl<'t> Loop<'_, 't> {
     }
 
     /// Prompt chunks of the sequences still prefilling, until the step holds `cap` rows (at
-    /// most `prefill_chunk` per sequence per step; a second call goes on where the first
-    /// stopped).
+    /// most `prefill_chunk` per sequence per call; a second call goes on where the first
+    /// stopped). The rows are shared ([`share_rows`]), so a short prompt is not held behind a
+    /// long one that arrived first.
     fn prefill_rows(&mut self, rows: &mut Vec<BatchRow>, meta: &mut Vec<RowMeta>, cap: usize) {
-        for slot in 0..self.slots.len() {
-            let room = cap.saturating_sub(rows.len());
-            if room == 0 {
-                break;
-            }
+        let room = cap.saturating_sub(rows.len());
+        // oldest first: where rows are too few for everyone, the earliest requests get them
+        let mut waiting: Vec<(u64, usize, usize)> = (self.slots.iter().enumerate())
+            .filter_map(|(slot, s)| s.as_ref().map(|s| (slot, s)))
+            .filter(|(_, s)| !s.prefilled())
+            .map(|(slot, s)| {
+                let want = (s.prompt.len() - s.fed).min(self.opts.prefill_chunk.max(1));
+                (s.id, slot, want)
+            })
+            .collect();
+        waiting.sort_unstable();
+        let wants: Vec<(usize, usize)> = waiting.iter().map(|&(_, slot, w)| (slot, w)).collect();
+        let takes = share_rows(&wants, room);
+        for (slot, take) in takes {
             let Some(seq) = self.slots[slot].as_mut() else {
                 continue;
             };
-            if seq.prefilled() {
-                continue;
-            }
-            let take = room
-                .min(self.opts.prefill_chunk.max(1))
-                .min(seq.prompt.len() - seq.fed);
             for k in 0..take {
                 let i = seq.fed + k;
                 let last = i + 1 == seq.prompt.len();
@@ -582,9 +588,85 @@ fn prefill_first_cap(max_rows: usize, rows: usize, agents_ready: bool) -> usize 
     }
 }
 
+/// Splits `room` prompt rows over sequences wanting `wants[i].1` rows each (in priority order):
+/// the smaller wants are met whole and the rest share what is left evenly (water-filling),
+/// the earlier ones taking the remainder's odd rows. Returns `(slot, rows)` for every sequence
+/// that gets rows, in the order given.
+fn share_rows(wants: &[(usize, usize)], room: usize) -> Vec<(usize, usize)> {
+    let mut order: Vec<usize> = (0..wants.len()).collect();
+    order.sort_by_key(|&i| (wants[i].1, i));
+    let mut takes = vec![0usize; wants.len()];
+    let mut left = room;
+    for (k, &i) in order.iter().enumerate() {
+        let sharing = wants.len() - k;
+        let even = left / sharing;
+        if wants[i].1 <= even {
+            takes[i] = wants[i].1;
+            left -= wants[i].1;
+            continue;
+        }
+        // every want from here on is larger than the even share: all take it, and the odd
+        // rows go to the earliest in priority order
+        let mut rest: Vec<usize> = order[k..].to_vec();
+        rest.sort_unstable();
+        let odd = left - even * sharing;
+        for (n, &j) in rest.iter().enumerate() {
+            takes[j] = even + usize::from(n < odd);
+        }
+        break;
+    }
+    (wants.iter().zip(takes))
+        .filter(|&(_, t)| t > 0)
+        .map(|(&(slot, _), t)| (slot, t))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prompt_rows_are_shared_so_short_prompts_are_not_held_behind_long_ones() {
+        // a long prompt first, then a 4-token chat: the chat is prefilled whole at once
+        assert_eq!(share_rows(&[(0, 512), (1, 4)], 64), vec![(0, 60), (1, 4)]);
+        // all wants met when they fit
+        assert_eq!(share_rows(&[(3, 5), (1, 7)], 64), vec![(3, 5), (1, 7)]);
+        // even shares, the odd row to the earliest
+        assert_eq!(
+            share_rows(&[(0, 100), (1, 100), (2, 100)], 10),
+            vec![(0, 4), (1, 3), (2, 3)]
+        );
+        // fewer rows than sequences: the earliest get one each
+        assert_eq!(
+            share_rows(&[(5, 9), (2, 9), (7, 9)], 2),
+            vec![(5, 1), (2, 1)]
+        );
+        assert!(share_rows(&[(0, 9)], 0).is_empty());
+        assert!(share_rows(&[], 9).is_empty());
+    }
+
+    #[test]
+    fn shared_rows_never_exceed_the_room_or_a_want_and_fill_what_they_can() {
+        let mut rng: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |m: usize| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % m as u64) as usize
+        };
+        for _ in 0..2000 {
+            let n = next(8);
+            let wants: Vec<(usize, usize)> = (0..n).map(|i| (i, 1 + next(300))).collect();
+            let room = next(700);
+            let takes = share_rows(&wants, room);
+            let total: usize = takes.iter().map(|t| t.1).sum();
+            let wanted: usize = wants.iter().map(|w| w.1).sum();
+            assert_eq!(total, room.min(wanted), "{wants:?} {room}");
+            for &(slot, t) in &takes {
+                assert!(t <= wants[slot].1, "{wants:?} {room}");
+            }
+        }
+    }
 
     #[test]
     fn without_agent_runs_the_sequences_have_every_row() {

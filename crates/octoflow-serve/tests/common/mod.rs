@@ -75,6 +75,10 @@ pub struct Shape {
     pub gpu: bool,
     /// Serve a random LoRA adapter named [`ADAPTER`] beside the base (GPU engine only).
     pub adapter: bool,
+    /// Connection cap and deadlines.
+    pub limits: octoflow_serve::Limits,
+    /// The server's cap on tokens per completion.
+    pub max_tokens: usize,
 }
 
 /// The served adapter's name (with `Shape::adapter`).
@@ -108,6 +112,8 @@ impl Default for Shape {
             max_rows: 512,
             gpu: false,
             adapter: false,
+            limits: octoflow_serve::Limits::default(),
+            max_tokens: 4096,
         }
     }
 }
@@ -130,7 +136,9 @@ pub async fn start(shape: Shape) -> Option<Running> {
         body_limit: shape.body_limit,
         prefill_chunk: shape.max_rows,
         grace: shape.grace,
-        access: Default::default(),
+        limits: shape.limits,
+        max_tokens: shape.max_tokens,
+        ..Default::default()
     };
     let server = Server::start(
         "127.0.0.1:0".parse().expect("address"),
