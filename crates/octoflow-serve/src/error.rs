@@ -17,6 +17,7 @@
 //! - 400 `code: "unsupported_parameter"`: an OpenAI parameter this server does not implement.
 //! - 429 `server_overloaded`, `code: "queue_full"`: every instance is busy and the queue is full.
 //! - 503 `server_error`, `code: "shutting_down"`: the server is stopping.
+//!
 //! 429 and 503 carry `Retry-After`.
 //! - 500 `server_error`: the engine failed.
 
