@@ -21,7 +21,10 @@ fn dest(dir: &Path, url: &str) -> std::path::PathBuf {
 
 fn partial(dir: &Path, url: &str) -> std::path::PathBuf {
     let d = dest(dir, url);
-    d.with_file_name(format!("{}.partial", d.file_name().unwrap().to_string_lossy()))
+    d.with_file_name(format!(
+        "{}.partial",
+        d.file_name().unwrap().to_string_lossy()
+    ))
 }
 
 fn write_partial(dir: &Path, url: &str, data: &[u8]) {
