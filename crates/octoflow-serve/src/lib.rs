@@ -3,7 +3,8 @@
 //! - [`api`]: request bodies and their validation; [`error`]: OpenAI's error shape and status
 //!   codes; [`respond`]: response bodies and SSE streams; [`routes`]: the axum router.
 //! - [`scheduler`]: the thread that owns the engine ([`octoflow_model::BatchForward`]) and runs
-//!   continuous batching; [`seq`]: one sequence's state; [`job`]: the request queue and events.
+//!   continuous batching; [`seq`]: one sequence's state; [`job`]: the request queue and events;
+//!   [`prefix`]: placing requests where an instance's cache holds the start of their prompt.
 //! - [`auth`]: the API key and CORS; [`guard`]: Host and Content-Type checks, body deadline,
 //!   access log; [`listen`]: the accept loop (connection cap, header and idle deadlines);
 //! - [`tools`]: tool-call syntaxes, the grammar forcing a call, parsing calls out of text.
@@ -36,6 +37,7 @@ pub mod guard;
 pub mod job;
 pub mod listen;
 pub mod metrics;
+pub mod prefix;
 pub mod respond;
 pub mod routes;
 pub mod scheduler;

@@ -35,6 +35,7 @@ use tokio::sync::oneshot;
 use crate::agents::active::{ActiveRun, Outcome as RunOutcome, Part, Planned};
 use crate::job::{Queue, Work};
 use crate::metrics::Metrics;
+use crate::prefix::Prefixes;
 use crate::seq::{Outcome, Seq};
 
 /// What the engine reports for the startup banner.
@@ -67,6 +68,9 @@ pub struct SchedOptions {
     /// After shutdown begins, how long in-flight requests may still run before they are
     /// cancelled.
     pub grace: Duration,
+    /// Place requests where an instance's cache already holds the start of their prompt
+    /// ([`crate::prefix`]).
+    pub prefix_cache: bool,
 }
 
 /// Handed to the engine factory: it builds the engine (which may borrow what the factory owns)
@@ -121,6 +125,7 @@ impl Driver {
         }
         let tokenizer = self.tokenizer.clone();
         let metrics = self.metrics.clone();
+        let engine_slots = engine.n_slots();
         let mut s = Loop {
             engine,
             slots: Vec::new(),
@@ -133,6 +138,7 @@ impl Driver {
             metrics: &metrics,
             tokenizer: &tokenizer,
             last_collect: Instant::now(),
+            prefixes: Prefixes::new(engine_slots, self.opts.prefix_cache),
         };
         s.slots = (0..s.engine.n_slots()).map(|_| None).collect();
         s.serve();
@@ -153,9 +159,18 @@ struct Loop<'a, 't> {
     metrics: &'t Metrics,
     tokenizer: &'t Tokenizer,
     last_collect: Instant,
+    /// What each instance's cache holds, for prompt reuse.
+    prefixes: Prefixes,
 }
 
 impl<'t> Loop<'_, 't> {
+    /// Ends the sequence in `slot`, recording what its cache now holds.
+    fn release(&mut self, slot: usize) {
+        if let Some(seq) = self.slots.get_mut(slot).and_then(Option::take) {
+            self.prefixes.keep(slot, seq.written(), seq.adapter);
+        }
+    }
+
     fn serve(&mut self) {
         let mut deadline: Option<Instant> = None;
         loop {
@@ -216,9 +231,9 @@ impl<'t> Loop<'_, 't> {
     }
 
     fn drop_disconnected(&mut self) {
-        for slot in &mut self.slots {
-            if slot.as_ref().is_some_and(|s| s.disconnected()) {
-                *slot = None;
+        for slot in 0..self.slots.len() {
+            if self.slots[slot].as_ref().is_some_and(|s| s.disconnected()) {
+                self.release(slot);
                 Metrics::inc(&self.metrics.requests_cancelled);
             }
         }
@@ -231,6 +246,7 @@ impl<'t> Loop<'_, 't> {
     }
 
     fn fail_all(&mut self, message: &str) {
+        self.prefixes.forget_all();
         for slot in &mut self.slots {
             if let Some(seq) = slot.take() {
                 seq.fail(message);
@@ -270,7 +286,12 @@ impl<'t> Loop<'_, 't> {
             let job = match work {
                 Work::Generate(job) => job,
                 Work::Agents(job) => {
-                    let slots = free.iter().take(job.config.instances).copied().collect();
+                    let slots: Vec<usize> =
+                        free.iter().take(job.config.instances).copied().collect();
+                    // the run's programs write these caches as they please
+                    for &s in &slots {
+                        self.prefixes.forget(s);
+                    }
                     let chunk = self.opts.prefill_chunk;
                     // The host tasks once each (how often a program feeds them is its own).
                     let prompt: usize = job.tasks.iter().map(Vec::len).sum();
@@ -292,15 +313,21 @@ impl<'t> Loop<'_, 't> {
                 (job.prompt.len() * job.params.n) as u64,
                 std::sync::atomic::Ordering::Relaxed,
             );
-            for (index, &slot) in free.iter().take(job.params.n).enumerate() {
-                self.slots[slot] = Some(Seq::new(
+            let picked = self
+                .prefixes
+                .pick(&free, job.params.n, &job.prompt, job.adapter);
+            for (index, &(slot, reuse)) in picked.iter().enumerate() {
+                let mut seq = Seq::new(
                     self.next_id,
                     index,
                     &job,
                     &*self.engine,
                     self.tokenizer,
                     self.metrics,
-                ));
+                );
+                seq.reuse_prompt(reuse);
+                self.metrics.prefix_lookup(reuse);
+                self.slots[slot] = Some(seq);
                 self.next_id += 1;
             }
         }
@@ -524,12 +551,13 @@ impl<'t> Loop<'_, 't> {
                     Ok(t) => t,
                     Err(e) => {
                         seq.fail(&e.to_string());
-                        self.slots[rm.slot] = None;
+                        self.release(rm.slot);
                         continue;
                     }
                 },
                 _ => {
                     seq.fail("the engine returned no token for a sampling row");
+                    self.prefixes.forget(rm.slot);
                     self.slots[rm.slot] = None;
                     continue;
                 }
@@ -538,7 +566,7 @@ impl<'t> Loop<'_, 't> {
                 seq.pending = Some(token);
             }
             if seq.push(token, logprob) == Outcome::Finished {
-                self.slots[rm.slot] = None;
+                self.release(rm.slot);
             }
         }
         for planned in meta.agents {

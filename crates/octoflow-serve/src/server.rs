@@ -47,6 +47,8 @@ pub struct ServeOptions {
     pub limits: Limits,
     /// Host names besides the loopback ones a loopback-bound server answers to.
     pub allowed_hosts: Vec<String>,
+    /// Reuse what instances' caches hold of a new prompt ([`crate::prefix`]).
+    pub prefix_cache: bool,
 }
 
 impl Default for ServeOptions {
@@ -60,6 +62,7 @@ impl Default for ServeOptions {
             max_tokens: 4096,
             limits: Limits::default(),
             allowed_hosts: Vec::new(),
+            prefix_cache: true,
         }
     }
 }
@@ -101,6 +104,7 @@ impl Server {
             opts: SchedOptions {
                 prefill_chunk: opts.prefill_chunk,
                 grace: opts.grace,
+                prefix_cache: opts.prefix_cache,
             },
         };
         let scheduler = std::thread::Builder::new()

@@ -79,6 +79,8 @@ pub struct Shape {
     pub limits: octoflow_serve::Limits,
     /// The server's cap on tokens per completion.
     pub max_tokens: usize,
+    /// Reuse what instances' caches hold of new prompts.
+    pub prefix_cache: bool,
 }
 
 /// The served adapter's name (with `Shape::adapter`).
@@ -114,6 +116,7 @@ impl Default for Shape {
             adapter: false,
             limits: octoflow_serve::Limits::default(),
             max_tokens: 4096,
+            prefix_cache: true,
         }
     }
 }
@@ -138,6 +141,7 @@ pub async fn start(shape: Shape) -> Option<Running> {
         grace: shape.grace,
         limits: shape.limits,
         max_tokens: shape.max_tokens,
+        prefix_cache: shape.prefix_cache,
         ..Default::default()
     };
     let server = Server::start(

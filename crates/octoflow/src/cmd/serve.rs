@@ -77,6 +77,10 @@ pub struct Args {
     /// Others are refused (403): a web page cannot reach the server through DNS rebinding.
     #[arg(long = "allowed-host", value_name = "NAME")]
     allowed_hosts: Vec<String>,
+    /// Run every prompt whole, even where an instance's cache holds its start (a chat's earlier
+    /// turns, a shared system prompt).
+    #[arg(long)]
+    no_prefix_cache: bool,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -159,6 +163,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             body_timeout: Duration::from_secs(args.body_timeout),
         },
         allowed_hosts: args.allowed_hosts.clone(),
+        prefix_cache: !args.no_prefix_cache,
     };
     let warning = opts.access.exposure_warning(&addr);
     let shape = Shape {
