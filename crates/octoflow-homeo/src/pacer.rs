@@ -80,7 +80,8 @@ impl Default for PacerOptions {
 /// The delay before a submit after `busy` of work at idle fraction `idle`: idle time divided
 /// by busy time is `idle / (1 − idle)`.
 pub fn delay_for(busy: Duration, idle: f64) -> Duration {
-    if !(idle > 0.0) {
+    // NaN and non-positive fractions pace nothing.
+    if idle.is_nan() || idle <= 0.0 {
         return Duration::ZERO;
     }
     let idle = idle.min(0.99);
@@ -151,6 +152,15 @@ impl Drop for Guard {
 #[derive(Clone, Default)]
 pub struct Pacer {
     inner: Option<Arc<Guard>>,
+}
+
+impl std::fmt::Debug for Pacer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pacer")
+            .field("sensor", &self.sensor_name())
+            .field("targets", &self.targets())
+            .finish()
+    }
 }
 
 impl Pacer {

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 /// Upper bounds (seconds) of the histogram buckets.
@@ -74,6 +74,9 @@ pub struct Metrics {
     pub prefix_cached_tokens: AtomicU64,
     step_time: Mutex<Histogram>,
     ttft: Mutex<Histogram>,
+    /// The device's sensor and pacer, set once by the engine (GPU path with a sensor); its
+    /// readings are exported as gauges.
+    pub pacer: OnceLock<octoflow_homeo::Pacer>,
 }
 
 fn observe(h: &Mutex<Histogram>, d: Duration) {
@@ -224,6 +227,9 @@ impl Metrics {
             let (counts, count, sum) = lock(h);
             Histogram { counts, count, sum }.render(&mut out, name, help);
         }
+        if let Some(p) = self.pacer.get().filter(|p| p.has_sensor()) {
+            render_sensors(&mut out, &p.snapshot());
+        }
         out
     }
 }
@@ -244,4 +250,58 @@ mod tests {
         assert!(text.contains("octoflow_step_seconds_count 1\n"));
         assert!(text.contains("octoflow_step_rows_total 3\n"));
     }
+}
+
+/// The sensor gauges of `/metrics` (only those the device reports).
+fn render_sensors(out: &mut String, s: &octoflow_homeo::Snapshot) {
+    let mut put = |name: &str, kind: &str, help: &str, v: Option<f64>| {
+        if let Some(v) = v.filter(|v| v.is_finite()) {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        }
+    };
+    put(
+        "octoflow_gpu_temperature_celsius",
+        "gauge",
+        "GPU temperature.",
+        s.temp_c,
+    );
+    put(
+        "octoflow_gpu_power_watts",
+        "gauge",
+        "GPU board power.",
+        s.power_w,
+    );
+    put(
+        "octoflow_gpu_clock_mhz",
+        "gauge",
+        "GPU graphics clock.",
+        s.clock_mhz,
+    );
+    put(
+        "octoflow_gpu_energy_joules_total",
+        "counter",
+        "GPU energy since the server started.",
+        Some(s.energy_j),
+    );
+    put(
+        "octoflow_pacing_idle_fraction",
+        "gauge",
+        "Share of time the pacer keeps the GPU idle to hold its target (0 unpaced).",
+        Some(s.idle_fraction),
+    );
+    put(
+        "octoflow_pacing_delay_seconds",
+        "gauge",
+        "The delay inserted before the last submit.",
+        Some(s.last_delay_s),
+    );
+    put(
+        "octoflow_pacing_delay_seconds_total",
+        "counter",
+        "All delays inserted before submits.",
+        Some(s.delay_total_s),
+    );
 }

@@ -103,6 +103,12 @@ struct RowMeta {
 }
 
 impl Driver {
+    /// Hands the device's sensor and pacer to the loop (before [`Driver::run`]): the loop paces
+    /// its submits with it, `/metrics` exports its readings, the banner names its targets.
+    pub fn set_pacer(&self, pacer: octoflow_homeo::Pacer) {
+        let _ = self.metrics.pacer.set(pacer);
+    }
+
     /// Runs the continuous-batching loop on `engine` until the queue is closed and every
     /// sequence has ended (or was cancelled after the grace period).
     pub fn run(mut self, engine: &mut dyn BatchForward, info: EngineInfo) -> anyhow::Result<()> {
@@ -126,6 +132,7 @@ impl Driver {
         let tokenizer = self.tokenizer.clone();
         let metrics = self.metrics.clone();
         let engine_slots = engine.n_slots();
+        let pacer = metrics.pacer.get().cloned().unwrap_or_default();
         let mut s = Loop {
             engine,
             slots: Vec::new(),
@@ -139,6 +146,7 @@ impl Driver {
             tokenizer: &tokenizer,
             last_collect: Instant::now(),
             prefixes: Prefixes::new(engine_slots, self.opts.prefix_cache),
+            pacer,
         };
         s.slots = (0..s.engine.n_slots()).map(|_| None).collect();
         s.serve();
@@ -161,6 +169,9 @@ struct Loop<'a, 't> {
     last_collect: Instant,
     /// What each instance's cache holds, for prompt reuse.
     prefixes: Prefixes,
+    /// Holds the temperature/power targets: delays a submit after busy time (a no-op without
+    /// a target).
+    pacer: octoflow_homeo::Pacer,
 }
 
 impl<'t> Loop<'_, 't> {
@@ -202,7 +213,8 @@ impl<'t> Loop<'_, 't> {
                 self.collect_step();
             } else if pending == 0 && !submitted && !progressed {
                 // Nothing to run: wait for work (or, with sequences that cannot move, which
-                // should not happen, avoid spinning).
+                // should not happen, avoid spinning). The wait is not busy time to pace.
+                self.pacer.mark_idle();
                 self.queue
                     .wait(Duration::from_millis(if self.active() == 0 {
                         100
@@ -355,6 +367,7 @@ impl<'t> Loop<'_, 't> {
         if rows.is_empty() {
             return (false, progressed);
         }
+        self.pacer.before_submit();
         let submitted = Instant::now();
         match self.engine.submit(&rows) {
             Ok(()) => {

@@ -188,8 +188,13 @@ impl Server {
         } else {
             format!(" + LoRA {}", self.state.adapters.join(", "))
         };
+        let pacing = match self.state.metrics.pacer.get().filter(|p| p.has_sensor()) {
+            Some(p) if p.targets().any() => format!(" | pacing to {}", p.targets()),
+            Some(_) => " | unpaced".to_string(),
+            None => String::new(),
+        };
         format!(
-            "octoflow serve: model {}{adapters} | {} instances x {} positions, {} rows/step | device {} | \
+            "octoflow serve: model {}{adapters} | {} instances x {} positions, {} rows/step | device {}{pacing} | \
              {memory} | queue {} | listening on http://{addr}",
             self.state.model_id,
             r.n_slots,

@@ -7,6 +7,7 @@ pub mod channels;
 pub mod common;
 pub mod devices;
 pub mod export;
+pub mod homeo;
 pub mod inspect;
 pub mod perplexity;
 pub mod profile;

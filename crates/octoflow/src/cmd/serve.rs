@@ -83,6 +83,8 @@ pub struct Args {
     no_prefix_cache: bool,
     #[command(flatten)]
     device: DeviceArgs,
+    #[command(flatten)]
+    homeo: super::homeo::HomeoArgs,
 }
 
 /// Runs `octoflow serve`.
@@ -172,7 +174,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_rows: args.max_rows,
     };
     let device = args.device.clone();
-    let factory = move |driver: Driver| run_engine(driver, model, &adapters, &device, shape);
+    args.homeo.targets()?;
+    let homeo = args.homeo.clone();
+    let factory =
+        move |driver: Driver| run_engine(driver, model, &adapters, &device, &homeo, shape);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -216,10 +221,14 @@ fn run_engine(
     model: Model,
     adapters: &[octoflow_model::Adapter],
     device: &DeviceArgs,
+    homeo: &super::homeo::HomeoArgs,
     s: Shape,
 ) -> anyhow::Result<()> {
     match device.device {
         Device::Cpu => {
+            if homeo.targets()?.any() {
+                homeo.start(None, "octoflow serve")?;
+            }
             let mut engine = CpuBatch::new(&model, s.instances, s.n_ctx, s.max_rows);
             let info = EngineInfo {
                 device: "CPU reference".into(),
@@ -241,6 +250,7 @@ fn run_engine(
             // before the port is bound: the first requests find every chain recorded
             super::warm::warm_up("octoflow serve", gpu.context(), || Ok(engine.warm_up()?))?;
             let caps = gpu.context().caps();
+            driver.set_pacer(homeo.start(Some(caps), "octoflow serve")?);
             let info = EngineInfo {
                 device: format!("{} ({} {})", caps.name, caps.driver_name, caps.driver_info),
                 memory: Some((
