@@ -36,6 +36,9 @@ pub struct ModelConfig {
     pub n_vocab: usize,
     /// Context length the model was trained for (`{arch}.context_length`).
     pub n_ctx_train: usize,
+    /// The context RoPE's factors were made for (`rope.scaling.original_context_length`, else
+    /// `n_ctx_train`): a run with a longer context takes LongRoPE's long factors.
+    pub n_ctx_orig: usize,
     pub n_layer: usize,
     /// Width of the residual stream.
     pub n_embd: usize,
@@ -81,6 +84,7 @@ impl ModelConfig {
             arch: base.arch,
             n_vocab: base.n_vocab,
             n_ctx_train: base.n_ctx_train,
+            n_ctx_orig: base.n_ctx_orig,
             n_layer: base.n_layer,
             n_embd: base.n_embd,
             n_ff: base.n_ff,
@@ -187,8 +191,12 @@ pub(crate) struct BaseHParams {
     pub n_rot: usize,
     pub rope_base: f32,
     pub rope_scale: f32,
-    /// YaRN terms when `rope.scaling.type` is `yarn`.
+    /// YaRN terms when `rope.scaling.type` is `yarn`; without YaRN, an attention factor other
+    /// than 1 (`rope.scaling.attn_factor`: LongRoPE's) as terms that only scale cos and sin.
     pub rope_yarn: Option<Yarn>,
+    /// The context the RoPE factors were trained for (`rope.scaling.original_context_length`,
+    /// else the training context): runs with a longer context take LongRoPE's long factors.
+    pub n_ctx_orig: usize,
 }
 
 impl BaseHParams {
@@ -214,6 +222,9 @@ impl BaseHParams {
         let rope_base = m.opt_f32("rope.freq_base")?.unwrap_or(10_000.0);
         let rope_scale = read_rope_scale(m)?;
         let rope_yarn = read_yarn(m, n_rot, rope_base, rope_scale, n_ctx_train)?;
+        let n_ctx_orig = m
+            .opt_usize("rope.scaling.original_context_length")?
+            .unwrap_or(n_ctx_train);
         Ok(Self {
             arch: m.arch,
             n_vocab: read_vocab_size(m)?,
@@ -231,6 +242,7 @@ impl BaseHParams {
             rope_base,
             rope_scale,
             rope_yarn,
+            n_ctx_orig,
         })
     }
 
@@ -312,8 +324,22 @@ fn read_yarn(
     scale: f32,
     n_ctx_train: usize,
 ) -> Result<Option<Yarn>> {
+    let attn_factor = m.opt_f32("rope.scaling.attn_factor")?.unwrap_or(1.0);
+    if !attn_factor.is_finite() || attn_factor <= 0.0 {
+        return Err(m.bad(
+            "rope.scaling.attn_factor",
+            &format!("must be a positive number, found {attn_factor}"),
+        ));
+    }
     if m.opt_str("rope.scaling.type")? != Some("yarn") {
-        return Ok(None);
+        // llama.cpp multiplies cos and sin by the attention factor whatever the scaling
+        // (phi3's LongRoPE files carry one): YaRN terms without the blend do exactly that
+        return Ok((attn_factor != 1.0).then_some(Yarn {
+            ext_factor: 0.0,
+            low: 0.0,
+            high: 0.0,
+            mscale: attn_factor,
+        }));
     }
     if m.opt_f32("rope.scaling.yarn_log_multiplier")?
         .is_some_and(|v| v != 0.0)
@@ -326,7 +352,6 @@ fn read_yarn(
     let n_ctx_orig = m
         .opt_usize("rope.scaling.original_context_length")?
         .unwrap_or(n_ctx_train);
-    let attn_factor = m.opt_f32("rope.scaling.attn_factor")?.unwrap_or(1.0);
     Ok(Some(Yarn::new(
         n_rot,
         base,

@@ -206,7 +206,7 @@ impl<'m> Session<'m> {
         }
 
         // rotary position embedding, one angle table per token shared by all heads
-        let freqs = w.rope_freqs.as_deref();
+        let freqs = w.rope_factors(self.cache.n_ctx(), c.n_ctx_orig);
         for (i, (qt, kt)) in q
             .chunks_exact_mut(c.q_dim())
             .zip(k.chunks_exact_mut(c.k_dim()))

@@ -198,6 +198,10 @@ pub struct ModelWeights {
     pub output_is_tied: bool,
     /// Per-frequency divisors of the RoPE angles, `[n_rot / 2]` (`rope_freqs.weight`, llama 3).
     pub rope_freqs: Option<Vec<f32>>,
+    /// LongRoPE's divisors for runs longer than the original context and for the others
+    /// (`rope_factors_long.weight`, `rope_factors_short.weight`, `[n_rot / 2]`; phi3's 128k files).
+    pub rope_long: Option<Vec<f32>>,
+    pub rope_short: Option<Vec<f32>>,
     /// `blk.0` .. `blk.{n_layer-1}`
     pub blk: Vec<BlockWeights>,
 }
@@ -215,10 +219,13 @@ impl ModelWeights {
             Some(_) => (ld.matrix("output.weight", n_vocab, n_embd)?, false),
             None => (token_embd.clone(), true),
         };
-        let rope_freqs = match file.tensor("rope_freqs.weight") {
-            Some(_) => Some(ld.vector("rope_freqs.weight", config.n_rot / 2)?),
-            None => None,
+        let factors = |name: &str| match file.tensor(name) {
+            Some(_) => ld.vector(name, config.n_rot / 2).map(Some),
+            None => Ok(None),
         };
+        let rope_freqs = factors("rope_freqs.weight")?;
+        let rope_long = factors("rope_factors_long.weight")?;
+        let rope_short = factors("rope_factors_short.weight")?;
         let blk = (0..config.n_layer)
             .map(|il| ld.block(il, config))
             .collect::<Result<_>>()?;
@@ -228,8 +235,21 @@ impl ModelWeights {
             output,
             output_is_tied,
             rope_freqs,
+            rope_long,
+            rope_short,
             blk,
         })
+    }
+
+    /// The RoPE divisors of a run with an `n_ctx`-position context, as llama.cpp picks them:
+    /// `rope_freqs` where the file has it, else LongRoPE's long factors when the context is
+    /// longer than `n_ctx_orig` and the short ones otherwise (none where the file has none).
+    pub fn rope_factors(&self, n_ctx: usize, n_ctx_orig: usize) -> Option<&[f32]> {
+        let longrope = match n_ctx > n_ctx_orig {
+            true => &self.rope_long,
+            false => &self.rope_short,
+        };
+        self.rope_freqs.as_deref().or(longrope.as_deref())
     }
 }
 

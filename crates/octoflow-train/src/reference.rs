@@ -300,20 +300,23 @@ impl<'a> RefModel<'a> {
     fn rope(&self, x: &mut [f64], heads: usize, rope: &RopePlan, pos: &[u32]) {
         let c = &self.model.config;
         let (hd, half) = (c.head_dim, c.n_rot / 2);
-        let ff = self.model.weights.rope_freqs.as_deref();
+        // training sequences are shorter than the original context: LongRoPE's short factors
+        let ff = self.model.weights.rope_factors(1, c.n_ctx_orig);
+        let freqs =
+            octoflow_model::ops::rope_freqs(c.n_rot, rope.base, rope.scale, ff, rope.yarn.as_ref());
+        let m = f64::from(rope.yarn.map_or(1.0, |y| y.mscale));
         for (r, row) in x.chunks_exact_mut(heads * hd).enumerate() {
             for head in row.chunks_exact_mut(hd) {
-                for i in 0..half {
-                    let inv = f64::from(rope.base).powf(-2.0 * i as f64 / c.n_rot as f64);
-                    let fac = ff.map_or(1.0, |f| f64::from(f[i]));
-                    let th = f64::from(pos[r]) * f64::from(rope.scale) * inv / fac;
+                for (i, f) in freqs.iter().enumerate() {
+                    let th = f64::from(pos[r]) * f;
                     let (a, b) = match rope.kind {
                         RopeType::Normal => (2 * i, 2 * i + 1),
                         RopeType::Neox => (i, i + half),
                     };
                     let (x0, x1) = (head[a], head[b]);
-                    head[a] = x0 * th.cos() - x1 * th.sin();
-                    head[b] = x0 * th.sin() + x1 * th.cos();
+                    let (cos, sin) = (th.cos() * m, th.sin() * m);
+                    head[a] = x0 * cos - x1 * sin;
+                    head[b] = x0 * sin + x1 * cos;
                 }
             }
         }

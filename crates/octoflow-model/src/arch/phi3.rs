@@ -11,25 +11,15 @@
 //! - Sliding-window attention is disabled for phi3 in llama.cpp (the converters' window is
 //!   not trusted), so every layer attends fully.
 //! - The 128k-context files carry LongRoPE factors (`rope_factors_long/short`), chosen by the
-//!   run's context length, with an attention factor: not supported here yet, refused at load.
+//!   run's context length against `rope.scaling.original_context_length`
+//!   ([`crate::ModelWeights::rope_factors`]), and an attention factor
+//!   (`rope.scaling.attn_factor`) that multiplies cos and sin (config.rs's `read_yarn`).
 
 use crate::config::{Activation, BaseHParams, Meta, Recipe, RopeType};
 use crate::error::Result;
 use crate::plan::{AttnKind, AttnPlan, BlockPlan, FfnPlan, GluPlan};
 
-pub(super) fn configure(meta: &Meta, base: &BaseHParams) -> Result<Recipe> {
-    for name in ["rope_factors_long.weight", "rope_factors_short.weight"] {
-        let in_layer =
-            (0..base.n_layer).any(|il| meta.file.tensor(&format!("blk.{il}.{name}")).is_some());
-        if meta.file.tensor(name).is_some() || in_layer {
-            return Err(meta.bad(
-                "rope.scaling",
-                &format!(
-                    "the file has LongRoPE factors ({name}), which are not supported yet (phi3 files with a 4k context run)"
-                ),
-            ));
-        }
-    }
+pub(super) fn configure(_meta: &Meta, base: &BaseHParams) -> Result<Recipe> {
     let block = BlockPlan {
         attn: AttnPlan {
             qkv_bias: false,

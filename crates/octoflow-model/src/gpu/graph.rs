@@ -324,7 +324,7 @@ impl Graph<'_> {
                 v: &v,
                 n_ctx: s.n_ctx,
                 mode,
-                freqs: &lw.rope,
+                freqs: lw.rope_for(s.n_ctx as usize),
                 qk_norm: qk_norm.map(|(qn, kn)| (qn, kn, eps)),
             };
             k.attention.record_fresh(chain, &args, &fresh)?;
@@ -355,7 +355,7 @@ impl Graph<'_> {
                     head_dim: c.head_dim as u32,
                     head_dim_v: c.head_dim_v as u32,
                     mode,
-                    freqs: &lw.rope,
+                    freqs: lw.rope_for(s.n_ctx as usize),
                     pos: &ps.buf,
                     pos_offset: ps.offset,
                     positions: ps.mode,

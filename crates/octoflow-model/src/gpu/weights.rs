@@ -60,8 +60,22 @@ pub struct GpuBlock {
     pub post_ffw_norm: Option<BufferSlice>,
     /// The layer's RoPE angles: its plan's base, scale and YaRN terms with `rope_freqs` folded
     /// into one frequency per rotated pair ([`crate::ops::rope_freqs`]); one table per distinct
-    /// plan, shared by its layers.
+    /// plan, shared by its layers. With LongRoPE factors, the short factors' table here and the
+    /// long factors' in `rope_long` ([`GpuBlock::rope_for`] picks by the run's context).
     pub rope: RopeFreqs,
+    pub rope_long: Option<RopeFreqs>,
+    /// The context past which `rope_long` applies.
+    pub n_ctx_orig: usize,
+}
+
+impl GpuBlock {
+    /// The RoPE table of a run with an `n_ctx`-position context (llama.cpp's choice).
+    pub fn rope_for(&self, n_ctx: usize) -> &RopeFreqs {
+        match &self.rope_long {
+            Some(long) if n_ctx > self.n_ctx_orig => long,
+            _ => &self.rope,
+        }
+    }
 }
 
 /// A block's feed-forward matrices on the device, as the plan's kind.
@@ -404,13 +418,20 @@ impl GpuWeights {
             });
         }
         let (slices, bytes) = up.upload(ctx)?;
-        let rope = rope_tables(ctx, model)?;
+        let rope = rope_tables(ctx, model, 1)?;
+        // LongRoPE: the tables for contexts past the original one, where they differ
+        let rope_long =
+            match model.weights.rope_freqs.is_none() && model.weights.rope_long.is_some() {
+                true => Some(rope_tables(ctx, model, usize::MAX)?),
+                false => None,
+            };
         let s = |slot: Slot| slices[slot.0].clone();
         let token_embd_gpu = token_embd.bind(&slices);
         let blk = blocks
             .iter()
             .zip(rope)
-            .map(|(b, rope)| {
+            .enumerate()
+            .map(|(il, (b, rope))| {
                 let m = |i: usize| b.mats[i].bind(&slices);
                 let v = |i: usize| b.opt[i].map(s);
                 let ffn = match &b.ffn {
@@ -452,6 +473,8 @@ impl GpuWeights {
                     ffn,
                     post_ffw_norm: v(6),
                     rope,
+                    rope_long: rope_long.as_ref().map(|t| t[il].clone()),
+                    n_ctx_orig: model.config.n_ctx_orig,
                 }
             })
             .collect();
@@ -465,10 +488,11 @@ impl GpuWeights {
     }
 }
 
-/// Each layer's RoPE frequency table (see [`GpuBlock::rope`]), uploaded once per distinct plan.
-fn rope_tables(ctx: &Context, model: &Model) -> Result<Vec<RopeFreqs>> {
+/// Each layer's RoPE frequency table (see [`GpuBlock::rope`]) for runs of `n_ctx` positions,
+/// uploaded once per distinct plan.
+fn rope_tables(ctx: &Context, model: &Model, n_ctx: usize) -> Result<Vec<RopeFreqs>> {
     let c = &model.config;
-    let ff = model.weights.rope_freqs.as_deref();
+    let ff = model.weights.rope_factors(n_ctx, c.n_ctx_orig);
     let mut made: Vec<(RopePlan, RopeFreqs)> = Vec::new();
     c.blocks
         .iter()

@@ -77,6 +77,8 @@ struct Row {
     /// Tokens of context before the test.
     depth: usize,
     rates: Vec<f64>,
+    /// Joules per token over the repetitions, from the GPU's sensor (`None` without one).
+    joules_per_token: Option<f64>,
 }
 
 /// llama-bench's test name: `pp512`, `tg128`, or `pp512 @ d8192` after 8192 tokens of context.
@@ -113,6 +115,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let config = octoflow_model::ModelConfig::from_gguf(&gguf)?;
     let adapters = args.lora.load(&config)?;
     let (model, loaded) = super::common::load_model(gguf.clone(), &adapters, &args.device)?;
+    // the energy counter (or integrated power) of the GPU in use, read at each test's ends
+    let sensor = match &loaded {
+        Loaded::Gpu(g) => {
+            super::homeo::HomeoArgs::default().start(Some(g.context().caps()), "octoflow bench")?
+        }
+        Loaded::Cpu => octoflow_homeo::Pacer::off(),
+    };
     if !args.streams.is_empty() {
         let Loaded::Gpu(gpu) = &loaded else {
             bail!("--streams runs on the GPU (not with --device cpu)");
@@ -163,9 +172,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 Ok(args.n_prompt as f64 / t.elapsed().as_secs_f64())
             };
             warm_up(args.warmup, || pp(session.as_dyn()).map(drop))?;
+            let e0 = sensor.energy_now();
             let rates = (0..args.repetitions)
                 .map(|_| pp(session.as_dyn()))
                 .collect::<anyhow::Result<_>>()?;
+            let joules =
+                energy_per_token(e0, sensor.energy_now(), args.n_prompt * args.repetitions);
             let test = test_name("pp", args.n_prompt, depth);
             print_profile(&session, &test, 1);
             rows.push(Row {
@@ -173,6 +185,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 tokens: args.n_prompt,
                 depth,
                 rates,
+                joules_per_token: joules,
             });
         }
         if args.n_gen > 0 {
@@ -184,9 +197,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 Ok(args.n_gen as f64 / t.elapsed().as_secs_f64())
             };
             warm_up(args.warmup, || run(&mut session).map(drop))?;
+            let e0 = sensor.energy_now();
             let rates = (0..args.repetitions)
                 .map(|_| run(&mut session))
                 .collect::<anyhow::Result<_>>()?;
+            let joules = energy_per_token(e0, sensor.energy_now(), args.n_gen * args.repetitions);
             let test = test_name("tg", args.n_gen, depth);
             print_profile(&session, &test, args.steps);
             rows.push(Row {
@@ -194,6 +209,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 tokens: args.n_gen,
                 depth,
                 rates,
+                joules_per_token: joules,
             });
         }
     }
@@ -223,6 +239,13 @@ fn report_memory(gpu: &octoflow_model::gpu::GpuModel, n_ctx: usize) {
 }
 
 /// Runs `test` once, then again until `seconds` have passed since the start.
+/// J/token between two readings of the energy meter over `tokens` tokens (the prefill of a
+/// test's depth included: it runs between the readings too).
+fn energy_per_token(before: Option<f64>, after: Option<f64>, tokens: usize) -> Option<f64> {
+    let (b, a) = (before?, after?);
+    octoflow_homeo::energy::joules_per_token(a - b, tokens as u64)
+}
+
 fn warm_up(seconds: f64, mut test: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<()> {
     let t = Instant::now();
     test()?;
@@ -314,7 +337,9 @@ fn print(
             .map(|r| {
                 json!({"test": r.test, "n_tokens": r.tokens, "n_depth": r.depth,
                        "repetitions": r.rates.len(),
-                       "avg_ts": r.mean(), "stddev_ts": r.std(), "samples_ts": r.rates})
+                       "avg_ts": r.mean(), "stddev_ts": r.std(), "samples_ts": r.rates,
+                       "joules_per_token": r.joules_per_token,
+                       "tokens_per_joule": r.joules_per_token.map(|j| 1.0 / j)})
             })
             .collect();
         let doc = json!({
@@ -329,23 +354,38 @@ fn print(
         "device: {device} | driver: {driver} | KV cache: {}",
         kv_name(loaded)
     );
+    // J/token and tokens/J where the GPU has an energy sensor
+    let energy = rows.iter().any(|r| r.joules_per_token.is_some());
+    let tail = |j: Option<f64>| match (energy, j) {
+        (false, _) => String::new(),
+        (true, Some(j)) => format!(" {:>10.4} | {:>8.1} |", j, 1.0 / j),
+        (true, None) => format!(" {:>10} | {:>8} |", "n/a", "n/a"),
+    };
+    let (head, rule) = match energy {
+        true => (
+            format!(" {:>10} | {:>8} |", "J/token", "token/J"),
+            format!(" {:->10} | {:->8} |", "", ""),
+        ),
+        false => (String::new(), String::new()),
+    };
     println!(
-        "| {:<36} | {:>10} | {:>10} | {:<7} | {:>15} | {:>20} |",
+        "| {:<36} | {:>10} | {:>10} | {:<7} | {:>15} | {:>20} |{head}",
         "model", "size", "params", "backend", "test", "t/s"
     );
     println!(
-        "| {:-<36} | {:->10} | {:->10} | {:-<7} | {:->15} | {:->20} |",
+        "| {:-<36} | {:->10} | {:->10} | {:-<7} | {:->15} | {:->20} |{rule}",
         "", "", "", "", "", ""
     );
     for r in rows {
         println!(
-            "| {:<36} | {:>6.2} MiB | {:>8.2} M | {:<7} | {:>15} | {:>20} |",
+            "| {:<36} | {:>6.2} MiB | {:>8.2} M | {:<7} | {:>15} | {:>20} |{}",
             name,
             bytes as f64 / (1 << 20) as f64,
             params as f64 / 1e6,
             backend,
             r.test,
-            format!("{:.2} ± {:.2}", r.mean(), r.std())
+            format!("{:.2} ± {:.2}", r.mean(), r.std()),
+            tail(r.joules_per_token)
         );
     }
     Ok(())
