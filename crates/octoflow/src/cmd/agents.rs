@@ -106,7 +106,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let source_name = source.name();
     let path = super::common::model_path(args.model.as_deref())?;
-    let gguf = Arc::new(octoflow_gguf::GgufFile::open(&path)?);
+    let gguf = Arc::new(super::common::open_model(&path)?);
     let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
     let program = source
         .assemble(&tokenizer)

@@ -88,7 +88,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("-r must be at least 1");
     }
     let path = super::common::model_path(args.model.as_deref())?;
-    let gguf = Arc::new(octoflow_gguf::GgufFile::open(&path)?);
+    let gguf = Arc::new(super::common::open_model(&path)?);
     let config = octoflow_model::ModelConfig::from_gguf(&gguf)?;
     let adapters = args.lora.load(&config)?;
     let (model, loaded) = super::common::load_model(gguf.clone(), &adapters, &args.device)?;

@@ -8,6 +8,9 @@ use anyhow::Context;
 /// `.gguf`, downloading it into the cache when needed.
 pub fn model_path(spec: Option<&str>) -> anyhow::Result<PathBuf> {
     let spec = spec.unwrap_or_else(|| octoflow_hub::default_model());
+    if octoflow_hf::is_folder(std::path::Path::new(spec)) {
+        return Ok(PathBuf::from(spec));
+    }
     let opts = octoflow_hub::PullOptions::from_env()?;
     octoflow_hub::resolve_model(spec, &opts).with_context(|| format!("model {spec:?}"))
 }
@@ -15,8 +18,18 @@ pub fn model_path(spec: Option<&str>) -> anyhow::Result<PathBuf> {
 /// Opens a model's GGUF file.
 pub fn open_gguf(spec: Option<&str>) -> anyhow::Result<(PathBuf, octoflow_gguf::GgufFile)> {
     let path = model_path(spec)?;
-    let file = octoflow_gguf::GgufFile::open(&path)?;
+    let file = open_model(&path)?;
     Ok((path, file))
+}
+
+/// Opens a resolved model: a `.gguf` file, or a Hugging Face folder read as the GGUF llama.cpp's
+/// converter would write (octoflow-hf), so every command taking one takes the other.
+pub fn open_model(path: &std::path::Path) -> anyhow::Result<octoflow_gguf::GgufFile> {
+    if octoflow_hf::is_folder(path) {
+        let folder = octoflow_hf::HfFolder::open(path)?;
+        return Ok(folder.to_gguf(None)?);
+    }
+    Ok(octoflow_gguf::GgufFile::open(path)?)
 }
 
 /// Where the forward pass runs.

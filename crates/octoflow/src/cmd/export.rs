@@ -30,7 +30,7 @@ pub struct Args {
 /// Runs `octoflow export`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let path = super::common::model_path(args.model.as_deref())?;
-    let base = GgufFile::open(&path)?;
+    let base = super::common::open_model(&path)?;
     let config = ModelConfig::from_gguf(&base)?;
     let adapter = super::common::load_adapter(&args.lora, &config)?;
     if args.merge {

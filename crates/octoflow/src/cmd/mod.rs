@@ -4,6 +4,7 @@ pub mod agents;
 pub mod batched;
 pub mod bench;
 pub mod common;
+pub mod convert;
 pub mod devices;
 pub mod export;
 pub mod inspect;

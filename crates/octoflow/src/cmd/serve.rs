@@ -64,7 +64,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("--instances must be at least 1");
     }
     let path = super::common::model_path(args.model.as_deref())?;
-    let gguf = Arc::new(octoflow_gguf::GgufFile::open(&path)?);
+    let gguf = Arc::new(super::common::open_model(&path)?);
     let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).context("building the tokenizer")?);
     let template = match &args.chat_template {
         Some(file) => ChatTemplate::from_file_for_model(file, &gguf)?,
