@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-use octoflow_gguf::GgufFile;
 use octoflow_model::ModelConfig;
 use octoflow_train::export::{adapter_gguf, merged_gguf, MergeQuant};
 
