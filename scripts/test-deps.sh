@@ -22,4 +22,11 @@ pip_install() {
 }
 
 pip_install openai openai
-CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" pip_install llama_cpp llama-cpp-python==0.3.36
+pip_install jsonschema jsonschema
+# GGML_NATIVE=OFF: a build for the CPU's advertised features can take AMX, which a virtual
+# machine may advertise and still refuse (SIGILL in llama.cpp's quantized products); the default
+# feature set (AVX2, FMA, F16C) runs everywhere the tests run.
+CMAKE_ARGS="-DGGML_NATIVE=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" pip_install llama_cpp llama-cpp-python==0.3.36
+# gpt-oss's chat template as llama.cpp ships it, for the harmony tests (crates/octoflow/tests/harmony.rs):
+# read once from llama-cpp-python's source distribution into the model cache's test-data folder.
+python3 "$here/check/gpt_oss_template.py" >/dev/null

@@ -3,11 +3,13 @@
 differential tests in crates/octoflow-text/tests/llama_cpp.rs.
 Usage: llama_text.py MODEL.gguf < request.json > answer.json
 request: {"texts": [str], "ids": [[int]], "conversations": [{"messages": [{"role", "content"}],
-          "add_generation_prompt": bool}]}
+          "add_generation_prompt": bool, "kwargs": {more template variables} (optional)}],
+          "eog": bool (optional)}
 answer:  {"special": [[int]]  (no BOS, special tokens parsed),
           "bos_plain": [[int]] (BOS/EOS as the model adds them, special-token text as plain text),
           "decoded": [str]  (detokenized without special tokens, invalid UTF-8 as U+FFFD),
-          "rendered": [str] or null when the model has no chat template}
+          "rendered": [str] or null when the model has no chat template,
+          "eog": [int] (with "eog": true: the ids that end generation)}
 Chat templates are rendered the way llama-cpp-python's Jinja2ChatFormatter renders them (Jinja2,
 trim_blocks and lstrip_blocks), the way the golden files' chat prompts were made."""
 import ctypes
@@ -43,6 +45,10 @@ answer = {
     "decoded": [detok(ids) for ids in req["ids"]],
     "rendered": None,
 }
+if req.get("eog"):
+    vocab = llm._model.vocab
+    answer["eog"] = [i for i in range(llama_cpp.llama_vocab_n_tokens(vocab))
+                     if llama_cpp.llama_vocab_is_eog(vocab, i)]
 template = llm.metadata.get("tokenizer.chat_template")
 if template:
     eos = llm._model.token_get_text(llm.token_eos())
@@ -61,8 +67,9 @@ if template:
             raise_exception=fail,
             functions=None,
             function_call=None,
-            tools=None,
             tool_choice=None,
+            strftime_now=Jinja2ChatFormatter.strftime_now,
+            **{"tools": None, **c.get("kwargs", {})},
         )
         for c in req["conversations"]
     ]

@@ -287,6 +287,7 @@ impl<'m> GpuRun<'m> {
             states: rows.states.clone(),
             tokens: self.tokens.whole(),
             logprobs_at: shape.max_out,
+            mask: None,
         };
         let mut chain = if self.profile.is_some() {
             Chain::with_profiling(&self.ctx)
@@ -394,6 +395,7 @@ impl<'m> GpuRun<'m> {
             states: rt.states,
             tokens: self.tokens.whole(),
             logprobs_at: shape.max_out,
+            mask: None,
         };
         let mut probe = Chain::new(&self.ctx).map_err(vk)?;
         self.forward(&mut probe, &device_rows, rows, shape)?;

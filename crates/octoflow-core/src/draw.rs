@@ -3,6 +3,7 @@
 //! counter. Whether a device can take a given draw is the backend's business
 //! (`Forward::device_samples`, `BatchForward::device_samples` in octoflow-model).
 
+use crate::mask::TokenMask;
 use crate::sampling::{Sampler, SamplingParams};
 
 /// Parameters and counter of one draw (a multi-step device chain advances `step` itself).
@@ -60,6 +61,17 @@ impl Draw {
     /// The token this draw gives for `logits` (`[n_vocab]`), by the CPU sampler: what every
     /// device sampler must reproduce.
     pub fn sample_cpu(&self, logits: &[f32]) -> u32 {
+        self.cpu_sampler().sample(logits)
+    }
+
+    /// The token this draw gives for `logits` among those `mask` allows, by the CPU sampler
+    /// (`Sampler::sample_masked`; 0 when the mask allows nothing).
+    pub fn sample_cpu_masked(&self, logits: &[f32], mask: &TokenMask) -> u32 {
+        self.cpu_sampler().sample_masked(logits, mask).unwrap_or(0)
+    }
+
+    /// The CPU sampler at this draw's counter.
+    fn cpu_sampler(&self) -> Sampler {
         let mut sampler = Sampler::new(SamplingParams {
             temperature: self.temperature,
             top_k: self.top_k as usize,
@@ -72,7 +84,7 @@ impl Draw {
             ..SamplingParams::default()
         });
         sampler.skip(self.step);
-        sampler.sample(logits)
+        sampler
     }
 }
 

@@ -7,6 +7,8 @@
 
 use std::collections::HashMap;
 
+use crate::mask::TokenMask;
+
 /// Sampling parameters, named and defaulted as llama.cpp's `common_params_sampling`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -178,31 +180,61 @@ impl Sampler {
     /// Chooses the next token from `logits` (one row over the vocabulary). Does not call
     /// [`Sampler::accept`]; the caller does, once the token is final.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        let step = self.step;
-        self.step += 1;
         let p = &self.params;
         let penalised =
             p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
         if p.temperature <= 0.0 && !penalised {
+            self.step += 1;
             return argmax(logits);
         }
-        let mut cands: Vec<(u32, f32)> = logits
+        let cands: Vec<(u32, f32)> = logits
             .iter()
             .enumerate()
             .filter(|(_, v)| !v.is_nan())
             .map(|(i, &v)| (i as u32, v))
             .collect();
-        if cands.is_empty() {
-            return 0;
+        self.sample_candidates(cands).unwrap_or(0)
+    }
+
+    /// Like [`Sampler::sample`], among the tokens `mask` allows only: the others are out of the
+    /// race before any filter, so top-k, top-p and min-p see the allowed tokens alone (as
+    /// llama.cpp's grammar sampler, which runs first). An allowed token is always returned
+    /// while one exists — when no allowed logit beats -inf (NaN or -inf), the lowest allowed
+    /// id; `None` only when the mask allows nothing. The GPU's masked sampler
+    /// (octoflow-kernels `sample_masked_ref`) takes the same token.
+    pub fn sample_masked(&mut self, logits: &[f32], mask: &TokenMask) -> Option<u32> {
+        let cands: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .filter(|&(i, v)| !v.is_nan() && mask.allows(i as u32))
+            .map(|(i, &v)| (i as u32, v))
+            .collect();
+        if !cands.iter().any(|c| c.1 > f32::NEG_INFINITY) {
+            self.step += 1;
+            return mask.first_allowed();
         }
+        self.sample_candidates(cands)
+    }
+
+    /// Penalties, filters and the draw over `(token, logit)` pairs (no NaN); counts the draw.
+    fn sample_candidates(&mut self, mut cands: Vec<(u32, f32)>) -> Option<u32> {
+        let step = self.step;
+        self.step += 1;
+        if cands.is_empty() {
+            return None;
+        }
+        let p = &self.params;
+        let penalised =
+            p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
         if penalised {
             self.apply_penalties(&mut cands);
         }
+        let p = &self.params;
         if p.temperature <= 0.0 {
-            return argmax_pairs(&cands);
+            return Some(argmax_pairs(&cands));
         }
         let u = uniform(p.seed, step);
-        sample_filtered(cands, p, u)
+        Some(sample_filtered(cands, p, u))
     }
 
     fn apply_penalties(&self, cands: &mut [(u32, f32)]) {
@@ -413,6 +445,69 @@ mod tests {
         let mut s = Sampler::new(params(|p| p.temperature = 1.0));
         for _ in 0..100 {
             assert_ne!(s.sample(&[f32::NAN, 0.0, f32::NAN, 0.5]) % 2, 0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod masked_tests {
+    use super::*;
+
+    /// Logits favouring high ids strongly, so an unmasked draw would take them.
+    fn logits(n: usize) -> Vec<f32> {
+        (0..n).map(|i| i as f32 * 0.5).collect()
+    }
+
+    #[test]
+    fn a_masked_draw_takes_only_allowed_tokens() {
+        let allowed = [3u32, 17, 40];
+        let mask = TokenMask::from_allowed(allowed, 64);
+        for temperature in [0.0, 0.7, 1.5] {
+            let mut s = Sampler::new(SamplingParams {
+                temperature,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                seed: 7,
+                ..SamplingParams::default()
+            });
+            for _ in 0..200 {
+                let t = s.sample_masked(&logits(64), &mask).expect("allowed");
+                assert!(allowed.contains(&t), "{t} at temperature {temperature}");
+            }
+        }
+    }
+
+    #[test]
+    fn greedy_masked_is_the_best_allowed_token() {
+        let mut s = Sampler::new(SamplingParams::greedy());
+        let mask = TokenMask::from_allowed([5, 9], 64);
+        assert_eq!(s.sample_masked(&logits(64), &mask), Some(9));
+    }
+
+    #[test]
+    fn nan_logits_still_give_an_allowed_token_and_an_empty_mask_gives_none() {
+        let mut s = Sampler::new(SamplingParams::default());
+        let mut l = logits(64);
+        l[12] = f32::NAN;
+        l[13] = f32::NAN;
+        let mask = TokenMask::from_allowed([12, 13], 64);
+        assert_eq!(s.sample_masked(&l, &mask), Some(12));
+        assert_eq!(s.sample_masked(&l, &TokenMask::from_allowed([], 64)), None);
+    }
+
+    #[test]
+    fn an_all_allowing_mask_draws_what_the_plain_sampler_draws() {
+        let p = SamplingParams {
+            temperature: 0.9,
+            seed: 11,
+            ..SamplingParams::default()
+        };
+        let (mut a, mut b) = (Sampler::new(p.clone()), Sampler::new(p));
+        let all = TokenMask::from_allowed(0..64, 64);
+        let l: Vec<f32> = (0..64u32).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
+        for _ in 0..50 {
+            assert_eq!(a.sample_masked(&l, &all), Some(b.sample(&l)));
         }
     }
 }

@@ -3,6 +3,8 @@
 //! - [`choice`]: [`Limits`] and [`Choice`], the state of one choice that takes each sampled
 //!   token and returns the text to release and whether (and why) the choice ends: streaming
 //!   decode, stop strings, end-of-generation, the token limit, a full context.
+//! - [`constraint`]: grammars (JSON schema, Lark, regex) as a token mask per position, through
+//!   llguidance.
 //! - [`prompt`]: the checks of a prompt against the context, and prefill chunking.
 //! - [`generate`](mod@generate): the loop over one [`octoflow_model::Forward`] session, on the
 //!   device's multi-step chains where it samples, else token by token on the CPU.
@@ -11,11 +13,13 @@
 //! (events, metrics, log-probabilities), but ends each choice through a [`Choice`].
 
 pub mod choice;
+pub mod constraint;
 pub mod error;
 pub mod generate;
 pub mod prompt;
 
 pub use choice::{device_eog, Choice, Limits, Release};
+pub use constraint::{Constraint, ConstraintError, Grammar, GrammarEnv};
 pub use error::{GenerateError, PromptError};
 pub use generate::{generate, Stats};
 pub use octoflow_core::Finish;

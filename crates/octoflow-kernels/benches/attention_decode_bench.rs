@@ -136,6 +136,7 @@ fn decode_attention_timing() {
         let b = Bufs::new(&ctx, &pr);
         let s = &pr.s;
         let args = AttentionArgs {
+            kv: KvType::F32,
             q: &b.q.whole(),
             k: &b.k.whole(),
             v: &b.v.whole(),
@@ -259,6 +260,7 @@ fn decode_fresh_timing() {
             pb.whole(),
         );
         let args = AttentionArgs {
+            kv: KvType::F32,
             q: &qw,
             k: &kcw,
             v: &vcw,
@@ -322,6 +324,7 @@ fn decode_fresh_timing() {
                 chain.compute_barrier().unwrap();
             }
             let ra = RopeStoreArgs {
+                kv: KvType::F32,
                 q: &qw,
                 k: &kw,
                 v: &vw,

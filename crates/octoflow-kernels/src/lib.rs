@@ -61,6 +61,7 @@ pub mod sampling;
 pub mod train;
 
 // Every op module at the root, as dependents and the ops themselves name them.
+pub use attention::kv_type;
 pub(crate) use attention::{attention_coop, attention_decode};
 pub use attention::{rope, rope_store, set_rows, soft_max};
 pub use elementwise::{add, glu, rms_norm};
@@ -87,6 +88,7 @@ pub use gemm::{gemm_ref, Gemm, GemmArgs, Strides};
 pub use get_rows::{GetRows, GetRowsArgs};
 pub use glu::{glu_ref, Glu, GluOp};
 pub use glu_back::{glu_back_ref, GluBack};
+pub use kv_type::{KvType, UnknownKvType};
 pub use linear::{Linear, LinearArgs, LinearGluArgs, PendingNorm, QWeightRef};
 pub use linear_t::{linear_t_ref, LinearT, LinearTArgs};
 pub use lora::{lora_ref, Lora, LoraMix, LoraStack};
@@ -102,7 +104,9 @@ pub use rms_norm::{rms_norm_ref, RmsNorm};
 pub use rms_norm_back::{rms_norm_back_ref, RmsNormBack};
 pub use rope::{rope_back_ref, rope_ref, Rope, RopeArgs, RopeFreqs, RopeMode};
 pub use rope_store::{rope_store_ref, RopeStore, RopeStoreArgs, RopeStoreShape};
-pub use sample::{sample_ref, uniform_ref, Sample, SamplerState, MAX_TOP_K};
+pub use sample::{
+    mask_row_words, sample_masked_ref, sample_ref, uniform_ref, Sample, SamplerState, MAX_TOP_K,
+};
 pub use set_rows::{set_rows_ref, SetRows};
 pub use soft_max::{soft_max_ref, SoftMax};
 pub use split_sum::{split_sum_ref, SplitSum, SumTarget};
@@ -145,6 +149,11 @@ mod tests {
             if s.name.contains("coop") && !coop {
                 // Cooperative-matrix SPIR-V needs the extension (absent on lavapipe).
                 println!("{}: skipped, no cooperative matrices", s.name);
+                continue;
+            }
+            // f16 KV cache variants (`*_kv16`) need 16-bit storage buffers
+            if s.name.contains("kv16") && !crate::KvType::F16.supported(ctx.caps()) {
+                println!("{}: skipped, no 16-bit storage buffers", s.name);
                 continue;
             }
             // Binding counts only matter for dispatch; the layout may declare more than used.

@@ -45,6 +45,26 @@ pub(crate) fn need(op: &'static str, name: &str, s: &BufferSlice, elems: u128) -
     Ok(())
 }
 
+/// Like [`need`] for a KV cache of `kv` values.
+pub(crate) fn need_kv(
+    op: &'static str,
+    name: &str,
+    s: &BufferSlice,
+    elems: u128,
+    kv: crate::KvType,
+) -> Result<()> {
+    let bytes = u128::from(kv.bytes()) * elems;
+    if u128::from(s.size) < bytes {
+        let detail = format!(
+            "{name} ({}) holds {} bytes, {elems} {kv} values need {bytes}",
+            s.buffer.name(),
+            s.size,
+        );
+        return Err(KernelError::Shape { op, detail });
+    }
+    Ok(())
+}
+
 /// A shape error of `op`.
 pub(crate) fn bad(op: &'static str, detail: String) -> KernelError {
     KernelError::Shape { op, detail }

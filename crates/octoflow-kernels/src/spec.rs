@@ -17,6 +17,9 @@ pub(crate) struct SpecPipelines {
     push_bytes: u32,
     label: &'static str,
     subgroup_size: Option<u32>,
+    /// Cooperative-matrix layout: full subgroups of this size (requested where the device's
+    /// size varies).
+    full_subgroups: Option<u32>,
     cache: Mutex<HashMap<[u32; 7], Pipeline>>,
 }
 
@@ -28,6 +31,7 @@ impl SpecPipelines {
             push_bytes,
             label,
             subgroup_size: None,
+            full_subgroups: None,
             cache: Mutex::new(HashMap::new()),
         }
     }
@@ -35,6 +39,13 @@ impl SpecPipelines {
     /// Every pipeline is built with this required subgroup size (`None`: the device's choice).
     pub(crate) fn subgroup_size(mut self, size: Option<u32>) -> Self {
         self.subgroup_size = size;
+        self
+    }
+
+    /// Every pipeline is built with full subgroups of `size` (the cooperative-matrix kernels'
+    /// layout), the size requested only where the device's varies or differs.
+    pub(crate) fn full_subgroups(mut self, size: u32) -> Self {
+        self.full_subgroups = Some(size);
         self
     }
 
@@ -49,6 +60,13 @@ impl SpecPipelines {
             .label(self.label);
         if let Some(size) = self.subgroup_size {
             desc = desc.subgroup_size(size);
+        }
+        if let Some(size) = self.full_subgroups {
+            let sg = &ctx.caps().subgroup;
+            if sg.size != size || sg.min_size != sg.max_size {
+                desc = desc.subgroup_size(size);
+            }
+            desc.full_subgroups = true;
         }
         let pl = Pipeline::new(ctx, &desc)?;
         cache.insert(spec, pl.clone());

@@ -24,6 +24,7 @@ pub const FALLBACK_COMPUTE_UNITS: u32 = 128;
 /// | `OCTOFLOW_UNFUSED_ROPE=1` | [`Tuning::unfused_rope`] | decode steps record head norms, RoPE, the KV write and attention as separate stages |
 /// | `OCTOFLOW_UNFUSED_GLU=1` | [`Tuning::unfused_glu`] | cooperative-matrix batches record gate and up as two products, a barrier and the GLU kernel |
 /// | `OCTOFLOW_UNFUSED_POST=1` | [`Tuning::unfused_post`] | single-token steps of post-norm models (gemma3) record each post-norm and its add as a stage |
+/// | `OCTOFLOW_MOE_COOP=1` | [`Tuning::moe_coop`] | batches' expert products run on cooperative matrices (the MOE variants of `matmul_coop.comp`) |
 ///
 /// The switches exist to measure what each fusion gains; results are the same either way
 /// (within each path's rounding).
@@ -46,6 +47,10 @@ pub struct Tuning {
     pub unfused_glu: bool,
     /// Record single-token steps without leaving post-norms to the next block's input.
     pub unfused_post: bool,
+    /// Run batches' mixture-of-experts products on cooperative matrices where the device has
+    /// them. Off until the kernel has run on such a device (the kernel tests exercise it there
+    /// whatever this says; lavapipe has no cooperative matrices).
+    pub moe_coop: bool,
 }
 
 impl Tuning {
@@ -65,6 +70,7 @@ impl Tuning {
             unfused_rope: false,
             unfused_glu: false,
             unfused_post: false,
+            moe_coop: false,
         }
     }
 
@@ -92,6 +98,7 @@ impl Tuning {
         self.unfused_rope = on("OCTOFLOW_UNFUSED_ROPE");
         self.unfused_glu = on("OCTOFLOW_UNFUSED_GLU");
         self.unfused_post = on("OCTOFLOW_UNFUSED_POST");
+        self.moe_coop = on("OCTOFLOW_MOE_COOP");
         self
     }
 }

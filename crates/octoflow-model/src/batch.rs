@@ -10,7 +10,7 @@
 //! next step can be submitted before the previous one's results are read
 //! ([`BatchForward::collect`]). At most [`BatchForward::MAX_IN_FLIGHT`] steps are in flight.
 
-use octoflow_core::Draw;
+use octoflow_core::{Draw, TokenMask};
 
 use crate::config::ModelConfig;
 use crate::error::Result;
@@ -92,6 +92,20 @@ pub trait BatchForward {
     /// positions per slot, token ids, row count, [`TokenIn::Sampled`] only after a sampled row
     /// of that slot). Errors if [`MAX_IN_FLIGHT`] steps are already pending.
     fn submit(&mut self, rows: &[BatchRow]) -> Result<()>;
+
+    /// [`BatchForward::submit`] where the draw of row `i` (a [`RowOutput::Sample`] row) takes
+    /// only the tokens `masks[i]` allows (a grammar's mask, octoflow-core `TokenMask` words;
+    /// `None` or past the end: unconstrained). The token comes back as any draw's; its
+    /// log-probability is the model's, over every token. Engines that cannot mask refuse a
+    /// step with a mask.
+    fn submit_masked(&mut self, rows: &[BatchRow], masks: &[Option<&TokenMask>]) -> Result<()> {
+        if masks.iter().any(Option::is_some) {
+            return Err(crate::error::ModelError::Batch(
+                "this engine draws no masked tokens".into(),
+            ));
+        }
+        self.submit(rows)
+    }
 
     /// Waits for the oldest pending step and returns one result per row, in row order.
     fn collect(&mut self) -> Result<Vec<RowResult>>;

@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 
-use octoflow_core::Draw;
+use octoflow_core::{Draw, TokenMask};
 
 use crate::batch::{BatchForward, BatchRow, RowOutput, RowResult, TokenIn, MAX_IN_FLIGHT};
 use crate::config::ModelConfig;
@@ -162,6 +162,10 @@ impl BatchForward for CpuBatch<'_> {
     }
 
     fn submit(&mut self, rows: &[BatchRow]) -> Result<()> {
+        self.submit_masked(rows, &[])
+    }
+
+    fn submit_masked(&mut self, rows: &[BatchRow], masks: &[Option<&TokenMask>]) -> Result<()> {
         let groups = self.validate(rows)?;
         let n_vocab = self.model.config.n_vocab;
         let mut results = vec![RowResult::None; rows.len()];
@@ -199,7 +203,10 @@ impl BatchForward for CpuBatch<'_> {
                     RowOutput::None => RowResult::None,
                     RowOutput::Logits => RowResult::Logits(row_logits.to_vec()),
                     RowOutput::Sample(draw) => {
-                        let t = draw.sample_cpu(row_logits);
+                        let t = match masks.get(i).copied().flatten() {
+                            Some(mask) => draw.sample_cpu_masked(row_logits, mask),
+                            None => draw.sample_cpu(row_logits),
+                        };
                         sampled[*slot] = Some(t);
                         RowResult::Token {
                             token: t,

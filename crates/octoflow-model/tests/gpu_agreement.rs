@@ -4,8 +4,8 @@
 mod common;
 
 use common::*;
-use octoflow_model::gpu::GpuModel;
-use octoflow_model::Forward;
+use octoflow_model::gpu::{GpuModel, KvType};
+use octoflow_model::{mean_nll_with, Forward};
 use octoflow_vk::testing::gpu_or_skip;
 use octoflow_vk::Context;
 
@@ -65,4 +65,34 @@ fn gpu_gemma3_prompts_and_greedy_tokens_agree_with_llama_cpp() {
 #[test]
 fn gpu_gemma3_mean_nll_agrees_with_llama_cpp() {
     nll_on_gpu(GEMMA3);
+}
+
+/// f16 KV caches (the binary's default; llama.cpp's too) move the mean NLL by less than 0.5% of
+/// the f32 caches' own (over the first 256 golden tokens: two runs of the whole text would make
+/// this the slowest test on lavapipe; 0.004% measured over all 512).
+#[test]
+fn gpu_smollm2_f16_kv_cache_keeps_the_mean_nll_within_half_a_percent_of_f32() {
+    let Some(ctx) = gpu_or_skip("gpu_f16_kv_nll") else {
+        return;
+    };
+    if !KvType::F16.supported(ctx.caps()) {
+        println!("skipped: {} has no 16-bit storage buffers", ctx.caps().name);
+        return;
+    }
+    let (model, golden) = load(SMOLLM2);
+    let mut gpu = GpuModel::load(&ctx, &model).unwrap();
+    let ids = &golden.nll[0].token_ids[..256];
+    let nll = |gpu: &GpuModel| mean_nll_with(&mut gpu.session(ids.len(), 4).unwrap(), ids);
+    let f32_nll = nll(&gpu).unwrap();
+    gpu.set_kv_type(KvType::F16).unwrap();
+    let f16_nll = nll(&gpu).unwrap();
+    let rel = (f16_nll - f32_nll).abs() / f32_nll;
+    println!(
+        "mean NLL: f32 KV {f32_nll:.5}, f16 KV {f16_nll:.5}, relative {:.4}%",
+        100.0 * rel
+    );
+    assert!(
+        f16_nll.is_finite() && rel <= 0.005,
+        "{f16_nll} vs {f32_nll}"
+    );
 }

@@ -7,8 +7,10 @@ mod common;
 
 use common::*;
 use octoflow_core::Draw;
-use octoflow_model::gpu::GpuModel;
-use octoflow_model::{BatchForward, BatchRow, Logits, Model, RowOutput, RowResult, TokenIn};
+use octoflow_model::gpu::{GpuModel, KvType};
+use octoflow_model::{
+    BatchForward, BatchRow, Forward, Logits, Model, RowOutput, RowResult, TokenIn,
+};
 use octoflow_vk::testing::gpu_or_skip;
 
 /// Rows feeding `tokens` to `slot` from position `start`; the last one asks for `out`.
@@ -196,6 +198,43 @@ fn rows_of_several_sequences_match_each_sequence_alone() {
         &cpu_last(&model, &p[1]),
         "slot reuse",
     );
+}
+
+/// The batch engine with f16 KV caches (the server's default): a prompt chunk and decode rows
+/// in one slot give the logits a session with f16 caches gives the same tokens (both store the
+/// same keys and values rounded once; position tables and the fused decode path alike).
+#[test]
+fn f16_kv_caches_give_the_batch_what_they_give_a_session() {
+    let Some(ctx) = gpu_or_skip("gpu_batch_f16_kv") else {
+        return;
+    };
+    if !KvType::F16.supported(ctx.caps()) {
+        println!("skipped: {} has no 16-bit storage buffers", ctx.caps().name);
+        return;
+    }
+    let (model, golden) = load(SMOLLM2);
+    let mut gpu = GpuModel::load(&ctx, &model).unwrap();
+    gpu.set_kv_type(KvType::F16).unwrap();
+    let p: Vec<u32> = golden.greedy[0]
+        .prompt_ids
+        .iter()
+        .take(12)
+        .copied()
+        .collect();
+    let mut b = gpu.batch(2, 64, 64).unwrap();
+    let r = b.step(&rows(1, 0, &p, RowOutput::Logits)).unwrap();
+    let mut s = gpu.session(64, 4).unwrap();
+    let mut want = s.forward(&p, 0, Logits::Last).unwrap();
+    assert_logits_close(&ctx, p.len(), logits_of(&r[p.len() - 1]), &want, "prompt");
+    // two decode steps after it
+    for pos in p.len()..p.len() + 2 {
+        let next = top1(&want);
+        let r = b
+            .step(&rows(1, pos as u32, &[next], RowOutput::Logits))
+            .unwrap();
+        want = s.forward(&[next], pos, Logits::Last).unwrap();
+        assert_logits_close(&ctx, 1, logits_of(&r[0]), &want, "decode");
+    }
 }
 
 #[test]

@@ -5,7 +5,9 @@
 //! top_p 0.95, min_p 0.05), so that a request without sampling fields samples on the device;
 //! `seed` absent means a random seed per request.
 
+use octoflow_generate::Grammar;
 use serde::Deserialize;
+use serde_json::{json, Value};
 
 use octoflow_core::SamplingParams;
 
@@ -48,6 +50,13 @@ pub struct Common {
     pub stream_options: Option<StreamOptions>,
     #[serde(default)]
     pub ignore_eos: bool,
+    /// `{"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema",
+    /// "strict"}}`.
+    pub response_format: Option<Value>,
+    /// A grammar the output must match, in llguidance's Lark dialect (our extension).
+    pub grammar: Option<String>,
+    /// A regular expression the output must match (our extension).
+    pub regex: Option<String>,
 }
 
 /// A chat message's content: a string, or a list of parts of which the text ones are used.
@@ -71,6 +80,60 @@ pub struct Part {
 pub struct ChatMessage {
     pub role: String,
     pub content: Option<Content>,
+    /// An assistant message's calls (`[{"id", "type": "function", "function": {"name",
+    /// "arguments"}}]`).
+    pub tool_calls: Option<Vec<Value>>,
+    /// A `tool` message: the call it answers.
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
+}
+
+impl ChatMessage {
+    /// The text of the content (text parts joined by newlines; none: empty).
+    pub fn text(&self) -> String {
+        match &self.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t.clone(),
+            Some(Content::Parts(parts)) => parts
+                .iter()
+                .filter(|p| p.kind == "text")
+                .filter_map(|p| p.text.as_deref())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+
+    /// The message as a chat template reads it: role, text content, and the tool fields where
+    /// present, each call's `arguments` parsed from OpenAI's JSON string into an object (what
+    /// transformers' templates expect and `tojson` writes back).
+    pub fn to_template(&self) -> Value {
+        let mut m = json!({"role": self.role, "content": self.text()});
+        if let Some(calls) = &self.tool_calls {
+            let calls: Vec<Value> = calls
+                .iter()
+                .map(|c| {
+                    let mut c = c.clone();
+                    if let Some(args) = c.pointer_mut("/function/arguments") {
+                        if let Some(parsed) = args
+                            .as_str()
+                            .and_then(|a| serde_json::from_str::<Value>(a).ok())
+                        {
+                            *args = parsed;
+                        }
+                    }
+                    c
+                })
+                .collect();
+            m["tool_calls"] = Value::Array(calls);
+        }
+        if let Some(id) = &self.tool_call_id {
+            m["tool_call_id"] = json!(id);
+        }
+        if let Some(n) = &self.name {
+            m["name"] = json!(n);
+        }
+        m
+    }
 }
 
 /// `POST /v1/chat/completions`.
@@ -84,6 +147,16 @@ pub struct ChatRequest {
     #[serde(default)]
     pub logprobs: bool,
     pub top_logprobs: Option<i64>,
+    /// Function tools the model may call.
+    pub tools: Option<Vec<Value>>,
+    /// `none`, `auto`, `required` or `{"type": "function", "function": {"name"}}`.
+    pub tool_choice: Option<Value>,
+    /// Accepted; a Hermes-style model may make several calls either way.
+    pub parallel_tool_calls: Option<bool>,
+    /// `low`, `medium` or `high` (OpenAI's field; the template's `reasoning_effort`, gpt-oss).
+    pub reasoning_effort: Option<String>,
+    /// More variables for the chat template (vLLM's and llama-server's field).
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// `prompt` of `/v1/completions`: text, one text in a list, or token ids.
@@ -146,6 +219,64 @@ pub(crate) fn range(
         )
         .with_code("invalid_value")),
         _ => Ok(v),
+    }
+}
+
+/// The grammar the common fields ask for (`response_format`, `grammar`, `regex`), if any.
+pub fn grammar(c: &Common) -> Result<Option<Grammar>, ApiError> {
+    let bad = |param: &str, m: String| ApiError::invalid(param.to_string(), m);
+    let from_format = match &c.response_format {
+        None | Some(Value::Null) => None,
+        Some(f) => match f.get("type").and_then(Value::as_str) {
+            Some("text") => None,
+            Some("json_object") => Some(Grammar::JsonObject),
+            Some("json_schema") => {
+                let schema = f.pointer("/json_schema/schema").ok_or_else(|| {
+                    bad(
+                        "response_format",
+                        "response_format.json_schema.schema is missing".into(),
+                    )
+                })?;
+                if !schema.is_object() && !schema.is_boolean() {
+                    return Err(bad(
+                        "response_format",
+                        "response_format.json_schema.schema must be a JSON schema object".into(),
+                    ));
+                }
+                Some(Grammar::JsonSchema(schema.clone()))
+            }
+            other => {
+                return Err(bad(
+                    "response_format",
+                    format!(
+                        "response_format.type must be text, json_object or json_schema, got {}",
+                        other.map_or_else(|| "nothing".to_string(), |t| format!("{t:?}"))
+                    ),
+                ))
+            }
+        },
+    };
+    let from_grammar =
+        match (&c.grammar, &c.regex) {
+            (Some(_), Some(_)) => {
+                return Err(bad("grammar", "give grammar or regex, not both".into()));
+            }
+            (Some(g), None) if g.contains("::=") => return Err(bad(
+                "grammar",
+                "GBNF grammars are not supported: write the grammar in llguidance's Lark dialect \
+                 (rules as `name: ...`)"
+                    .into(),
+            )),
+            (Some(g), None) => Some(Grammar::Lark(g.clone())),
+            (None, Some(r)) => Some(Grammar::Regex(r.clone())),
+            (None, None) => None,
+        };
+    match (from_format, from_grammar) {
+        (Some(_), Some(_)) => Err(bad(
+            "grammar",
+            "give response_format or grammar/regex, not both".into(),
+        )),
+        (a, b) => Ok(a.or(b)),
     }
 }
 
@@ -237,6 +368,7 @@ pub fn gen_params(
         n,
         logprobs,
         ignore_eos: c.ignore_eos,
+        constraint: None,
     })
 }
 
@@ -274,6 +406,38 @@ mod tests {
         }
         let e = gen_params(&common("{}"), None, Some(21), 1, 64, 4).expect_err("logprobs");
         assert_eq!(e.param.as_deref(), Some("top_logprobs"));
+    }
+
+    #[test]
+    fn response_formats_become_grammars() {
+        let g = |json: &str| grammar(&common(json));
+        assert_eq!(g("{}").expect("none"), None);
+        assert_eq!(
+            g(r#"{"response_format": {"type": "text"}}"#).expect("text"),
+            None
+        );
+        assert_eq!(
+            g(r#"{"response_format": {"type": "json_object"}}"#).expect("object"),
+            Some(Grammar::JsonObject)
+        );
+        assert_eq!(
+            g(r#"{"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": true, "schema": {"type": "integer"}}}}"#).expect("schema"),
+            Some(Grammar::JsonSchema(json!({"type": "integer"})))
+        );
+        assert_eq!(
+            g(r#"{"grammar": "start: \"yes\" | \"no\""}"#).expect("lark"),
+            Some(Grammar::Lark("start: \"yes\" | \"no\"".into()))
+        );
+        for bad in [
+            r#"{"response_format": {"type": "xml"}}"#,
+            r#"{"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}"#,
+            r#"{"response_format": {"type": "json_object"}, "grammar": "start: \"a\""}"#,
+            r#"{"grammar": "root ::= \"a\""}"#,
+        ] {
+            let e = g(bad).expect_err(bad);
+            assert_eq!(e.status, 400, "{bad}");
+            assert!(e.param.is_some(), "{bad}");
+        }
     }
 
     #[test]

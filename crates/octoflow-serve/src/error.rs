@@ -4,6 +4,8 @@
 //! - 400 `invalid_request_error`: malformed JSON, a missing or mistyped field, a parameter out of
 //!   range, a prompt longer than the context (`code: "context_length_exceeded"`). OpenAI answers
 //!   400 (not 422) for bodies that parse but do not fit the schema, and so do we.
+//! - 401 `invalid_request_error`, `code: "invalid_api_key"`: the server has an API key and the
+//!   request does not bear it.
 //! - 404 `invalid_request_error`, `code: "model_not_found"`: a model other than the one served;
 //!   also unknown routes (`code: "not_found"`).
 //! - 405: a known route with the wrong method.
@@ -62,6 +64,23 @@ impl ApiError {
     pub fn with_code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
         self
+    }
+
+    /// 401: the request does not bear the server's API key (`missing`: no `Authorization`).
+    pub fn unauthorized(missing: bool) -> Self {
+        let message = if missing {
+            "You didn't provide an API key. You need to provide your API key in an \
+             Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+        } else {
+            "Incorrect API key provided."
+        };
+        Self {
+            status: StatusCode::UNAUTHORIZED,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("invalid_api_key"),
+        }
     }
 
     /// 404 for a model that is not served.

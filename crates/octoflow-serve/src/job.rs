@@ -7,6 +7,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use octoflow_core::{Finish, SamplingParams};
+use octoflow_generate::Constraint;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::agents::job::{AgentJob, AgentMsg};
@@ -26,6 +27,8 @@ pub struct GenParams {
     pub logprobs: Option<usize>,
     /// Keep generating after end-of-generation tokens.
     pub ignore_eos: bool,
+    /// The grammar every choice's output must match (compiled; each choice takes a copy).
+    pub constraint: Option<Constraint>,
 }
 
 /// One request waiting for or holding instances.

@@ -4,6 +4,8 @@
 //!   codes; [`respond`]: response bodies and SSE streams; [`routes`]: the axum router.
 //! - [`scheduler`]: the thread that owns the engine ([`octoflow_model::BatchForward`]) and runs
 //!   continuous batching; [`seq`]: one sequence's state; [`job`]: the request queue and events.
+//! - [`auth`]: the API key and CORS;
+//! - [`tools`]: tool-call syntaxes, the grammar forcing a call, parsing calls out of text.
 //! - [`metrics`]: Prometheus counters; [`server`]: start, banner, graceful shutdown.
 //! - [`agents`]: agent runs over HTTP (`POST /v1/agents/runs`), stepped in the scheduler's
 //!   shared steps, and the task, program and output-line code `octoflow agents` shares.
@@ -27,6 +29,7 @@
 
 pub mod agents;
 pub mod api;
+pub mod auth;
 pub mod error;
 pub mod job;
 pub mod metrics;
@@ -35,7 +38,9 @@ pub mod routes;
 pub mod scheduler;
 pub mod seq;
 pub mod server;
+pub mod tools;
 
+pub use auth::Access;
 pub use error::ApiError;
 pub use scheduler::{Driver, EngineInfo, Ready, SchedOptions};
 pub use server::{shutdown_signal, ModelInfo, ServeOptions, Server};

@@ -1,6 +1,12 @@
 //! Turning a job's [`Event`]s into OpenAI's response bodies: one JSON object
 //! (`chat.completion`, `text_completion`) or a server-sent-event stream of chunks ending with
 //! `data: [DONE]`.
+//!
+//! Chat replies of models that answer in channels (gpt-oss's harmony format) are split as
+//! llama-server and vLLM split them: the final channel is `content`, the analysis channel
+//! `reasoning_content` (in streamed deltas too). Its function calls (messages to
+//! `functions.NAME`) become `tool_calls` when the request has `tools`. Other models' calls are
+//! parsed out of the text in their template's syntax ([`crate::tools`]).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -12,12 +18,16 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream};
 use octoflow_core::Finish;
+use octoflow_text::harmony::{
+    Delta as HarmonyDelta, HarmonyParser, Part, Reply, ToolCall as HarmonyCall,
+};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
 use crate::job::{Event, TokenLogprob};
 use crate::metrics::Metrics;
+use crate::tools::{self, ToolCall, ToolStream, ToolSyntax};
 
 /// OpenAI's `finish_reason` for `finish`.
 pub fn finish_reason(finish: Finish) -> &'static str {
@@ -48,6 +58,10 @@ pub struct Meta {
     /// Whether log-probabilities were asked for (their field is then an object, else null).
     pub logprobs: bool,
     pub include_usage: bool,
+    /// Parse tool calls out of the text in this syntax (chat requests with tools).
+    pub tools: Option<ToolSyntax>,
+    /// Whether the reply is in harmony's channels (chat with a gpt-oss vocabulary).
+    pub harmony: bool,
 }
 
 impl Meta {
@@ -104,8 +118,68 @@ impl Meta {
         }
     }
 
+    /// The id of call `k` of choice `index`.
+    fn call_id(&self, index: usize, k: usize) -> String {
+        let tail = self.id.rsplit('-').next().unwrap_or(&self.id);
+        format!("call_{tail}_{index}_{k}")
+    }
+
+    /// Puts `calls` into `message` (content null when it is empty, as OpenAI sends it) and
+    /// gives the finish reason: `tool_calls` when there are any.
+    fn attach_calls<'a>(
+        &self,
+        index: usize,
+        message: &mut Value,
+        calls: &[ToolCall],
+        finish: Option<&'a str>,
+    ) -> Option<&'a str> {
+        if calls.is_empty() {
+            return finish;
+        }
+        if message["content"].as_str().is_some_and(str::is_empty) {
+            message["content"] = Value::Null;
+        }
+        let calls: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(k, c)| c.to_json(&self.call_id(index, k)))
+            .collect();
+        message["tool_calls"] = Value::Array(calls);
+        finish.map(|_| "tool_calls")
+    }
+
     fn choice(&self, index: usize, text: &str, lp: Value, finish: Option<&str>) -> Value {
         match self.kind {
+            Kind::Chat if self.harmony => {
+                let reply = Reply::parse(text);
+                let mut message = json!({"role": "assistant", "content": reply.content});
+                if !reply.reasoning.is_empty() {
+                    message["reasoning_content"] = reply.reasoning.into();
+                }
+                let calls = match self.tools {
+                    Some(_) => reply.tool_calls.iter().map(harmony_call).collect(),
+                    None => Vec::new(),
+                };
+                let finish = self.attach_calls(index, &mut message, &calls, finish);
+                json!({
+                    "index": index,
+                    "message": message,
+                    "logprobs": lp,
+                    "finish_reason": finish,
+                })
+            }
+            Kind::Chat if self.tools.is_some() => {
+                let syntax = self.tools.unwrap_or(ToolSyntax::Hermes);
+                let (content, calls) = tools::parse(text, syntax);
+                let mut message = json!({"role": "assistant", "content": content});
+                let finish = self.attach_calls(index, &mut message, &calls, finish);
+                json!({
+                    "index": index,
+                    "message": message,
+                    "logprobs": lp,
+                    "finish_reason": finish,
+                })
+            }
             Kind::Chat => json!({
                 "index": index,
                 "message": {"role": "assistant", "content": text},
@@ -213,8 +287,32 @@ struct StreamState {
     completion: usize,
     /// Text bytes sent per choice (completion logprobs' `text_offset`).
     offsets: Vec<usize>,
+    /// Per choice, the text held back while it may be a tool call (requests with tools).
+    calls: Vec<Option<ToolStream>>,
     done: bool,
     metrics: Arc<Metrics>,
+    /// Per choice, the split of a harmony reply into channels (empty for other replies).
+    parsers: Vec<HarmonyParser>,
+    /// Per choice, a harmony reply's function calls so far (requests with tools).
+    replies: Vec<Reply>,
+}
+
+/// A harmony function call as a tool call.
+fn harmony_call(c: &HarmonyCall) -> ToolCall {
+    ToolCall {
+        name: c.name.clone(),
+        arguments: c.arguments.clone(),
+    }
+}
+
+/// A streamed delta for a piece of a harmony reply (`None` for function calls: they are sent
+/// whole as `tool_calls` at the end).
+fn harmony_delta(d: &HarmonyDelta) -> Option<Value> {
+    match d.header.part() {
+        Part::Content => Some(json!({"content": d.text})),
+        Part::Reasoning => Some(json!({"reasoning_content": d.text})),
+        Part::ToolCall(_) => None,
+    }
 }
 
 fn data(v: &Value) -> SseEvent {
@@ -230,13 +328,37 @@ impl StreamState {
                 text,
                 logprob,
             }) => {
+                let text = match self.calls.get_mut(index).and_then(Option::as_mut) {
+                    Some(held) => held.push(&text),
+                    None => text,
+                };
+                if text.is_empty() && logprob.is_none() {
+                    return;
+                }
                 let offset = self.offsets.get(index).copied().unwrap_or(0);
                 let lp = m.logprobs_value(logprob.as_slice(), offset);
                 if let Some(o) = self.offsets.get_mut(index) {
                     *o += text.len();
                 }
-                let c = m.chunk_choice(index, json!({"content": text}), lp, None);
-                self.out.push_back(data(&m.chunk(vec![c], None)));
+                let Some(parser) = self.parsers.get_mut(index) else {
+                    let c = m.chunk_choice(index, json!({"content": text}), lp, None);
+                    self.out.push_back(data(&m.chunk(vec![c], None)));
+                    return;
+                };
+                let ds = parser.push(&text);
+                if let Some(reply) = self.replies.get_mut(index) {
+                    reply.add(&ds);
+                }
+                let mut deltas: Vec<Value> = ds.iter().filter_map(harmony_delta).collect();
+                // Log-probabilities ride on the first delta, or on an empty one.
+                if deltas.is_empty() && !lp.is_null() {
+                    deltas.push(json!({}));
+                }
+                let mut lp = Some(lp);
+                for d in deltas {
+                    let c = m.chunk_choice(index, d, lp.take().unwrap_or(Value::Null), None);
+                    self.out.push_back(data(&m.chunk(vec![c], None)));
+                }
             }
             Some(Event::Done {
                 index,
@@ -244,7 +366,38 @@ impl StreamState {
                 completion_tokens,
             }) => {
                 self.completion += completion_tokens;
-                let c = m.chunk_choice(index, json!({}), Value::Null, Some(finish_reason(finish)));
+                let mut calls = Vec::new();
+                if let Some(held) = self.calls.get_mut(index).and_then(Option::take) {
+                    let (content, held_calls) = held.finish();
+                    if !content.is_empty() {
+                        let c =
+                            m.chunk_choice(index, json!({"content": content}), Value::Null, None);
+                        self.out.push_back(data(&m.chunk(vec![c], None)));
+                    }
+                    calls = held_calls;
+                }
+                if let Some(parser) = self.parsers.get_mut(index) {
+                    let ds = parser.finish();
+                    for d in ds.iter().filter_map(harmony_delta) {
+                        let c = m.chunk_choice(index, d, Value::Null, None);
+                        self.out.push_back(data(&m.chunk(vec![c], None)));
+                    }
+                    if let Some(reply) = self.replies.get_mut(index) {
+                        reply.add(&ds);
+                        calls = reply.tool_calls.iter().map(harmony_call).collect();
+                    }
+                }
+                for (k, call) in calls.iter().enumerate() {
+                    for delta in call_deltas(m, index, k, call) {
+                        let c = m.chunk_choice(index, delta, Value::Null, None);
+                        self.out.push_back(data(&m.chunk(vec![c], None)));
+                    }
+                }
+                let reason = match calls.is_empty() {
+                    true => finish_reason(finish),
+                    false => "tool_calls",
+                };
+                let c = m.chunk_choice(index, json!({}), Value::Null, Some(reason));
                 self.out.push_back(data(&m.chunk(vec![c], None)));
                 self.open = self.open.saturating_sub(1);
                 if self.open == 0 {
@@ -277,6 +430,20 @@ impl StreamState {
     }
 }
 
+/// The deltas of call `k` as OpenAI streams one: the first names it (id, type, function name,
+/// empty arguments), the next carries the arguments.
+fn call_deltas(m: &Meta, index: usize, k: usize, call: &ToolCall) -> [Value; 2] {
+    [
+        json!({"tool_calls": [{
+            "index": k,
+            "id": m.call_id(index, k),
+            "type": "function",
+            "function": {"name": call.name, "arguments": ""},
+        }]}),
+        json!({"tool_calls": [{"index": k, "function": {"arguments": call.arguments}}]}),
+    ]
+}
+
 /// Streams the job's events as chunks. Dropping the stream (the client went away) drops the
 /// receiver, which the scheduler notices before its next step.
 pub fn stream(
@@ -298,7 +465,29 @@ pub fn stream(
             .collect();
         out.push_back(data(&meta.chunk(choices, None)));
     }
+    // harmony splits its own calls out (its commentary channel); other replies hold back
+    // what may be a call in the template's syntax
+    let calls = (0..meta.n)
+        .map(|_| match meta.harmony {
+            true => None,
+            false => meta.tools.map(ToolStream::new),
+        })
+        .collect();
+    let (parsers, replies) = match meta.harmony {
+        true => (
+            (0..meta.n).map(|_| HarmonyParser::new()).collect(),
+            // the calls of each choice, where the request has tools
+            match meta.tools {
+                Some(_) => (0..meta.n).map(|_| Reply::default()).collect(),
+                None => Vec::new(),
+            },
+        ),
+        false => (Vec::new(), Vec::new()),
+    };
     let state = StreamState {
+        calls,
+        parsers,
+        replies,
         open: meta.n,
         offsets: vec![0; meta.n],
         meta,

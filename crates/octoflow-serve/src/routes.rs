@@ -3,7 +3,7 @@
 //! [`crate::agents::route`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use axum::body::Bytes;
@@ -13,15 +13,17 @@ use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use octoflow_generate::PromptError;
-use octoflow_text::{ChatTemplate, Message, Tokenizer};
+use octoflow_generate::{Constraint, Grammar, GrammarEnv, PromptError};
+use octoflow_text::{harmony, ChatTemplate, Tokenizer};
 use serde_json::json;
 
-use crate::api::{self, ChatRequest, CompletionRequest, Content, Prompt};
+use crate::api::{self, ChatRequest, CompletionRequest, Prompt};
+use crate::auth::{require_key, Access};
 use crate::error::ApiError;
 use crate::job::{Job, Queue, Refused, Work};
 use crate::metrics::Metrics;
 use crate::respond::{self, Kind, Meta};
+use crate::tools::{self, ToolSyntax};
 
 /// What every handler reads.
 pub struct AppState {
@@ -46,12 +48,36 @@ pub struct AppState {
     pub created: u64,
     /// Counter for response ids.
     pub next_id: AtomicU64,
+    /// The grammar compiler over the tokenizer, built at the first constrained request.
+    pub grammars: OnceLock<Result<GrammarEnv, String>>,
 }
 
-/// The router over `state`.
-pub fn router(state: Arc<AppState>) -> Router {
+impl AppState {
+    /// Compiles `grammar` for one request; a grammar that does not compile is a 400 on
+    /// `param`.
+    fn constraint(&self, grammar: &Grammar, param: &str) -> Result<Constraint, ApiError> {
+        let env = self.grammars.get_or_init(|| {
+            // Building the token trie takes a moment once; keep the async workers serving.
+            tokio::task::block_in_place(|| {
+                GrammarEnv::new(self.tokenizer.clone()).map_err(|e| e.to_string())
+            })
+        });
+        let env = env
+            .as_ref()
+            .map_err(|e| ApiError::invalid(param.to_string(), e.clone()))?;
+        env.constraint(grammar).map_err(|e| {
+            ApiError::invalid(
+                param.to_string(),
+                format!("the {param} does not compile: {e}"),
+            )
+        })
+    }
+}
+
+/// The router over `state`, behind the API key and CORS of `access`.
+pub fn router(state: Arc<AppState>, access: &Access) -> Result<Router, String> {
     let limit = state.body_limit;
-    Router::new()
+    let mut app = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
@@ -62,7 +88,16 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/detokenize", post(detokenize))
         .fallback(fallback)
         .layer(DefaultBodyLimit::max(limit))
-        .with_state(state)
+        .with_state(state);
+    if let Some(key) = &access.api_key {
+        let key: Arc<str> = key.as_str().into();
+        app = app.layer(axum::middleware::from_fn_with_state(key, require_key));
+    }
+    // Outermost, so preflights and 401s carry the CORS headers a browser needs to read them.
+    if let Some(cors) = access.cors_layer()? {
+        app = app.layer(cors);
+    }
+    Ok(app)
 }
 
 async fn fallback(uri: Uri) -> ApiError {
@@ -196,8 +231,8 @@ async fn dispatch(
     prompt: Vec<u32>,
     params: crate::job::GenParams,
     (adapter, model): (Option<u32>, String),
-    stream: bool,
-    include_usage: bool,
+    (stream, include_usage): (bool, bool),
+    tools: Option<ToolSyntax>,
 ) -> Result<Response, ApiError> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let n = params.n;
@@ -228,6 +263,8 @@ async fn dispatch(
         prompt_tokens,
         logprobs,
         include_usage,
+        tools,
+        harmony: kind == Kind::Chat && harmony::uses_harmony(st.tokenizer.vocab()),
     };
     if stream {
         Ok(respond::stream(meta, rx, st.metrics.clone()).into_response())
@@ -268,31 +305,39 @@ async fn chat_inner(st: &AppState, b: Result<Bytes, BytesRejection>) -> Result<R
             "messages must hold at least one message",
         ));
     }
-    let messages: Vec<Message> = req
-        .messages
-        .iter()
-        .map(|m| {
-            let content = match &m.content {
-                None => String::new(),
-                Some(Content::Text(t)) => t.clone(),
-                Some(Content::Parts(parts)) => parts
-                    .iter()
-                    .filter(|p| p.kind == "text")
-                    .filter_map(|p| p.text.as_deref())
-                    .collect::<Vec<_>>()
-                    .join("\n"),
-            };
-            Message::new(m.role.clone(), content)
-        })
-        .collect();
     let template = st.template.as_ref().ok_or_else(|| {
         ApiError::invalid(
             "messages".to_string(),
             "this model has no chat template; use /v1/completions",
         )
     })?;
+    let tool_list = req.tools.clone().unwrap_or_default();
+    let names =
+        tools::tool_names(&tool_list).map_err(|m| ApiError::invalid("tools".to_string(), m))?;
+    let choice = tools::Choice::parse(req.tool_choice.as_ref(), &names)
+        .map_err(|m| ApiError::invalid("tool_choice".to_string(), m))?;
+    let syntax = ToolSyntax::of_template(template.source());
+    let use_tools = choice != tools::Choice::None;
+    if use_tools && syntax == ToolSyntax::Harmony && choice != tools::Choice::Auto {
+        return Err(ApiError::invalid(
+            "tool_choice".to_string(),
+            "harmony models (gpt-oss) take tool_choice \"auto\" or \"none\": a forced call needs a grammar over its channels, which is not built yet",
+        ));
+    }
+    let messages: Vec<serde_json::Value> = req
+        .messages
+        .iter()
+        .map(api::ChatMessage::to_template)
+        .collect();
+    let mut vars = req.chat_template_kwargs.clone().unwrap_or_default();
+    if let Some(effort) = &req.reasoning_effort {
+        vars.insert("reasoning_effort".into(), effort.clone().into());
+    }
+    if use_tools {
+        vars.insert("tools".into(), serde_json::Value::Array(tool_list.clone()));
+    }
     let text = template
-        .render(&messages, true)
+        .render_json(&messages, true, &vars)
         .map_err(|e| ApiError::invalid("messages".to_string(), e.to_string()))?;
     let prompt = st.tokenizer.encode(&text, true, true);
     check_prompt(st, &prompt, "messages")?;
@@ -301,7 +346,7 @@ async fn chat_inner(st: &AppState, b: Result<Bytes, BytesRejection>) -> Result<R
     } else {
         None
     };
-    let params = api::gen_params(
+    let mut params = api::gen_params(
         &req.common,
         req.max_completion_tokens,
         logprobs,
@@ -309,6 +354,29 @@ async fn chat_inner(st: &AppState, b: Result<Bytes, BytesRejection>) -> Result<R
         st.n_ctx,
         st.n_slots,
     )?;
+    let forced = match &choice {
+        tools::Choice::Required => tools::call_grammar(&tool_list, None, syntax),
+        tools::Choice::Named(n) => tools::call_grammar(&tool_list, Some(n), syntax),
+        _ => None,
+    };
+    let grammar = api::grammar(&req.common)?;
+    if grammar.is_some() && syntax == ToolSyntax::Harmony {
+        return Err(ApiError::invalid(
+            grammar_param(&req.common).to_string(),
+            "harmony models (gpt-oss) write channels before their answer; constraining only the final channel is not built yet",
+        ));
+    }
+    params.constraint = match (forced, grammar) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "tool_choice".to_string(),
+                "a forced tool call and response_format/grammar cannot be combined",
+            ))
+        }
+        (Some(g), None) => Some(st.constraint(&g, "tools")?),
+        (None, Some(g)) => Some(st.constraint(&g, grammar_param(&req.common))?),
+        (None, None) => None,
+    };
     let usage = req
         .common
         .stream_options
@@ -320,10 +388,21 @@ async fn chat_inner(st: &AppState, b: Result<Bytes, BytesRejection>) -> Result<R
         prompt,
         params,
         picked,
-        req.common.stream,
-        usage,
+        (req.common.stream, usage),
+        use_tools.then_some(syntax),
     )
     .await
+}
+
+/// The request field a grammar came from, for error messages.
+fn grammar_param(c: &api::Common) -> &'static str {
+    if c.grammar.is_some() {
+        "grammar"
+    } else if c.regex.is_some() {
+        "regex"
+    } else {
+        "response_format"
+    }
 }
 
 async fn completions_inner(
@@ -350,7 +429,7 @@ async fn completions_inner(
         Prompt::Tokens(ids) => ids.clone(),
     };
     check_prompt(st, &prompt, "prompt")?;
-    let params = api::gen_params(
+    let mut params = api::gen_params(
         &req.common,
         None,
         req.logprobs,
@@ -358,6 +437,9 @@ async fn completions_inner(
         st.n_ctx,
         st.n_slots,
     )?;
+    if let Some(g) = api::grammar(&req.common)? {
+        params.constraint = Some(st.constraint(&g, grammar_param(&req.common))?);
+    }
     let usage = req
         .common
         .stream_options
@@ -369,8 +451,8 @@ async fn completions_inner(
         prompt,
         params,
         picked,
-        req.common.stream,
-        usage,
+        (req.common.stream, usage),
+        None,
     )
     .await
 }

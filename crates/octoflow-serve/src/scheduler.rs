@@ -20,7 +20,9 @@
 //! sequence that ends (end-of-generation, stop string) has usually already been given one more
 //! row, whose result is dropped; it wastes at most one step's row. Sequences sampled on the CPU
 //! (penalties, log-probabilities, parameters the device sampler lacks) get their logits back
-//! and take part in every other step at most.
+//! and take part in every other step at most. So do sequences under a grammar: the mask of
+//! their next token exists only once the previous token is known, so they wait for it while
+//! the unconstrained sequences around them stay pipelined.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -512,7 +514,14 @@ impl<'t> Loop<'_, 't> {
             };
             let (token, logprob) = match results.get(rm.row) {
                 Some(RowResult::Token { token, .. }) => (*token, None),
-                Some(RowResult::Logits(l)) => seq.sample_logits(l),
+                Some(RowResult::Logits(l)) => match seq.sample_logits(l) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        seq.fail(&e.to_string());
+                        self.slots[rm.slot] = None;
+                        continue;
+                    }
+                },
                 _ => {
                     seq.fail("the engine returned no token for a sampling row");
                     self.slots[rm.slot] = None;

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use octoflow_core::sampling::{softmax, Sampler};
 use octoflow_core::{Draw, Finish};
-use octoflow_generate::{Choice, Limits};
+use octoflow_generate::{Choice, Constraint, ConstraintError, Limits};
 use octoflow_model::BatchForward;
 use octoflow_text::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
@@ -38,6 +38,9 @@ pub struct Seq<'t> {
     pub max_tokens: usize,
     /// Its counter also counts the draws submitted to the device.
     sampler: Sampler,
+    /// The grammar its output follows: its tokens are drawn on the CPU under the grammar's
+    /// mask, computed once the previous token is known.
+    constraint: Option<Constraint>,
     logprobs: Option<usize>,
     choice: Choice<'t>,
     tokenizer: &'t Tokenizer,
@@ -72,8 +75,9 @@ impl<'t> Seq<'t> {
         for &t in job.prompt.iter() {
             sampler.accept(t);
         }
-        // Log-probabilities need the logits on the CPU.
+        // Log-probabilities and grammars need the logits on the CPU.
         let device = p.logprobs.is_none()
+            && p.constraint.is_none()
             && Draw::from_sampler(&sampler).is_some_and(|d| engine.device_samples(&d));
         let limits = Limits {
             max_tokens: Some(p.max_tokens),
@@ -92,6 +96,7 @@ impl<'t> Seq<'t> {
             requested: 0,
             max_tokens: p.max_tokens,
             sampler,
+            constraint: p.constraint.clone(),
             logprobs: p.logprobs,
             choice: Choice::new(tokenizer, &limits, job.prompt.len(), engine.n_ctx()),
             tokenizer,
@@ -118,11 +123,25 @@ impl<'t> Seq<'t> {
         self.events.is_closed()
     }
 
-    /// Samples from a row of logits on the CPU (penalties, log-probabilities).
-    pub fn sample_logits(&mut self, logits: &[f32]) -> (u32, Option<TokenLogprob>) {
-        let token = self.sampler.sample(logits);
+    /// Samples from a row of logits on the CPU (penalties, log-probabilities, a grammar's
+    /// mask, which then takes the token). Errs when the grammar fails.
+    pub fn sample_logits(
+        &mut self,
+        logits: &[f32],
+    ) -> Result<(u32, Option<TokenLogprob>), ConstraintError> {
+        let token = match &mut self.constraint {
+            None => self.sampler.sample(logits),
+            Some(c) => {
+                let mask = c.mask()?;
+                let token = self.sampler.sample_masked(logits, &mask).ok_or_else(|| {
+                    ConstraintError::Decode("the grammar allows no token here".into())
+                })?;
+                c.commit(token)?;
+                token
+            }
+        };
         let lp = self.logprobs.map(|k| self.logprob(logits, token, k));
-        (token, lp)
+        Ok((token, lp))
     }
 
     fn piece(&self, id: u32) -> (String, Vec<u8>) {

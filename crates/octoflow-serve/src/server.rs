@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use octoflow_text::{ChatTemplate, Tokenizer};
 
+use crate::auth::Access;
 use crate::job::Queue;
 use crate::metrics::Metrics;
 use crate::routes::{router, AppState};
@@ -37,6 +38,8 @@ pub struct ServeOptions {
     pub prefill_chunk: usize,
     /// On shutdown, how long running requests may go on before they are cancelled.
     pub grace: Duration,
+    /// API key and CORS origins.
+    pub access: Access,
 }
 
 impl Default for ServeOptions {
@@ -46,6 +49,7 @@ impl Default for ServeOptions {
             body_limit: 4 << 20,
             prefill_chunk: 512,
             grace: Duration::from_secs(30),
+            access: Access::default(),
         }
     }
 }
@@ -56,6 +60,7 @@ pub struct Server {
     state: Arc<AppState>,
     scheduler: std::thread::JoinHandle<anyhow::Result<()>>,
     ready: Ready,
+    access: Access,
 }
 
 impl Server {
@@ -71,6 +76,8 @@ impl Server {
     where
         F: FnOnce(Driver) -> anyhow::Result<()> + Send + 'static,
     {
+        // A bad origin is refused before the engine loads.
+        opts.access.cors_layer().map_err(anyhow::Error::msg)?;
         let queue = Arc::new(Queue::new(opts.queue));
         let metrics = Arc::new(Metrics::default());
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -119,12 +126,14 @@ impl Server {
             body_limit: opts.body_limit,
             created,
             next_id: AtomicU64::new(0),
+            grammars: std::sync::OnceLock::new(),
         });
         Ok(Server {
             listener,
             state,
             scheduler,
             ready,
+            access: opts.access,
         })
     }
 
@@ -174,7 +183,7 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let queue = self.state.queue.clone();
-        let app = router(self.state);
+        let app = router(self.state, &self.access).map_err(anyhow::Error::msg)?;
         let served = axum::serve(self.listener, app)
             .with_graceful_shutdown(async move {
                 shutdown.await;

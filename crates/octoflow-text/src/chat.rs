@@ -6,7 +6,8 @@
 //! string and dict methods work (`.strip()`, `.startswith()`, `.items()`, via minijinja-contrib's
 //! pycompat), and `raise_exception`, `strftime_now` and a Python-style `tojson` are defined. The
 //! variables are `messages` (list of `{role, content}`), `add_generation_prompt`, `bos_token` and
-//! `eos_token`.
+//! `eos_token`, and whatever the caller adds ([`ChatTemplate::render_with`]: gpt-oss's
+//! `reasoning_effort`, `tools`).
 //!
 //! Models whose file has no template get a built-in format for their family ([`BuiltinFormat`]).
 
@@ -132,6 +133,8 @@ pub struct ChatTemplate {
     origin: String,
     bos_token: String,
     eos_token: String,
+    /// The Jinja source (`None`: a built-in format).
+    source: Option<String>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -217,6 +220,7 @@ impl ChatTemplate {
             origin: origin.to_string(),
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
+            source: Some(source.to_string()),
         })
     }
 
@@ -227,6 +231,7 @@ impl ChatTemplate {
             origin: format!("built-in {format:?} format"),
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
+            source: None,
         }
     }
 
@@ -242,6 +247,19 @@ impl ChatTemplate {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<String, TextError> {
+        self.render_with(messages, add_generation_prompt, &serde_json::Map::new())
+    }
+
+    /// Renders a conversation with more variables for the template, as transformers'
+    /// `apply_chat_template(**kwargs)` passes them (`reasoning_effort` for gpt-oss, `tools`,
+    /// `enable_thinking`, ...); they cannot replace `messages`, `add_generation_prompt`,
+    /// `bos_token` or `eos_token`. Built-in formats ignore them.
+    pub fn render_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        vars: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, TextError> {
         let env = match &self.kind {
             Kind::Builtin(format) => return Ok(format.render(messages, add_generation_prompt)),
             Kind::Jinja(env) => env,
@@ -255,6 +273,54 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone(),
             eos_token => self.eos_token.clone(),
+            ..Value::from_serialize(vars)
+        };
+        let template = env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| TextError::template(&self.origin, &e))?;
+        template
+            .render(ctx)
+            .map_err(|e| TextError::template(&self.origin, &e))
+    }
+}
+
+impl ChatTemplate {
+    /// The Jinja source (`None` for a built-in format): callers read which conventions a
+    /// template follows (how it writes tool calls).
+    pub fn source(&self) -> Option<&str> {
+        self.source.as_deref()
+    }
+
+    /// Renders OpenAI-style messages given as JSON (`role`, `content`, and whatever else a
+    /// template reads: an assistant's `tool_calls`, a tool result's `tool_call_id` and `name`),
+    /// with more variables as [`Self::render_with`] takes them (`tools`, OpenAI's list of tool
+    /// definitions, the way transformers' `apply_chat_template(messages, tools=...)` passes it).
+    /// Built-in formats see each message's role and text content only.
+    pub fn render_json(
+        &self,
+        messages: &[serde_json::Value],
+        add_generation_prompt: bool,
+        vars: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, TextError> {
+        let env = match &self.kind {
+            Kind::Builtin(_) => {
+                let plain: Vec<Message> = messages
+                    .iter()
+                    .map(|m| {
+                        let field = |k: &str| m.get(k).and_then(|v| v.as_str()).unwrap_or("");
+                        Message::new(field("role"), field("content"))
+                    })
+                    .collect();
+                return self.render(&plain, add_generation_prompt);
+            }
+            Kind::Jinja(env) => env,
+        };
+        let ctx = minijinja::context! {
+            messages => Value::from_serialize(messages),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token.clone(),
+            eos_token => self.eos_token.clone(),
+            ..Value::from_serialize(vars)
         };
         let template = env
             .get_template(TEMPLATE_NAME)
@@ -315,6 +381,29 @@ mod tests {
 
     fn jinja(source: &str) -> ChatTemplate {
         ChatTemplate::from_source(source, "test", "<s>", "</s>").unwrap()
+    }
+
+    #[test]
+    fn json_messages_and_tools_reach_the_template() {
+        let t = jinja("{% if tools %}T:{% for t in tools %}{{ t.function.name }};{% endfor %}{% endif %}{% for m in messages %}{{ m.role }}:{% if m.tool_calls %}{{ m.tool_calls[0].function.name }}{% else %}{{ m.content }}{% endif %}|{% endfor %}");
+        let messages = vec![
+            serde_json::json!({"role": "user", "content": "hi"}),
+            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}),
+            serde_json::json!({"role": "tool", "tool_call_id": "c1", "content": "42"}),
+        ];
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "f"}}]);
+        let mut vars = serde_json::Map::new();
+        vars.insert("tools".into(), tools);
+        assert_eq!(
+            t.render_json(&messages, false, &vars).unwrap(),
+            "T:f;user:hi|assistant:f|tool:42|"
+        );
+        assert_eq!(
+            t.render_json(&messages[..1], false, &serde_json::Map::new())
+                .unwrap(),
+            "user:hi|"
+        );
+        assert!(t.source().is_some_and(|s| s.contains("tool_calls")));
     }
 
     #[test]

@@ -16,6 +16,7 @@
 mod bpe;
 pub mod chat;
 pub mod error;
+pub mod harmony;
 mod hash;
 mod partition;
 mod pretokenize;

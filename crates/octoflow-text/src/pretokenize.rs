@@ -25,6 +25,12 @@ enum Step {
     /// `\p{N}{1,max_digits}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
     /// (Llama 3 with `max_digits` 3, Qwen 2 with 1).
     Llama3 { max_digits: usize },
+    /// GPT-4o's (o200k) pattern as llama.cpp runs it, where the case classes are
+    /// `(?=\p{L})[^a-z]` and `(?=\p{L})[^A-Z]` (so a non-ASCII letter is of both cases and a
+    /// combining mark of neither), the contraction suffix `'s|'t|'re|'ve|'m|'ll|'d` any case:
+    /// `[^\r\n\p{L}\p{N}]?U*L+'x?|[^\r\n\p{L}\p{N}]?U+L*'x?|\p{N}{1,3}|`
+    /// ` ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+    Gpt4o,
 }
 
 /// A named pre-tokenizer and the vocabulary flags that come with its name in llama.cpp.
@@ -92,6 +98,7 @@ const SUPPORTED: &[(&str, &[&str])] = &[
         ],
     ),
     ("falcon", &["falcon"]),
+    ("gpt-4o", &["gpt-4o"]),
 ];
 
 impl PreTokenizer {
@@ -129,6 +136,7 @@ impl PreTokenizer {
             "qwen2" => vec![Step::Llama3 { max_digits: 1 }],
             "smollm" => vec![regex(r"\p{N}")?, Step::Gpt2],
             "gpt2" => vec![Step::Gpt2],
+            "gpt-4o" => vec![Step::Gpt4o],
             _ => vec![
                 regex(r"[\p{P}\$\+<=>\^~\|`]+")?,
                 Step::Gpt2,
@@ -157,6 +165,7 @@ impl PreTokenizer {
                 match step {
                     Step::Regex(re) => split_regex(re, s, &mut next),
                     Step::Gpt2 => split_scanned(s, &mut chars, &mut next, gpt2_match),
+                    Step::Gpt4o => split_scanned(s, &mut chars, &mut next, gpt4o_match),
                     Step::Llama3 { max_digits } => {
                         split_scanned(s, &mut chars, &mut next, |cs, i| {
                             llama3_match(cs, i, *max_digits)
@@ -240,6 +249,16 @@ fn trailing_space_end(cs: &[(usize, char)], i: usize) -> usize {
     }
 }
 
+/// `\s*[\r\n]+|\s+(?!\S)|\s+` at `i` (a white-space character): up to and including the
+/// run's last line break if it has one, else [`trailing_space_end`].
+fn line_space_end(cs: &[(usize, char)], i: usize) -> usize {
+    let q = run_end(cs, i, CharClass::Space);
+    if let Some(k) = (i..q).rev().find(|&k| matches!(cs[k].1, '\r' | '\n')) {
+        return k + 1;
+    }
+    trailing_space_end(cs, i)
+}
+
 /// GPT-2's pattern at char `i`.
 fn gpt2_match(cs: &[(usize, char)], i: usize) -> usize {
     let c = cs[i].1;
@@ -310,11 +329,105 @@ fn llama3_match(cs: &[(usize, char)], i: usize, max_digits: usize) -> usize {
         return end;
     }
     // `\s*[\r\n]+`: up to and including the run's last line break.
-    let q = run_end(cs, i, CharClass::Space);
-    if let Some(k) = (i..q).rev().find(|&k| matches!(cs[k].1, '\r' | '\n')) {
-        return k + 1;
+    line_space_end(cs, i)
+}
+
+/// GPT-4o's upper-case letter class as llama.cpp matches it, `(?=\p{L})[^a-z]`: a letter that
+/// is not an ASCII lower-case one (every non-ASCII letter counts as both cases there).
+fn upper_at(cs: &[(usize, char)], i: usize) -> bool {
+    cs.get(i)
+        .is_some_and(|&(_, c)| class_of(c) == CharClass::Letter && !c.is_ascii_lowercase())
+}
+
+/// The lower-case class, `(?=\p{L})[^A-Z]`.
+fn lower_at(cs: &[(usize, char)], i: usize) -> bool {
+    cs.get(i)
+        .is_some_and(|&(_, c)| class_of(c) == CharClass::Letter && !c.is_ascii_uppercase())
+}
+
+/// `[^\s\p{L}\p{N}]` at `i` (combining marks included: they are not letters here).
+fn other_at(cs: &[(usize, char)], i: usize) -> bool {
+    class_at(cs, i) == Some(CharClass::Other)
+}
+
+/// The end of `upper* lower+` at `s`, as a backtracking matcher finds it: the longest run of
+/// upper-case letters that a lower-case letter still follows, then every lower-case letter.
+fn upper_then_lower(cs: &[(usize, char)], s: usize) -> Option<usize> {
+    let mut k = s;
+    while upper_at(cs, k) {
+        k += 1;
     }
-    trailing_space_end(cs, i)
+    let k = (s..=k).rev().find(|&k| lower_at(cs, k))?;
+    let mut end = k;
+    while lower_at(cs, end) {
+        end += 1;
+    }
+    Some(end)
+}
+
+/// The end of `upper+ lower*` at `s`.
+fn upper_run_then_lower(cs: &[(usize, char)], s: usize) -> Option<usize> {
+    let mut end = s;
+    while upper_at(cs, end) {
+        end += 1;
+    }
+    if end == s {
+        return None;
+    }
+    while lower_at(cs, end) {
+        end += 1;
+    }
+    Some(end)
+}
+
+/// The GPT-4o pattern (`Step::Gpt4o`) at char `i`.
+fn gpt4o_match(cs: &[(usize, char)], i: usize) -> usize {
+    let c = cs[i].1;
+    let class = class_of(c);
+    // `[^\r\n\p{L}\p{N}]?` before either letter alternative
+    let letters_from = if class == CharClass::Letter {
+        Some(i)
+    } else if c != '\r' && c != '\n' && class != CharClass::Number {
+        Some(i + 1)
+    } else {
+        None
+    };
+    let letters_end =
+        letters_from.and_then(|s| upper_then_lower(cs, s).or_else(|| upper_run_then_lower(cs, s)));
+    if let Some(end) = letters_end {
+        let lower = |k: usize| cs.get(k).map(|&(_, c)| c.to_ascii_lowercase());
+        if lower(end) == Some('\'') {
+            match (lower(end + 1), lower(end + 2)) {
+                (Some('s' | 't' | 'm' | 'd'), _) => return end + 2,
+                (Some('r' | 'v'), Some('e')) | (Some('l'), Some('l')) => return end + 3,
+                _ => {}
+            }
+        }
+        return end;
+    }
+    // `\p{N}{1,3}`
+    if class == CharClass::Number {
+        let mut end = i;
+        while end < i + 3 && class_at(cs, end) == Some(CharClass::Number) {
+            end += 1;
+        }
+        return end;
+    }
+    // ` ?[^\s\p{L}\p{N}]+[\r\n/]*`
+    let start = if c == ' ' && other_at(cs, i + 1) {
+        i + 1
+    } else {
+        i
+    };
+    if other_at(cs, start) {
+        let mut end = run_end(cs, start, CharClass::Other);
+        while matches!(cs.get(end), Some((_, '\r' | '\n' | '/'))) {
+            end += 1;
+        }
+        return end;
+    }
+    // `\s*[\r\n]+`, then `\s+(?!\S)|\s+`
+    line_space_end(cs, i)
 }
 
 #[cfg(test)]
@@ -374,6 +487,13 @@ mod tests {
     #[test]
     fn llama3_groups_digits_by_three() {
         assert_eq!(words("llama-bpe", "1234567"), ["123", "456", "7"]);
+        assert_eq!(
+            words("gpt-4o", "HelloWorld ABCdef éCOLE I'LL 12345 a/b//\n\n  x"),
+            [
+                "Hello", "World", " ABCdef", " é", "COLE", " I'LL", " ", "123", "45", " a", "/b",
+                "//\n\n", " ", " x"
+            ]
+        );
     }
 
     #[test]

@@ -105,7 +105,14 @@ const EOG_TEXTS: &[&str] = &[
     "_<EOT>",
     "<|end_of_text|>",
     "<end_of_utterance>",
+    // gpt-oss (o200k_harmony): the reply is done, or waits for a tool's result.
+    "<|return|>",
+    "<|call|>",
 ];
+
+/// gpt-oss's harmony markers that llama.cpp always renders (user-defined), so the text of a
+/// reply shows its message structure: `<|channel|>analysis<|message|>…`.
+const HARMONY_RENDERED: &[&str] = &["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"];
 
 const KEY_ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
 const KEY_BOS: &str = "tokenizer.ggml.bos_token_id";
@@ -171,6 +178,7 @@ impl SpecialTokens {
             s.eom = find_and_mark(vocab, EOM_TEXTS);
         }
         s.eog = end_of_generation(vocab, &s, &fim[3..]);
+        harmony(vocab, &mut s.eog);
         Ok(s)
     }
 
@@ -204,6 +212,24 @@ fn end_of_generation(vocab: &mut Vocab, s: &SpecialTokens, fim: &[Option<u32>]) 
     eog.sort_unstable();
     eog.dedup();
     eog
+}
+
+/// gpt-oss's vocabulary, as llama.cpp reads it: the harmony markers render as text, and where
+/// `<|return|>` and `<|call|>` end generation `<|end|>` does not (it ends one message of a reply
+/// that goes on, `…<|end|><|start|>assistant<|channel|>final…`) and renders too.
+fn harmony(vocab: &mut Vocab, eog: &mut Vec<u32>) {
+    for text in HARMONY_RENDERED {
+        if let Some(id) = vocab.id(text) {
+            vocab.set_attr(id, TokenAttr::USER_DEFINED);
+        }
+    }
+    let in_eog = |text: &str| vocab.id(text).filter(|id| eog.contains(id));
+    if let (Some(_), Some(_), Some(end)) =
+        (in_eog("<|return|>"), in_eog("<|call|>"), in_eog("<|end|>"))
+    {
+        eog.retain(|&id| id != end);
+        vocab.set_attr(end, TokenAttr::USER_DEFINED);
+    }
 }
 
 /// An optional token id; present but out of range or not an integer is an error.

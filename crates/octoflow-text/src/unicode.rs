@@ -26,11 +26,13 @@ struct Tables {
     number: Vec<(char, char)>,
 }
 
+/// The classes as of Unicode 15.1, the version of llama.cpp's tables (`unicode-data.cpp`): a
+/// letter assigned later is unassigned there, so it splits as a symbol would.
 fn tables() -> &'static Tables {
     static TABLES: OnceLock<Tables> = OnceLock::new();
     TABLES.get_or_init(|| Tables {
-        letter: class_ranges(r"\p{L}"),
-        number: class_ranges(r"\p{N}"),
+        letter: class_ranges(r"[\p{L}&&\p{Age=V15_1}]"),
+        number: class_ranges(r"[\p{N}&&\p{Age=V15_1}]"),
     })
 }
 
@@ -96,6 +98,9 @@ mod tests {
     fn letter_and_number_tables_are_loaded() {
         assert!(tables().letter.len() > 100);
         assert!(tables().number.len() > 50);
+        // U+136AC, an Egyptian hieroglyph of Unicode 16, is not a letter in 15.1
+        assert_eq!(class_of('\u{136ac}'), CharClass::Other);
+        assert_eq!(class_of('\u{2ebf0}'), CharClass::Letter);
     }
 
     #[test]

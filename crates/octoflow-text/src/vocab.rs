@@ -164,6 +164,13 @@ impl Vocab {
         self.attrs.get(id as usize).copied().unwrap_or_default()
     }
 
+    /// Replaces the token's attributes.
+    pub(crate) fn set_attr(&mut self, id: u32, attr: TokenAttr) {
+        if let Some(a) = self.attrs.get_mut(id as usize) {
+            *a = attr;
+        }
+    }
+
     pub(crate) fn add_attr(&mut self, id: u32, attr: TokenAttr) {
         if let Some(a) = self.attrs.get_mut(id as usize) {
             *a = a.with(attr);

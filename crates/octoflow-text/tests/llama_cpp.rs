@@ -58,6 +58,15 @@ const WORDS: &[&str] = &[
     "...",
     "!!!",
     "===",
+    "HelloWorld",
+    "ÉCOLE d'été",
+    "Straße",
+    "e\u{301}",
+    "path/to/file/\n",
+    "Привет Мир",
+    "日本語のテキスト",
+    "😀👍",
+    "I'LL",
 ];
 
 /// Random text: words, random characters, and now and then one of the model's special or
@@ -208,6 +217,47 @@ fn tokenizer_and_chat_template_agree_with_llama_cpp_on_random_input() {
             )),
         }
     }
+    assert!(
+        failures.is_empty(),
+        "seed {seed}: {} disagreements with llama.cpp:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// GPT-4o's pre-tokenizer (`tokenizer.ggml.pre = "gpt-4o"`, GPT-OSS's) has no shipped model
+/// here: qwen2.5's byte-level BPE vocabulary is relabelled with it, so llama.cpp splits with its
+/// GPT-4o pattern and the same merges, and both tokenizers are compared on random text.
+#[test]
+fn gpt4o_pre_tokenizer_agrees_with_llama_cpp_on_random_input() {
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let base = common::open_model("qwen2.5-coder-0.5b-instruct-q4_k_m");
+    let mut w = octoflow_gguf::GgufWriter::from_file(&base);
+    w.tensors_mut().clear();
+    w.set(
+        "tokenizer.ggml.pre",
+        octoflow_gguf::value::Value::String("gpt-4o".into()),
+    );
+    w.remove("tokenizer.chat_template");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("gpt4o-vocab.gguf");
+    w.write_file(&path).expect("vocabulary-only GGUF written");
+    let file = octoflow_gguf::GgufFile::open(&path).expect("written GGUF parses");
+    let tok = Tokenizer::from_gguf(&file).expect("gpt-4o tokenizer");
+    let texts: Vec<String> = (0..TEXTS).map(|_| random_text(&mut rng, &[])).collect();
+    let answer = llama_cpp(
+        &path,
+        &json!({"texts": texts, "ids": [], "conversations": []}),
+    );
+    let failures: Vec<String> = texts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, text)| {
+            let (got, want) = (tok.encode(text, true, false), ids(&answer["bos_plain"][i]));
+            (got != want).then(|| format!("{text:?}\n  got  {got:?}\n  want {want:?}"))
+        })
+        .collect();
     assert!(
         failures.is_empty(),
         "seed {seed}: {} disagreements with llama.cpp:\n{}",

@@ -153,6 +153,14 @@ pub struct DeviceCaps {
     pub timestamps: bool,
     /// Valid bits of a compute-queue timestamp (0 without timestamps).
     pub timestamp_bits: u32,
+    /// PCI address `dddd:bb:dd.f` (VK_EXT_pci_bus_info), how sensors (NVML, hwmon) find this
+    /// device; `None` where the extension is absent (lavapipe). Absent from older recordings.
+    #[serde(default)]
+    pub pci_bus: Option<String>,
+    /// `deviceUUID` (Vulkan 1.1) as 32 hex digits, the same bytes NVML's `GPU-…` UUID spells;
+    /// `None` below Vulkan 1.2 here. Absent from older recordings.
+    #[serde(default)]
+    pub device_uuid: Option<String>,
 }
 
 impl DeviceCaps {

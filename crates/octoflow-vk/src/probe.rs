@@ -14,6 +14,7 @@ pub(crate) const COOPMAT2_EXT: &CStr = c"VK_NV_cooperative_matrix2";
 pub(crate) const PIPELINE_EXEC_EXT: &CStr = c"VK_KHR_pipeline_executable_properties";
 const SM_BUILTINS_EXT: &CStr = c"VK_NV_shader_sm_builtins";
 const AMD_CORE_EXT: &CStr = c"VK_AMD_shader_core_properties";
+const PCI_BUS_EXT: &CStr = c"VK_EXT_pci_bus_info";
 
 /// Properties and features of one physical device, plus the queue family we compute on.
 pub(crate) struct Probe {
@@ -51,6 +52,8 @@ pub(crate) fn probe(instance: &Instance, pdev: vk::PhysicalDevice, index: usize)
     let has_amd = has_ext(AMD_CORE_EXT);
     let mut psm = vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV::default();
     let mut pamd = vk::PhysicalDeviceShaderCorePropertiesAMD::default();
+    let has_pci = has_ext(PCI_BUS_EXT);
+    let mut ppci = vk::PhysicalDevicePCIBusInfoPropertiesEXT::default();
     let mut props = vk::PhysicalDeviceProperties2::default();
     let mut feats = vk::PhysicalDeviceFeatures2::default();
     if api >= vk::API_VERSION_1_2 {
@@ -72,6 +75,9 @@ pub(crate) fn probe(instance: &Instance, pdev: vk::PhysicalDevice, index: usize)
     }
     if has_exec {
         feats = feats.push_next(&mut fpe);
+    }
+    if has_pci {
+        props = props.push_next(&mut ppci);
     }
     unsafe {
         inst.get_physical_device_properties2(pdev, &mut props);
@@ -133,6 +139,13 @@ pub(crate) fn probe(instance: &Instance, pdev: vk::PhysicalDevice, index: usize)
         compute_queue: queue_family.is_some(),
         timestamps: timestamp_bits > 0 && queue_family.is_some(),
         timestamp_bits,
+        pci_bus: has_pci.then(|| {
+            format!(
+                "{:04x}:{:02x}:{:02x}.{:x}",
+                ppci.pci_domain, ppci.pci_bus, ppci.pci_device, ppci.pci_function
+            )
+        }),
+        device_uuid: (api >= vk::API_VERSION_1_2).then(|| hex(&p11.device_uuid)),
     };
     Ok(Probe {
         caps,
@@ -151,6 +164,10 @@ fn compute_units(
         p.shader_engine_count * p.shader_arrays_per_engine_count * p.compute_units_per_shader_array
     });
     nv.or(amd).filter(|&n| n > 0)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn cstr(s: std::result::Result<&CStr, std::ffi::FromBytesUntilNulError>) -> String {

@@ -226,6 +226,69 @@ fn bench_reports_pp_and_tg_as_json() {
 }
 
 #[test]
+fn bench_at_depth_runs_each_test_after_that_much_context() {
+    let o = octoflow(&[
+        "bench",
+        "-m",
+        SMOLLM,
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-d",
+        "0,16",
+        "-r",
+        "1",
+        "--warmup",
+        "0",
+        "--steps",
+        "2",
+        "--cache-type",
+        "f32",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let tests = doc["tests"].as_array().unwrap();
+    let names: Vec<_> = tests.iter().map(|t| t["test"].as_str().unwrap()).collect();
+    // llama-bench's names and order: every test at each depth
+    assert_eq!(names, ["pp8", "tg4", "pp8 @ d16", "tg4 @ d16"]);
+    let depths: Vec<_> = tests
+        .iter()
+        .map(|t| t["n_depth"].as_u64().unwrap())
+        .collect();
+    assert_eq!(depths, [0, 0, 16, 16]);
+    assert_eq!(doc["type_kv"], "f32");
+    // the context holds the deepest test: 16 + 8 + 4 + 1 positions (the prompt at position 16
+    // is only accepted after those 16 tokens were prefilled)
+    assert!(stderr(&o).contains("(29 positions, f32)"), "{}", stderr(&o));
+}
+
+#[test]
+fn the_kv_cache_type_is_f16_by_default_and_a_bad_one_is_named() {
+    let o = octoflow(&[
+        "bench", "-m", SMOLLM, "-p", "4", "-n", "2", "-r", "1", "--warmup", "0",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("KV cache: f16"), "{}", stdout(&o));
+    assert!(stderr(&o).contains("positions, f16)"), "{}", stderr(&o));
+    let o = octoflow(&[
+        "run",
+        "-m",
+        SMOLLM,
+        "-p",
+        "x",
+        "-n",
+        "1",
+        "--cache-type",
+        "q9_9",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.contains("q9_9") && err.contains("f32, f16"), "{err}");
+}
+
+#[test]
 fn a_missing_gpu_index_is_a_clear_error() {
     let o = octoflow(&["run", "-m", SMOLLM, "-p", "x", "-n", "1", "--gpu", "99"]);
     assert_eq!(o.status.code(), Some(1));

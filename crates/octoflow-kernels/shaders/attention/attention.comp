@@ -1,5 +1,6 @@
 #version 450
-// Causal attention with grouped KV heads and an optional sliding window, f32.
+// Causal attention with grouped KV heads and an optional sliding window, f32 (the caches f32,
+// or f16 in the `attention_kv16` variant: kv.glsl).
 //   q [n_tokens, n_head, head_dim], k [n_kv_rows, n_head_kv, head_dim],
 //   v [n_kv_rows, n_head_kv, head_dim_v], o [n_tokens, n_head, head_dim_v].
 // Query t sits at p = pos[pos_offset] + t and sees keys j in [first, min(p, n_kv_rows - 1)],
@@ -24,6 +25,8 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_GOOGLE_include_directive : require
+#include "kv.glsl"
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint CL = 8;       // lanes per cluster, power of two <= subgroup
@@ -37,15 +40,15 @@ const uint NQ = HPL * TPL;
 const float NEG_BIG = -1.0e30; // "nothing seen yet": finite, so exp(NEG_BIG - NEG_BIG) = 1
 
 layout(std430, binding = 0) readonly buffer Q { float q[]; };
-layout(std430, binding = 1) readonly buffer K { float k[]; };
-layout(std430, binding = 2) readonly buffer V { float v[]; };
+layout(std430, binding = 1) readonly buffer K { KV_T k[]; };
+layout(std430, binding = 2) readonly buffer V { KV_T v[]; };
 layout(std430, binding = 3) writeonly buffer O { float o[]; };
 layout(std430, binding = 4) readonly buffer P { uint pos[]; };
 layout(std430, binding = 5) writeonly buffer Part { float part[]; };
 layout(std430, binding = 6) readonly buffer S { float sinks[]; };
 layout(std430, binding = 0) readonly buffer Q4 { vec4 q4[]; };
-layout(std430, binding = 1) readonly buffer K4 { vec4 k4[]; };
-layout(std430, binding = 2) readonly buffer V4 { vec4 v4[]; };
+layout(std430, binding = 1) readonly buffer K4 { KV4_T k4[]; };
+layout(std430, binding = 2) readonly buffer V4 { KV4_T v4[]; };
 layout(std430, binding = 3) writeonly buffer O4 { vec4 o4[]; };
 layout(std430, binding = 5) writeonly buffer Part4 { vec4 part4[]; };
 
@@ -79,22 +82,22 @@ vec4 ld_q(uint base, uint e) {
 
 vec4 ld_k(uint base, uint e) {
     if (ALIGNED) {
-        return e < pc.head_dim ? k4[(base + e) >> 2] : vec4(0.0);
+        return e < pc.head_dim ? vec4(k4[(base + e) >> 2]) : vec4(0.0);
     }
     vec4 r = vec4(0.0);
     for (uint i = 0; i < 4u; i++) {
-        if (e + i < pc.head_dim) r[i] = k[base + e + i];
+        if (e + i < pc.head_dim) r[i] = float(k[base + e + i]);
     }
     return r;
 }
 
 vec4 ld_v(uint base, uint e) {
     if (ALIGNED) {
-        return e < pc.head_dim_v ? v4[(base + e) >> 2] : vec4(0.0);
+        return e < pc.head_dim_v ? vec4(v4[(base + e) >> 2]) : vec4(0.0);
     }
     vec4 r = vec4(0.0);
     for (uint i = 0; i < 4u; i++) {
-        if (e + i < pc.head_dim_v) r[i] = v[base + e + i];
+        if (e + i < pc.head_dim_v) r[i] = float(v[base + e + i]);
     }
     return r;
 }

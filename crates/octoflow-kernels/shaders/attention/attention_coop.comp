@@ -37,6 +37,8 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_GOOGLE_include_directive : require
+#include "kv.glsl"
 
 #ifndef D
 #define D 64u
@@ -60,8 +62,8 @@
 layout(local_size_x = WGS) in;
 
 layout(std430, binding = 0) readonly buffer Q4 { vec4 q4[]; };
-layout(std430, binding = 1) readonly buffer K4 { vec4 k4[]; };
-layout(std430, binding = 2) readonly buffer V4 { vec4 v4[]; };
+layout(std430, binding = 1) readonly buffer K4 { KV4_T k4[]; };
+layout(std430, binding = 2) readonly buffer V4 { KV4_T v4[]; };
 layout(std430, binding = 3) writeonly buffer O { float o[]; };
 layout(std430, binding = 4) readonly buffer P { uint pos[]; };
 layout(std430, binding = 5) writeonly buffer Part { float part[]; };
@@ -98,10 +100,10 @@ void load_block(uint kb, uint kend, uint hk, bool values, uint tid) {
         uint c = e % D4;
         uint j = kb + r;
         uint g = (j * pc.n_head_kv + hk) * D4 + c;
-        vec4 kx = j < kend ? k4[g] : vec4(0.0);
+        vec4 kx = j < kend ? vec4(k4[g]) : vec4(0.0);
         kv[r * LD + c] = f16vec4(kx);
         if (values) {
-            vec4 vx = j < kend ? v4[g] : vec4(0.0);
+            vec4 vx = j < kend ? vec4(v4[g]) : vec4(0.0);
             kv[BC * LD + r * LD + c] = f16vec4(vx);
         }
     }

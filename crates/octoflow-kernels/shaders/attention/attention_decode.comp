@@ -47,6 +47,7 @@
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_GOOGLE_include_directive : require
+#include "kv.glsl"
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint LPK = 4;   // lanes per key when scoring (power of two <= subgroup)
@@ -63,8 +64,8 @@ const uint PB = 8;                    // pieces merged per batch of loads
 const float NEG_BIG = -1.0e30;        // "nothing seen yet": finite, so exp(NEG_BIG - NEG_BIG) = 1
 
 layout(std430, binding = 0) readonly buffer Q { float q[]; };
-layout(std430, binding = 1) readonly buffer K { float k[]; };
-layout(std430, binding = 2) readonly buffer V { float v[]; };
+layout(std430, binding = 1) readonly buffer K { KV_T k[]; };
+layout(std430, binding = 2) readonly buffer V { KV_T v[]; };
 layout(std430, binding = 3) writeonly buffer O { float o[]; };
 layout(std430, binding = 4) readonly buffer P { uint pos[]; };
 // coherent: the merging workgroup reads what other workgroups wrote in this dispatch
@@ -72,16 +73,16 @@ layout(std430, binding = 5) coherent buffer Part { float part[]; };
 layout(std430, binding = 6) coherent buffer Cnt { uint cnt[]; };
 layout(std430, binding = 5) coherent buffer Part4 { vec4 part4[]; };
 layout(std430, binding = 0) readonly buffer Q4 { vec4 q4[]; };
-layout(std430, binding = 1) readonly buffer K4 { vec4 k4[]; };
-layout(std430, binding = 2) readonly buffer V4 { vec4 v4[]; };
+layout(std430, binding = 1) readonly buffer K4 { KV4_T k4[]; };
+layout(std430, binding = 2) readonly buffer V4 { KV4_T v4[]; };
 layout(std430, binding = 3) writeonly buffer O4 { vec4 o4[]; };
 layout(std430, binding = 7) readonly buffer S { float sinks[]; };
 #ifdef FRESH
 #include "rope.glsl"
 layout(std430, binding = 8) readonly buffer KR { float kr_raw[]; };
 layout(std430, binding = 9) readonly buffer VR { float vr_raw[]; };
-layout(std430, binding = 10) writeonly buffer KW { float kw[]; };
-layout(std430, binding = 11) writeonly buffer VW { float vw[]; };
+layout(std430, binding = 10) writeonly buffer KW { KV_T kw[]; };
+layout(std430, binding = 11) writeonly buffer VW { KV_T vw[]; };
 layout(std430, binding = 12) readonly buffer QNW { float qnw[]; };
 layout(std430, binding = 13) readonly buffer KNW { float knw[]; };
 layout(std430, binding = 14) readonly buffer FQ { vec2 fq[]; };
@@ -141,22 +142,22 @@ vec4 ld_q(uint base, uint e) {
 
 vec4 ld_k(uint base, uint e) {
     if (ALIGNED) {
-        return e < pc.head_dim ? k4[(base + e) >> 2] : vec4(0.0);
+        return e < pc.head_dim ? vec4(k4[(base + e) >> 2]) : vec4(0.0);
     }
     vec4 r = vec4(0.0);
     [[unroll]] for (uint i = 0; i < 4u; i++) {
-        if (e + i < pc.head_dim) r[i] = k[base + e + i];
+        if (e + i < pc.head_dim) r[i] = float(k[base + e + i]);
     }
     return r;
 }
 
 vec4 ld_v(uint base, uint e) {
     if (ALIGNED) {
-        return e < pc.head_dim_v ? v4[(base + e) >> 2] : vec4(0.0);
+        return e < pc.head_dim_v ? vec4(v4[(base + e) >> 2]) : vec4(0.0);
     }
     vec4 r = vec4(0.0);
     [[unroll]] for (uint i = 0; i < 4u; i++) {
-        if (e + i < pc.head_dim_v) r[i] = v[base + e + i];
+        if (e + i < pc.head_dim_v) r[i] = float(v[base + e + i]);
     }
     return r;
 }
@@ -197,7 +198,7 @@ float fresh1(uint row, uint u, uint d) {
 vec4 ld_key(uint j, uint kbase, uint kvh, uint e) {
 #ifdef FRESH
     if (j >= fresh0) {
-        return k_sh[(j - fresh0) * RW4 + e / 4u] * inv_k[j - fresh0];
+        return kv_round(k_sh[(j - fresh0) * RW4 + e / 4u] * inv_k[j - fresh0]);
     }
 #endif
     return ld_k((kbase + j) * pc.n_head_kv * pc.head_dim + kvh * pc.head_dim, e);
@@ -208,7 +209,7 @@ vec4 ld_val(uint j, uint kbase, uint kvh, uint e) {
     uint v_stride = pc.n_head_kv * pc.head_dim_v;
 #ifdef FRESH
     if (j >= fresh0) {
-        return v_sh[(j - fresh0) * NVL + e / 4u];
+        return kv_round(v_sh[(j - fresh0) * NVL + e / 4u]);
     }
 #endif
     return ld_v((kbase + j) * v_stride + kvh * pc.head_dim_v, e);
@@ -398,11 +399,11 @@ void main() {
     if (hc == 0u && piece == 0u && p < pc.n_ctx) {
         uint kd = p * pc.n_head_kv * pc.head_dim + kvh * pc.head_dim;
         for (uint e = tid; e < pc.head_dim; e += WG) {
-            kw[kd + e] = k_sh[t * RW4 + e / 4u][e % 4u] * inv_k[t];
+            kw[kd + e] = kv_store(k_sh[t * RW4 + e / 4u][e % 4u] * inv_k[t]);
         }
         uint vd = p * v_stride + kvh * pc.head_dim_v;
         for (uint e = tid; e < pc.head_dim_v; e += WG) {
-            vw[vd + e] = v_sh[t * NVL + e / 4u][e % 4u];
+            vw[vd + e] = kv_store(v_sh[t * NVL + e / 4u][e % 4u]);
         }
     }
     [[unroll]] for (uint r = 0; r < NK4; r++) {

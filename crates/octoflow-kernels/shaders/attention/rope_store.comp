@@ -1,5 +1,6 @@
 #version 450
-// RoPE of q and k plus the KV-cache write, f32, in one dispatch (the decode step's rope(q),
+// RoPE of q and k plus the KV-cache write, f32 (the caches f32, or f16 in the `rope_store_kv16`
+// variant: kv.glsl), in one dispatch (the decode step's rope(q),
 // rope(k), barrier, set_rows(k), set_rows(v)):
 //   q  [n_tokens, n_head, head_dim]       rotated in place;
 //   k  [n_tokens, n_head_kv, head_dim]    read only: its rotated row goes to kc, k is unchanged;
@@ -19,6 +20,7 @@
 //                                n_rot + j - n_rot/2; nk = n_tokens * n_head_kv * (head_dim - n_rot/2);
 //   [nq + nk, + nv)   v values:  nv = n_tokens * v_width.
 #extension GL_GOOGLE_include_directive : require
+#include "kv.glsl"
 
 layout(local_size_x = 256) in;
 
@@ -28,8 +30,8 @@ layout(local_size_x = 256) in;
 layout(std430, binding = 0) buffer Q { float q[]; };
 layout(std430, binding = 1) readonly buffer K { float k[]; };
 layout(std430, binding = 2) readonly buffer V { float v[]; };
-layout(std430, binding = 3) writeonly buffer KC { float kc[]; };
-layout(std430, binding = 4) writeonly buffer VC { float vc[]; };
+layout(std430, binding = 3) writeonly buffer KC { KV_T kc[]; };
+layout(std430, binding = 4) writeonly buffer VC { KV_T vc[]; };
 layout(std430, binding = 5) readonly buffer P { uint pos[]; };
 layout(std430, binding = 6) readonly buffer F { vec2 freq[]; };
 
@@ -105,11 +107,11 @@ void main() {
             uvec2 ab = pair(j);
             float x0 = k[src + ab.x];
             float x1 = k[src + ab.y];
-            kc[dst + ab.x] = x0 * cs.x - x1 * cs.y;
-            kc[dst + ab.y] = x0 * cs.y + x1 * cs.x;
+            kc[dst + ab.x] = kv_store(x0 * cs.x - x1 * cs.y);
+            kc[dst + ab.y] = kv_store(x0 * cs.y + x1 * cs.x);
         } else {
             uint d = pc.n_rot + (j - half_rot);
-            kc[dst + d] = k[src + d];
+            kc[dst + d] = kv_store(k[src + d]);
         }
         return;
     }
@@ -119,7 +121,7 @@ void main() {
         uint t = idx / pc.v_width;
         uint row = cache_row(t);
         if (row < pc.n_ctx) {
-            vc[row * pc.v_width + (idx - t * pc.v_width)] = v[idx];
+            vc[row * pc.v_width + (idx - t * pc.v_width)] = kv_store(v[idx]);
         }
     }
 }

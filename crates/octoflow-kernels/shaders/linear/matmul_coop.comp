@@ -37,6 +37,15 @@
 // BK). With split > 1 each piece writes its raw sums to part[(p * n_tokens + t) * n_rows + r]
 // and split_sum.comp adds the pieces into y (bias, accumulate); a small matrix then spreads over
 // enough workgroups to fill the device instead of running its column steps one after another.
+//
+// MOE variants (MOE defined): the grouped expert products of a mixture of experts (the batch
+// path of moe/experts.rs, with moe_matmul.comp's bindings, push constants and semantics):
+// workgroup z = expert e_begin + z, its W rows from byte z * n_rows * row_bytes, the token tile
+// = BN pairs of the expert's group (list[offsets[e] ...], moe_group.comp), each pair p's input
+// row p / x_div gathered into the x tile and its output row p scattered from the staging tile:
+// y[p * n_rows + r] = dot + bias[e * n_rows + r]; with GLU, moe_act(gate + b, up + b_up). Tiles
+// past the group's end leave at once (the grid is sized for the largest possible group); no
+// split-K (the products of one expert are few and the experts fill the grid).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_cooperative_matrix : require
@@ -90,6 +99,28 @@ layout(std430, binding = 0) readonly buffer WH4 { uvec4 wh4[]; }; // WH: 8 f16 w
 layout(std430, binding = 1) readonly buffer XH4 { uvec4 xh4[]; }; // XH: 8 f16 inputs
 layout(std430, binding = 2) buffer Y { float y[]; };
 layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
+#ifdef MOE
+layout(std430, binding = 4) readonly buffer Off { uint offsets[]; };
+layout(std430, binding = 5) readonly buffer List { uint list[]; };
+#ifdef GLU
+layout(std430, binding = 6) readonly buffer W2 { uint w2[]; };      // the up matrix
+layout(std430, binding = 7) readonly buffer Bias2 { float bias2[]; }; // its biases
+#endif
+
+layout(push_constant) uniform Push {
+    uint n_rows;
+    uint n_cols;
+    uint row_bytes;
+    uint n_pairs;
+    uint x_div;
+    uint e_begin;
+    uint e_count;
+    uint flags; // bit 0: add the biases, bit 1: x is read as vec4s
+    uint act;   // GLU: moe_act.glsl's op
+    float alpha;
+    float limit;
+} pc;
+#else
 layout(std430, binding = 4) writeonly buffer Part { float part[]; };
 #ifdef GLU
 layout(std430, binding = 5) readonly buffer W2 { uint w2[]; }; // the up matrix
@@ -107,13 +138,18 @@ layout(push_constant) uniform Push {
     uint split; // pieces (1: write y directly)
     uint x_vec; // 1: x is read as vec4s
 } pc;
+#endif
 
 #include "quant.glsl"
 #ifdef GLU
 #define QSECOND
 #include "quant.glsl" // chunk_fetch_2 / chunk_decode_2 read w2
 #undef QSECOND
+#ifdef MOE
+#include "moe_act.glsl"
+#else
 #include "glu.glsl"
+#endif
 #endif
 
 shared f16vec4 ws[NMAT * BM * LDA]; // W tile, [row][k] (GLU: gate rows, then up rows)
@@ -121,6 +157,13 @@ shared f16vec4 xs[BN * LDA];   // x tile, [token][k]
 shared float cs[NSG * 256u];   // per-subgroup 16 x 16 output staging, [token][row]
 
 #define ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+
+// The first byte of this workgroup's matrix rows (MOE: its expert's).
+uint w_base = 0u;
+#ifdef MOE
+#define NONE 0xffffffffu
+shared uint ent[BN]; // the token tile's pairs (NONE past the group's end)
+#endif
 
 // Registers of one step: the raw words of the W chunks this invocation decodes (quant.glsl's
 // chunk_fetch) and its x vec4s.
@@ -158,13 +201,21 @@ bool up_job(uint tid, uint q) {
 // x vec4 q of this invocation in step k0 (zeros past the ends).
 vec4 x_fetch(uint k0, uint tid, uint tok0, uint q, bool xvec) {
     uint e = tid + WGS * q;
-    uint t = tok0 + e / (BK / 4u);
     uint col = k0 + 4u * (e % (BK / 4u));
     vec4 v = vec4(0.0);
+#ifdef MOE
+    // the pair's input row (its token's where pairs share it)
+    uint tl = e / (BK / 4u);
+    uint p = tl < BN ? ent[tl] : NONE;
+    uint t = p / pc.x_div;
+    if (p != NONE) {
+#else
+    uint t = tok0 + e / (BK / 4u);
 #ifdef ABL_NOX
     if (false) {
 #else
     if (t < pc.n_tokens) {
+#endif
 #endif
         uint o = t * pc.n_cols + col;
         if (xvec) {
@@ -202,10 +253,10 @@ void load_step(uint k0, uint tid, uint row0, uint tok0, uint nc, bool xvec) {
         if (w_job(k0, tid, row0, nc, q, r, c)) {
 #ifdef GLU
             if (up_job(tid, q)) {
-                chunk_fetch_2(r * pc.row_bytes, c, pc.n_cols, wraw[q]);
+                chunk_fetch_2(w_base + r * pc.row_bytes, c, pc.n_cols, wraw[q]);
             } else
 #endif
-            chunk_fetch(r * pc.row_bytes, c, pc.n_cols, wraw[q]);
+            chunk_fetch(w_base + r * pc.row_bytes, c, pc.n_cols, wraw[q]);
         } else {
             [[unroll]] for (uint i = 0u; i < QRAW; i++) {
                 wraw[q][i] = 0u;
@@ -268,10 +319,10 @@ void store_step(uint k0, uint tid, uint row0, uint nc) {
             if (w_job(k0, tid, row0, nc, q, r, c)) {
 #ifdef GLU
                 if (up_job(tid, q)) {
-                    chunk_decode_2(wraw[q], r * pc.row_bytes, c, pc.n_cols, v);
+                    chunk_decode_2(wraw[q], w_base + r * pc.row_bytes, c, pc.n_cols, v);
                 } else
 #endif
-                chunk_decode(wraw[q], r * pc.row_bytes, c, pc.n_cols, v);
+                chunk_decode(wraw[q], w_base + r * pc.row_bytes, c, pc.n_cols, v);
             } else {
                 [[unroll]] for (uint i = 0u; i < 32u; i++) {
                     v[i] = 0.0;
@@ -301,7 +352,22 @@ void main() {
     uint sg = gl_SubgroupID;
     uint wm0 = (sg % WARPS_M) * WM;
     uint wn0 = (sg / WARPS_M) * WN;
+#ifdef MOE
+    uint expert = pc.e_begin + gl_WorkGroupID.z;
+    uint first = offsets[expert];
+    uint count = offsets[expert + 1u] - first;
+    if (tok0 >= count) {
+        return; // the whole workgroup: past this expert's group
+    }
+    w_base = gl_WorkGroupID.z * pc.n_rows * pc.row_bytes;
+    if (tid < BN) {
+        ent[tid] = tok0 + tid < count ? list[first + tok0 + tid] : NONE;
+    }
+    barrier();
+    bool xvec = (pc.flags & 2u) != 0u;
+#else
     bool xvec = pc.x_vec != 0u;
+#endif
 
     ACC acc[FM][FN];
 #ifdef GLU
@@ -317,9 +383,14 @@ void main() {
     }
 
     uint nc = chunk_count(pc.n_cols);
+#ifdef MOE
+    uint kb = 0u;
+    uint ke = pc.n_cols;
+#else
     uint piece = gl_WorkGroupID.z;
     uint kb = piece * pc.k_per;
     uint ke = min(pc.n_cols, kb + pc.k_per);
+#endif
     load_step(kb, tid, row0, tok0, nc, xvec);
     for (uint k0 = kb; k0 < ke; k0 += BK) {
         store_step(k0, tid, row0, nc);
@@ -367,6 +438,42 @@ void main() {
     uint lane = gl_SubgroupInvocationID;
     uint base = sg * 256u;
     bool add_bias = (pc.flags & 1u) != 0u;
+#ifdef MOE
+    [[unroll]] for (uint i = 0u; i < FM; i++) {
+        [[unroll]] for (uint j = 0u; j < FN; j++) {
+            coopMatStore(acc[i][j], cs, base, 16u, gl_CooperativeMatrixLayoutColumnMajor);
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
+#ifdef GLU
+            // the raw gate sums kept in registers while the up tile takes the staging area
+            float ga[8];
+            [[unroll]] for (uint e0 = 0u; e0 < 256u; e0 += 32u) {
+                ga[e0 / 32u] = cs[base + e0 + lane];
+            }
+            subgroupBarrier();
+            coopMatStore(acc2[i][j], cs, base, 16u, gl_CooperativeMatrixLayoutColumnMajor);
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
+#endif
+            [[unroll]] for (uint e0 = 0u; e0 < 256u; e0 += 32u) {
+                uint e = e0 + lane;
+                uint r = row0 + wm0 + 16u * i + e % 16u;
+                uint p = ent[wn0 + 16u * j + e / 16u];
+                if (r < pc.n_rows && p != NONE) {
+                    uint b = expert * pc.n_rows + r;
+#ifdef GLU
+                    float g = ga[e0 / 32u] + (add_bias ? bias[b] : 0.0);
+                    float u = cs[base + e] + (add_bias ? bias2[b] : 0.0);
+                    y[p * pc.n_rows + r] = moe_act(g, u, pc.act, pc.alpha, pc.limit);
+#else
+                    y[p * pc.n_rows + r] = cs[base + e] + (add_bias ? bias[b] : 0.0);
+#endif
+                }
+            }
+            subgroupBarrier();
+        }
+    }
+#else
     bool accumulate = (pc.flags & 2u) != 0u;
     // Constant indices only (every loop unrolled): an accumulator array indexed by a loop
     // variable lives in local memory, and every product then goes through it (measured on the
@@ -418,4 +525,5 @@ void main() {
             subgroupBarrier();
         }
     }
+#endif
 }

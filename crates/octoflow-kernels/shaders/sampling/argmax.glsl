@@ -6,7 +6,9 @@
 // NaN is never chosen and -0.0 ties with +0.0), and 0 when no value beats -inf (empty, all NaN
 // or all -inf). Every invocation must call it (it has barriers); every invocation gets the result.
 // With ARGMAX_LSE defined, the includer's `void lse_add(float)` also sees every logit of the
-// row (and -inf padding), so a log-sum-exp rides on the same pass over the vocabulary.
+// row (and -inf padding), so a log-sum-exp rides on the same pass over the vocabulary. With
+// ARGMAX_MASK defined, the includer's `float argmax_mask(uint i, float v)` turns each value
+// (after the log-sum-exp saw it) into what the argmax compares: NaN for a token it excludes.
 
 uint row_base = 0u; // first logit of this workgroup's row
 
@@ -35,6 +37,9 @@ uint workgroup_argmax(uint n) {
         for (uint j = 0u; j < 4u; ++j) {
 #ifdef ARGMAX_LSE
             lse_add(v[j]);
+#endif
+#ifdef ARGMAX_MASK
+            v[j] = argmax_mask(base + j * L + tid, v[j]);
 #endif
             if (v[j] > bv) {
                 bv = v[j];

@@ -16,6 +16,14 @@
 // the logits' order-preserving keys finds the key T of the k-th largest candidate; if more logits
 // than needed equal T, more radix passes over their token ids keep the lowest ids. Then the exact
 // k candidates are gathered into shared memory, ranked, and the rest runs there.
+//
+// MASKED (variant `sample_masked`): a grammar's token mask per row at binding 3, row r at word
+// r * mask_words: word 0 is the row's flag (0: unconstrained, the mask is not read), then one
+// bit per token (bit i % 32 of word 1 + i / 32; set: allowed). A masked-out token is treated as
+// a NaN logit — never a candidate — after the log-probability's log-sum-exp has seen its real
+// value (the log-probability stays the model's). When no allowed logit beats -inf, the token is
+// the lowest allowed id (0 if none is): the CPU reference `sample_masked_ref`, octoflow-core's
+// `Sampler::sample_masked`.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -31,7 +39,14 @@ layout(std430, binding = 0) readonly buffer Logits { float logits[]; };
 layout(std430, binding = 1) buffer State { uint state[]; };
 layout(std430, binding = 2) writeonly buffer Out { uint outv[]; };
 
+#ifdef MASKED
+layout(std430, binding = 3) readonly buffer Mask { uint maskw[]; };
+layout(push_constant) uniform Push {
+    uint n_vocab; uint out_offset; uint lp_offset; uint mask_words;
+} pc;
+#else
 layout(push_constant) uniform Push { uint n_vocab; uint out_offset; uint lp_offset; } pc;
+#endif
 
 // lp_offset meaning "write no log-probabilities" (the Rust side's None).
 #define NO_LOGPROB 0xFFFFFFFFu
@@ -58,7 +73,26 @@ void lse_add(float v) {
     }
 }
 
+// This row's mask: whether it has one, and the word where its bits start.
+bool row_masked = false;
+uint mask_base = 0u;
+
+// The value a masked row's sampler sees for token i (padding past the row passes as is).
+float masked(uint i, float v) {
+#ifdef MASKED
+    if (row_masked && i < pc.n_vocab && ((maskw[mask_base + (i >> 5u)] >> (i & 31u)) & 1u) == 0u) {
+        return uintBitsToFloat(0x7FC00000u);
+    }
+#endif
+    return v;
+}
+
+float argmax_mask(uint i, float v) {
+    return masked(i, v);
+}
+
 #define ARGMAX_LSE
+#define ARGMAX_MASK
 #include "argmax.glsl"
 
 shared float lse_mv[gl_WorkGroupSize.x];
@@ -163,6 +197,7 @@ void radix_histogram(uint n, uint shift, bool by_id, uint t, bool lse) {
             if (lse && i < n) {
                 lse_add(v[j]);
             }
+            v[j] = masked(i, v[j]);
             if (isnan(v[j])) {
                 continue;
             }
@@ -261,7 +296,7 @@ uint sample_top_k(uint n, float temperature) {
     }
     barrier();
     for (uint i = tid; i < n; i += L) {
-        float v = logits[row_base + i];
+        float v = masked(i, logits[row_base + i]);
         if (isnan(v)) {
             continue;
         }
@@ -357,6 +392,10 @@ void main() {
         s_word[tid] = state[sb + tid];
     }
     barrier();
+#ifdef MASKED
+    mask_base = row * pc.mask_words + 1u;
+    row_masked = pc.mask_words > 0u && maskw[mask_base - 1u] != 0u;
+#endif
     lse_on = pc.lp_offset != NO_LOGPROB;
     float temperature = uintBitsToFloat(s_word[4]);
     uint token;
@@ -368,6 +407,28 @@ void main() {
     if (lse_on) {
         workgroup_lse();
     }
+#ifdef MASKED
+    if (row_masked) {
+        // Whether any allowed logit beats -inf: the argmax over the allowed tokens (without
+        // the log-sum-exp, which has seen the row already).
+        bool lse_was = lse_on;
+        lse_on = false;
+        uint best = temperature <= 0.0 ? token : workgroup_argmax(pc.n_vocab);
+        lse_on = lse_was;
+        if (tid == 0u && !(masked(best, logits[row_base + best]) > NEG_INF)) {
+            uint first = 0u;
+            uint words = (pc.n_vocab + 31u) >> 5u;
+            for (uint w = 0u; w < words; ++w) {
+                uint bits = maskw[mask_base + w];
+                if (bits != 0u) {
+                    first = min(32u * w + findLSB(bits), pc.n_vocab - 1u);
+                    break;
+                }
+            }
+            token = first;
+        }
+    }
+#endif
     if (tid == 0u) {
         outv[pc.out_offset + row] = token;
         if (lse_on) {

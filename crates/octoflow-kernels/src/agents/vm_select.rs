@@ -84,7 +84,7 @@ pub fn vm_select_ref(rows: u32, bounds: &[u32]) -> Vec<u32> {
 
 /// Bucket bounds for a forward of at most `max_rows` rows: one bucket, the maximum. A skipped
 /// bucket's span still issues its dispatches and barriers each step (as no-ops), and on the
-/// H100 those cost more than the rows a smaller bucket saves (docs/perf-log, session 17), so
+/// H100 those cost more than the rows a smaller bucket saves (docs/PERFORMANCE.md, "NVIDIA H100: agent runs"), so
 /// the policy keeps only the span that skips steps with no rows at all. The selection and
 /// `GpuRun` take any increasing list: a cheaper skip (one recording whose row count is read
 /// on the GPU) would make more buckets worth their cost.

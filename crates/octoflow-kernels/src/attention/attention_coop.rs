@@ -10,6 +10,7 @@ use crate::attention::{
     attention_ref_rounded, merge_parts, split_parts, validate, AttentionArgs, AttentionShape,
 };
 use crate::error::Result;
+use crate::kv_type::{KvType, PerKv};
 use crate::matmul_coop::{coop_pipeline, MatmulCoop};
 use crate::operand::Positions;
 use crate::scratch::QueueScratch;
@@ -25,8 +26,9 @@ const BLOCK: [u32; 2] = [64, 32];
 
 /// The pipelines, one per head width.
 pub(crate) struct AttentionCoop {
-    d64: Pipeline,
-    d128: Pipeline,
+    /// The d64 and d128 pipelines per cache type (f16 ones where the device has 16-bit
+    /// storage buffers).
+    pipelines: PerKv<Option<(Pipeline, Pipeline)>>,
     /// Key splits aim at this many workgroups ([`Tuning::attention_target_groups`]).
     target_groups: u32,
 }
@@ -40,8 +42,20 @@ impl AttentionCoop {
             return Ok(None);
         }
         Ok(Some(AttentionCoop {
-            d64: coop_pipeline(ctx, shaders::ATTENTION_COOP_D64, 7, 36)?,
-            d128: coop_pipeline(ctx, shaders::ATTENTION_COOP_D128, 7, 36)?,
+            pipelines: PerKv {
+                f32: Some((
+                    coop_pipeline(ctx, shaders::ATTENTION_COOP_D64, 7, 36)?,
+                    coop_pipeline(ctx, shaders::ATTENTION_COOP_D128, 7, 36)?,
+                )),
+                f16: if KvType::F16.supported(caps) {
+                    Some((
+                        coop_pipeline(ctx, shaders::ATTENTION_COOP_D64_KV16, 7, 36)?,
+                        coop_pipeline(ctx, shaders::ATTENTION_COOP_D128_KV16, 7, 36)?,
+                    ))
+                } else {
+                    None
+                },
+            },
             target_groups: Tuning::from_caps(caps).attention_target_groups,
         }))
     }
@@ -70,10 +84,17 @@ impl AttentionCoop {
         merge: &Pipeline,
     ) -> Result<()> {
         validate(a)?;
+        let caps = chain.context().caps();
+        let Some((d64, d128)) = self.pipelines.get("attention", caps, a.kv)? else {
+            return Err(crate::operand::bad(
+                "attention",
+                format!("no {} KV cache pipelines were built", a.kv),
+            ));
+        };
         let (pipeline, block) = if a.head_dim == 64 {
-            (&self.d64, BLOCK[0])
+            (d64, BLOCK[0])
         } else {
-            (&self.d128, BLOCK[1])
+            (d128, BLOCK[1])
         };
         let tiles = a.n_tokens.div_ceil(TOKENS_PER_GROUP) * a.n_head;
         let split = if split == 0 {
@@ -217,18 +238,25 @@ mod tests {
             let mut gen =
                 |n: usize| -> Vec<f32> { (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect() };
             let q = gen(n_tok * n_head * hd);
-            let kc = gen(rows * n_kv * hd);
-            let vc = gen(rows * n_kv * hd);
+            // f16 caches in every other case (their values are what the reference rounds to)
+            let kv = if case % 2 == 1 {
+                KvType::F16
+            } else {
+                KvType::F32
+            };
+            let kc = kv.decode(&kv.encode(&gen(rows * n_kv * hd)));
+            let vc = kv.decode(&kv.encode(&gen(rows * n_kv * hd)));
             let (qb, kb, vb) = (
                 with(&ctx, "q", &q),
-                with(&ctx, "k", &kc),
-                with(&ctx, "v", &vc),
+                with(&ctx, "k", &kv.encode(&kc)),
+                with(&ctx, "v", &kv.encode(&vc)),
             );
             let ob = poisoned(&ctx, "out", n_tok * n_head * hd);
             let pb = with(&ctx, "pos", &[3u32, 1, start as u32]);
             let sb = with(&ctx, "sinks", &sink_logits);
             let sw = sb.whole();
             let args = AttentionArgs {
+                kv,
                 q: &qb.whole(),
                 k: &kb.whole(),
                 v: &vb.whole(),
@@ -269,7 +297,8 @@ mod tests {
             if let Err(e) = check_mag(&read(&ctx, &ob, want.len()), &want, &mag, REL_COOP) {
                 panic!(
                     "attention_coop {n_tok} tokens {n_head}/{n_kv} heads d {hd} rows {rows} \
-                     window {window} at {start}, split {split}, sinks {sinks} (seed {seed}): {e}"
+                     window {window} at {start}, split {split}, sinks {sinks}, {kv} caches \
+                     (seed {seed}): {e}"
                 );
             }
         }

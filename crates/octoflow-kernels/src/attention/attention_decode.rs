@@ -19,7 +19,8 @@ use octoflow_vk::{BufferSlice, Chain, DeviceCaps, DeviceKind, Push};
 
 use crate::attention::{grid, kv_total, validate, AttentionArgs};
 use crate::error::Result;
-use crate::operand::{bad, need, overlap, Positions};
+use crate::kv_type::PerKv;
+use crate::operand::{bad, need, need_kv, overlap, Positions};
 use crate::rope::{RopeFreqs, RopeMode};
 use crate::scratch::QueueScratch;
 use crate::shaders;
@@ -154,8 +155,8 @@ pub(crate) fn plan(caps: &DeviceCaps, a: &AttentionArgs) -> DecodePlan {
 /// The decode kernel's pipelines (specialized per head shape on first use) and its per-queue
 /// scratch: the pieces' partial results and the zero-initialized arrival counters.
 pub(crate) struct Decode {
-    pipelines: SpecPipelines,
-    fresh: SpecPipelines,
+    pipelines: PerKv<SpecPipelines>,
+    fresh: PerKv<SpecPipelines>,
     part: QueueScratch,
     counts: QueueScratch,
 }
@@ -163,13 +164,29 @@ pub(crate) struct Decode {
 impl Decode {
     pub(crate) fn new() -> Self {
         Decode {
-            pipelines: SpecPipelines::new(shaders::ATTENTION_DECODE, 8, 56, "attention_decode"),
-            fresh: SpecPipelines::new(
-                shaders::ATTENTION_DECODE_FRESH,
-                15,
-                80,
-                "attention_decode_fresh",
-            ),
+            pipelines: PerKv {
+                f32: SpecPipelines::new(shaders::ATTENTION_DECODE, 8, 56, "attention_decode"),
+                f16: SpecPipelines::new(
+                    shaders::ATTENTION_DECODE_KV16,
+                    8,
+                    56,
+                    "attention_decode_kv16",
+                ),
+            },
+            fresh: PerKv {
+                f32: SpecPipelines::new(
+                    shaders::ATTENTION_DECODE_FRESH,
+                    15,
+                    80,
+                    "attention_decode_fresh",
+                ),
+                f16: SpecPipelines::new(
+                    shaders::ATTENTION_DECODE_FRESH_KV16,
+                    15,
+                    80,
+                    "attention_decode_fresh_kv16",
+                ),
+            },
             part: QueueScratch::new("attention_decode_part"),
             counts: QueueScratch::zeroed("attention_decode_count"),
         }
@@ -207,8 +224,8 @@ impl Decode {
         let v_width = hk * u128::from(a.head_dim_v);
         need(OP, "k", f.k, n * k_width)?;
         need(OP, "v", f.v, n * v_width)?;
-        need(OP, "k_cache", a.k, u128::from(f.n_ctx) * k_width)?;
-        need(OP, "v_cache", a.v, u128::from(f.n_ctx) * v_width)?;
+        need_kv(OP, "k_cache", a.k, u128::from(f.n_ctx) * k_width, a.kv)?;
+        need_kv(OP, "v_cache", a.v, u128::from(f.n_ctx) * v_width, a.kv)?;
         if let Some((qw, kw, _)) = f.qk_norm {
             need(OP, "q_norm", qw, u128::from(a.head_dim))?;
             need(OP, "k_norm", kw, u128::from(a.head_dim))?;
@@ -270,7 +287,7 @@ impl Decode {
         } else {
             &self.pipelines
         };
-        let pipeline = pipelines.get(&ctx, spec)?;
+        let pipeline = pipelines.get(OP, ctx.caps(), a.kv)?.get(&ctx, spec)?;
         let group = a.n_head / a.n_head_kv;
         let n_hc = group.div_ceil(p.hb);
         let rows = u64::from(a.n_tokens) * u64::from(a.n_head);

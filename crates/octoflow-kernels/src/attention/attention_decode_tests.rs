@@ -8,12 +8,17 @@ use super::*;
 use crate::attention::{attention_ref, Attention, AttentionShape};
 use crate::check_close;
 use crate::testkit::{poisoned, read, with};
+use crate::KvType;
 
 /// f32 dot products over up to 256 dims (vec4 pieces, then a butterfly across lanes), an online
 /// softmax over tiles of keys and up to 64 merged pieces, against an f64 reference: up to ~4e-5
 /// measured (lavapipe and H100; outputs near zero are judged against 1% of the largest), 1e-4
 /// bound.
 const REL: f32 = 1e-4;
+/// The fused step's stored f16 keys: the kernel and the reference round f32 values that differ
+/// by the rotation's ~1e-6, so a stored key may sit one f16 step (2^-11 relative) away from the
+/// reference's.
+const REL_F16: f32 = 1e-3;
 
 /// The largest relative error as [`check_close`] measures it (for the report; NaN gives inf).
 fn max_rel(got: &[f32], want: &[f32]) -> f32 {
@@ -40,6 +45,8 @@ struct Problem {
     /// Run mode: start position. Table mode: per token (position, first cache row).
     start: usize,
     table: Option<Vec<(usize, usize)>>,
+    /// What the caches hold (`k` and `v` are already rounded to it).
+    kv: KvType,
 }
 
 impl Problem {
@@ -74,7 +81,17 @@ impl Problem {
             v: gen(cache_rows * n_kv * hv),
             start: 0,
             table: None,
+            kv: KvType::F32,
         }
+    }
+
+    /// With caches of `kv`: the cache contents rounded to it, so that the reference reads what
+    /// the kernel reads.
+    fn with_kv(mut self, kv: KvType) -> Self {
+        self.k = kv.decode(&kv.encode(&self.k));
+        self.v = kv.decode(&kv.encode(&self.v));
+        self.kv = kv;
+        self
     }
 
     /// With random sink logits (in the scores' range, so that they matter) when `on`.
@@ -146,8 +163,8 @@ impl Bufs {
     fn new(ctx: &Context, pr: &Problem) -> Self {
         Bufs {
             q: with(ctx, "q", &pr.q),
-            k: with(ctx, "k", &pr.k),
-            v: with(ctx, "v", &pr.v),
+            k: with(ctx, "k", &pr.kv.encode(&pr.k)),
+            v: with(ctx, "v", &pr.kv.encode(&pr.v)),
             out: poisoned(ctx, "out", pr.n_tok * pr.s.n_head * pr.s.head_dim_v),
             pos: with(ctx, "pos", &pr.pos_words()),
             sinks: pr.sinks.as_ref().map(|x| with(ctx, "sinks", x)),
@@ -175,6 +192,7 @@ fn record(chain: &mut Chain, k: &Attention, pr: &Problem, b: &Bufs, plan: Option
         scale: s.scale,
         pos: &b.pos.whole(),
         pos_offset: 1,
+        kv: pr.kv,
         positions: if pr.table.is_some() {
             Positions::Table
         } else {
@@ -219,16 +237,19 @@ fn run_case(
     c: Case,
     plan: Option<DecodePlan>,
     sinks: bool,
+    kv: KvType,
 ) -> std::result::Result<f32, String> {
     let (n_tok, heads, dims, rows, window, start) = c;
-    let mut pr = Problem::new(rng, n_tok, heads, dims, rows, rows, window).with_sinks(rng, sinks);
+    let mut pr = Problem::new(rng, n_tok, heads, dims, rows, rows, window)
+        .with_sinks(rng, sinks)
+        .with_kv(kv);
     pr.start = start;
     run(
         ctx,
         k,
         &pr,
         plan,
-        &format!("decode case {c:?}, sinks {sinks}"),
+        &format!("decode case {c:?}, sinks {sinks}, {kv} caches"),
     )
 }
 
@@ -271,9 +292,20 @@ fn decode_attention_matches_the_reference_on_random_inputs() {
         (1, (12, 1), (256, 256), 1000, 0, 999),
     ];
     let mut worst = 0f32;
-    for (i, c) in cases.into_iter().enumerate() {
+    // every case with f32 caches, every third also with f16 ones (where the device has them)
+    let f16 = KvType::F16.supported(ctx.caps());
+    let runs = cases
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| (i, c, KvType::F32))
+        .chain(
+            (cases.iter().enumerate())
+                .filter(|(i, _)| f16 && i % 3 == 0)
+                .map(|(i, &c)| (i, c, KvType::F16)),
+        );
+    for (i, c, kv) in runs {
         // every other case with sinks
-        match run_case(&ctx, &k, &mut rng, c, None, i % 2 == 1) {
+        match run_case(&ctx, &k, &mut rng, c, None, i % 2 == 1, kv) {
             Ok(e) => worst = worst.max(e),
             Err(e) => panic!("{e}, seed {seed}"),
         }
@@ -326,7 +358,15 @@ fn every_decode_layout_matches_the_reference() {
             if lpk > sg || kg > sg || wg < sg || kg as usize * hv.div_ceil(4) > wg as usize {
                 continue;
             }
-            match run_case(&ctx, &k, &mut rng, c, Some(p), (ci + li) % 2 == 1) {
+            match run_case(
+                &ctx,
+                &k,
+                &mut rng,
+                c,
+                Some(p),
+                (ci + li) % 2 == 1,
+                KvType::F32,
+            ) {
                 Ok(e) => worst = worst.max(e),
                 Err(e) => panic!("{e}, seed {seed}"),
             }
@@ -380,13 +420,21 @@ fn decode_position_table_attends_each_token_to_its_own_sequence() {
         ((4, 4), (64, 64), 3000, 0, 2, 3),
     ];
     let mut worst = 0f32;
+    // f16 caches (the serving engine's) on the cases of odd index, where the device has them
+    let f16 = KvType::F16.supported(ctx.caps());
     for (i, (heads, dims, rows, window, n_seq, n_tok)) in cases.into_iter().enumerate() {
         let sinks = i % 2 == 0;
+        let kv = if f16 && i % 2 == 1 {
+            KvType::F16
+        } else {
+            KvType::F32
+        };
         let pr = table_problem(&mut rng, heads, dims, rows, window, n_seq, n_tok)
-            .with_sinks(&mut rng, sinks);
+            .with_sinks(&mut rng, sinks)
+            .with_kv(kv);
         let what = format!(
             "decode table {heads:?} heads {dims:?} dims, {n_seq} sequences of {rows}, \
-             window {window}, {n_tok} tokens, sinks {sinks}"
+             window {window}, {n_tok} tokens, sinks {sinks}, {kv} caches"
         );
         // the device's own layout, then many small pieces merged (each token its own count)
         let many = DecodePlan {
@@ -494,6 +542,7 @@ fn the_decode_kernel_takes_decode_steps_and_bad_layouts_are_errors() {
     let b = poisoned(&ctx, "b", 1 << 16);
     let pb = with(&ctx, "pos", &[0u32; 64]);
     let mut args = AttentionArgs {
+        kv: KvType::F32,
         q: &b.whole(),
         k: &b.whole(),
         v: &b.whole(),
@@ -577,6 +626,7 @@ fn run_fresh(
     rng: &mut impl Rng,
     c: FreshCase,
     plan: Option<DecodePlan>,
+    kv: KvType,
 ) -> std::result::Result<f32, String> {
     use crate::rms_norm::rms_norm_ref;
     use crate::rope::{test_freqs, RopeFreqs, RopeMode};
@@ -592,8 +642,9 @@ fn run_fresh(
     let q = gen(n_tok * n_head * hd, -2.0, 2.0);
     let k = gen(n_tok * kw, -2.0, 2.0);
     let v = gen(n_tok * vw, -2.0, 2.0);
-    let mut kc = gen(rows * kw, -2.0, 2.0);
-    let mut vc = gen(rows * vw, -2.0, 2.0);
+    // the caches' old content as they hold it
+    let mut kc = kv.decode(&kv.encode(&gen(rows * kw, -2.0, 2.0)));
+    let mut vc = kv.decode(&kv.encode(&gen(rows * vw, -2.0, 2.0)));
     let qn = gen(hd, 0.5, 1.5);
     let kn = gen(hd, 0.5, 1.5);
     let ff = gen(n_rot / 2, 1.0, 4.0);
@@ -628,8 +679,8 @@ fn run_fresh(
     let bq = with(ctx, "q", &q);
     let bk = with(ctx, "k", &k);
     let bv = with(ctx, "v", &v);
-    let bkc = with(ctx, "kc", &kc_dev);
-    let bvc = with(ctx, "vc", &vc_dev);
+    let bkc = with(ctx, "kc", &kv.encode(&kc_dev));
+    let bvc = with(ctx, "vc", &kv.encode(&vc_dev));
     let bqn = with(ctx, "qn", &qn);
     let bkn = with(ctx, "kn", &kn);
     let table = RopeFreqs::upload(ctx, "rope_freqs", &freqs, mscale).unwrap();
@@ -653,6 +704,7 @@ fn run_fresh(
         pos: &pos.whole(),
         pos_offset: 1,
         positions: Positions::Run,
+        kv,
         sinks: has_sinks.then_some(&sinks_w),
     };
     let (qnw, knw) = (bqn.whole(), bkn.whole());
@@ -684,21 +736,36 @@ fn run_fresh(
         head_dim: hd,
         head_dim_v: hv,
         mode,
+        kv,
     };
     let run = run_rows(start, n_tok);
     rope_store_ref(
         &mut q_ref, &k_ref, &v, &mut kc, &mut vc, &shape, &freqs, mscale, &run,
     );
+    let what = format!("fresh case {c:?}, plan {plan:?}, {kv} caches");
+    let read_kv = |b: &Buffer, n: usize| {
+        let mut bytes = vec![0u8; n * kv.bytes() as usize];
+        ctx.download(b, 0, &mut bytes).unwrap();
+        kv.decode(&bytes)
+    };
+    let got_kc = read_kv(&bkc, kc.len());
+    let got_vc = read_kv(&bvc, vc.len());
+    let (rel_k, rel_v) = match kv {
+        KvType::F32 => (REL, 0.0),
+        KvType::F16 => (REL_F16, REL_F16),
+    };
+    check_close(&got_kc, &kc, rel_k).map_err(|e| format!("{what}: k cache: {e}"))?;
+    check_close(&got_vc, &vc, rel_v).map_err(|e| format!("{what}: v cache: {e}"))?;
+    // with f16 caches the step must attend to exactly the keys and values it stored (what
+    // later steps read back), so the output is held to the reference over the stored caches
+    let (kc, vc) = match kv {
+        KvType::F32 => (kc, vc),
+        KvType::F16 => (got_kc, got_vc),
+    };
     let mut want = vec![0f32; n_tok * n_head * hv];
     attention_ref(&s, &q_ref, &kc, &vc, start, &mut want);
-
-    let what = format!("fresh case {c:?}, plan {plan:?}");
     let got = read(ctx, &out, want.len());
     check_close(&got, &want, REL).map_err(|e| format!("{what}: out: {e}"))?;
-    let got_kc = read(ctx, &bkc, kc.len());
-    let got_vc = read(ctx, &bvc, vc.len());
-    check_close(&got_kc, &kc, REL).map_err(|e| format!("{what}: k cache: {e}"))?;
-    check_close(&got_vc, &vc, 0.0).map_err(|e| format!("{what}: v cache: {e}"))?;
     Ok(max_rel(&got, &want))
 }
 
@@ -743,9 +810,16 @@ fn fused_decode_attention_matches_norm_rope_store_then_attention() {
         min_chunk: 3,
     };
     let mut worst = 0f32;
-    for c in cases {
-        for plan in [None, Some(many)] {
-            match run_fresh(&ctx, &att, &mut rng, c, plan) {
+    // f16 caches (the product's default) on every other case with the device's own layout,
+    // where it has them
+    let f16 = KvType::F16.supported(ctx.caps());
+    for (i, c) in cases.into_iter().enumerate() {
+        let f16_run = (f16 && i % 2 == 0).then_some((None, KvType::F16));
+        for (plan, kv) in [(None, KvType::F32), (Some(many), KvType::F32)]
+            .into_iter()
+            .chain(f16_run)
+        {
+            match run_fresh(&ctx, &att, &mut rng, c, plan, kv) {
                 Ok(e) => worst = worst.max(e),
                 Err(e) => panic!("{e}, seed {seed}"),
             }

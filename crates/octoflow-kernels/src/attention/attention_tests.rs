@@ -30,6 +30,7 @@ fn run_case(
     c: Case,
     plan: Option<Plan>,
     sinks: bool,
+    kv: KvType,
 ) -> std::result::Result<(), String> {
     let (n_tok, n_head, n_kv, hd, hv, rows, window, start) = c;
     let sink_logits = random_sinks(rng, n_head);
@@ -45,14 +46,20 @@ fn run_case(
     };
     let mut gen = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect() };
     let q = gen(n_tok * n_head * hd);
-    let kc = gen(rows * n_kv * hd);
-    let vc = gen(rows * n_kv * hv);
-    let (qb, kb, vb) = (with(ctx, "q", &q), with(ctx, "k", &kc), with(ctx, "v", &vc));
+    // the caches as they hold the values (the reference reads the same rounded values)
+    let kc = kv.decode(&kv.encode(&gen(rows * n_kv * hd)));
+    let vc = kv.decode(&kv.encode(&gen(rows * n_kv * hv)));
+    let qb = with(ctx, "q", &q);
+    let (kb, vb) = (
+        with(ctx, "k", &kv.encode(&kc)),
+        with(ctx, "v", &kv.encode(&vc)),
+    );
     let ob = poisoned(ctx, "out", n_tok * n_head * hv);
     let pb = with(ctx, "pos", &[3u32, 1, start as u32]);
     let sb = with(ctx, "sinks", &sink_logits);
     let sw = sb.whole();
     let args = AttentionArgs {
+        kv,
         q: &qb.whole(),
         k: &kb.whole(),
         v: &vb.whole(),
@@ -81,7 +88,7 @@ fn run_case(
     check_close(&read(ctx, &ob, want.len()), &want, REL).map_err(|e| {
         format!(
             "attention {n_tok} tokens {n_head}/{n_kv} heads {hd}/{hv} rows {rows} \
-             window {window} at {start}, sinks {sinks}, plan {plan:?}: {e}"
+             window {window} at {start}, sinks {sinks}, plan {plan:?}, {kv} caches: {e}"
         )
     })
 }
@@ -108,9 +115,16 @@ fn gpu_attention_matches_the_reference_on_random_inputs() {
         (6, 6, 2, 38, 22, 50, 0, 10),     // dims not multiples of 4
         (64, 9, 3, 64, 64, 512, 0, 256),  // a prefill chunk at a later position
     ];
-    for (i, c) in cases.into_iter().enumerate() {
+    // every case with f32 caches, every third also with f16 ones where the device has them
+    let f16 = KvType::F16.supported(ctx.caps());
+    let runs = (cases.iter().enumerate().map(|(i, &c)| (i, c, KvType::F32))).chain(
+        (cases.iter().enumerate())
+            .filter(|(i, _)| f16 && i % 3 == 0)
+            .map(|(i, &c)| (i, c, KvType::F16)),
+    );
+    for (i, c, kv) in runs {
         // every other case with sinks
-        if let Err(e) = run_case(&ctx, &k, &mut rng, c, None, i % 2 == 1) {
+        if let Err(e) = run_case(&ctx, &k, &mut rng, c, None, i % 2 == 1, kv) {
             panic!("{e}, seed {seed}");
         }
     }
@@ -151,7 +165,8 @@ fn every_work_layout_matches_the_reference() {
                 tpl,
                 split,
             };
-            if let Err(e) = run_case(&ctx, &k, &mut rng, c, Some(p), (ci + pi) % 2 == 1) {
+            let sinks = (ci + pi) % 2 == 1;
+            if let Err(e) = run_case(&ctx, &k, &mut rng, c, Some(p), sinks, KvType::F32) {
                 panic!("{e}, seed {seed}");
             }
         }
@@ -189,6 +204,7 @@ fn attention_timing() {
         let ob = poisoned(&ctx, "out", n_tok * n_head * hd);
         let pb = with(&ctx, "pos", &[start as u32]);
         let args = AttentionArgs {
+            kv: KvType::F32,
             q: &q.whole(),
             k: &kc.whole(),
             v: &vc.whole(),
@@ -252,6 +268,7 @@ fn bad_head_counts_and_short_caches_are_shape_errors() {
     let k = Attention::new(&ctx).unwrap().without_coop();
     let mut chain = Chain::new(&ctx).unwrap();
     let mut args = AttentionArgs {
+        kv: KvType::F32,
         q: &b.whole(),
         k: &b.whole(),
         v: &b.whole(),
@@ -348,6 +365,7 @@ fn position_table_attends_each_query_to_its_own_sequence() {
         let ob = poisoned(&ctx, "out", n_tok * n_head * hv);
         let pb = with(&ctx, "pos", &words);
         let args = AttentionArgs {
+            kv: KvType::F32,
             q: &qb.whole(),
             k: &kb.whole(),
             v: &vb.whole(),

@@ -12,6 +12,7 @@
 
 pub(crate) mod attention_coop;
 pub(crate) mod attention_decode;
+pub mod kv_type;
 pub mod rope;
 pub mod rope_store;
 pub mod set_rows;
@@ -23,11 +24,12 @@ use octoflow_vk::{
 
 use crate::attention_coop::AttentionCoop;
 use crate::error::Result;
-use crate::operand::{bad, need, Positions};
+use crate::operand::{bad, need, need_kv, Positions};
 use crate::scratch::QueueScratch;
 use crate::shaders;
 use crate::spec::SpecPipelines;
 use attention_decode::{Decode, FreshKv};
+use kv_type::{KvType, PerKv};
 
 /// Largest `head_dim` / `head_dim_v` (`MAX_D` in `attention.comp`).
 pub const MAX_HEAD_DIM: u32 = 256;
@@ -36,10 +38,12 @@ pub const MAX_HEAD_DIM: u32 = 256;
 pub struct AttentionArgs<'a> {
     /// `[n_tokens, n_head, head_dim]` f32 (after RoPE).
     pub q: &'a BufferSlice,
-    /// Key cache `[n_kv_rows, n_head_kv, head_dim]` f32.
+    /// Key cache `[n_kv_rows, n_head_kv, head_dim]` of `kv`.
     pub k: &'a BufferSlice,
-    /// Value cache `[n_kv_rows, n_head_kv, head_dim_v]` f32.
+    /// Value cache `[n_kv_rows, n_head_kv, head_dim_v]` of `kv`.
     pub v: &'a BufferSlice,
+    /// Element type of both caches.
+    pub kv: KvType,
     /// `[n_tokens, n_head, head_dim_v]` f32.
     pub out: &'a BufferSlice,
     /// Queries.
@@ -119,7 +123,7 @@ pub(crate) struct Plan {
 /// on first use; split-K scratch memory is allocated on first use, per queue, and grows as needed
 /// (see `scratch.rs`).
 pub struct Attention {
-    pipelines: SpecPipelines,
+    pipelines: PerKv<SpecPipelines>,
     merge: Pipeline,
     scratch: QueueScratch,
     /// The one-dispatch decode kernel.
@@ -132,7 +136,10 @@ impl Attention {
     /// Builds the merge pipeline (the main one is specialized per head shape on first use).
     pub fn new(ctx: &Context) -> Result<Self> {
         Ok(Attention {
-            pipelines: SpecPipelines::new(shaders::ATTENTION, 7, 52, "attention"),
+            pipelines: PerKv {
+                f32: SpecPipelines::new(shaders::ATTENTION, 7, 52, "attention"),
+                f16: SpecPipelines::new(shaders::ATTENTION_KV16, 7, 52, "attention_kv16"),
+            },
             merge: Pipeline::new(
                 ctx,
                 &PipelineDesc::new(shaders::ATTENTION_MERGE, 3, 20).label("attention_merge"),
@@ -204,7 +211,7 @@ impl Attention {
             p.tpl,
             u32::from(aligned),
         ];
-        let pipeline = self.pipelines.get(&ctx, spec)?;
+        let pipeline = self.pipelines.get(OP, ctx.caps(), a.kv)?.get(&ctx, spec)?;
         if a.positions == Positions::Table && p.tpl != 1 {
             return Err(bad(
                 OP,
@@ -286,8 +293,9 @@ pub(crate) fn merge_parts(
 
 /// Rows the caches hold (the bound on table-mode reads).
 pub(crate) fn kv_total(a: &AttentionArgs) -> u32 {
-    (a.k.size / (4 * u64::from(a.n_head_kv) * u64::from(a.head_dim)))
-        .min(a.v.size / (4 * u64::from(a.n_head_kv) * u64::from(a.head_dim_v)))
+    let b = a.kv.bytes() * u64::from(a.n_head_kv);
+    (a.k.size / (b * u64::from(a.head_dim)))
+        .min(a.v.size / (b * u64::from(a.head_dim_v)))
         .min(u64::from(u32::MAX)) as u32
 }
 
@@ -377,8 +385,8 @@ pub(crate) fn validate(a: &AttentionArgs) -> Result<()> {
     );
     let rows = u128::from(a.n_kv_rows);
     need(OP, "q", a.q, t * h * u128::from(a.head_dim))?;
-    need(OP, "k", a.k, rows * hk * u128::from(a.head_dim))?;
-    need(OP, "v", a.v, rows * hk * u128::from(a.head_dim_v))?;
+    need_kv(OP, "k", a.k, rows * hk * u128::from(a.head_dim), a.kv)?;
+    need_kv(OP, "v", a.v, rows * hk * u128::from(a.head_dim_v), a.kv)?;
     need(OP, "out", a.out, t * h * u128::from(a.head_dim_v))?;
     need(
         OP,

@@ -10,7 +10,8 @@
 use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
 
 use crate::error::Result;
-use crate::operand::{bad, need, overlap, Positions};
+use crate::kv_type::{KvType, PerKv};
+use crate::operand::{bad, need, need_kv, overlap, Positions};
 use crate::rope::{rope_ref, RopeFreqs, RopeMode};
 use crate::set_rows::set_rows_ref;
 use crate::shaders;
@@ -26,10 +27,13 @@ pub struct RopeStoreArgs<'a> {
     pub k: &'a BufferSlice,
     /// `[n_tokens, n_head_kv * head_dim_v]` f32 values, read only.
     pub v: &'a BufferSlice,
-    /// Key cache `[n_ctx, n_head_kv * head_dim]` f32: token `t`'s rotated key goes to its row.
+    /// Key cache `[n_ctx, n_head_kv * head_dim]` of `kv`: token `t`'s rotated key goes to its
+    /// row (rounded to `kv`).
     pub k_cache: &'a BufferSlice,
-    /// Value cache `[n_ctx, n_head_kv * head_dim_v]` f32: token `t`'s value goes to its row.
+    /// Value cache `[n_ctx, n_head_kv * head_dim_v]` of `kv`: token `t`'s value goes to its row.
     pub v_cache: &'a BufferSlice,
+    /// Element type of both caches.
+    pub kv: KvType,
     /// Rows of each cache; tokens whose row lands at or past it are not stored.
     pub n_ctx: u32,
     /// Tokens.
@@ -58,14 +62,29 @@ pub struct RopeStoreArgs<'a> {
 
 /// The rope-and-store kernel, built once per device.
 pub struct RopeStore {
-    pipeline: Pipeline,
+    /// The f16 one where the device has 16-bit storage buffers.
+    pipelines: PerKv<Option<Pipeline>>,
 }
 
 impl RopeStore {
     /// Builds the pipeline.
     pub fn new(ctx: &Context) -> Result<Self> {
+        let f16 = if KvType::F16.supported(ctx.caps()) {
+            Some(Pipeline::new(
+                ctx,
+                &PipelineDesc::new(shaders::ROPE_STORE_KV16, 7, 44),
+            )?)
+        } else {
+            None
+        };
         Ok(RopeStore {
-            pipeline: Pipeline::new(ctx, &PipelineDesc::new(shaders::ROPE_STORE, 7, 44))?,
+            pipelines: PerKv {
+                f32: Some(Pipeline::new(
+                    ctx,
+                    &PipelineDesc::new(shaders::ROPE_STORE, 7, 44),
+                )?),
+                f16,
+            },
         })
     }
 
@@ -102,8 +121,23 @@ impl RopeStore {
         need(OP, "q", a.q, q_len)?;
         need(OP, "k", a.k, n * k_width)?;
         need(OP, "v", a.v, n * v_width)?;
-        need(OP, "k_cache", a.k_cache, u128::from(a.n_ctx) * k_width)?;
-        need(OP, "v_cache", a.v_cache, u128::from(a.n_ctx) * v_width)?;
+        need_kv(
+            OP,
+            "k_cache",
+            a.k_cache,
+            u128::from(a.n_ctx) * k_width,
+            a.kv,
+        )?;
+        need_kv(
+            OP,
+            "v_cache",
+            a.v_cache,
+            u128::from(a.n_ctx) * v_width,
+            a.kv,
+        )?;
+        let Some(pipeline) = self.pipelines.get(OP, chain.context().caps(), a.kv)? else {
+            return Err(bad(OP, format!("no {} KV cache pipeline was built", a.kv)));
+        };
         need(
             OP,
             "pos",
@@ -143,7 +177,7 @@ impl RopeStore {
             .f32(a.freqs.mscale)
             .u32(a.positions.flag());
         chain.dispatch(
-            &self.pipeline,
+            pipeline,
             &[
                 a.q.clone(),
                 a.k.clone(),
@@ -168,6 +202,8 @@ pub struct RopeStoreShape {
     pub head_dim: usize,
     pub head_dim_v: usize,
     pub mode: RopeMode,
+    /// What the caches hold: stored keys and values are rounded to it.
+    pub kv: KvType,
 }
 
 /// CPU reference, the composition of [`rope_ref`] and [`set_rows_ref`]: for token `t` at
@@ -175,7 +211,9 @@ pub struct RopeStoreShape {
 /// at `position`, rotates a copy of row `t` of `k` (`[n, n_head_kv, head_dim]`) at `position`
 /// and writes it to row `cache row` of `k_cache`, and writes row `t` of `v`
 /// (`[n, n_head_kv * head_dim_v]`) to that row of `v_cache` (rows past a cache's end skipped).
-/// `k` is not modified. The angles are [`rope_ref`]'s: `freqs` per pair, times `mscale`.
+/// `k` is not modified. The angles are [`rope_ref`]'s: `freqs` per pair, times `mscale`. The
+/// stored keys and values are rounded to `s.kv` (`f16` caches: the `half` crate's rounding to
+/// nearest even), the caches themselves stay f32 slices.
 #[allow(clippy::too_many_arguments)]
 pub fn rope_store_ref(
     q: &mut [f32],
@@ -197,8 +235,14 @@ pub fn rope_store_ref(
         rope(&mut q[t * q_width..(t + 1) * q_width], s.n_head, position);
         let mut key = k[t * k_width..(t + 1) * k_width].to_vec();
         rope(&mut key, s.n_head_kv, position);
-        set_rows_ref(&key, k_cache, k_width, row);
-        set_rows_ref(&v[t * v_width..(t + 1) * v_width], v_cache, v_width, row);
+        let round = |xs: &[f32]| -> Vec<f32> { xs.iter().map(|&x| s.kv.round(x)).collect() };
+        set_rows_ref(&round(&key), k_cache, k_width, row);
+        set_rows_ref(
+            &round(&v[t * v_width..(t + 1) * v_width]),
+            v_cache,
+            v_width,
+            row,
+        );
     }
 }
 

@@ -7,11 +7,16 @@ use super::*;
 use crate::check_close;
 use crate::rope::test_freqs;
 use crate::testkit::{read, with};
-use crate::KernelError;
+use crate::{KernelError, KvType};
+use octoflow_vk::Buffer;
 
 /// The rotation is rope.comp's (same angle code, rope.glsl): 1e-4 relative with check_close's 1%
 /// floor near zero, as in rope.rs's test (measured a few 1e-6 on lavapipe). Copies are exact.
 const REL: f32 = 1e-4;
+/// f16 caches: the stored value is the f32 result rounded once, so the reference's rounding of
+/// its own f32 result may land one f16 step (2^-11 relative) away where the two f32 values sit
+/// on either side of a rounding boundary: 1e-3.
+const REL_F16: f32 = 1e-3;
 
 /// One test case.
 #[derive(Debug, Clone, Copy)]
@@ -32,6 +37,8 @@ struct Case {
     table: bool,
     start: usize,
     n_ctx: usize,
+    /// What the caches hold.
+    kv: KvType,
 }
 
 /// The largest `|got - want| / max(|want|, 0.01 max|want|)` (check_close's measure).
@@ -105,7 +112,13 @@ fn run_case(
         vc[r * vw..(r + 1) * vw].fill(f32::NAN);
     }
     let (qb, kb, vb) = (with(ctx, "q", &q), with(ctx, "k", &k), with(ctx, "v", &v));
-    let (kcb, vcb) = (with(ctx, "k_cache", &kc), with(ctx, "v_cache", &vc));
+    // the old content as the caches hold it (NaN stays NaN in f16)
+    let (kc, vc) = (
+        c.kv.decode(&c.kv.encode(&kc)),
+        c.kv.decode(&c.kv.encode(&vc)),
+    );
+    let kcb = with(ctx, "k_cache", &c.kv.encode(&kc));
+    let vcb = with(ctx, "v_cache", &c.kv.encode(&vc));
     let pb = with(ctx, "pos", &words);
     let table = RopeFreqs::upload(ctx, "rope_freqs", &freqs, mscale).unwrap();
     let args = RopeStoreArgs {
@@ -124,6 +137,7 @@ fn run_case(
         freqs: &table,
         pos: &pb.whole(),
         pos_offset: 3,
+        kv: c.kv,
         positions: if c.table {
             Positions::Table
         } else {
@@ -140,6 +154,7 @@ fn run_case(
         head_dim: hd,
         head_dim_v: c.head_dim_v,
         mode: c.mode,
+        kv: c.kv,
     };
     let (mut want_q, mut want_kc, mut want_vc) = (q.clone(), kc.clone(), vc.clone());
     rope_store_ref(
@@ -154,14 +169,23 @@ fn run_case(
         &rows,
     );
     let got_q = read(ctx, &qb, q.len());
-    let got_kc = read(ctx, &kcb, kc.len());
-    let got_vc = read(ctx, &vcb, vc.len());
+    let read_kv = |b: &Buffer, n: usize| {
+        let mut bytes = vec![0u8; n * c.kv.bytes() as usize];
+        ctx.download(b, 0, &mut bytes).unwrap();
+        c.kv.decode(&bytes)
+    };
+    let got_kc = read_kv(&kcb, kc.len());
+    let got_vc = read_kv(&vcb, vc.len());
+    let (rel_k, rel_v) = match c.kv {
+        KvType::F32 => (REL, 0.0),
+        KvType::F16 => (REL_F16, REL_F16),
+    };
 
     check_close(&got_q, &want_q, REL).map_err(|e| format!("q: {e}"))?;
     let (gk, wk) = (gather(&got_kc, kw, &stored), gather(&want_kc, kw, &stored));
-    check_close(&gk, &wk, REL).map_err(|e| format!("k cache rows {stored:?}: {e}"))?;
+    check_close(&gk, &wk, rel_k).map_err(|e| format!("k cache rows {stored:?}: {e}"))?;
     let (gv, wv) = (gather(&got_vc, vw, &stored), gather(&want_vc, vw, &stored));
-    check_close(&gv, &wv, 0.0).map_err(|e| format!("v cache rows {stored:?}: {e}"))?;
+    check_close(&gv, &wv, rel_v).map_err(|e| format!("v cache rows {stored:?}: {e}"))?;
     // the other rows keep their old content, bit for bit
     for r in (0..c.n_ctx).filter(|r| !stored.contains(r)) {
         let same = |got: &[f32], old: &[f32], w: usize| {
@@ -174,7 +198,8 @@ fn run_case(
             return Err(format!("untouched cache row {r} changed"));
         }
     }
-    // dims past n_rot pass through bit for bit: q in place, k into its cache row
+    // dims past n_rot pass through bit for bit (k rounded as the cache holds it): q in place,
+    // k into its cache row
     for (i, (g, x)) in got_q.iter().zip(&q).enumerate() {
         if i % hd >= c.n_rot && g.to_bits() != x.to_bits() {
             return Err(format!("q element {i} (dim {}) changed", i % hd));
@@ -182,7 +207,7 @@ fn run_case(
     }
     for (t, &(_, r)) in rows.iter().enumerate().filter(|(_, &(_, r))| r < c.n_ctx) {
         for d in 0..kw {
-            let (g, x) = (got_kc[r * kw + d], k[t * kw + d]);
+            let (g, x) = (got_kc[r * kw + d], c.kv.round(k[t * kw + d]));
             if d % hd >= c.n_rot && g.to_bits() != x.to_bits() {
                 return Err(format!("k dim {} of token {t} changed", d % hd));
             }
@@ -222,6 +247,7 @@ fn gpu_rope_store_matches_rope_then_set_rows_on_random_inputs() {
         table: false,
         start: 17,
         n_ctx: 40,
+        kv: KvType::F32,
     };
     let cases = [
         // llama-like decode step
@@ -313,7 +339,13 @@ fn gpu_rope_store_matches_rope_then_set_rows_on_random_inputs() {
         },
     ];
     let (mut worst_q, mut worst_k) = (0f32, 0f32);
-    for c in cases {
+    // every case with f32 caches, then with f16 ones where the device has 16-bit storage
+    let f16 = KvType::F16.supported(ctx.caps());
+    let with_f16 = cases.iter().filter(|_| f16).map(|&c| Case {
+        kv: KvType::F16,
+        ..c
+    });
+    for c in cases.into_iter().chain(with_f16.collect::<Vec<_>>()) {
         match run_case(&ctx, &kern, &mut rng, c) {
             Ok((eq, ek)) => {
                 println!("{c:?}: max relative error q {eq:.2e}, k cache {ek:.2e}");
@@ -374,6 +406,7 @@ fn bad_shapes_and_overlaps_are_shape_errors() {
         pos: &ps,
         pos_offset: 1,
         positions: Positions::Run,
+        kv: KvType::F32,
     };
     kern.record(&mut chain, &good).unwrap();
     let mut err = |a: &RopeStoreArgs| match kern.record(&mut chain, a) {
@@ -440,4 +473,18 @@ fn bad_shapes_and_overlaps_are_shape_errors() {
         ..good
     };
     kern.record(&mut chain, &vc_small).unwrap();
+    // f16 caches: the same bytes hold twice the rows
+    if KvType::F16.supported(ctx.caps()) {
+        let f16 = |n_ctx| RopeStoreArgs {
+            n_ctx,
+            kv: KvType::F16,
+            ..good
+        };
+        kern.record(&mut chain, &f16(8)).unwrap();
+        let e = match kern.record(&mut chain, &f16(9)) {
+            Err(KernelError::Shape { detail, .. }) => detail,
+            other => panic!("expected a shape error, got {other:?}"),
+        };
+        assert!(e.contains("k_cache") && e.contains("f16 values"), "{e}");
+    }
 }

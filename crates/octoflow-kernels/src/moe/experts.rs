@@ -3,7 +3,11 @@
 //! `y[p] = W_{ids[p]} · x[p / x_div] (+ bias)`, or with the GLU variants
 //! `y[p] = act(W_gate x + b_gate, W_up x + b_up)`. A few tokens take the matvec, which reads
 //! the expert id on the device and only that expert's rows; batches take the grouped matmul over
-//! [`super::MoeGroup`]'s lists, which reads each expert's rows once per tile of its pairs.
+//! [`super::MoeGroup`]'s lists, which reads each expert's rows once per tile of its pairs —
+//! on cooperative matrices where the device has them and they are asked for
+//! ([`MoeExperts::with_coop`], [`MoeExperts::uses_coop`]: the MOE
+//! variants of `matmul_coop.comp`, whose products are of f16-rounded weights and inputs, as
+//! [`moe_experts_coop_ref`] computes them).
 
 use octoflow_gguf::GgmlType;
 use octoflow_vk::{BufferSlice, Chain, Push};
@@ -11,6 +15,7 @@ use octoflow_vk::{BufferSlice, Chain, Push};
 use super::MoeAct;
 use crate::error::Result;
 use crate::linear::linear_ref;
+use crate::linear::matmul_coop::MatmulCoop;
 use crate::linear::qweight::{row_bytes, type_index, word_slice, QOp, TYPES};
 use crate::operand::{bad, need};
 use crate::spec::SpecPipelines;
@@ -21,7 +26,13 @@ const MATVEC_ROWS: u32 = 4;
 /// Rows and pairs per grouped-matmul tile (`TM`, `TN` in `moe_matmul.comp`).
 const MATMUL_TM: u32 = 64;
 const MATMUL_TN: u32 = 64;
-/// Push-constant bytes of both shaders (11 words).
+/// Rows and pairs per tile of the cooperative-matrix variants (`BM`, `BN` of the
+/// `moe_matmul_coop_*` and `moe_matmul_coop_glu_*` lines of variants.txt).
+const COOP_TILE: [u32; 2] = [128, 64];
+const COOP_TILE_GLU: [u32; 2] = [64, 64];
+/// The subgroup size the cooperative-matrix variants are laid out for.
+const COOP_SUBGROUP: u32 = 32;
+/// Push-constant bytes of every variant (11 words).
 const PUSH_BYTES: u32 = 44;
 
 /// Some experts of a stacked GGUF tensor on the device (`[n_cols, n_rows, n_expert]` in GGUF
@@ -84,6 +95,10 @@ pub struct MoeExperts {
     matvec_glu: Vec<SpecPipelines>,
     matmul: Vec<SpecPipelines>,
     matmul_glu: Vec<SpecPipelines>,
+    matmul_coop: Vec<SpecPipelines>,
+    matmul_coop_glu: Vec<SpecPipelines>,
+    /// Grouped products take the cooperative-matrix variants where the device has them.
+    coop: bool,
 }
 
 impl Default for MoeExperts {
@@ -103,12 +118,34 @@ impl MoeExperts {
                 })
                 .collect()
         };
+        let coop = |op: QOp, bindings: u32| -> Vec<SpecPipelines> {
+            per(op, bindings)
+                .into_iter()
+                .map(|s| s.full_subgroups(COOP_SUBGROUP))
+                .collect()
+        };
         MoeExperts {
             matvec: per(QOp::MoeMatvec, 5),
             matvec_glu: per(QOp::MoeMatvecGlu, 7),
             matmul: per(QOp::MoeMatmul, 6),
             matmul_glu: per(QOp::MoeMatmulGlu, 8),
+            matmul_coop: coop(QOp::MoeMatmulCoop, 6),
+            matmul_coop_glu: coop(QOp::MoeMatmulCoopGlu, 8),
+            coop: false,
         }
+    }
+
+    /// The same kernels, grouped products on cooperative matrices where the device has them
+    /// (`on`; [`crate::Tuning::moe_coop`]).
+    pub fn with_coop(mut self, on: bool) -> Self {
+        self.coop = on;
+        self
+    }
+
+    /// Whether grouped products run on cooperative matrices on this device (then their results
+    /// are [`moe_experts_coop_ref`]'s, not [`moe_experts_ref`]'s).
+    pub fn uses_coop(&self, caps: &octoflow_vk::DeviceCaps) -> bool {
+        self.coop && MatmulCoop::supported(caps)
     }
 
     /// Records the product `a` (see [`ExpertsArgs`]): one dispatch. Checks the type, the shapes,
@@ -176,6 +213,11 @@ impl MoeExperts {
             None => None,
         };
         let (act, alpha, limit) = a.glu.map_or((0, 0.0, 0.0), |(_, act)| act.push());
+        let ctx = chain.context();
+        let coop = a.groups.is_some() && self.uses_coop(ctx.caps());
+        // the cooperative-matrix variants read x as vec4s where its rows are whole vec4s from a
+        // 16-byte aligned start
+        let x_vec = coop && w.n_cols.is_multiple_of(4) && a.x.offset.is_multiple_of(16);
         let push = Push::new()
             .u32(w.n_rows)
             .u32(w.n_cols)
@@ -184,7 +226,7 @@ impl MoeExperts {
             .u32(a.x_div)
             .u32(w.e_begin)
             .u32(w.n_experts)
-            .u32(u32::from(a.bias.is_some()))
+            .u32(u32::from(a.bias.is_some()) | (u32::from(x_vec) << 1))
             .u32(act)
             .f32(alpha)
             .f32(limit);
@@ -192,7 +234,6 @@ impl MoeExperts {
         let bias = a.bias.unwrap_or(a.x).clone();
         let bias_up = a.bias_up.unwrap_or(a.x).clone();
         let mut bind = vec![data, a.x.clone(), a.y.clone(), bias];
-        let ctx = chain.context();
         let max = ctx.caps().max_workgroup_count;
         let (pipeline, groups) = match a.groups {
             None => {
@@ -210,15 +251,21 @@ impl MoeExperts {
                 need(OP, "list", g.list, u128::from(a.n_pairs))?;
                 bind.push(g.offsets.clone());
                 bind.push(g.list.clone());
+                let [tm, tn] = match (coop, up.is_some()) {
+                    (true, true) => COOP_TILE_GLU,
+                    (true, false) => COOP_TILE,
+                    (false, _) => [MATMUL_TM, MATMUL_TN],
+                };
                 let groups = [
-                    w.n_rows.div_ceil(MATMUL_TM),
-                    g.max_group.max(1).div_ceil(MATMUL_TN),
+                    w.n_rows.div_ceil(tm),
+                    g.max_group.max(1).div_ceil(tn),
                     w.n_experts,
                 ];
-                let set = if up.is_some() {
-                    &self.matmul_glu
-                } else {
-                    &self.matmul
+                let set = match (coop, up.is_some()) {
+                    (true, true) => &self.matmul_coop_glu,
+                    (true, false) => &self.matmul_coop,
+                    (false, true) => &self.matmul_glu,
+                    (false, false) => &self.matmul,
                 };
                 (set[ti].get(ctx, [0; 7])?, groups)
             }
@@ -296,4 +343,48 @@ pub fn moe_experts_ref(
         }
     }
     Ok(y)
+}
+
+/// [`moe_experts_ref`] of the cooperative-matrix variants: the same products of the decoded
+/// weights and the inputs each rounded to f16 first (summed in f64; the kernel sums in f32).
+#[allow(clippy::too_many_arguments)]
+pub fn moe_experts_coop_ref(
+    ty: GgmlType,
+    w: &[u8],
+    glu: Option<(&[u8], MoeAct)>,
+    bias: Option<(&[f32], Option<&[f32]>)>,
+    n_rows: usize,
+    n_cols: usize,
+    x: &[f32],
+    x_div: usize,
+    ids: &[u32],
+) -> Result<Vec<f32>, octoflow_gguf::quant::QuantError> {
+    let rb = octoflow_gguf::quant::quantized_size(ty, n_cols)?;
+    let to_f16 = |v: f32| half::f16::from_f32(v).to_f32();
+    let f16_rows = |b: &[u8]| -> Result<Vec<u8>, octoflow_gguf::quant::QuantError> {
+        let mut out = Vec::with_capacity(b.len() / rb * n_cols * 4);
+        let mut row = vec![0f32; n_cols];
+        for q in b.chunks_exact(rb) {
+            octoflow_gguf::quant::dequantize(ty, q, &mut row)?;
+            out.extend(row.iter().flat_map(|&v| to_f16(v).to_le_bytes()));
+        }
+        Ok(out)
+    };
+    let w16 = f16_rows(w)?;
+    let up16 = match glu {
+        Some((u, _)) => Some(f16_rows(u)?),
+        None => None,
+    };
+    let x16: Vec<f32> = x.iter().map(|&v| to_f16(v)).collect();
+    moe_experts_ref(
+        GgmlType::F32,
+        &w16,
+        glu.zip(up16.as_deref()).map(|((_, act), u)| (u, act)),
+        bias,
+        n_rows,
+        n_cols,
+        &x16,
+        x_div,
+        ids,
+    )
 }

@@ -1,6 +1,7 @@
 //! Random-input tests of [`MoeExperts`] on every weight type: the matvec and the grouped
 //! matmul, plain and GLU (both activations), with and without biases, the tensor bound whole
-//! and in two pieces of whole experts, against [`moe_experts_ref`].
+//! and in two pieces of whole experts, against [`moe_experts_ref`] (grouped products on a device
+//! with cooperative matrices against [`moe_experts_coop_ref`]: f16-rounded operands).
 
 use octoflow_gguf::GgmlType;
 use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
@@ -47,7 +48,8 @@ fn check_experts_type(ty: GgmlType) {
         return;
     };
     let (seed, mut rng) = seeded(&format!("moe_experts_{ty}"));
-    let k = MoeExperts::new();
+    // the cooperative-matrix variants wherever the device has them
+    let k = MoeExperts::new().with_coop(true);
     let acts = [
         MoeAct::Silu,
         MoeAct::SwigluOai {
@@ -101,7 +103,7 @@ fn check_experts_type(ty: GgmlType) {
                 let x_div = if glu.is_some() { n_used } else { 1 };
                 let x = random(&mut rng, n_pairs / x_div * n_cols);
                 let xb = with(&ctx, "x", &x);
-                let want = moe_experts_ref(
+                let args = (
                     ty,
                     &gate,
                     glu.map(|a| (up.as_slice(), a)),
@@ -111,9 +113,23 @@ fn check_experts_type(ty: GgmlType) {
                     &x,
                     x_div,
                     &ids,
-                )
-                .unwrap();
+                );
+                let want = |coop: bool| {
+                    let (ty, w, glu, bias, n_rows, n_cols, x, x_div, ids) = args;
+                    if coop {
+                        moe_experts_coop_ref(ty, w, glu, bias, n_rows, n_cols, x, x_div, ids)
+                    } else {
+                        moe_experts_ref(ty, w, glu, bias, n_rows, n_cols, x, x_div, ids)
+                    }
+                    .unwrap()
+                };
+                let (plain, coop) = (want(false), want(true));
                 for grouped in [false, true] {
+                    let want = if grouped && k.uses_coop(ctx.caps()) {
+                        &coop
+                    } else {
+                        &plain
+                    };
                     for set in [&gp[..1], &gp[1..]] {
                         let yb = poisoned(&ctx, "y", n_pairs * n_rows);
                         let mut chain = Chain::new(&ctx).unwrap();
@@ -156,7 +172,7 @@ fn check_experts_type(ty: GgmlType) {
                         }
                         chain.run().unwrap();
                         let got = read(&ctx, &yb, n_pairs * n_rows);
-                        if let Err(e) = check_close(&got, &want, REL) {
+                        if let Err(e) = check_close(&got, want, REL) {
                             panic!(
                                 "moe experts {ty} {n_tokens}x{n_used} of {n_expert}, {n_rows}x{n_cols}, \
                                  glu {glu:?}, bias {biased}, grouped {grouped}, {} pieces, seed {seed}: {e}",

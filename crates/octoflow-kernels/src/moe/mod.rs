@@ -25,7 +25,9 @@ mod group;
 mod route;
 
 pub use combine::{moe_combine_ref, MoeCombine};
-pub use experts::{moe_experts_ref, ExpertWeights, ExpertsArgs, Groups, MoeExperts};
+pub use experts::{
+    moe_experts_coop_ref, moe_experts_ref, ExpertWeights, ExpertsArgs, Groups, MoeExperts,
+};
 pub use group::{moe_group_ref, MoeGroup};
 pub use route::{moe_route_ref, MoeRoute, MAX_EXPERTS, MAX_USED};
 
@@ -101,7 +103,7 @@ impl Moe {
         Ok(Moe {
             route: MoeRoute::new(ctx)?,
             group: MoeGroup::new(ctx)?,
-            experts: MoeExperts::new(),
+            experts: MoeExperts::new().with_coop(crate::Tuning::for_device(ctx.caps()).moe_coop),
             combine: MoeCombine::new(ctx)?,
         })
     }

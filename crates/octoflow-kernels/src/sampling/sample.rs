@@ -115,6 +115,14 @@ const NO_LOGPROB: u32 = u32::MAX;
 /// The sampling kernel, built once per device. One workgroup per draw.
 pub struct Sample {
     pipeline: Pipeline,
+    /// The `MASKED` variant (a grammar's token mask per row), built at its first use.
+    masked: std::sync::OnceLock<Pipeline>,
+}
+
+/// u32 words of one row in a mask buffer of [`Sample::record_rows_masked`] over `n_vocab`
+/// tokens: the row's flag, then one bit per token.
+pub fn mask_row_words(n_vocab: u32) -> u32 {
+    1 + n_vocab.div_ceil(32)
 }
 
 impl Sample {
@@ -122,6 +130,7 @@ impl Sample {
     pub fn new(ctx: &Context) -> Result<Self> {
         Ok(Sample {
             pipeline: Pipeline::new(ctx, &PipelineDesc::new(shaders::SAMPLE, 3, 12))?,
+            masked: std::sync::OnceLock::new(),
         })
     }
 
@@ -164,6 +173,31 @@ impl Sample {
         out_offset: u32,
         logprobs_at: Option<u32>,
     ) -> Result<()> {
+        self.check(logits, n_vocab, n_rows, state, out, out_offset, logprobs_at)?;
+        chain.dispatch(
+            &self.pipeline,
+            &[logits.clone(), state.clone(), out.clone()],
+            &Push::new()
+                .u32(n_vocab)
+                .u32(out_offset)
+                .u32(logprobs_at.unwrap_or(NO_LOGPROB)),
+            [n_rows, 1, 1],
+        )?;
+        Ok(())
+    }
+
+    /// The shape checks of both kernels.
+    #[allow(clippy::too_many_arguments)]
+    fn check(
+        &self,
+        logits: &BufferSlice,
+        n_vocab: u32,
+        n_rows: u32,
+        state: &BufferSlice,
+        out: &BufferSlice,
+        out_offset: u32,
+        logprobs_at: Option<u32>,
+    ) -> Result<()> {
         check_rows("sample", logits, n_vocab, n_rows)?;
         check_out("sample", out, out_offset, n_rows)?;
         if let Some(at) = logprobs_at {
@@ -188,13 +222,60 @@ impl Sample {
                 detail,
             });
         }
+        Ok(())
+    }
+
+    /// [`Sample::record_rows`] under a grammar: row `r` draws only tokens its mask allows
+    /// ([`sample_masked_ref`]). `mask`: `[n_rows, mask_row_words(n_vocab)]` u32, row `r` = a
+    /// flag word (0: unconstrained, its bits are not read) then bit `i % 32` of word
+    /// `1 + i / 32` per token `i` (set: allowed; octoflow-core's `TokenMask` words). The
+    /// log-probabilities are the model's, over every token.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_rows_masked(
+        &self,
+        chain: &mut Chain,
+        logits: &BufferSlice,
+        n_vocab: u32,
+        n_rows: u32,
+        state: &BufferSlice,
+        out: &BufferSlice,
+        out_offset: u32,
+        logprobs_at: Option<u32>,
+        mask: &BufferSlice,
+    ) -> Result<()> {
+        // The shapes shared with the unmasked kernel are checked by recording nothing.
+        self.check(logits, n_vocab, n_rows, state, out, out_offset, logprobs_at)?;
+        let words = mask_row_words(n_vocab);
+        if mask.size < 4 * u64::from(words) * u64::from(n_rows) {
+            let detail = format!(
+                "mask ({}) holds {} bytes, {n_rows} rows of {words} words need {}",
+                mask.buffer.name(),
+                mask.size,
+                4 * u64::from(words) * u64::from(n_rows)
+            );
+            return Err(KernelError::Shape {
+                op: "sample_masked",
+                detail,
+            });
+        }
+        let pipeline = match self.masked.get() {
+            Some(p) => p,
+            None => {
+                let p = Pipeline::new(
+                    chain.context(),
+                    &PipelineDesc::new(shaders::SAMPLE_MASKED, 4, 16),
+                )?;
+                self.masked.get_or_init(|| p)
+            }
+        };
         chain.dispatch(
-            &self.pipeline,
-            &[logits.clone(), state.clone(), out.clone()],
+            pipeline,
+            &[logits.clone(), state.clone(), out.clone(), mask.clone()],
             &Push::new()
                 .u32(n_vocab)
                 .u32(out_offset)
-                .u32(logprobs_at.unwrap_or(NO_LOGPROB)),
+                .u32(logprobs_at.unwrap_or(NO_LOGPROB))
+                .u32(words),
             [n_rows, 1, 1],
         )?;
         Ok(())
@@ -278,6 +359,30 @@ pub fn sample_ref(logits: &[f32], state: &SamplerState) -> u32 {
         }
     }
     cands[cands.len() - 1].0
+}
+
+/// CPU reference of a masked draw ([`Sample::record_rows_masked`]): `mask` is the row's
+/// token bits (`None`: unconstrained, [`sample_ref`]). Tokens the mask excludes are NaN logits
+/// for [`sample_ref`]; when no allowed logit beats -inf, the lowest allowed id (0 if none).
+/// The same token as octoflow-core's `Sampler::sample_masked`.
+pub fn sample_masked_ref(logits: &[f32], state: &SamplerState, mask: Option<&[u32]>) -> u32 {
+    let Some(mask) = mask else {
+        return sample_ref(logits, state);
+    };
+    let allowed = |i: usize| mask.get(i / 32).is_some_and(|w| w >> (i % 32) & 1 == 1);
+    let live = logits
+        .iter()
+        .enumerate()
+        .any(|(i, &v)| allowed(i) && v > f32::NEG_INFINITY);
+    if !live {
+        return (0..logits.len()).find(|&i| allowed(i)).unwrap_or(0) as u32;
+    }
+    let masked: Vec<f32> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| if allowed(i) { v } else { f32::NAN })
+        .collect();
+    sample_ref(&masked, state)
 }
 
 #[cfg(test)]

@@ -570,3 +570,165 @@ fn logprob_ref_is_log_softmax_at_temperature_one() {
         "NaN poisons the sum"
     );
 }
+
+/// A random row mask of one of several shapes for `logits` (possibly rewriting them so every
+/// allowed logit is NaN or -inf), or `None` (unconstrained).
+fn random_mask(rng: &mut impl Rng, logits: &mut [f32]) -> Option<Vec<u32>> {
+    let n = logits.len();
+    let mut words = vec![0u32; n.div_ceil(32)];
+    let allow = |i: usize, w: &mut Vec<u32>| w[i / 32] |= 1 << (i % 32);
+    match rng.gen_range(0..7) {
+        0 => return None,
+        1 => allow(rng.gen_range(0..n), &mut words),
+        2 => (0..n)
+            .filter(|_| rng.gen_bool(0.01))
+            .for_each(|i| allow(i, &mut words)),
+        3 => (0..n)
+            .filter(|_| rng.gen_bool(0.5))
+            .for_each(|i| allow(i, &mut words)),
+        4 => (0..n).for_each(|i| allow(i, &mut words)),
+        5 => {
+            // Allowed tokens exist but none is live: the lowest allowed id.
+            let picked: Vec<usize> = (0..n).filter(|_| rng.gen_bool(0.05)).collect();
+            for i in picked {
+                allow(i, &mut words);
+                logits[i] = if rng.gen_bool(0.5) {
+                    f32::NAN
+                } else {
+                    f32::NEG_INFINITY
+                };
+            }
+        }
+        _ => {} // nothing allowed: token 0
+    }
+    Some(words)
+}
+
+#[test]
+fn sample_masked_ref_is_the_cpu_masked_sampler() {
+    let seed: u64 = rand::random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for _ in 0..300 {
+        let n = [1, 7, 300, 1000][rng.gen_range(0..4)];
+        let mut logits = sampling_logits(&mut rng, n);
+        let mut s = random_state(&mut rng);
+        s.step_hi = 0;
+        s.step_lo %= 8;
+        let Some(words) = random_mask(&mut rng, &mut logits) else {
+            continue;
+        };
+        let mask = octoflow_core::TokenMask::from_words(words.clone(), n);
+        let want = cpu_sampler(&s, s.step())
+            .sample_masked(&logits, &mask)
+            .unwrap_or(0);
+        assert_eq!(
+            sample_masked_ref(&logits, &s, Some(&words)),
+            want,
+            "{s:?}, seed {seed}"
+        );
+    }
+}
+
+#[test]
+fn gpu_masked_sample_draws_only_allowed_tokens() {
+    let Some(ctx) = gpu_or_skip("gpu_masked_sample") else {
+        return;
+    };
+    let seed: u64 = rand::random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let sample = Sample::new(&ctx).unwrap();
+    for &(n, n_rows) in &[(7usize, 12usize), (1000, 24), (49152, 10)] {
+        let mut logits: Vec<Vec<f32>> = (0..n_rows).map(|_| sampling_logits(&mut rng, n)).collect();
+        let masks: Vec<Option<Vec<u32>>> = logits
+            .iter_mut()
+            .map(|l| random_mask(&mut rng, l))
+            .collect();
+        let states: Vec<SamplerState> = (0..n_rows).map(|_| random_state(&mut rng)).collect();
+        let words = mask_row_words(n as u32) as usize;
+        let mut mask_buf = vec![0u32; words * n_rows];
+        for (r, m) in masks.iter().enumerate() {
+            let row = &mut mask_buf[r * words..(r + 1) * words];
+            match m {
+                Some(bits) => {
+                    row[0] = 1;
+                    row[1..].copy_from_slice(bits);
+                }
+                // An unconstrained row's bits are garbage the kernel must not read.
+                None => row[1..].iter_mut().for_each(|w| *w = rng.gen()),
+            }
+        }
+        let upload = |name: &str, words: &[u32]| {
+            let b =
+                Buffer::new(&ctx, name, 4 * words.len() as u64, MemoryKind::DeviceLocal).unwrap();
+            ctx.upload(&b, 0, words).unwrap();
+            b
+        };
+        let flat: Vec<u32> = logits.concat().iter().map(|v| v.to_bits()).collect();
+        let lb = upload("logits", &flat);
+        let sw: Vec<u32> = states.iter().flat_map(|s| s.to_words()).collect();
+        let sb = upload("states", &sw);
+        let mb = upload("mask", &mask_buf);
+        // Poisoned: tokens and log-probabilities start as NaN bits.
+        let out = upload("out", &vec![0x7FC0_0000u32; 2 * n_rows]);
+        let mut chain = Chain::new(&ctx).unwrap();
+        sample
+            .record_rows_masked(
+                &mut chain,
+                &lb.whole(),
+                n as u32,
+                n_rows as u32,
+                &sb.whole(),
+                &out.whole(),
+                0,
+                Some(n_rows as u32),
+                &mb.whole(),
+            )
+            .unwrap();
+        chain.run().unwrap();
+        let mut got = vec![0u32; 2 * n_rows];
+        ctx.download(&out, 0, &mut got).unwrap();
+        for r in 0..n_rows {
+            let (row, s, m) = (&logits[r], &states[r], masks[r].as_deref());
+            let token = got[r];
+            let want = sample_masked_ref(row, s, m);
+            let allowed = |t: u32| {
+                m.is_none_or(|w| {
+                    w.get(t as usize / 32)
+                        .is_some_and(|w| w >> (t % 32) & 1 == 1)
+                })
+            };
+            let any_allowed = (0..n as u32).any(allowed);
+            assert!(
+                !any_allowed || allowed(token),
+                "n {n} row {r}, seed {seed}: token {token} is masked out"
+            );
+            if token != want {
+                let masked: Vec<f32> = row
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| if allowed(i as u32) { v } else { f32::NAN })
+                    .collect();
+                let d = boundary_distance(&masked, s);
+                assert!(
+                    s.temperature > 0.0 && d < BOUNDARY,
+                    "n {n} row {r} ({s:?}, mask {}), seed {seed}: GPU {token} vs CPU {want}",
+                    m.map_or("none".into(), |w| format!(
+                        "{} allowed",
+                        w.iter().map(|w| w.count_ones()).sum::<u32>()
+                    ))
+                );
+            }
+            // The log-probability is the model's, over every token.
+            let lp_want = logprob_ref(row, token);
+            let lp = f32::from_bits(got[n_rows + r]);
+            if lp_want.is_finite() {
+                let tol = 1e-4 * lp_want.abs().max(1.0);
+                assert!(
+                    (lp - lp_want).abs() <= tol,
+                    "n {n} row {r}, seed {seed}: logprob {lp} vs {lp_want}"
+                );
+            }
+        }
+    }
+    assert_no_validation_errors(&ctx);
+}

@@ -14,13 +14,15 @@
 //! ([`TokenIn::Sampled`], resolved on the GPU by `pick_ids`).
 //!
 //! Per step: pick ids → embeddings → layers → gather the rows that want output → final norm →
-//! logits → one sampling workgroup per output row (per-row [`SamplerState`]) → (if any row
-//! wants logits) a copy of the logits to host memory.
+//! logits → one sampling workgroup per output row (per-row [`SamplerState`]; in a step where
+//! some row draws under a grammar, the masked sampler with a per-row token mask, unconstrained
+//! rows flagged so it skips their masks) → (if any row wants logits) a copy of the logits to
+//! host memory.
 
 use std::collections::{HashMap, VecDeque};
 
-use octoflow_core::Draw;
-use octoflow_kernels::{Positions, Sample, SamplerState, FROM_PREV};
+use octoflow_core::{Draw, TokenMask};
+use octoflow_kernels::{mask_row_words, Positions, Sample, SamplerState, FROM_PREV};
 use octoflow_vk::{summarize, Buffer, BufferSlice, Chain, LabelTime, MemoryKind};
 
 use crate::batch::{BatchForward, BatchRow, RowOutput, RowResult, TokenIn, MAX_IN_FLIGHT};
@@ -58,6 +60,9 @@ struct IoSet {
     tokens: Buffer,
     /// `[max_out, n_vocab]` f32 logits for the host, allocated on first need.
     logits: Option<Buffer>,
+    /// `[max_out, mask_row_words(n_vocab)]` u32 token masks per output row (a flag word, then
+    /// the bits), allocated at the first masked step.
+    masks: Option<Buffer>,
 }
 
 /// The tables a step's forward pass reads and writes, on the device (see [`GpuBatch::record_rows`]).
@@ -78,10 +83,14 @@ pub struct DeviceRows {
     /// Where the log-probabilities start in `tokens`: the buffer's fixed half, whatever a
     /// step's `n_out` (the readers index it by output row).
     pub logprobs_at: u32,
+    /// `[n_out, mask_row_words(n_vocab)]` u32: each output row's token mask (flag word 0:
+    /// none), or `None` for steps without grammars (the plain sampler).
+    pub mask: Option<BufferSlice>,
 }
 
-/// Chain cache key: (row bucket, output-row bucket, logits copied to the host, io set).
-type Key = (u32, u32, bool, usize);
+/// Chain cache key: (row bucket, output-row bucket, logits copied to the host, io set, masked
+/// sampler).
+type Key = (u32, u32, bool, usize, bool);
 
 /// A step submitted and not yet collected.
 struct Pending {
@@ -135,6 +144,7 @@ impl GpuModel {
             max_rows,
             1,
             self.lora_r(),
+            self.kv_type,
         )?;
         let max_out = s.t_logits.min(max_rows);
         let host = |name: &str, words: u32, kind: MemoryKind| {
@@ -161,6 +171,7 @@ impl GpuModel {
                     MemoryKind::Readback,
                 )?,
                 logits: None,
+                masks: None,
             })
         };
         Ok(GpuBatch {
@@ -255,16 +266,16 @@ impl GpuBatch<'_> {
             let nb = bucket(n, t_max);
             if nb <= decode_max {
                 let ob = bucket(nb.min(out_max), self.max_out);
-                keys.extend([0, 1].map(|set| (nb, ob, false, set)));
+                keys.extend([0, 1].map(|set| (nb, ob, false, set, false)));
             } else {
-                keys.push((nb, 1, false, self.next_set));
+                keys.push((nb, 1, false, self.next_set, false));
             }
             n = nb + 1;
         }
         let mut recorded = 0;
         for key in keys {
             if !self.chains.contains_key(&key) {
-                let chain = self.record(key.0, key.1, key.2, key.3)?;
+                let chain = self.record(key)?;
                 self.chains.insert(key, chain);
                 recorded += 1;
             }
@@ -272,8 +283,9 @@ impl GpuBatch<'_> {
         Ok(recorded)
     }
 
-    /// Records the chain of a step with `n` rows (`n_out` of them with output) on set `set`.
-    fn record(&self, n: u32, n_out: u32, logits: bool, set: usize) -> Result<Chain> {
+    /// Records the chain of a step with `n` rows (`n_out` of them with output) on set `set`,
+    /// its sampler masked or not.
+    fn record(&self, (n, n_out, logits, set, masked): Key) -> Result<Chain> {
         let m = self.model;
         let io = &self.sets[set];
         let prev = &self.sets[1 - set];
@@ -303,6 +315,13 @@ impl GpuBatch<'_> {
             states: io.states.whole(),
             tokens: io.tokens.whole(),
             logprobs_at: self.max_out,
+            mask: match (masked, &io.masks) {
+                (false, _) => None,
+                (true, Some(m)) => Some(m.whole()),
+                (true, None) => {
+                    return Err(ModelError::Gpu("the mask buffer was not allocated".into()))
+                }
+            },
         };
         let logits_rows = self.record_rows(&mut chain, &rows, n, n_out)?;
         if let (true, Some(rows)) = (logits, logits_rows) {
@@ -357,16 +376,29 @@ impl GpuBatch<'_> {
             .s
             .logits
             .slice(0, 4 * u64::from(n_out) * u64::from(n_vocab))?;
-        m.kernels.sample.record_rows(
-            chain,
-            &logits,
-            n_vocab,
-            n_out,
-            &rows.states,
-            &rows.tokens,
-            0,
-            Some(rows.logprobs_at),
-        )?;
+        match &rows.mask {
+            None => m.kernels.sample.record_rows(
+                chain,
+                &logits,
+                n_vocab,
+                n_out,
+                &rows.states,
+                &rows.tokens,
+                0,
+                Some(rows.logprobs_at),
+            )?,
+            Some(mask) => m.kernels.sample.record_rows_masked(
+                chain,
+                &logits,
+                n_vocab,
+                n_out,
+                &rows.states,
+                &rows.tokens,
+                0,
+                Some(rows.logprobs_at),
+                mask,
+            )?,
+        }
         Ok(Some(logits))
     }
 
@@ -491,6 +523,10 @@ impl BatchForward for GpuBatch<'_> {
     }
 
     fn submit(&mut self, rows: &[BatchRow]) -> Result<()> {
+        self.submit_masked(rows, &[])
+    }
+
+    fn submit_masked(&mut self, rows: &[BatchRow], masks: &[Option<&TokenMask>]) -> Result<()> {
         if self.pending.len() >= MAX_IN_FLIGHT {
             return Err(ModelError::Batch(format!(
                 "{MAX_IN_FLIGHT} steps are already in flight: collect one first"
@@ -506,6 +542,8 @@ impl BatchForward for GpuBatch<'_> {
         let mut mix = vec![0u32; nb as usize];
         let mut out_rows = Vec::new();
         let mut states = Vec::new();
+        // Per output row: its mask, where it samples under one.
+        let mut row_masks: Vec<Option<&TokenMask>> = Vec::new();
         let mut outputs = Vec::with_capacity(rows.len());
         let mut want_logits = false;
         for (i, r) in rows.iter().enumerate() {
@@ -522,9 +560,14 @@ impl BatchForward for GpuBatch<'_> {
                 RowOutput::Sample(d) => Some((SamplerState::from_draw(&d).to_words(), false)),
                 RowOutput::Logits => Some((SamplerState::default().to_words(), true)),
             };
+            let mask = match r.output {
+                RowOutput::Sample(_) => masks.get(i).copied().flatten(),
+                _ => None,
+            };
             outputs.push(state.map(|(words, logits)| {
                 let o = out_rows.len() as u32;
                 out_rows.push(i as u32);
+                row_masks.push(mask);
                 states.extend(words);
                 want_logits |= logits;
                 (o, logits)
@@ -558,12 +601,45 @@ impl BatchForward for GpuBatch<'_> {
             io.out_rows.write(0, &out_rows)?;
             io.states.write(0, &states)?;
         }
-        let key = (nb, ob, want_logits, set);
+        let masked = row_masks.iter().any(Option::is_some);
+        if masked {
+            let words = mask_row_words(n_vocab as u32) as usize;
+            if io.masks.is_none() {
+                io.masks = Some(Buffer::new(
+                    &self.model.ctx,
+                    &format!("batch_masks.{set}"),
+                    4 * (words as u64) * u64::from(self.max_out),
+                    MemoryKind::Upload,
+                )?);
+            }
+            let buf = io
+                .masks
+                .as_ref()
+                .ok_or_else(|| ModelError::Gpu("the mask buffer was not allocated".into()))?;
+            // Unconstrained and padding rows get their flag only: the kernel skips their bits.
+            for o in 0..ob as usize {
+                let at = 4 * (o * words) as u64;
+                match row_masks.get(o).copied().flatten() {
+                    Some(m) if m.words().len() + 1 == words => {
+                        buf.write(at, &[1u32])?;
+                        buf.write(at + 4, m.words())?;
+                    }
+                    Some(m) => {
+                        return Err(ModelError::Batch(format!(
+                            "a token mask of {} tokens for a vocabulary of {n_vocab}",
+                            m.n_vocab()
+                        )))
+                    }
+                    None => buf.write(at, &[0u32])?,
+                }
+            }
+        }
+        let key = (nb, ob, want_logits, set, masked);
         if !self.chains.contains_key(&key) {
             if self.chains.len() >= 64 && self.pending.is_empty() {
                 self.chains.clear();
             }
-            let chain = self.record(nb, ob, want_logits, set)?;
+            let chain = self.record(key)?;
             self.chains.insert(key, chain);
         }
         let chain = self

@@ -313,6 +313,7 @@ impl Graph<'_> {
             pos: &ps.buf,
             pos_offset: ps.offset,
             positions: ps.mode,
+            kv: s.kv_type,
             sinks: planned(il, plan.sinks, &lw.attn_sinks, "attn_sinks")?,
         };
         if fresh_applies(&args) && !self.k.linear.tuning().unfused_rope {
@@ -346,6 +347,7 @@ impl Graph<'_> {
                     v: &v,
                     k_cache: &kc,
                     v_cache: &vc,
+                    kv: s.kv_type,
                     n_ctx: s.n_ctx,
                     n_tokens: n,
                     n_head: c.n_head as u32,

@@ -20,6 +20,8 @@ pub mod weights;
 pub use adapters::{GpuAdapters, MixSource};
 pub use batch::{DeviceRows, GpuBatch};
 pub use session::{GpuModel, GpuSession, BATCH_TOKENS};
+// what the caches hold (`GpuModel::set_kv_type`), named where the binary picks it
+pub use octoflow_kernels::{KvType, UnknownKvType};
 
 #[cfg(test)]
 #[path = "arch_tests.rs"]

@@ -2,6 +2,7 @@
 //! tokens, logits, the KV cache and the decode chain's bookkeeping.
 
 use octoflow_kernels::advance::ctl;
+use octoflow_kernels::KvType;
 use octoflow_vk::{Buffer, Context, MemoryKind};
 
 use crate::config::ModelConfig;
@@ -55,8 +56,11 @@ pub struct Scratch {
     pub ffn_up: Buffer,
     /// `[t_logits, n_vocab]`
     pub logits: Buffer,
-    /// Per layer: keys `[n_ctx, n_head_kv * head_dim]` and values `[n_ctx, n_head_kv * head_dim_v]`.
+    /// Per layer: keys `[n_ctx, n_head_kv * head_dim]` and values `[n_ctx, n_head_kv * head_dim_v]`
+    /// of `kv_type`.
     pub kv: Vec<(Buffer, Buffer)>,
+    /// What the KV caches hold.
+    pub kv_type: KvType,
     /// The sampler's state, host-written.
     pub sampler: Buffer,
     /// `[out_len]` u32: tokens sampled by the decode steps of one submit.
@@ -107,7 +111,7 @@ impl MoeScratch {
 impl Scratch {
     /// Allocates a session's buffers: batches of up to `t_max` tokens with logits for up to
     /// `logit_rows` of them, `n_ctx` cached positions, `out_len` decode steps per submit, adapters
-    /// of stacked rank up to `lora_r` (0: none).
+    /// of stacked rank up to `lora_r` (0: none), KV caches of `kv_type`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         ctx: &Context,
@@ -117,6 +121,7 @@ impl Scratch {
         logit_rows: u32,
         out_len: u32,
         lora_r: u32,
+        kv_type: KvType,
     ) -> Result<Self> {
         let limit = ctx.caps().max_buffer_bytes();
         let t_logits =
@@ -128,8 +133,7 @@ impl Scratch {
                 ctx.caps().name
             )));
         }
-        let dev = |name: &str, floats: usize| -> Result<Buffer> {
-            let bytes = 4 * floats as u64;
+        let dev_bytes = |name: &str, bytes: u64| -> Result<Buffer> {
             if bytes > limit {
                 return Err(ModelError::Gpu(format!(
                     "{name} needs {bytes} bytes, more than one binding of {} allows ({limit}); lower the context size",
@@ -143,13 +147,17 @@ impl Scratch {
                 MemoryKind::DeviceLocal,
             )?)
         };
+        let dev = |name: &str, floats: usize| dev_bytes(name, 4 * floats as u64);
         let host = |name: &str, words: u64| Buffer::new(ctx, name, 4 * words, MemoryKind::Upload);
         let t = t_max as usize;
         let kv = (0..c.n_layer)
             .map(|il| {
+                let cache = |name: String, width: usize| {
+                    dev_bytes(&name, u64::from(n_ctx) * width as u64 * kv_type.bytes())
+                };
                 Ok((
-                    dev(&format!("k_cache.{il}"), n_ctx as usize * c.k_dim())?,
-                    dev(&format!("v_cache.{il}"), n_ctx as usize * c.v_dim())?,
+                    cache(format!("k_cache.{il}"), c.k_dim())?,
+                    cache(format!("v_cache.{il}"), c.v_dim())?,
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -210,6 +218,7 @@ impl Scratch {
             ffn_up: dev("ffn_up", t * c.n_ff)?,
             logits: dev("logits", t_logits as usize * c.n_vocab)?,
             kv,
+            kv_type,
             sampler: host("sampler", SAMPLER_WORDS)?,
             out_tokens: host("out_tokens", u64::from(out_len.max(1)))?,
             args: Buffer::new(

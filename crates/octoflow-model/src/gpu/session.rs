@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use octoflow_core::{Draw, Finish};
 use octoflow_kernels::advance::ctl;
-use octoflow_kernels::{Positions, Sample, SamplerState};
+use octoflow_kernels::{KvType, Positions, Sample, SamplerState};
 use octoflow_vk::{gate_words, summarize, Chain, Context, LabelTime};
 
 use crate::adapter::Adapter;
@@ -36,6 +36,8 @@ pub struct GpuModel {
     pub(crate) weights: GpuWeights,
     pub(crate) kernels: Kernels,
     pub(crate) adapters: Option<GpuAdapters>,
+    /// What the KV caches of new sessions and batches hold.
+    pub(crate) kv_type: KvType,
 }
 
 impl GpuModel {
@@ -56,6 +58,9 @@ impl GpuModel {
             kernels: Kernels::new(ctx)?,
             ctx: ctx.clone(),
             adapters: None,
+            // the library's default is the reference's own precision; the binary's
+            // `--cache-type` defaults to f16
+            kv_type: KvType::F32,
         })
     }
 
@@ -122,6 +127,24 @@ impl GpuModel {
     }
 
     /// Device bytes held by the weights.
+    /// Sessions and batches made from now on keep their KV caches in `kv`; an error where the
+    /// device cannot hold such caches.
+    pub fn set_kv_type(&mut self, kv: KvType) -> Result<()> {
+        if !kv.supported(self.ctx.caps()) {
+            return Err(ModelError::Gpu(format!(
+                "{} has no 16-bit storage buffers, which an {kv} KV cache needs (use f32)",
+                self.ctx.caps().name
+            )));
+        }
+        self.kv_type = kv;
+        Ok(())
+    }
+
+    /// What the KV caches of new sessions and batches hold.
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
+    }
+
     pub fn weight_bytes(&self) -> u64 {
         self.weights.bytes
     }
@@ -143,6 +166,7 @@ impl GpuModel {
                 SESSION_LOGIT_ROWS,
                 steps,
                 self.lora_r(),
+                self.kv_type,
             )?,
             n_past: 0,
             batch_chains: HashMap::new(),

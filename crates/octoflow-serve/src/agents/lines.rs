@@ -1,8 +1,11 @@
 //! An agent run's output lines, as `octoflow agents` writes them to its output file and
 //! `POST /v1/agents/runs` streams them: `{"id","instance","round","text","tokens","finish"}`
-//! (`score` when finite) per output, `{"instance","error"}` per runtime error.
+//! (`score` when finite) per output, `{"instance","error"}` per runtime error. For models that
+//! answer in channels (gpt-oss's harmony format) `text` is the final channel and `reasoning`
+//! the analysis channel (when there is one).
 
 use octoflow_agents::Event;
+use octoflow_text::harmony::{self, Reply};
 use octoflow_text::Tokenizer;
 use serde_json::{json, Value};
 
@@ -43,14 +46,23 @@ impl Lines {
             } => {
                 self.outputs += 1;
                 self.tokens += tokens.len();
+                let mut text = tokenizer.decode(&tokens);
+                let mut reasoning = String::new();
+                if harmony::uses_harmony(tokenizer.vocab()) {
+                    let reply = Reply::parse(&text);
+                    (text, reasoning) = (reply.content, reply.reasoning);
+                }
                 let mut line = json!({
                     "id": self.task_id(task),
                     "instance": instance,
                     "round": round,
-                    "text": tokenizer.decode(&tokens),
+                    "text": text,
                     "tokens": tokens.len(),
                     "finish": finish.map(finish_reason),
                 });
+                if !reasoning.is_empty() {
+                    line["reasoning"] = json!(reasoning);
+                }
                 // NaN (sampled on the device) and -inf (an empty span) are not JSON numbers.
                 if score.is_finite() {
                     line["score"] = json!(score);

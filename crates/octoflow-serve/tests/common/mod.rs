@@ -130,6 +130,7 @@ pub async fn start(shape: Shape) -> Option<Running> {
         body_limit: shape.body_limit,
         prefill_chunk: shape.max_rows,
         grace: shape.grace,
+        access: Default::default(),
     };
     let server = Server::start(
         "127.0.0.1:0".parse().expect("address"),

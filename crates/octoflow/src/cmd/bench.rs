@@ -24,6 +24,16 @@ pub struct Args {
     /// Tokens of the generation test (0 skips it).
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     n_gen: usize,
+    /// Context depths (llama-bench's `-d`, comma-separated): before each repetition of each
+    /// test, this many tokens are prefilled (not timed), so the test runs after them; a test at
+    /// depth D > 0 is named `pp512 @ dD`.
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    n_depth: Vec<usize>,
     /// Repetitions of each test.
     #[arg(short = 'r', long, default_value_t = 5)]
     repetitions: usize,
@@ -64,7 +74,18 @@ pub struct Args {
 struct Row {
     test: String,
     tokens: usize,
+    /// Tokens of context before the test.
+    depth: usize,
     rates: Vec<f64>,
+}
+
+/// llama-bench's test name: `pp512`, `tg128`, or `pp512 @ d8192` after 8192 tokens of context.
+fn test_name(kind: &str, tokens: usize, depth: usize) -> String {
+    if depth == 0 {
+        format!("{kind}{tokens}")
+    } else {
+        format!("{kind}{tokens} @ d{depth}")
+    }
 }
 
 impl Row {
@@ -121,7 +142,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .map(|i| ((i * 7919 + 13) % n_vocab) as u32)
             .collect()
     };
-    let n_ctx = (args.n_prompt.max(1) + args.n_gen + 1).max(16);
+    let max_depth = args.n_depth.iter().copied().max().unwrap_or(0);
+    let n_ctx = (max_depth + args.n_prompt.max(1) + args.n_gen + 1).max(16);
     let mut session = loaded.session(&model, n_ctx, args.steps)?;
     if let (true, AnySession::Gpu(s)) = (args.profile, &mut session) {
         s.set_profiling(true)?;
@@ -130,41 +152,50 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         s.set_gated(args.gate == "on");
     }
     let mut rows = Vec::new();
-    if args.n_prompt > 0 {
-        let prompt = tokens(args.n_prompt);
-        let pp = |s: &mut dyn Forward| -> anyhow::Result<f64> {
-            s.truncate(0);
-            let t = Instant::now();
-            s.forward(&prompt, 0, Logits::Last)?;
-            Ok(args.n_prompt as f64 / t.elapsed().as_secs_f64())
-        };
-        warm_up(args.warmup, || pp(session.as_dyn()).map(drop))?;
-        let rates = (0..args.repetitions)
-            .map(|_| pp(session.as_dyn()))
-            .collect::<anyhow::Result<_>>()?;
-        print_profile(&session, &format!("pp{}", args.n_prompt), 1);
-        rows.push(Row {
-            test: format!("pp{}", args.n_prompt),
-            tokens: args.n_prompt,
-            rates,
-        });
-    }
-    if args.n_gen > 0 {
-        let first = tokens(1)[0];
-        warm_up(args.warmup, || tg(&mut session, first, args.n_gen))?;
-        let rates = (0..args.repetitions)
-            .map(|_| {
+    for &depth in &args.n_depth {
+        let context = tokens(depth);
+        if args.n_prompt > 0 {
+            let prompt = tokens(args.n_prompt);
+            let pp = |s: &mut dyn Forward| -> anyhow::Result<f64> {
+                prefill(s, &context)?;
                 let t = Instant::now();
-                tg(&mut session, first, args.n_gen)?;
+                s.forward(&prompt, depth, Logits::Last)?;
+                Ok(args.n_prompt as f64 / t.elapsed().as_secs_f64())
+            };
+            warm_up(args.warmup, || pp(session.as_dyn()).map(drop))?;
+            let rates = (0..args.repetitions)
+                .map(|_| pp(session.as_dyn()))
+                .collect::<anyhow::Result<_>>()?;
+            let test = test_name("pp", args.n_prompt, depth);
+            print_profile(&session, &test, 1);
+            rows.push(Row {
+                test,
+                tokens: args.n_prompt,
+                depth,
+                rates,
+            });
+        }
+        if args.n_gen > 0 {
+            let first = tokens(1)[0];
+            let run = |session: &mut AnySession<'_>| -> anyhow::Result<f64> {
+                prefill(session.as_dyn(), &context)?;
+                let t = Instant::now();
+                tg(session, first, args.n_gen)?;
                 Ok(args.n_gen as f64 / t.elapsed().as_secs_f64())
-            })
-            .collect::<anyhow::Result<_>>()?;
-        print_profile(&session, &format!("tg{}", args.n_gen), args.steps);
-        rows.push(Row {
-            test: format!("tg{}", args.n_gen),
-            tokens: args.n_gen,
-            rates,
-        });
+            };
+            warm_up(args.warmup, || run(&mut session).map(drop))?;
+            let rates = (0..args.repetitions)
+                .map(|_| run(&mut session))
+                .collect::<anyhow::Result<_>>()?;
+            let test = test_name("tg", args.n_gen, depth);
+            print_profile(&session, &test, args.steps);
+            rows.push(Row {
+                test,
+                tokens: args.n_gen,
+                depth,
+                rates,
+            });
+        }
     }
     if let Loaded::Gpu(gpu) = &loaded {
         report_memory(gpu, n_ctx);
@@ -177,10 +208,11 @@ fn report_memory(gpu: &octoflow_model::gpu::GpuModel, n_ctx: usize) {
     let c = &gpu.config;
     let (in_buffers, reserved) = gpu.context().memory_usage();
     let weights = gpu.weight_bytes();
-    let kv = (c.n_layer * n_ctx * (c.k_dim() + c.v_dim()) * 4) as u64;
+    let kv_type = gpu.kv_type();
+    let kv = (c.n_layer * n_ctx * (c.k_dim() + c.v_dim())) as u64 * kv_type.bytes();
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     eprintln!(
-        "octoflow: device memory {:.1} MiB reserved ({:.1} MiB in buffers) = weights {:.1} MiB + KV cache {:.1} MiB ({n_ctx} positions, f32) + {:.1} MiB other ({:.1}% over weights + KV)",
+        "octoflow: device memory {:.1} MiB reserved ({:.1} MiB in buffers) = weights {:.1} MiB + KV cache {:.1} MiB ({n_ctx} positions, {kv_type}) + {:.1} MiB other ({:.1}% over weights + KV)",
         mib(reserved),
         mib(in_buffers),
         mib(weights),
@@ -208,11 +240,20 @@ fn print_profile(session: &AnySession<'_>, test: &str, steps: usize) {
     }
 }
 
-/// Generates `n` tokens greedily after one fed token, ignoring end-of-generation: on the GPU as
-/// multi-step decode chains, on the CPU one token at a time.
+/// Empties the session and prefills `context` (a test's depth; nothing for depth 0).
+fn prefill(s: &mut dyn Forward, context: &[u32]) -> anyhow::Result<()> {
+    s.truncate(0);
+    if !context.is_empty() {
+        s.forward(context, 0, Logits::None)?;
+    }
+    Ok(())
+}
+
+/// Generates `n` tokens greedily after one fed token, after whatever the session holds,
+/// ignoring end-of-generation: on the GPU as multi-step decode chains, on the CPU one token at
+/// a time.
 fn tg(session: &mut AnySession<'_>, first: u32, n: usize) -> anyhow::Result<()> {
     let s = session.as_dyn();
-    s.truncate(0);
     let draw = Draw::greedy(0);
     let mut token = first;
     let mut done = 0;
@@ -230,6 +271,14 @@ fn tg(session: &mut AnySession<'_>, first: u32, n: usize) -> anyhow::Result<()> 
         }
     }
     Ok(())
+}
+
+/// What the KV cache holds (the CPU reference's is f32).
+fn kv_name(loaded: &Loaded) -> &'static str {
+    match loaded {
+        Loaded::Cpu => "f32",
+        Loaded::Gpu(g) => g.kv_type().name(),
+    }
 }
 
 fn print(
@@ -263,29 +312,34 @@ fn print(
         let tests: Vec<_> = rows
             .iter()
             .map(|r| {
-                json!({"test": r.test, "n_tokens": r.tokens, "repetitions": r.rates.len(),
+                json!({"test": r.test, "n_tokens": r.tokens, "n_depth": r.depth,
+                       "repetitions": r.rates.len(),
                        "avg_ts": r.mean(), "stddev_ts": r.std(), "samples_ts": r.rates})
             })
             .collect();
         let doc = json!({
             "model": name, "model_size": bytes, "model_n_params": params, "backend": backend,
-            "device": device, "driver": driver, "steps_per_submit": args.steps, "tests": tests,
+            "device": device, "driver": driver, "steps_per_submit": args.steps,
+            "type_kv": kv_name(loaded), "tests": tests,
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
-    println!("device: {device} | driver: {driver}");
     println!(
-        "| {:<36} | {:>10} | {:>10} | {:<7} | {:>7} | {:>20} |",
+        "device: {device} | driver: {driver} | KV cache: {}",
+        kv_name(loaded)
+    );
+    println!(
+        "| {:<36} | {:>10} | {:>10} | {:<7} | {:>15} | {:>20} |",
         "model", "size", "params", "backend", "test", "t/s"
     );
     println!(
-        "| {:-<36} | {:->10} | {:->10} | {:-<7} | {:->7} | {:->20} |",
+        "| {:-<36} | {:->10} | {:->10} | {:-<7} | {:->15} | {:->20} |",
         "", "", "", "", "", ""
     );
     for r in rows {
         println!(
-            "| {:<36} | {:>6.2} MiB | {:>8.2} M | {:<7} | {:>7} | {:>20} |",
+            "| {:<36} | {:>6.2} MiB | {:>8.2} M | {:<7} | {:>15} | {:>20} |",
             name,
             bytes as f64 / (1 << 20) as f64,
             params as f64 / 1e6,

@@ -50,6 +50,16 @@ pub struct DeviceArgs {
     /// Vulkan device index (see `octoflow devices`); overrides OCTOFLOW_GPU.
     #[arg(long)]
     pub gpu: Option<usize>,
+    /// What the GPU's KV cache holds, keys and values alike (llama.cpp's `-ctk`/`-ctv`):
+    /// f16 (half the memory, llama.cpp's default) or f32. The CPU reference keeps f32.
+    #[arg(long, value_name = "TYPE", default_value = "f16", value_parser = parse_kv_type)]
+    pub cache_type: octoflow_model::gpu::KvType,
+}
+
+/// `--cache-type`'s parser (the error lists the accepted names).
+fn parse_kv_type(s: &str) -> Result<octoflow_model::gpu::KvType, String> {
+    s.parse()
+        .map_err(|e: octoflow_model::gpu::UnknownKvType| e.to_string())
 }
 
 /// A model on the device chosen by [`DeviceArgs`]: the CPU reference needs nothing more, the
@@ -175,15 +185,17 @@ impl Loaded {
             return Ok(Loaded::Cpu);
         }
         let ctx = super::warm::open_device(args.gpu)?;
-        let gpu = octoflow_model::gpu::GpuModel::load(&ctx, model)
+        let mut gpu = octoflow_model::gpu::GpuModel::load(&ctx, model)
             .context("loading the model onto the GPU")?;
+        gpu.set_kv_type(args.cache_type).context("--cache-type")?;
         let caps = ctx.caps();
         eprintln!(
-            "octoflow: device: {} ({}, {}) | weights {:.1} MiB",
+            "octoflow: device: {} ({}, {}) | weights {:.1} MiB | KV cache {}",
             caps.name,
             caps.driver_name,
             caps.driver_info,
-            gpu.weight_bytes() as f64 / (1 << 20) as f64
+            gpu.weight_bytes() as f64 / (1 << 20) as f64,
+            args.cache_type
         );
         Ok(Loaded::Gpu(gpu))
     }

@@ -3,6 +3,7 @@
 pub mod agents;
 pub mod batched;
 pub mod bench;
+pub mod channels;
 pub mod common;
 pub mod convert;
 pub mod devices;

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use octoflow_core::{Draw, Sampler, SamplingParams};
 use octoflow_generate::{generate, Limits, Stats};
-use octoflow_text::{ChatTemplate, Message, Tokenizer};
+use octoflow_text::{harmony, ChatTemplate, Message, Tokenizer};
 
+use super::channels::ChannelWriter;
 use super::common::{AnySession, DeviceArgs, Loaded};
 
 /// Arguments of `octoflow run`.
@@ -75,6 +76,13 @@ pub struct Args {
     /// A Jinja chat template file overriding the model's.
     #[arg(long)]
     chat_template: Option<PathBuf>,
+    /// Models that answer in channels (gpt-oss): also show the analysis channel (the chain of
+    /// thought), on stderr marked `[reasoning]`; stdout keeps the final channel only.
+    #[arg(long)]
+    reasoning: bool,
+    /// Reasoning effort passed to the chat template (gpt-oss's `reasoning_effort`).
+    #[arg(long, value_enum)]
+    reasoning_effort: Option<Effort>,
     #[command(flatten)]
     lora: super::common::LoraArgs,
     #[command(flatten)]
@@ -85,6 +93,30 @@ pub struct Args {
     /// Print per-kernel GPU time of the last decode submit (GPU timestamps) to stderr.
     #[arg(long)]
     profile: bool,
+}
+
+/// gpt-oss's reasoning efforts.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Effort {
+    Low,
+    Medium,
+    High,
+}
+
+impl Args {
+    /// Variables the chat template gets beside the conversation.
+    fn template_vars(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut vars = serde_json::Map::new();
+        if let Some(e) = self.reasoning_effort {
+            let e = match e {
+                Effort::Low => "low",
+                Effort::Medium => "medium",
+                Effort::High => "high",
+            };
+            vars.insert("reasoning_effort".into(), e.into());
+        }
+        vars
+    }
 }
 
 /// Runs `octoflow run`.
@@ -135,7 +167,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         s.set_profiling(true)?;
     }
     let mut sampler = Sampler::new(params);
-    let stdout = std::io::stdout();
     if args.chat {
         let template = template.context("chat mode needs a chat template")?;
         warm_up(&loaded, &mut session, &sampler, usize::MAX)?;
@@ -155,19 +186,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (None, None) => bail!("give a prompt with -p TEXT or -f FILE, or use --chat"),
     };
     let text = match &template {
-        Some(t) if args.chat_prompt => t.render(&messages(&args.system, &[], &text), true)?,
+        Some(t) if args.chat_prompt => t.render_with(
+            &messages(&args.system, &[], &text),
+            true,
+            &args.template_vars(),
+        )?,
         _ => text,
     };
     let prompt = tokenizer.encode(&text, true, true);
     warm_up(&loaded, &mut session, &sampler, prompt.len())?;
+    let mut out = channel_writer(&tokenizer, &args, template.is_some() && args.chat_prompt);
     let (_, stats) = generate(
         session.as_dyn(),
         &tokenizer,
         &mut sampler,
         &prompt,
         &limits,
-        &mut stdout.lock(),
+        &mut out,
     )?;
+    out.finish()?;
     println!();
     eprintln!("{}", report(&stats));
     if let AnySession::Gpu(s) = &session {
@@ -194,6 +231,22 @@ fn warm_up(
         })?;
     }
     Ok(())
+}
+
+/// Where the reply goes: stdout, split by channel for models that answer in channels when the
+/// prompt is a rendered conversation (`chat`; a raw prompt's text is printed as it comes).
+fn channel_writer(
+    tokenizer: &Tokenizer,
+    args: &Args,
+    chat: bool,
+) -> ChannelWriter<std::io::Stdout, std::io::Stderr> {
+    let harmony = chat && harmony::uses_harmony(tokenizer.vocab());
+    ChannelWriter::new(
+        std::io::stdout(),
+        std::io::stderr(),
+        harmony,
+        args.reasoning,
+    )
 }
 
 fn sampling_params(args: &Args) -> anyhow::Result<SamplingParams> {
@@ -243,24 +296,34 @@ fn chat(
         if user.is_empty() {
             continue;
         }
-        let text = template.render(&messages(&args.system, &history, user), true)?;
+        let text = template.render_with(
+            &messages(&args.system, &history, user),
+            true,
+            &args.template_vars(),
+        )?;
         let all = tokenizer.encode(&text, true, true);
         // The rendered conversation normally extends what was fed; if the template rewrote
         // earlier turns, start over from the first difference.
         let common = fed.iter().zip(&all).take_while(|(a, b)| a == b).count();
         let common = common.min(all.len().saturating_sub(1));
         session.truncate(common);
+        let mut out = channel_writer(tokenizer, args, true);
         let (reply_ids, stats) = generate(
             session,
             tokenizer,
             sampler,
             &all[common..],
             limits,
-            &mut stdout.lock(),
+            &mut out,
         )?;
+        out.finish()?;
         stdout.lock().write_all(b"\n")?;
         eprintln!("{}", report(&stats));
-        let reply = tokenizer.decode(&reply_ids);
+        let mut reply = tokenizer.decode(&reply_ids);
+        if harmony::uses_harmony(tokenizer.vocab()) {
+            // The conversation keeps the answer; templates drop earlier turns' reasoning.
+            reply = harmony::Reply::parse(&reply).content;
+        }
         fed = all;
         // The reply's tokens up to (not including) the last one are in the cache.
         fed.extend_from_slice(&reply_ids[..reply_ids.len().saturating_sub(1)]);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use octoflow_model::{CpuBatch, Model};
-use octoflow_serve::{Driver, EngineInfo, ModelInfo, ServeOptions, Server};
+use octoflow_serve::{Access, Driver, EngineInfo, ModelInfo, ServeOptions, Server};
 use octoflow_text::{ChatTemplate, Tokenizer};
 
 use super::common::{Device, DeviceArgs, Loaded};
@@ -54,6 +54,13 @@ pub struct Args {
     /// field picks it; requests for different adapters share the batched steps. GPU only.
     #[arg(long = "lora", value_name = "NAME=PATH")]
     lora: Vec<String>,
+    /// Require `Authorization: Bearer KEY` on every route but /health (401 without it).
+    #[arg(long, env = "OCTOFLOW_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Send CORS headers for these browser origins (comma-separated; `*` for any). Without it
+    /// there are none.
+    #[arg(long, value_name = "ORIGINS", value_delimiter = ',')]
+    cors: Vec<String>,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -125,7 +132,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         body_limit: args.max_body,
         prefill_chunk: args.max_rows,
         grace: Duration::from_secs(args.grace),
+        access: Access {
+            api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+            cors: args.cors.clone(),
+        },
     };
+    let warning = opts.access.exposure_warning(&addr);
     let shape = Shape {
         instances: args.instances,
         n_ctx,
@@ -140,6 +152,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     rt.block_on(async move {
         let server = Server::start(addr, info, opts, factory).await?;
         eprintln!("{}", server.banner());
+        if let Some(w) = warning {
+            eprintln!("{w}");
+        }
         server.run(octoflow_serve::shutdown_signal()).await?;
         eprintln!("octoflow serve: stopped");
         Ok(())

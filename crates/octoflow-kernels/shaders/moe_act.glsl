@@ -1,5 +1,5 @@
 // The activation of a mixture-of-experts gate and up value, shared by the GLU variants of
-// moe_matvec.comp and moe_matmul.comp: op 0 is SiLU, silu(g) * u (qwen3moe); op 1 is gpt-oss's
+// moe_matvec.comp, moe_matmul.comp and matmul_coop.comp's MOE variants: op 0 is SiLU, silu(g) * u (qwen3moe); op 1 is gpt-oss's
 // clamped SwiGLU (llama.cpp's swiglu_oai): x = min(g, limit), y = clamp(u, -limit, limit),
 // x * sigmoid(alpha * x) * (y + 1). Kept apart from glu.glsl, whose activations take the gate
 // alone.
