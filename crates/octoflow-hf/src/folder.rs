@@ -26,6 +26,16 @@ pub fn is_folder(path: &Path) -> bool {
     path.is_dir()
 }
 
+/// A model path as every command reads it (`-m PATH`): a Hugging Face folder becomes the
+/// in-memory GGUF llama.cpp's converter would write, with its matrices as stored; any other path
+/// is opened as a `.gguf` file.
+pub fn open_model(path: &Path) -> Result<GgufFile> {
+    if is_folder(path) {
+        return HfFolder::open(path)?.to_gguf(None);
+    }
+    Ok(GgufFile::open(path)?)
+}
+
 impl HfFolder {
     /// Reads `config.json`, the tokenizer files and the SafeTensors headers of `dir`.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
@@ -97,7 +107,7 @@ impl HfFolder {
             let (ty, data) = convert(hf, view, mapped.permute_heads)?;
             let dims: Vec<u64> = shape.iter().rev().copied().collect();
             let (ty, data) = match quant {
-                Some(q) if dims.len() == 2 && dims[0] % q.block_size() as u64 == 0 => {
+                Some(q) if dims.len() == 2 && dims[0].is_multiple_of(q.block_size() as u64) => {
                     (q, Cow::Owned(quantize(hf, view.file, ty, &data, q)?))
                 }
                 _ => (ty, data),

@@ -25,11 +25,7 @@ pub fn open_gguf(spec: Option<&str>) -> anyhow::Result<(PathBuf, octoflow_gguf::
 /// Opens a resolved model: a `.gguf` file, or a Hugging Face folder read as the GGUF llama.cpp's
 /// converter would write (octoflow-hf), so every command taking one takes the other.
 pub fn open_model(path: &std::path::Path) -> anyhow::Result<octoflow_gguf::GgufFile> {
-    if octoflow_hf::is_folder(path) {
-        let folder = octoflow_hf::HfFolder::open(path)?;
-        return Ok(folder.to_gguf(None)?);
-    }
-    Ok(octoflow_gguf::GgufFile::open(path)?)
+    Ok(octoflow_hf::open_model(path)?)
 }
 
 /// Where the forward pass runs.
