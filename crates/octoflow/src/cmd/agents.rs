@@ -22,7 +22,7 @@ use super::common::{DeviceArgs, Loaded};
 /// Arguments of `octoflow agents`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model: a .gguf path, a known name or a URL (default: the default model).
+    /// Model: a .gguf path, a Hugging Face folder, a known name or a URL (default: the default model).
     #[arg(short = 'm', long)]
     model: Option<String>,
     /// A shipped program: queue, best-of, debate or swarm (docs/VM.md).

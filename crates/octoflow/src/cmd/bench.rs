@@ -15,7 +15,7 @@ use super::common::{AnySession, DeviceArgs, Loaded};
 /// Arguments of `octoflow bench`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model: a .gguf path, a known name or a URL (default: the default model).
+    /// Model: a .gguf path, a Hugging Face folder, a known name or a URL (default: the default model).
     #[arg(short = 'm', long)]
     model: Option<String>,
     /// Prompt tokens of the prompt-processing test (0 skips it).

@@ -16,7 +16,7 @@ use super::common::{AnySession, DeviceArgs, Loaded};
 /// Arguments of `octoflow run`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model: a .gguf path, a known name or a URL (default: the default model).
+    /// Model: a .gguf path, a Hugging Face folder, a known name or a URL (default: the default model).
     #[arg(short = 'm', long)]
     model: Option<String>,
     /// Prompt text.

@@ -16,7 +16,7 @@ use super::common::{Device, DeviceArgs, Loaded};
 /// Arguments of `octoflow serve`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model: a .gguf path, a known name or a URL (default: the default model).
+    /// Model: a .gguf path, a Hugging Face folder, a known name or a URL (default: the default model).
     #[arg(short = 'm', long)]
     model: Option<String>,
     /// Sequences served at once (each with its own KV cache over one copy of the weights).

@@ -25,7 +25,7 @@ use super::train_config::{self, RunOpts};
 /// Arguments of `octoflow train`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Base model: a .gguf path, a known name or a URL.
+    /// Base model: a .gguf path, a Hugging Face folder, a known name or a URL.
     #[arg(short = 'm', long)]
     model: Option<String>,
     /// Training data: JSONL of {"text"}, {"prompt","completion"} or {"messages":[...]} records
