@@ -15,6 +15,7 @@ pub mod error;
 pub mod folder;
 mod json;
 pub mod names;
+pub mod peft;
 pub mod shards;
 pub mod tokenizer;
 

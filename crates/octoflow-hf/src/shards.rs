@@ -96,6 +96,16 @@ impl Shards {
         Ok(Self { shards, index })
     }
 
+    /// Opens one SafeTensors file on its own (a PEFT adapter's `adapter_model.safetensors`).
+    pub fn open_file(path: &Path) -> Result<Self> {
+        let shard = Shard::open(path)?;
+        let index = shard.tensors.keys().map(|t| (t.clone(), 0)).collect();
+        Ok(Self {
+            shards: vec![shard],
+            index,
+        })
+    }
+
     /// Every tensor name, sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.index.keys().map(String::as_str)

@@ -168,3 +168,62 @@ fn a_layer_the_config_names_but_the_weights_lack_is_a_clear_error() {
         "{err}"
     );
 }
+
+/// The llama fixture's shape, as a PEFT adapter's layout depends on it.
+const LLAMA: octoflow_hf::peft::Base<'static> = octoflow_hf::peft::Base {
+    arch: "llama",
+    n_head: 4,
+    n_head_kv: 2,
+};
+
+#[test]
+fn a_peft_adapter_reads_as_a_llama_cpp_lora() {
+    let g = octoflow_hf::peft::read(&fixture("llama-lora"), &LLAMA).expect("llama-lora");
+    assert_eq!(g.get_str("general.type").expect("type"), "adapter");
+    assert_eq!(g.get_str("adapter.type").expect("adapter type"), "lora");
+    assert_eq!(g.get_f32("adapter.lora.alpha").expect("alpha"), 8.0);
+    // rank 4 on all 7 projections of both layers
+    assert_eq!(g.tensors().len(), 2 * 7 * 2);
+    let a = g.tensor("blk.1.attn_q.weight.lora_a").expect("lora_a");
+    assert_eq!(a.dims, vec![64, 4], "lora_a: ggml [n_in, rank]");
+    let b = g.tensor("blk.0.ffn_down.weight.lora_b").expect("lora_b");
+    assert_eq!(b.dims, vec![4, 64], "lora_b: ggml [rank, n_out]");
+}
+
+#[test]
+fn writing_a_peft_adapter_and_reading_it_back_is_the_identity() {
+    let g = octoflow_hf::peft::read(&fixture("llama-lora"), &LLAMA).expect("llama-lora");
+    let dir = tempfile::tempdir().expect("temp dir");
+    octoflow_hf::peft::write(&g, &LLAMA, "llama", dir.path()).expect("write");
+    let back = octoflow_hf::peft::read(dir.path(), &LLAMA).expect("read back");
+    assert_eq!(back.metadata(), g.metadata());
+    assert_eq!(back.tensors().len(), g.tensors().len());
+    for t in g.tensors() {
+        let u = back.tensor(&t.name).expect(&t.name);
+        assert_eq!((&u.dims, u.ty), (&t.dims, t.ty), "{}", t.name);
+        assert!(
+            back.tensor_data(u) == g.tensor_data(t),
+            "{}: data differs",
+            t.name
+        );
+    }
+}
+
+#[test]
+fn a_peft_rank_disagreeing_with_the_tensors_is_a_clear_error() {
+    let dir = copy("llama-lora");
+    let path = dir.path().join("adapter_config.json");
+    let text = std::fs::read_to_string(&path).expect("config");
+    let edited = text.replace("\"r\": 4", "\"r\": 8");
+    assert_ne!(text, edited, "the fixture's config states r 4");
+    std::fs::write(&path, edited).expect("write config");
+    let err = octoflow_hf::peft::read(dir.path(), &LLAMA)
+        .expect_err("rank 8 over rank-4 tensors")
+        .to_string();
+    assert!(
+        err.contains("adapter_model.safetensors")
+            && err.contains("lora_")
+            && err.contains("rank 8"),
+        "{err}"
+    );
+}

@@ -10,7 +10,10 @@
 //!   position;
 //! - converted by `octoflow convert DIR -o X.gguf` into exactly the GGUF `-m DIR` reads, which
 //!   llama.cpp (llama-cpp-python, scripts/test-deps.sh) loads and scores like transformers;
-//! - run by `octoflow run -m DIR`, plain and through the chat template.
+//! - run by `octoflow run -m DIR`, plain and through the chat template;
+//! - with the PEFT adapter peft saved for the llama folder (`--lora DIR`), within [`BOUND`] of
+//!   transformers with peft on the CPU (merged) and the GPU (on the fly), and written back by
+//!   `octoflow export --peft` as the same adapter.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -23,7 +26,8 @@ use octoflow_model::{Forward, Logits, Model, Session};
 const FAMILIES: [&str; 3] = ["qwen2", "llama", "qwen3"];
 
 /// Our logits against transformers', both f32 over the same weights: only the order of the
-/// sums differs (measured up to 2.6e-6 on the CPU reference and 2.9e-6 on lavapipe).
+/// sums differs (measured up to 2.6e-6 on the CPU reference and 2.9e-6 on lavapipe; 9.4e-6
+/// with the PEFT adapter merged into the weights).
 const BOUND: f32 = 1e-4;
 
 /// llama.cpp against transformers: its CPU backend rounds activations to the weights' type
@@ -331,5 +335,93 @@ fn a_damaged_folder_is_a_clear_error_from_the_binary() {
     assert!(
         e.contains("model.safetensors") && e.contains("missing") && !e.contains("panicked"),
         "{e}"
+    );
+}
+
+/// The llama fixture's PEFT adapter (peft's own save; golden.json: transformers with peft
+/// applying it), read as `--lora DIR` reads it.
+fn peft_adapter(model: &Model) -> octoflow_model::Adapter {
+    let c = &model.config;
+    let base = octoflow_hf::peft::Base {
+        arch: c.arch.name(),
+        n_head: c.n_head,
+        n_head_kv: c.n_head_kv,
+    };
+    let file = octoflow_hf::peft::read(&folder("llama-lora"), &base).expect("llama-lora");
+    octoflow_model::Adapter::from_gguf(&file, "llama-lora", c).expect("adapter")
+}
+
+#[test]
+fn a_peft_adapter_matches_peft_on_the_cpu_and_the_gpu() {
+    let gpu = octoflow_vk::testing::gpu_or_skip("hf_folders' PEFT adapter on the GPU");
+    let g = golden("llama-lora");
+    let gguf = Arc::new(octoflow_hf::open_model(&folder("llama")).expect("llama"));
+    let model = Model::from_gguf(gguf.clone()).expect("model");
+    let adapter = peft_adapter(&model);
+    assert_eq!(adapter.tensors.len(), 14, "every projection of both layers");
+    let n_ctx = g.ids.len();
+    // the CPU reference runs adapters merged into the weights, as `run --device cpu --lora`
+    let merged = octoflow_model::adapter::merged_file(&gguf, &[(&adapter, 1.0)]).expect("merge");
+    let merged = Model::from_gguf(Arc::new(merged)).expect("merged model");
+    let cpu = Session::new(&merged, n_ctx)
+        .forward(&g.ids, 0, Logits::All)
+        .expect("cpu forward");
+    let worst = compare("llama+lora CPU", &cpu, &g, BOUND, 0.0);
+    println!("llama+lora: CPU reference within {worst:.2e} of peft");
+    if let Some(ctx) = gpu.as_ref() {
+        let mut gm = GpuModel::load(ctx, &model).expect("gpu model");
+        gm.set_adapters(&[adapter], &[1.0]).expect("adapters");
+        let mut s = gm.session(n_ctx, 1).expect("gpu session");
+        let logits = s.forward(&g.ids, 0, Logits::All).expect("gpu forward");
+        let worst = compare("llama+lora GPU", &logits, &g, BOUND, 0.0);
+        println!("llama+lora: GPU (adapters on the fly) within {worst:.2e} of peft");
+    }
+}
+
+#[test]
+fn export_writes_a_peft_folder_that_reads_back_as_the_adapter() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let out = tmp.path().join("peft");
+    let (base, lora) = (folder("llama"), folder("llama-lora"));
+    let o = octoflow(&[
+        "export",
+        "-m",
+        base.to_str().expect("path"),
+        "--lora",
+        lora.to_str().expect("path"),
+        "--peft",
+        "-o",
+        out.to_str().expect("path"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let gguf = Arc::new(octoflow_hf::open_model(&base).expect("llama"));
+    let model = Model::from_gguf(gguf).expect("model");
+    let c = &model.config;
+    let b = octoflow_hf::peft::Base {
+        arch: c.arch.name(),
+        n_head: c.n_head,
+        n_head_kv: c.n_head_kv,
+    };
+    let file = octoflow_hf::peft::read(&out, &b).expect("the exported folder");
+    let exported = octoflow_model::Adapter::from_gguf(&file, "llama-lora", c).expect("adapter");
+    assert_eq!(exported, peft_adapter(&model));
+    let run = octoflow(&[
+        "run",
+        "-m",
+        base.to_str().expect("path"),
+        "--lora",
+        out.to_str().expect("path"),
+        "-p",
+        "The keeper",
+        "-n",
+        "2",
+        "--temp",
+        "0",
+    ]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    assert!(
+        stderr(&run).contains("14 projections, alpha 8"),
+        "{}",
+        stderr(&run)
     );
 }

@@ -130,17 +130,33 @@ impl LoraArgs {
     }
 }
 
-/// An adapter GGUF, or the adapters of a training run directory.
+/// An adapter GGUF, a PEFT adapter folder, or the adapters of a training run directory.
 pub fn load_adapter(
     path: &std::path::Path,
     c: &octoflow_model::ModelConfig,
 ) -> anyhow::Result<octoflow_model::Adapter> {
-    if path.is_dir() {
+    if octoflow_hf::peft::is_adapter(path) {
+        let file = octoflow_hf::peft::read(path, &peft_base(c))?;
+        let name = path
+            .file_name()
+            .map_or_else(|| "lora".into(), |s| s.to_string_lossy().into_owned());
+        octoflow_model::Adapter::from_gguf(&file, &name, c)
+            .with_context(|| format!("loading PEFT adapter {}", path.display()))
+    } else if path.is_dir() {
         octoflow_train::run::load_adapter(path, c)
             .with_context(|| format!("loading the adapters of run {}", path.display()))
     } else {
         octoflow_model::Adapter::open(path, c)
             .with_context(|| format!("loading LoRA adapter {}", path.display()))
+    }
+}
+
+/// What a PEFT adapter's layout depends on in a model of config `c`.
+pub fn peft_base(c: &octoflow_model::ModelConfig) -> octoflow_hf::peft::Base<'_> {
+    octoflow_hf::peft::Base {
+        arch: c.arch.name(),
+        n_head: c.n_head,
+        n_head_kv: c.n_head_kv,
     }
 }
 
