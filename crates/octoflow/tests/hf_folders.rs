@@ -425,3 +425,72 @@ fn export_writes_a_peft_folder_that_reads_back_as_the_adapter() {
         stderr(&run)
     );
 }
+
+/// `octoflow perplexity --json --device cpu` of `text` under the llama folder with `lora`.
+fn cpu_nll(lora: &Path, text: &Path) -> f64 {
+    let base = folder("llama");
+    let o = octoflow(&[
+        "perplexity",
+        "-m",
+        base.to_str().expect("path"),
+        "--lora",
+        lora.to_str().expect("path"),
+        "-f",
+        text.to_str().expect("path"),
+        "--json",
+        "--device",
+        "cpu",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("perplexity JSON");
+    v["mean_nll"].as_f64().expect("mean_nll")
+}
+
+#[test]
+fn a_run_trained_on_a_folder_exports_as_a_peft_adapter_that_scores_alike() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let (run, peft) = (tmp.path().join("run"), tmp.path().join("peft"));
+    let base = folder("llama");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/pirate/eval.jsonl");
+    let o = octoflow(&[
+        "train",
+        "-m",
+        base.to_str().expect("path"),
+        "--data",
+        data.to_str().expect("path"),
+        "-o",
+        run.to_str().expect("path"),
+        "--max-steps",
+        "2",
+        "--seq-len",
+        "64",
+        "--batch",
+        "2",
+        "--lr",
+        "1e-2",
+    ]);
+    assert!(o.status.success(), "train: {}", stderr(&o));
+    let o = octoflow(&[
+        "export",
+        "-m",
+        base.to_str().expect("path"),
+        "--lora",
+        run.to_str().expect("path"),
+        "--peft",
+        "-o",
+        peft.to_str().expect("path"),
+    ]);
+    assert!(o.status.success(), "export --peft: {}", stderr(&o));
+    let text = tmp.path().join("text.txt");
+    std::fs::write(
+        &text,
+        "The old lighthouse stood at the edge of the harbour for more than a century.",
+    )
+    .expect("text");
+    // f32 adapters both ways: the same numbers, so the same NLL to rounding
+    let (from_run, from_peft) = (cpu_nll(&run, &text), cpu_nll(&peft, &text));
+    assert!(
+        (from_run - from_peft).abs() <= 1e-5 * from_run.abs(),
+        "mean NLL with the run's adapters {from_run}, with their PEFT export {from_peft}"
+    );
+}
