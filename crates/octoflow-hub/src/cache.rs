@@ -61,6 +61,26 @@ impl Cache {
     pub fn model_path(&self, name: &str) -> PathBuf {
         self.models_dir().join(format!("{name}.gguf"))
     }
+
+    /// Folder of files downloaded from URLs, one folder per URL.
+    pub fn url_models_dir(&self) -> PathBuf {
+        self.models_dir().join("by-url")
+    }
+
+    /// Where the file downloaded from `url` lives: `<root>/models/by-url/<key>/<file name>`,
+    /// the key a hash of the whole URL, so two URLs ending in the same file name never share a
+    /// file.
+    pub fn url_model_path(&self, url: &str) -> Result<PathBuf, HubError> {
+        let name = crate::http::url_file_name(url)?;
+        Ok(self.url_models_dir().join(url_key(url)).join(name))
+    }
+}
+
+/// The first 16 hex digits of the URL's sha256.
+fn url_key(url: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(url.as_bytes());
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// An exclusive advisory lock on `<root>/locks/<file_name>.lock`, released when dropped. Two pulls

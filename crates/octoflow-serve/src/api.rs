@@ -202,8 +202,177 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
         } else {
             "The JSON body does not match the expected request"
         };
-        ApiError::invalid(None, format!("{what}: {e}"))
+        ApiError::invalid(
+            None,
+            format!("{what}: {}", plain_serde_message(&e.to_string())),
+        )
     })
+}
+
+/// serde's message with the Rust type names it mentions in JSON's words.
+fn plain_serde_message(m: &str) -> String {
+    const WORDS: [(&str, &str); 14] = [
+        (
+            "untagged enum Content",
+            "a string or a list of content parts",
+        ),
+        (
+            "untagged enum Prompt",
+            "a string, a list of one string, or a list of token ids",
+        ),
+        ("untagged enum Stop", "a string or a list of strings"),
+        ("struct ChatMessage", "a message object"),
+        ("struct StreamOptions", "an object"),
+        ("struct Part", "a content part object"),
+        ("expected i64", "expected an integer"),
+        ("expected u64", "expected a non-negative integer"),
+        ("expected u32", "expected a non-negative integer"),
+        ("expected usize", "expected a non-negative integer"),
+        ("expected f32", "expected a number"),
+        ("expected f64", "expected a number"),
+        ("expected a boolean", "expected true or false"),
+        ("expected struct", "expected an object"),
+    ];
+    let mut out = m.to_string();
+    for (rust, json) in WORDS {
+        out = out.replace(rust, json);
+    }
+    out
+}
+
+/// Request fields (top level) of each endpoint: those this server reads, and OpenAI's that
+/// change nothing here (`user`, `metadata`, `store`, `service_tier`).
+const COMMON_FIELDS: [&str; 25] = [
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_penalty",
+    "stream",
+    "stream_options",
+    "ignore_eos",
+    "response_format",
+    "grammar",
+    "regex",
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "logit_bias",
+    "best_of",
+    "suffix",
+];
+const CHAT_FIELDS: [&str; 9] = [
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "reasoning_effort",
+    "chat_template_kwargs",
+];
+const COMPLETION_FIELDS: [&str; 3] = ["prompt", "logprobs", "echo"];
+
+/// OpenAI parameters that are refused rather than ignored: answering without them would be
+/// answering another request. `None` where an empty or neutral value is accepted.
+fn refuse_field(key: &str, v: &Value) -> Option<&'static str> {
+    let neutral = v.is_null()
+        || v.as_object().is_some_and(|o| o.is_empty())
+        || v.as_str().is_some_and(str::is_empty)
+        || v.as_array().is_some_and(|a| a.is_empty());
+    match key {
+        "logit_bias" if !neutral => Some("token biases are not implemented"),
+        "suffix" if !neutral => Some("insertion (fill-in-the-middle) is not implemented"),
+        "best_of" if !(neutral || v.as_i64() == Some(1)) => {
+            Some("only best_of 1 is implemented (use n for several choices)")
+        }
+        "functions" | "function_call" => Some("use tools and tool_choice"),
+        "audio" | "modalities" | "prediction" | "web_search_options" => {
+            Some("this server generates text only")
+        }
+        _ => None,
+    }
+}
+
+/// Parses a completion or chat request: unknown fields and OpenAI features this server does
+/// not implement are 400 `unsupported_parameter` naming the field, not silently ignored.
+pub fn parse_request<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    kind: crate::respond::Kind,
+) -> Result<T, ApiError> {
+    let v: Value = parse(body)?;
+    let Some(fields) = v.as_object() else {
+        return Err(ApiError::invalid(
+            None,
+            "The request body must be a JSON object",
+        ));
+    };
+    let own: &[&str] = match kind {
+        crate::respond::Kind::Chat => &CHAT_FIELDS,
+        crate::respond::Kind::Completion => &COMPLETION_FIELDS,
+    };
+    for (key, value) in fields {
+        if let Some(why) = refuse_field(key, value) {
+            return Err(ApiError::unsupported(key, why));
+        }
+        if !COMMON_FIELDS.contains(&key.as_str()) && !own.contains(&key.as_str()) {
+            return Err(ApiError::unsupported(
+                key,
+                "this server does not know this parameter",
+            ));
+        }
+    }
+    serde_json::from_value(v).map_err(|e| {
+        ApiError::invalid(
+            None,
+            format!(
+                "The JSON body does not match the expected request: {}",
+                plain_serde_message(&e.to_string())
+            ),
+        )
+    })
+}
+
+/// The roles a chat message may have.
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+/// Checks roles and content parts: an unknown role or a part that is not text (images,
+/// audio, files) is a 400 naming the message.
+pub fn check_messages(messages: &[ChatMessage]) -> Result<(), ApiError> {
+    for (i, m) in messages.iter().enumerate() {
+        if !ROLES.contains(&m.role.as_str()) {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].role"),
+                format!(
+                    "unknown role `{}`: a message's role is one of {}",
+                    m.role,
+                    ROLES.join(", ")
+                ),
+            )
+            .with_code("invalid_value"));
+        }
+        if let Some(Content::Parts(parts)) = &m.content {
+            if let Some((j, p)) = parts.iter().enumerate().find(|(_, p)| p.kind != "text") {
+                return Err(ApiError::unsupported(
+                    &format!("messages[{i}].content[{j}]"),
+                    format!(
+                        "content parts of type `{}`: this model reads text only",
+                        p.kind
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn range(
@@ -281,13 +450,15 @@ pub fn grammar(c: &Common) -> Result<Option<Grammar>, ApiError> {
 }
 
 /// Validates the common fields; `logprobs` is the number of alternatives asked for, if any.
-/// `max_tokens` is clamped so prompt and completion fit in `n_ctx`; `n` must fit in `n_slots`.
+/// `max_tokens` is clamped so prompt and completion fit in `n_ctx` and to the server's `cap`
+/// (also when the request names no limit: a client cannot hold an instance for a whole
+/// context unasked); `n` must fit in `n_slots`.
 pub fn gen_params(
     c: &Common,
     max_tokens: Option<i64>,
     logprobs: Option<i64>,
     prompt_len: usize,
-    n_ctx: usize,
+    (n_ctx, cap): (usize, usize),
     n_slots: usize,
 ) -> Result<GenParams, ApiError> {
     let def = SamplingParams::default();
@@ -313,7 +484,7 @@ pub fn gen_params(
             .with_code("invalid_value"))
         }
     };
-    let room = n_ctx.saturating_sub(prompt_len);
+    let room = n_ctx.saturating_sub(prompt_len).min(cap.max(1));
     let max_tokens = match max_tokens.or(c.max_tokens) {
         None => room,
         Some(m) if m >= 1 => usize::try_from(m).unwrap_or(usize::MAX).min(room),
@@ -382,12 +553,92 @@ mod tests {
 
     #[test]
     fn defaults_and_clamping() {
-        let p = gen_params(&common("{}"), None, None, 10, 64, 4).expect("valid");
+        let p = gen_params(&common("{}"), None, None, 10, (64, 1000), 4).expect("valid");
         assert_eq!(p.max_tokens, 54);
         assert_eq!(p.n, 1);
-        let p =
-            gen_params(&common(r#"{"max_tokens": 500}"#), None, None, 10, 64, 4).expect("valid");
+        let p = gen_params(
+            &common(r#"{"max_tokens": 500}"#),
+            None,
+            None,
+            10,
+            (64, 1000),
+            4,
+        )
+        .expect("valid");
         assert_eq!(p.max_tokens, 54);
+        // the server's cap, with and without a limit in the request
+        let p = gen_params(&common("{}"), None, None, 10, (64, 20), 4).expect("valid");
+        assert_eq!(p.max_tokens, 20);
+        let p = gen_params(
+            &common(r#"{"max_tokens": 30}"#),
+            None,
+            None,
+            10,
+            (64, 20),
+            4,
+        )
+        .expect("valid");
+        assert_eq!(p.max_tokens, 20);
+    }
+
+    #[test]
+    fn unknown_and_unimplemented_parameters_are_refused_by_name() {
+        use crate::respond::Kind;
+        let chat = |j: &str| parse_request::<ChatRequest>(j.as_bytes(), Kind::Chat);
+        let m = r#""messages": [{"role": "user", "content": "hi"}]"#;
+        for (extra, param) in [
+            (r#""logit_bias": {"50256": -100}"#, "logit_bias"),
+            (r#""best_of": 3"#, "best_of"),
+            (r#""functions": []"#, "functions"),
+            (r#""typical_p": 0.5"#, "typical_p"),
+            (r#""suffix": "end""#, "suffix"),
+        ] {
+            let e = chat(&format!("{{{m}, {extra}}}")).expect_err(extra);
+            assert_eq!(e.code, Some("unsupported_parameter"), "{extra}");
+            assert_eq!(e.param.as_deref(), Some(param), "{extra}");
+        }
+        // neutral values and harmless OpenAI fields pass
+        for extra in [
+            r#""logit_bias": {}"#,
+            r#""best_of": 1"#,
+            r#""user": "u1""#,
+            r#""store": false"#,
+            r#""suffix": null"#,
+        ] {
+            chat(&format!("{{{m}, {extra}}}")).expect(extra);
+        }
+        // a chat field on the completions route is unknown there
+        let e = parse_request::<CompletionRequest>(
+            br#"{"prompt": "a", "tools": []}"#,
+            Kind::Completion,
+        )
+        .expect_err("tools");
+        assert_eq!(e.param.as_deref(), Some("tools"));
+        let e = chat("[1]").expect_err("array");
+        assert_eq!(e.status, 400);
+    }
+
+    #[test]
+    fn unknown_roles_and_non_text_parts_are_refused() {
+        let msgs = |j: &str| -> Vec<ChatMessage> { serde_json::from_str(j).expect("messages") };
+        check_messages(&msgs(r#"[{"role": "developer", "content": "a"}, {"role": "user", "content": [{"type": "text", "text": "b"}]}]"#)).expect("valid");
+        let e = check_messages(&msgs(
+            r#"[{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}]"#,
+        ))
+        .expect_err("role");
+        assert_eq!(e.param.as_deref(), Some("messages[1].role"));
+        let e = check_messages(&msgs(r#"[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]}]"#)).expect_err("image");
+        assert_eq!(e.param.as_deref(), Some("messages[0].content[1]"));
+        assert_eq!(e.code, Some("unsupported_parameter"));
+    }
+
+    #[test]
+    fn type_errors_speak_json_not_rust() {
+        let e = parse::<Common>(br#"{"n": "two"}"#).expect_err("type");
+        assert!(e.message.contains("expected an integer"), "{}", e.message);
+        let e = parse::<ChatRequest>(br#"{"messages": [{"role": "user", "content": 3}]}"#)
+            .expect_err("content");
+        assert!(!e.message.contains("enum"), "{}", e.message);
     }
 
     #[test]
@@ -400,11 +651,11 @@ mod tests {
             (r#"{"presence_penalty": 9}"#, "presence_penalty"),
             (r#"{"stop": ["a","b","c","d","e"]}"#, "stop"),
         ] {
-            let e = gen_params(&common(json), None, None, 1, 64, 4).expect_err(json);
+            let e = gen_params(&common(json), None, None, 1, (64, 1000), 4).expect_err(json);
             assert_eq!(e.param.as_deref(), Some(param), "{json}");
             assert_eq!(e.status, 400);
         }
-        let e = gen_params(&common("{}"), None, Some(21), 1, 64, 4).expect_err("logprobs");
+        let e = gen_params(&common("{}"), None, Some(21), 1, (64, 1000), 4).expect_err("logprobs");
         assert_eq!(e.param.as_deref(), Some("top_logprobs"));
     }
 

@@ -8,10 +8,17 @@
 //!   request does not bear it.
 //! - 404 `invalid_request_error`, `code: "model_not_found"`: a model other than the one served;
 //!   also unknown routes (`code: "not_found"`).
-//! - 405: a known route with the wrong method.
+//! - 403 `invalid_request_error`, `code: "host_not_allowed"`: a loopback server asked for by
+//!   another host name (a browser page's request through DNS rebinding).
+//! - 405 `code: "method_not_allowed"`: a known route with the wrong method.
+//! - 408 `code: "request_timeout"`: the body did not arrive in time.
 //! - 413 `invalid_request_error`, `code: "request_too_large"`: a body over the limit.
+//! - 415 `code: "unsupported_media_type"`: a POST body that is not `application/json`.
+//! - 400 `code: "unsupported_parameter"`: an OpenAI parameter this server does not implement.
 //! - 429 `server_overloaded`, `code: "queue_full"`: every instance is busy and the queue is full.
 //! - 503 `server_error`, `code: "shutting_down"`: the server is stopping.
+//!
+//! 429 and 503 carry `Retry-After`.
 //! - 500 `server_error`: the engine failed.
 
 use axum::http::StatusCode;
@@ -116,6 +123,59 @@ impl ApiError {
         }
     }
 
+    /// 400 for a parameter OpenAI defines that this server does not implement.
+    pub fn unsupported(param: &str, why: impl std::fmt::Display) -> Self {
+        Self {
+            code: Some("unsupported_parameter"),
+            ..Self::invalid(
+                param.to_string(),
+                format!("`{param}` is not supported: {why}"),
+            )
+        }
+    }
+
+    /// 403 for a `Host` a loopback server does not answer to.
+    pub fn host_not_allowed(host: &str) -> Self {
+        Self {
+            status: StatusCode::FORBIDDEN,
+            message: format!(
+                "Host `{host}` is not allowed: this server answers to its loopback names \
+                 (add others with --allowed-host)"
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("host_not_allowed"),
+        }
+    }
+
+    /// 415 for a POST body that is not JSON.
+    pub fn unsupported_media_type(content_type: Option<&str>) -> Self {
+        Self {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            message: format!(
+                "Request bodies must be JSON (Content-Type: application/json), got {}",
+                content_type.map_or("no Content-Type".to_string(), |c| format!("`{c}`"))
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("unsupported_media_type"),
+        }
+    }
+
+    /// 408 for a body that did not arrive within `limit`.
+    pub fn body_timeout(limit: std::time::Duration) -> Self {
+        Self {
+            status: StatusCode::REQUEST_TIMEOUT,
+            message: format!(
+                "The request body did not arrive within {} s",
+                limit.as_secs_f64()
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_timeout"),
+        }
+    }
+
     /// 429: all instances busy and the queue full.
     pub fn queue_full(queue: usize) -> Self {
         Self {
@@ -178,9 +238,22 @@ impl ApiError {
     }
 }
 
+/// Seconds a client is told to wait before retrying a 429 or 503 (`Retry-After`).
+const RETRY_AFTER_S: &str = "1";
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut r = (self.status, Json(self.body())).into_response();
+        if matches!(
+            self.status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        ) {
+            r.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(RETRY_AFTER_S),
+            );
+        }
+        r
     }
 }
 

@@ -134,9 +134,14 @@ pub enum Refused {
 struct State {
     jobs: VecDeque<Work>,
     closed: bool,
+    /// Instances the scheduler last found free: jobs up to this many are about to be taken,
+    /// not waiting.
+    idle: usize,
 }
 
-/// The bounded queue of jobs waiting for free instances.
+/// The bounded queue of jobs waiting for free instances: `cap` jobs may wait beyond what the
+/// idle instances are about to take (so `cap` 0 still serves an idle server). Jobs whose
+/// client went away give their places up.
 #[derive(Debug)]
 pub struct Queue {
     state: Mutex<State>,
@@ -165,12 +170,20 @@ impl Queue {
         if s.closed {
             return Err(Refused::Closed);
         }
-        if s.jobs.len() >= self.cap {
+        if s.jobs.len() >= self.cap + s.idle {
+            s.jobs.retain(|w| !w.abandoned());
+        }
+        if s.jobs.len() >= self.cap + s.idle {
             return Err(Refused::Full(self.cap));
         }
         s.jobs.push_back(job);
         self.ready.notify_all();
         Ok(())
+    }
+
+    /// The scheduler's count of free instances after it admitted what fits.
+    pub fn set_idle(&self, idle: usize) {
+        self.lock().idle = idle;
     }
 
     /// Takes the oldest job if `fits` accepts it (it needs that many free instances).

@@ -3,8 +3,10 @@
 //! - [`api`]: request bodies and their validation; [`error`]: OpenAI's error shape and status
 //!   codes; [`respond`]: response bodies and SSE streams; [`routes`]: the axum router.
 //! - [`scheduler`]: the thread that owns the engine ([`octoflow_model::BatchForward`]) and runs
-//!   continuous batching; [`seq`]: one sequence's state; [`job`]: the request queue and events.
-//! - [`auth`]: the API key and CORS;
+//!   continuous batching; [`seq`]: one sequence's state; [`job`]: the request queue and events;
+//!   [`prefix`]: placing requests where an instance's cache holds the start of their prompt.
+//! - [`auth`]: the API key and CORS; [`guard`]: Host and Content-Type checks, body deadline,
+//!   access log; [`listen`]: the accept loop (connection cap, header and idle deadlines);
 //! - [`tools`]: tool-call syntaxes, the grammar forcing a call, parsing calls out of text.
 //! - [`metrics`]: Prometheus counters; [`server`]: start, banner, graceful shutdown.
 //! - [`agents`]: agent runs over HTTP (`POST /v1/agents/runs`), stepped in the scheduler's
@@ -31,8 +33,11 @@ pub mod agents;
 pub mod api;
 pub mod auth;
 pub mod error;
+pub mod guard;
 pub mod job;
+pub mod listen;
 pub mod metrics;
+pub mod prefix;
 pub mod respond;
 pub mod routes;
 pub mod scheduler;
@@ -42,5 +47,6 @@ pub mod tools;
 
 pub use auth::Access;
 pub use error::ApiError;
+pub use listen::Limits;
 pub use scheduler::{Driver, EngineInfo, Ready, SchedOptions};
 pub use server::{shutdown_signal, ModelInfo, ServeOptions, Server};

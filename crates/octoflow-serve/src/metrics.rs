@@ -45,7 +45,10 @@ impl Histogram {
 pub struct Metrics {
     /// Requests answered successfully (completions, chat completions, agent runs).
     pub requests_ok: AtomicU64,
-    /// Requests refused or failed (any 4xx/5xx of the generation endpoints).
+    /// Requests refused for what they asked (4xx of the generation endpoints: bad fields,
+    /// unknown model, context exceeded, queue full).
+    pub requests_refused: AtomicU64,
+    /// Requests the server failed (5xx: engine errors, shutdown).
     pub requests_failed: AtomicU64,
     /// Requests whose client went away before the end.
     pub requests_cancelled: AtomicU64,
@@ -63,6 +66,12 @@ pub struct Metrics {
     pub steps: AtomicU64,
     /// Rows (tokens) run in those steps.
     pub step_rows: AtomicU64,
+    /// Sequences placed where their instance's cache held the start of their prompt.
+    pub prefix_hits: AtomicU64,
+    /// Sequences that found nothing to reuse.
+    pub prefix_misses: AtomicU64,
+    /// Prompt tokens not run again thanks to those hits.
+    pub prefix_cached_tokens: AtomicU64,
     step_time: Mutex<Histogram>,
     ttft: Mutex<Histogram>,
 }
@@ -79,6 +88,17 @@ impl Metrics {
         self.steps.fetch_add(1, Ordering::Relaxed);
         self.step_rows.fetch_add(rows as u64, Ordering::Relaxed);
         observe(&self.step_time, d);
+    }
+
+    /// Records a sequence's prompt reuse (`reused` positions, 0 for a miss).
+    pub fn prefix_lookup(&self, reused: usize) {
+        if reused > 0 {
+            self.prefix_hits.fetch_add(1, Ordering::Relaxed);
+            self.prefix_cached_tokens
+                .fetch_add(reused as u64, Ordering::Relaxed);
+        } else {
+            self.prefix_misses.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Records a time to first token.
@@ -108,9 +128,15 @@ impl Metrics {
             get(&self.requests_ok),
         );
         put(
+            "octoflow_requests_refused_total",
+            "counter",
+            "Generation requests refused for what they asked (4xx).",
+            get(&self.requests_refused),
+        );
+        put(
             "octoflow_requests_failed_total",
             "counter",
-            "Generation requests refused or failed (4xx/5xx).",
+            "Generation requests the server failed (5xx).",
             get(&self.requests_failed),
         );
         put(
@@ -118,6 +144,24 @@ impl Metrics {
             "counter",
             "Requests whose client disconnected before the end.",
             get(&self.requests_cancelled),
+        );
+        put(
+            "octoflow_prefix_cache_hits_total",
+            "counter",
+            "Sequences whose instance's cache held the start of their prompt.",
+            get(&self.prefix_hits),
+        );
+        put(
+            "octoflow_prefix_cache_misses_total",
+            "counter",
+            "Sequences that found no prompt start to reuse.",
+            get(&self.prefix_misses),
+        );
+        put(
+            "octoflow_prefix_cache_tokens_total",
+            "counter",
+            "Prompt tokens reused from instances' caches instead of run again.",
+            get(&self.prefix_cached_tokens),
         );
         put(
             "octoflow_prompt_tokens_total",

@@ -2,7 +2,7 @@
 //! `/health`, `/metrics`, `/tokenize` and `/detokenize`; agent runs' `/v1/agents/runs` is in
 //! [`crate::agents::route`].
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -20,6 +20,7 @@ use serde_json::json;
 use crate::api::{self, ChatRequest, CompletionRequest, Prompt};
 use crate::auth::{require_key, Access};
 use crate::error::ApiError;
+use crate::guard::Guard;
 use crate::job::{Job, Queue, Refused, Work};
 use crate::metrics::Metrics;
 use crate::respond::{self, Kind, Meta};
@@ -46,8 +47,8 @@ pub struct AppState {
     pub body_limit: usize,
     /// Server start (Unix seconds), the models' `created`.
     pub created: u64,
-    /// Counter for response ids.
-    pub next_id: AtomicU64,
+    /// Most tokens one completion may generate (also when the request names no limit).
+    pub max_tokens: usize,
     /// The grammar compiler over the tokenizer, built at the first constrained request.
     pub grammars: OnceLock<Result<GrammarEnv, String>>,
 }
@@ -75,24 +76,32 @@ impl AppState {
 }
 
 /// The router over `state`, behind the API key and CORS of `access`.
-pub fn router(state: Arc<AppState>, access: &Access) -> Result<Router, String> {
+pub fn router(state: Arc<AppState>, access: &Access, guard: Guard) -> Result<Router, String> {
     let limit = state.body_limit;
     let mut app = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/v1/agents/runs", post(crate::agents::route::runs))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .fallback(fallback)
+        .method_not_allowed_fallback(crate::guard::method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state);
     if let Some(key) = &access.api_key {
         let key: Arc<str> = key.as_str().into();
         app = app.layer(axum::middleware::from_fn_with_state(key, require_key));
     }
+    // Outside the key check, so refused hosts and bodies are refused before anything else
+    // and every answer is logged.
+    app = app.layer(axum::middleware::from_fn_with_state(
+        Arc::new(guard),
+        crate::guard::guard,
+    ));
     // Outermost, so preflights and 401s carry the CORS headers a browser needs to read them.
     if let Some(cors) = access.cors_layer()? {
         app = app.layer(cors);
@@ -110,7 +119,8 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-async fn models(State(st): State<Arc<AppState>>) -> Response {
+/// The served models: the base and its adapters.
+fn model_list(st: &AppState) -> Vec<serde_json::Value> {
     let mut data = vec![json!({
         "id": st.model_id,
         "object": "model",
@@ -128,7 +138,22 @@ async fn models(State(st): State<Arc<AppState>>) -> Response {
             "parent": st.model_id,
         })
     }));
-    Json(json!({"object": "list", "data": data})).into_response()
+    data
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Response {
+    Json(json!({"object": "list", "data": model_list(&st)})).into_response()
+}
+
+/// `GET /v1/models/{id}`: one model, or 404 `model_not_found`.
+async fn model(
+    State(st): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    match model_list(&st).into_iter().find(|m| m["id"] == id.as_str()) {
+        Some(m) => Json(m).into_response(),
+        None => ApiError::model_not_found(&id).into_response(),
+    }
 }
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
@@ -252,11 +277,8 @@ async fn dispatch(
     };
     let meta = Meta {
         kind,
-        id: format!(
-            "{prefix}-{:x}{:06x}",
-            unix_now(),
-            st.next_id.fetch_add(1, Ordering::Relaxed)
-        ),
+        // random: ids neither repeat across restarts nor tell how many requests came before
+        id: format!("{prefix}-{:016x}", octoflow_core::random_seed()),
         created: unix_now(),
         model,
         n,
@@ -290,14 +312,21 @@ pub(crate) fn finish(st: &AppState, r: Result<Response, ApiError>) -> Response {
     match r {
         Ok(resp) => resp,
         Err(e) => {
-            Metrics::inc(&st.metrics.requests_failed);
+            if e.status.is_client_error() {
+                Metrics::inc(&st.metrics.requests_refused);
+            } else {
+                Metrics::inc(&st.metrics.requests_failed);
+            }
             e.into_response()
         }
     }
 }
 
 async fn chat_inner(st: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let req: ChatRequest = api::parse(&body(st, b)?)?;
+    let bytes = body(st, b)?;
+    // Parsing, rendering and tokenizing a large body takes a while: off the async workers.
+    let req: ChatRequest = tokio::task::block_in_place(|| api::parse_request(&bytes, Kind::Chat))?;
+    api::check_messages(&req.messages)?;
     let picked = check_model(st, &req.common.model)?;
     if req.messages.is_empty() {
         return Err(ApiError::invalid(
@@ -336,10 +365,12 @@ async fn chat_inner(st: &AppState, b: Result<Bytes, BytesRejection>) -> Result<R
     if use_tools {
         vars.insert("tools".into(), serde_json::Value::Array(tool_list.clone()));
     }
-    let text = template
-        .render_json(&messages, true, &vars)
-        .map_err(|e| ApiError::invalid("messages".to_string(), e.to_string()))?;
-    let prompt = st.tokenizer.encode(&text, true, true);
+    let prompt = tokio::task::block_in_place(|| {
+        let text = template
+            .render_json(&messages, true, &vars)
+            .map_err(|e| ApiError::invalid("messages".to_string(), e.to_string()))?;
+        Ok::<_, ApiError>(st.tokenizer.encode(&text, true, true))
+    })?;
     check_prompt(st, &prompt, "messages")?;
     let logprobs = if req.logprobs {
         Some(req.top_logprobs.unwrap_or(0))
@@ -351,7 +382,7 @@ async fn chat_inner(st: &AppState, b: Result<Bytes, BytesRejection>) -> Result<R
         req.max_completion_tokens,
         logprobs,
         prompt.len(),
-        st.n_ctx,
+        (st.n_ctx, st.max_tokens),
         st.n_slots,
     )?;
     let forced = match &choice {
@@ -409,7 +440,9 @@ async fn completions_inner(
     st: &AppState,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req: CompletionRequest = api::parse(&body(st, b)?)?;
+    let bytes = body(st, b)?;
+    let req: CompletionRequest =
+        tokio::task::block_in_place(|| api::parse_request(&bytes, Kind::Completion))?;
     let picked = check_model(st, &req.common.model)?;
     if req.echo {
         return Err(ApiError::invalid(
@@ -417,9 +450,10 @@ async fn completions_inner(
             "echo is not supported",
         ));
     }
+    let encode = |t: &str| tokio::task::block_in_place(|| st.tokenizer.encode(t, true, true));
     let prompt = match &req.prompt {
-        Prompt::Text(t) => st.tokenizer.encode(t, true, true),
-        Prompt::Texts(v) if v.len() == 1 => st.tokenizer.encode(&v[0], true, true),
+        Prompt::Text(t) => encode(t),
+        Prompt::Texts(v) if v.len() == 1 => encode(&v[0]),
         Prompt::Texts(v) => {
             return Err(ApiError::invalid(
                 "prompt".to_string(),
@@ -434,7 +468,7 @@ async fn completions_inner(
         None,
         req.logprobs,
         prompt.len(),
-        st.n_ctx,
+        (st.n_ctx, st.max_tokens),
         st.n_slots,
     )?;
     if let Some(g) = api::grammar(&req.common)? {

@@ -35,6 +35,7 @@ use tokio::sync::oneshot;
 use crate::agents::active::{ActiveRun, Outcome as RunOutcome, Part, Planned};
 use crate::job::{Queue, Work};
 use crate::metrics::Metrics;
+use crate::prefix::Prefixes;
 use crate::seq::{Outcome, Seq};
 
 /// What the engine reports for the startup banner.
@@ -67,6 +68,9 @@ pub struct SchedOptions {
     /// After shutdown begins, how long in-flight requests may still run before they are
     /// cancelled.
     pub grace: Duration,
+    /// Place requests where an instance's cache already holds the start of their prompt
+    /// ([`crate::prefix`]).
+    pub prefix_cache: bool,
 }
 
 /// Handed to the engine factory: it builds the engine (which may borrow what the factory owns)
@@ -114,12 +118,14 @@ impl Driver {
         self.metrics
             .instances
             .store(ready.n_slots as u64, std::sync::atomic::Ordering::Relaxed);
+        self.queue.set_idle(ready.n_slots);
         if let Some(tx) = self.ready.take() {
             // The server may have given up waiting; serving on is harmless.
             let _ = tx.send(ready);
         }
         let tokenizer = self.tokenizer.clone();
         let metrics = self.metrics.clone();
+        let engine_slots = engine.n_slots();
         let mut s = Loop {
             engine,
             slots: Vec::new(),
@@ -132,6 +138,7 @@ impl Driver {
             metrics: &metrics,
             tokenizer: &tokenizer,
             last_collect: Instant::now(),
+            prefixes: Prefixes::new(engine_slots, self.opts.prefix_cache),
         };
         s.slots = (0..s.engine.n_slots()).map(|_| None).collect();
         s.serve();
@@ -152,9 +159,18 @@ struct Loop<'a, 't> {
     metrics: &'t Metrics,
     tokenizer: &'t Tokenizer,
     last_collect: Instant,
+    /// What each instance's cache holds, for prompt reuse.
+    prefixes: Prefixes,
 }
 
 impl<'t> Loop<'_, 't> {
+    /// Ends the sequence in `slot`, recording what its cache now holds.
+    fn release(&mut self, slot: usize) {
+        if let Some(seq) = self.slots.get_mut(slot).and_then(Option::take) {
+            self.prefixes.keep(slot, seq.written(), seq.adapter);
+        }
+    }
+
     fn serve(&mut self) {
         let mut deadline: Option<Instant> = None;
         loop {
@@ -215,9 +231,9 @@ impl<'t> Loop<'_, 't> {
     }
 
     fn drop_disconnected(&mut self) {
-        for slot in &mut self.slots {
-            if slot.as_ref().is_some_and(|s| s.disconnected()) {
-                *slot = None;
+        for slot in 0..self.slots.len() {
+            if self.slots[slot].as_ref().is_some_and(|s| s.disconnected()) {
+                self.release(slot);
                 Metrics::inc(&self.metrics.requests_cancelled);
             }
         }
@@ -230,6 +246,7 @@ impl<'t> Loop<'_, 't> {
     }
 
     fn fail_all(&mut self, message: &str) {
+        self.prefixes.forget_all();
         for slot in &mut self.slots {
             if let Some(seq) = slot.take() {
                 seq.fail(message);
@@ -259,6 +276,7 @@ impl<'t> Loop<'_, 't> {
                 .queue
                 .pop_if(|w| w.instances() <= free.len() || w.abandoned())
             else {
+                self.queue.set_idle(free.len());
                 return;
             };
             if work.abandoned() {
@@ -268,7 +286,12 @@ impl<'t> Loop<'_, 't> {
             let job = match work {
                 Work::Generate(job) => job,
                 Work::Agents(job) => {
-                    let slots = free.iter().take(job.config.instances).copied().collect();
+                    let slots: Vec<usize> =
+                        free.iter().take(job.config.instances).copied().collect();
+                    // the run's programs write these caches as they please
+                    for &s in &slots {
+                        self.prefixes.forget(s);
+                    }
                     let chunk = self.opts.prefill_chunk;
                     // The host tasks once each (how often a program feeds them is its own).
                     let prompt: usize = job.tasks.iter().map(Vec::len).sum();
@@ -290,15 +313,21 @@ impl<'t> Loop<'_, 't> {
                 (job.prompt.len() * job.params.n) as u64,
                 std::sync::atomic::Ordering::Relaxed,
             );
-            for (index, &slot) in free.iter().take(job.params.n).enumerate() {
-                self.slots[slot] = Some(Seq::new(
+            let picked = self
+                .prefixes
+                .pick(&free, job.params.n, &job.prompt, job.adapter);
+            for (index, &(slot, reuse)) in picked.iter().enumerate() {
+                let mut seq = Seq::new(
                     self.next_id,
                     index,
                     &job,
                     &*self.engine,
                     self.tokenizer,
                     self.metrics,
-                ));
+                );
+                seq.reuse_prompt(reuse);
+                self.metrics.prefix_lookup(reuse);
+                self.slots[slot] = Some(seq);
                 self.next_id += 1;
             }
         }
@@ -395,23 +424,27 @@ impl<'t> Loop<'_, 't> {
     }
 
     /// Prompt chunks of the sequences still prefilling, until the step holds `cap` rows (at
-    /// most `prefill_chunk` per sequence per step; a second call goes on where the first
-    /// stopped).
+    /// most `prefill_chunk` per sequence per call; a second call goes on where the first
+    /// stopped). The rows are shared ([`share_rows`]), so a short prompt is not held behind a
+    /// long one that arrived first.
     fn prefill_rows(&mut self, rows: &mut Vec<BatchRow>, meta: &mut Vec<RowMeta>, cap: usize) {
-        for slot in 0..self.slots.len() {
-            let room = cap.saturating_sub(rows.len());
-            if room == 0 {
-                break;
-            }
+        let room = cap.saturating_sub(rows.len());
+        // oldest first: where rows are too few for everyone, the earliest requests get them
+        let mut waiting: Vec<(u64, usize, usize)> = (self.slots.iter().enumerate())
+            .filter_map(|(slot, s)| s.as_ref().map(|s| (slot, s)))
+            .filter(|(_, s)| !s.prefilled())
+            .map(|(slot, s)| {
+                let want = (s.prompt.len() - s.fed).min(self.opts.prefill_chunk.max(1));
+                (s.id, slot, want)
+            })
+            .collect();
+        waiting.sort_unstable();
+        let wants: Vec<(usize, usize)> = waiting.iter().map(|&(_, slot, w)| (slot, w)).collect();
+        let takes = share_rows(&wants, room);
+        for (slot, take) in takes {
             let Some(seq) = self.slots[slot].as_mut() else {
                 continue;
             };
-            if seq.prefilled() {
-                continue;
-            }
-            let take = room
-                .min(self.opts.prefill_chunk.max(1))
-                .min(seq.prompt.len() - seq.fed);
             for k in 0..take {
                 let i = seq.fed + k;
                 let last = i + 1 == seq.prompt.len();
@@ -518,12 +551,13 @@ impl<'t> Loop<'_, 't> {
                     Ok(t) => t,
                     Err(e) => {
                         seq.fail(&e.to_string());
-                        self.slots[rm.slot] = None;
+                        self.release(rm.slot);
                         continue;
                     }
                 },
                 _ => {
                     seq.fail("the engine returned no token for a sampling row");
+                    self.prefixes.forget(rm.slot);
                     self.slots[rm.slot] = None;
                     continue;
                 }
@@ -532,7 +566,7 @@ impl<'t> Loop<'_, 't> {
                 seq.pending = Some(token);
             }
             if seq.push(token, logprob) == Outcome::Finished {
-                self.slots[rm.slot] = None;
+                self.release(rm.slot);
             }
         }
         for planned in meta.agents {
@@ -582,9 +616,85 @@ fn prefill_first_cap(max_rows: usize, rows: usize, agents_ready: bool) -> usize 
     }
 }
 
+/// Splits `room` prompt rows over sequences wanting `wants[i].1` rows each (in priority order):
+/// the smaller wants are met whole and the rest share what is left evenly (water-filling),
+/// the earlier ones taking the remainder's odd rows. Returns `(slot, rows)` for every sequence
+/// that gets rows, in the order given.
+fn share_rows(wants: &[(usize, usize)], room: usize) -> Vec<(usize, usize)> {
+    let mut order: Vec<usize> = (0..wants.len()).collect();
+    order.sort_by_key(|&i| (wants[i].1, i));
+    let mut takes = vec![0usize; wants.len()];
+    let mut left = room;
+    for (k, &i) in order.iter().enumerate() {
+        let sharing = wants.len() - k;
+        let even = left / sharing;
+        if wants[i].1 <= even {
+            takes[i] = wants[i].1;
+            left -= wants[i].1;
+            continue;
+        }
+        // every want from here on is larger than the even share: all take it, and the odd
+        // rows go to the earliest in priority order
+        let mut rest: Vec<usize> = order[k..].to_vec();
+        rest.sort_unstable();
+        let odd = left - even * sharing;
+        for (n, &j) in rest.iter().enumerate() {
+            takes[j] = even + usize::from(n < odd);
+        }
+        break;
+    }
+    (wants.iter().zip(takes))
+        .filter(|&(_, t)| t > 0)
+        .map(|(&(slot, _), t)| (slot, t))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prompt_rows_are_shared_so_short_prompts_are_not_held_behind_long_ones() {
+        // a long prompt first, then a 4-token chat: the chat is prefilled whole at once
+        assert_eq!(share_rows(&[(0, 512), (1, 4)], 64), vec![(0, 60), (1, 4)]);
+        // all wants met when they fit
+        assert_eq!(share_rows(&[(3, 5), (1, 7)], 64), vec![(3, 5), (1, 7)]);
+        // even shares, the odd row to the earliest
+        assert_eq!(
+            share_rows(&[(0, 100), (1, 100), (2, 100)], 10),
+            vec![(0, 4), (1, 3), (2, 3)]
+        );
+        // fewer rows than sequences: the earliest get one each
+        assert_eq!(
+            share_rows(&[(5, 9), (2, 9), (7, 9)], 2),
+            vec![(5, 1), (2, 1)]
+        );
+        assert!(share_rows(&[(0, 9)], 0).is_empty());
+        assert!(share_rows(&[], 9).is_empty());
+    }
+
+    #[test]
+    fn shared_rows_never_exceed_the_room_or_a_want_and_fill_what_they_can() {
+        let mut rng: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |m: usize| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % m as u64) as usize
+        };
+        for _ in 0..2000 {
+            let n = next(8);
+            let wants: Vec<(usize, usize)> = (0..n).map(|i| (i, 1 + next(300))).collect();
+            let room = next(700);
+            let takes = share_rows(&wants, room);
+            let total: usize = takes.iter().map(|t| t.1).sum();
+            let wanted: usize = wants.iter().map(|w| w.1).sum();
+            assert_eq!(total, room.min(wanted), "{wants:?} {room}");
+            for &(slot, t) in &takes {
+                assert!(t <= wants[slot].1, "{wants:?} {room}");
+            }
+        }
+    }
 
     #[test]
     fn without_agent_runs_the_sequences_have_every_row() {

@@ -47,6 +47,8 @@ pub struct Seq<'t> {
     metrics: &'t Metrics,
     events: UnboundedSender<Event>,
     enqueued: Instant,
+    /// The tokens generated so far, in order (what the positions after the prompt run).
+    tokens: Vec<u32>,
 }
 
 /// What handling a token decided.
@@ -103,7 +105,26 @@ impl<'t> Seq<'t> {
             metrics,
             events: job.events.clone(),
             enqueued: job.enqueued,
+            tokens: Vec::new(),
         }
+    }
+
+    /// Starts after the first `n` prompt tokens, which the instance's cache already holds.
+    pub fn reuse_prompt(&mut self, n: usize) {
+        let n = n.min(self.prompt.len().saturating_sub(1));
+        self.fed = n;
+        self.next_pos = n;
+    }
+
+    /// The tokens at the positions this sequence ran (or has in flight): the prompt fed so far
+    /// and the generated tokens, up to the next position to run.
+    pub fn written(&self) -> Vec<u32> {
+        let mut t: Vec<u32> = self.prompt[..self.fed].to_vec();
+        if self.prefilled() {
+            t.extend_from_slice(&self.tokens);
+        }
+        t.truncate(self.next_pos);
+        t
     }
 
     /// The next device draw (advances the draw counter). Only for `device` sequences.
@@ -187,6 +208,7 @@ impl<'t> Seq<'t> {
             self.metrics.first_token(self.enqueued.elapsed());
         }
         Metrics::inc(&self.metrics.generation_tokens);
+        self.tokens.push(token);
         self.sampler.accept(token);
         let release = self.choice.push(token);
         self.send_text(release.text, logprob);

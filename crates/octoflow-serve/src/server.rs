@@ -3,7 +3,6 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +10,9 @@ use anyhow::Context;
 use octoflow_text::{ChatTemplate, Tokenizer};
 
 use crate::auth::Access;
+use crate::guard::Guard;
 use crate::job::Queue;
+use crate::listen::Limits;
 use crate::metrics::Metrics;
 use crate::routes::{router, AppState};
 use crate::scheduler::{Driver, Ready, SchedOptions};
@@ -40,6 +41,14 @@ pub struct ServeOptions {
     pub grace: Duration,
     /// API key and CORS origins.
     pub access: Access,
+    /// Most tokens one completion may generate.
+    pub max_tokens: usize,
+    /// Connections at once and the deadlines of slow or idle clients.
+    pub limits: Limits,
+    /// Host names besides the loopback ones a loopback-bound server answers to.
+    pub allowed_hosts: Vec<String>,
+    /// Reuse what instances' caches hold of a new prompt ([`crate::prefix`]).
+    pub prefix_cache: bool,
 }
 
 impl Default for ServeOptions {
@@ -50,6 +59,10 @@ impl Default for ServeOptions {
             prefill_chunk: 512,
             grace: Duration::from_secs(30),
             access: Access::default(),
+            max_tokens: 4096,
+            limits: Limits::default(),
+            allowed_hosts: Vec::new(),
+            prefix_cache: true,
         }
     }
 }
@@ -61,6 +74,8 @@ pub struct Server {
     scheduler: std::thread::JoinHandle<anyhow::Result<()>>,
     ready: Ready,
     access: Access,
+    guard: Guard,
+    limits: Limits,
 }
 
 impl Server {
@@ -89,6 +104,7 @@ impl Server {
             opts: SchedOptions {
                 prefill_chunk: opts.prefill_chunk,
                 grace: opts.grace,
+                prefix_cache: opts.prefix_cache,
             },
         };
         let scheduler = std::thread::Builder::new()
@@ -110,6 +126,12 @@ impl Server {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding {addr}"))?;
+        let bound = listener.local_addr()?;
+        let guard = Guard {
+            allowed_hosts: Guard::hosts_for(&bound, &opts.allowed_hosts),
+            body_limit: opts.body_limit,
+            body_timeout: opts.limits.body_timeout,
+        };
         let created = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -125,7 +147,7 @@ impl Server {
             queue_cap: opts.queue,
             body_limit: opts.body_limit,
             created,
-            next_id: AtomicU64::new(0),
+            max_tokens: opts.max_tokens,
             grammars: std::sync::OnceLock::new(),
         });
         Ok(Server {
@@ -134,6 +156,8 @@ impl Server {
             scheduler,
             ready,
             access: opts.access,
+            guard,
+            limits: opts.limits,
         })
     }
 
@@ -183,13 +207,12 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let queue = self.state.queue.clone();
-        let app = router(self.state, &self.access).map_err(anyhow::Error::msg)?;
-        let served = axum::serve(self.listener, app)
-            .with_graceful_shutdown(async move {
-                shutdown.await;
-                queue.close();
-            })
-            .await;
+        let app = router(self.state, &self.access, self.guard).map_err(anyhow::Error::msg)?;
+        let served = crate::listen::serve(self.listener, app, self.limits, async move {
+            shutdown.await;
+            queue.close();
+        })
+        .await;
         let scheduler = self.scheduler;
         let joined = tokio::task::spawn_blocking(move || scheduler.join()).await?;
         served.context("serving HTTP")?;

@@ -361,7 +361,8 @@ async fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
         )
         .await;
     assert_eq!(status, 200, "{v}");
-    assert!(s.metric("octoflow_requests_failed_total").await >= 10.0);
+    assert!(s.metric("octoflow_requests_refused_total").await >= 10.0);
+    assert_eq!(s.metric("octoflow_requests_failed_total").await, 0.0);
     s.stop().await.expect("clean stop");
 }
 

@@ -50,8 +50,9 @@ fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("OCTOFLOW_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_env("OCTOFLOW_LOG").unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("warn,octoflow_access=info")
+            }),
         )
         .init();
     let cli = Cli::parse();

@@ -204,14 +204,18 @@ fn status(s: &mut TcpStream, code: u16, reason: &str) -> std::io::Result<()> {
 /// `n` bytes of deterministic, incompressible-looking content (xorshift), distinct per `salt`.
 pub fn body(n: usize, salt: u64) -> Vec<u8> {
     let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ salt.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    (0..n)
+    let mut v: Vec<u8> = (0..n)
         .map(|_| {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             (x >> 32) as u8
         })
-        .collect()
+        .collect();
+    // it starts like a GGUF file, as a model download must
+    let magic = &b"GGUF"[..n.min(4)];
+    v[..magic.len()].copy_from_slice(magic);
+    v
 }
 
 /// sha256 as lowercase hex.

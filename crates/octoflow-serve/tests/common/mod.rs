@@ -75,6 +75,12 @@ pub struct Shape {
     pub gpu: bool,
     /// Serve a random LoRA adapter named [`ADAPTER`] beside the base (GPU engine only).
     pub adapter: bool,
+    /// Connection cap and deadlines.
+    pub limits: octoflow_serve::Limits,
+    /// The server's cap on tokens per completion.
+    pub max_tokens: usize,
+    /// Reuse what instances' caches hold of new prompts.
+    pub prefix_cache: bool,
 }
 
 /// The served adapter's name (with `Shape::adapter`).
@@ -108,6 +114,9 @@ impl Default for Shape {
             max_rows: 512,
             gpu: false,
             adapter: false,
+            limits: octoflow_serve::Limits::default(),
+            max_tokens: 4096,
+            prefix_cache: true,
         }
     }
 }
@@ -130,7 +139,10 @@ pub async fn start(shape: Shape) -> Option<Running> {
         body_limit: shape.body_limit,
         prefill_chunk: shape.max_rows,
         grace: shape.grace,
-        access: Default::default(),
+        limits: shape.limits,
+        max_tokens: shape.max_tokens,
+        prefix_cache: shape.prefix_cache,
+        ..Default::default()
     };
     let server = Server::start(
         "127.0.0.1:0".parse().expect("address"),

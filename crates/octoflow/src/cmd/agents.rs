@@ -42,10 +42,12 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     rounds: u32,
     /// Token limit of a generation (`%max`).
-    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..))]
     max_tokens: u32,
     /// Temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, allow_hyphen_values = true,
+          value_parser = super::common::parse_non_negative)]
     temp: f32,
     /// Top-k (0 disables).
     #[arg(long, default_value_t = 40)]

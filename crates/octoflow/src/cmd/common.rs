@@ -228,3 +228,44 @@ impl Loaded {
         })
     }
 }
+
+/// `-n`: a number of tokens of at least 1, or -1 for "until the end of generation or a full
+/// context" (llama.cpp's meaning). 0 and other negatives are refused rather than read as
+/// something else.
+pub fn parse_n_predict(s: &str) -> Result<i64, String> {
+    match s.trim().parse::<i64>() {
+        Ok(n) if n >= 1 || n == -1 => Ok(n),
+        Ok(n) => Err(format!(
+            "{n} is not a token count: give at least 1, or -1 for no limit"
+        )),
+        Err(e) => Err(format!("{s:?} is not a number: {e}")),
+    }
+}
+
+/// A sampling setting that must be a finite number of at least 0 (`--temp`: 0 is greedy).
+pub fn parse_non_negative(s: &str) -> Result<f32, String> {
+    match s.trim().parse::<f32>() {
+        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        Ok(x) => Err(format!("{x} is out of range: give a number of at least 0")),
+        Err(e) => Err(format!("{s:?} is not a number: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod parse_tests {
+    use super::*;
+
+    #[test]
+    fn token_counts_and_temperatures_refuse_what_would_be_misread() {
+        assert_eq!(parse_n_predict("5"), Ok(5));
+        assert_eq!(parse_n_predict("-1"), Ok(-1));
+        for bad in ["0", "-5", "x", ""] {
+            assert!(parse_n_predict(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_non_negative("0"), Ok(0.0));
+        assert_eq!(parse_non_negative("0.7"), Ok(0.7));
+        for bad in ["-1", "nan", "inf", "warm"] {
+            assert!(parse_non_negative(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -26,13 +26,15 @@ pub struct Args {
     #[arg(short = 'f', long, conflicts_with = "prompt")]
     file: Option<PathBuf>,
     /// Number of tokens to generate (-1: until end of generation or a full context).
-    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_hyphen_values = true)]
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_hyphen_values = true,
+          value_parser = super::common::parse_n_predict)]
     max_tokens: i64,
     /// Context size in tokens (0: the model's training context, capped at 4096).
     #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
     ctx_size: usize,
     /// Temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, allow_hyphen_values = true,
+          value_parser = super::common::parse_non_negative)]
     temp: f32,
     /// Top-k (0 disables).
     #[arg(long, default_value_t = 40)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use octoflow_model::{CpuBatch, Model};
-use octoflow_serve::{Access, Driver, EngineInfo, ModelInfo, ServeOptions, Server};
+use octoflow_serve::{Access, Driver, EngineInfo, Limits, ModelInfo, ServeOptions, Server};
 use octoflow_text::{ChatTemplate, Tokenizer};
 
 use super::common::{Device, DeviceArgs, Loaded};
@@ -61,6 +61,26 @@ pub struct Args {
     /// there are none.
     #[arg(long, value_name = "ORIGINS", value_delimiter = ',')]
     cors: Vec<String>,
+    /// Most tokens one completion may generate, also when a request names no limit.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    max_tokens: u32,
+    /// Connections open at once; more wait to be accepted.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+    /// Seconds a client may take to send a request's headers, and an idle connection stays open.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    header_timeout: u64,
+    /// Seconds a request's body may take to arrive (408 beyond).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    body_timeout: u64,
+    /// Host names a server on a loopback address also answers to (repeatable; `*` for any).
+    /// Others are refused (403): a web page cannot reach the server through DNS rebinding.
+    #[arg(long = "allowed-host", value_name = "NAME")]
+    allowed_hosts: Vec<String>,
+    /// Run every prompt whole, even where an instance's cache holds its start (a chat's earlier
+    /// turns, a shared system prompt).
+    #[arg(long)]
+    no_prefix_cache: bool,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -136,6 +156,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             api_key: args.api_key.clone().filter(|k| !k.is_empty()),
             cors: args.cors.clone(),
         },
+        max_tokens: args.max_tokens as usize,
+        limits: Limits {
+            max_connections: args.max_connections as usize,
+            header_timeout: Duration::from_secs(args.header_timeout),
+            body_timeout: Duration::from_secs(args.body_timeout),
+        },
+        allowed_hosts: args.allowed_hosts.clone(),
+        prefix_cache: !args.no_prefix_cache,
     };
     let warning = opts.access.exposure_warning(&addr);
     let shape = Shape {
@@ -155,10 +183,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let Some(w) = warning {
             eprintln!("{w}");
         }
-        server.run(octoflow_serve::shutdown_signal()).await?;
+        server.run(shutdown_then_force()).await?;
         eprintln!("octoflow serve: stopped");
         Ok(())
     })
+}
+
+/// Resolves at the first SIGTERM or Ctrl-C (graceful shutdown); a second Ctrl-C exits at once.
+async fn shutdown_then_force() {
+    octoflow_serve::shutdown_signal().await;
+    eprintln!("octoflow serve: stopping (Ctrl-C again to exit now)");
+    tokio::spawn(async {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("octoflow serve: exiting now");
+            std::process::exit(130);
+        }
+    });
 }
 
 /// The engine's shape.

@@ -23,6 +23,14 @@ pub fn open_device(gpu: Option<usize>) -> anyhow::Result<Context> {
     if let CacheLoad::Rejected { .. } = ctx.pipeline_cache_load() {
         eprintln!("octoflow: warning: {}", ctx.pipeline_cache_load());
     }
+    if ctx.caps().kind == octoflow_vk::DeviceKind::Cpu {
+        // lavapipe and the like emulate the GPU on the CPU: the CPU path is the faster one
+        eprintln!(
+            "octoflow: note: {} is Vulkan on the CPU (no GPU found); `--device cpu` runs several \
+             times faster here",
+            ctx.caps().name
+        );
+    }
     Ok(ctx)
 }
 

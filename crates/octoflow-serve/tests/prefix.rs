@@ -1,0 +1,93 @@
+//! Prompt reuse: requests whose prompt starts with what an instance's cache holds (a shared
+//! system prompt, a chat's earlier turns) prefill only the rest, and answer exactly what a
+//! server that runs every prompt whole answers (greedy), on the CPU engine and the GPU one.
+
+mod common;
+
+use common::{start, Shape};
+use serde_json::{json, Value};
+
+const SYSTEM: &str = "You are a terse assistant. Answer every question in one short sentence, \
+                      without greetings, lists or explanations, and never ask a question back.";
+
+/// The conversation: two questions under one system prompt, then a second turn of the first.
+async fn converse(s: &common::Running) -> Vec<String> {
+    let ask = |messages: Value| json!({"messages": messages, "max_tokens": 8, "temperature": 0});
+    let mut answers = Vec::new();
+    let q1 = json!([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is the capital of France?"}]);
+    let q2 = json!([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What color is the sky?"}]);
+    for messages in [q1.clone(), q2] {
+        let (status, v) = s.post("/v1/chat/completions", &ask(messages)).await;
+        assert_eq!(status, 200, "{v}");
+        answers.push(
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        );
+    }
+    let mut turn2 = q1.as_array().cloned().unwrap_or_default();
+    turn2.push(json!({"role": "assistant", "content": answers[0]}));
+    turn2.push(json!({"role": "user", "content": "And of Italy?"}));
+    let (status, v) = s
+        .post("/v1/chat/completions", &ask(Value::Array(turn2)))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    answers.push(
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    );
+    answers
+}
+
+async fn reuse_matches_whole_prompts(gpu: bool) {
+    let shape = Shape {
+        instances: 2,
+        n_ctx: 512,
+        max_rows: 64,
+        gpu,
+        ..Shape::default()
+    };
+    let Some(whole) = start(Shape {
+        prefix_cache: false,
+        ..shape
+    })
+    .await
+    else {
+        return;
+    };
+    let want = converse(&whole).await;
+    assert_eq!(whole.metric("octoflow_prefix_cache_hits_total").await, 0.0);
+    whole.stop().await.expect("clean stop");
+
+    let Some(s) = start(shape).await else {
+        return;
+    };
+    let got = converse(&s).await;
+    assert_eq!(
+        got, want,
+        "answers with prompt reuse differ from whole prompts"
+    );
+    // the second question reuses the system prompt, the second turn the whole first exchange
+    let hits = s.metric("octoflow_prefix_cache_hits_total").await;
+    let cached = s.metric("octoflow_prefix_cache_tokens_total").await;
+    let system_tokens = s.text.tokenizer.encode(SYSTEM, false, false).len() as f64;
+    assert!(hits >= 2.0, "hits {hits}");
+    assert!(
+        cached >= 2.0 * system_tokens,
+        "cached {cached}, system prompt {system_tokens} tokens"
+    );
+    s.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_engine_reuses_prompts_and_answers_the_same() {
+    reuse_matches_whole_prompts(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_engine_reuses_prompts_and_answers_the_same() {
+    reuse_matches_whole_prompts(true).await;
+}
