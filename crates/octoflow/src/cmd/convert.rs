@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use octoflow_gguf::GgmlType;
+use octoflow_train::export::MergeQuant;
 
 /// Arguments of `octoflow convert`.
 #[derive(clap::Args)]
@@ -20,17 +20,10 @@ pub struct Args {
 
 /// Runs `octoflow convert`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let quant = match args.quant.to_ascii_uppercase().as_str() {
-        "SAME" => None,
-        "F32" => Some(GgmlType::F32),
-        "F16" => Some(GgmlType::F16),
-        "Q8_0" => Some(GgmlType::Q8_0),
-        "Q4_K" => Some(GgmlType::Q4_K),
-        "Q5_K" => Some(GgmlType::Q5_K),
-        "Q6_K" => Some(GgmlType::Q6_K),
-        other => {
-            anyhow::bail!("unknown --quant {other} (same, F32, F16, Q8_0, Q4_K, Q5_K or Q6_K)")
-        }
+    // the same names and parser as `export --merge --quant`
+    let quant = match args.quant.parse::<MergeQuant>()? {
+        MergeQuant::Same => None,
+        MergeQuant::To(ty) => Some(ty),
     };
     let folder = octoflow_hf::HfFolder::open(&args.folder)?;
     let w = folder.writer_as(quant)?;
