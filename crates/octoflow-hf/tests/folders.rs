@@ -89,6 +89,12 @@ fn every_fixture_reads_as_its_family() {
             g.get("tokenizer.ggml.eos_token_id").is_some(),
             "{family}: EOS"
         );
+        // the post-processor transformers saved: BOS before the text for llama 3, nothing for qwen
+        assert_eq!(
+            g.get_bool("tokenizer.ggml.add_bos_token").ok(),
+            Some(has_bos),
+            "{family}: add_bos_token"
+        );
     }
 }
 
