@@ -197,22 +197,31 @@ fn pre_name(t: &Obj) -> Result<&'static str> {
 
 /// Whether `tokenizer.json`'s post-processor adds a special token before and after the text
 /// (`TemplateProcessing`, alone or in a `Sequence`, as llama 3's adds BOS), read as llama.cpp's
-/// converter reads it: `None` without such a post-processor.
-fn post_processor_adds(tokenizer: &Json) -> Option<(bool, bool)> {
-    let p = tokenizer.get("post_processor")?;
+/// converter reads it: a template of the text alone says nothing, and only a special token at
+/// either end sets that end's flag.
+fn post_processor_adds(tokenizer: &Json) -> (Option<bool>, Option<bool>) {
+    let Some(p) = tokenizer.get("post_processor") else {
+        return (None, None);
+    };
     let list = match p.get("processors").and_then(Json::as_array) {
         Some(list) => list.iter().collect(),
         None => vec![p],
     };
-    let template = list
+    let single = list
         .into_iter()
-        .find(|p| p.get("type").and_then(Json::as_str) == Some("TemplateProcessing"))?;
-    let single = template.get("single")?.as_array()?;
-    let special = |item: Option<&Json>| item.is_some_and(|i| i.get("SpecialToken").is_some());
-    Some((
-        special(single.first()),
-        single.len() > 1 && special(single.last()),
-    ))
+        .find(|p| p.get("type").and_then(Json::as_str) == Some("TemplateProcessing"))
+        .and_then(|t| t.get("single"))
+        .and_then(Json::as_array)
+        .filter(|s| s.len() > 1);
+    let special = |item: Option<&Json>| {
+        item.and_then(|i| i.get("SpecialToken"))
+            .is_some()
+            .then_some(true)
+    };
+    match single {
+        Some(s) => (special(s.first()), special(s.last())),
+        None => (None, None),
+    }
 }
 
 /// BOS/EOS/padding ids, whether to add BOS and EOS (tokenizer_config.json's flags, else what
@@ -220,7 +229,7 @@ fn post_processor_adds(tokenizer: &Json) -> Option<(bool, bool)> {
 fn special_tokens(
     dir: &Path,
     id_of: &dyn Fn(&str) -> Option<u32>,
-    adds: Option<(bool, bool)>,
+    adds: (Option<bool>, Option<bool>),
     out: &mut Vec<(String, Value)>,
 ) -> Result<()> {
     let path = dir.join("tokenizer_config.json");
@@ -279,8 +288,8 @@ fn special_tokens(
     if let Some(id) = token("pad_token")? {
         out.push(("tokenizer.ggml.padding_token_id".into(), Value::U32(id)));
     }
-    let add_bos = c.bool_opt("add_bos_token")?.or(adds.map(|a| a.0));
-    let add_eos = c.bool_opt("add_eos_token")?.or(adds.map(|a| a.1));
+    let add_bos = c.bool_opt("add_bos_token")?.or(adds.0);
+    let add_eos = c.bool_opt("add_eos_token")?.or(adds.1);
     if let Some(add) = add_bos {
         out.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(add)));
     }
