@@ -257,15 +257,17 @@ fn convert_quantizes_the_matrices_it_is_asked_to() {
         };
         assert_eq!(t.ty, want, "{}", t.name);
     }
+    let never = tmp.path().join("never.gguf");
     let o = octoflow(&[
         "convert",
         dir.to_str().expect("path"),
         "-o",
-        "x.gguf",
+        never.to_str().expect("path"),
         "--quant",
         "q3",
     ]);
     assert_eq!(o.status.code(), Some(1));
+    assert!(!never.exists(), "an unknown --quant writes nothing");
     assert!(stderr(&o).contains("unknown --quant"), "{}", stderr(&o));
 }
 
