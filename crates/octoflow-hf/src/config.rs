@@ -171,13 +171,14 @@ impl HfConfig {
         let head_dim = u32_of("head_dim", self.head_dim)?;
         put("attention.key_length", Value::U32(head_dim));
         put("attention.value_length", Value::U32(head_dim));
+        // llama.cpp's converter writes these two for the llama family only
         if self.family == Family::Llama {
             put("rope.dimension_count", Value::U32(head_dim));
+            put(
+                "vocab_size",
+                Value::U32(u32_of("vocab_size", self.n_vocab)?),
+            );
         }
-        put(
-            "vocab_size",
-            Value::U32(u32_of("vocab_size", self.n_vocab)?),
-        );
         if let Some(r) = rope_obj {
             let kind = match r.str_opt("rope_type")? {
                 Some(k) => Some(k),

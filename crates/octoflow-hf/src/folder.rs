@@ -26,6 +26,16 @@ pub fn is_folder(path: &Path) -> bool {
     path.is_dir()
 }
 
+/// A model path as every command reads it (`-m PATH`): a Hugging Face folder becomes the
+/// in-memory GGUF llama.cpp's converter would write, with its matrices as stored; any other path
+/// is opened as a `.gguf` file.
+pub fn open_model(path: &Path) -> Result<GgufFile> {
+    if is_folder(path) {
+        return HfFolder::open(path)?.to_gguf(None);
+    }
+    Ok(GgufFile::open(path)?)
+}
+
 impl HfFolder {
     /// Reads `config.json`, the tokenizer files and the SafeTensors headers of `dir`.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
@@ -51,6 +61,12 @@ impl HfFolder {
     /// (norms, biases) become F32 as llama.cpp's converter writes them, and the llama family's
     /// Q/K rows are permuted (`names::permute_rows`).
     pub fn writer(&self) -> Result<GgufWriter<'_>> {
+        self.writer_as(None)
+    }
+
+    /// [`HfFolder::writer`] with every matrix whose rows are whole blocks of `quant` quantized
+    /// to it (the same CPU codecs as `export`); other matrices and vectors keep their type.
+    pub fn writer_as(&self, quant: Option<GgmlType>) -> Result<GgufWriter<'_>> {
         let mut w = GgufWriter::new();
         w.set(
             "general.architecture",
@@ -90,6 +106,12 @@ impl HfFolder {
             }
             let (ty, data) = convert(hf, view, mapped.permute_heads)?;
             let dims: Vec<u64> = shape.iter().rev().copied().collect();
+            let (ty, data) = match quant {
+                Some(q) if dims.len() == 2 && dims[0].is_multiple_of(q.block_size() as u64) => {
+                    (q, Cow::Owned(quantize(hf, view.file, ty, &data, q)?))
+                }
+                _ => (ty, data),
+            };
             w.add_tensor(mapped.gguf, ty, &dims, data)?;
         }
         for hf in self.shards.names() {
@@ -105,9 +127,9 @@ impl HfFolder {
     }
 
     /// The folder as an in-memory GGUF file (what `-m FOLDER` loads).
-    pub fn to_gguf(&self) -> Result<GgufFile> {
+    pub fn to_gguf(&self, quant: Option<GgmlType>) -> Result<GgufFile> {
         let mut bytes = Vec::new();
-        self.writer()?.write_to(&mut bytes)?;
+        self.writer_as(quant)?.write_to(&mut bytes)?;
         Ok(GgufFile::from_bytes(bytes)?)
     }
 
@@ -167,6 +189,22 @@ fn convert<'a>(
         None => data,
     };
     Ok((ty, data))
+}
+
+/// `data` of type `ty` re-encoded as `to`.
+fn quantize(hf: &str, file: &Path, ty: GgmlType, data: &[u8], to: GgmlType) -> Result<Vec<u8>> {
+    use octoflow_gguf::quant;
+    let bad = |e: quant::QuantError| HfError::Tensor {
+        path: file.to_path_buf(),
+        tensor: hf.to_string(),
+        problem: format!("quantizing to {to}: {e}"),
+    };
+    let n = data.len() / ty.type_size();
+    let mut f32s = vec![0f32; n];
+    quant::dequantize(ty, data, &mut f32s).map_err(bad)?;
+    let mut out = vec![0u8; quant::quantized_size(to, n).map_err(bad)?];
+    quant::quantize(to, &f32s, &mut out).map_err(bad)?;
+    Ok(out)
 }
 
 /// Little-endian F32 bytes of F16 or BF16 data.

@@ -5,7 +5,7 @@
 //!
 //! ```no_run
 //! let folder = octoflow_hf::HfFolder::open("./my-model")?;
-//! let gguf = folder.to_gguf()?;
+//! let gguf = folder.to_gguf(None)?;
 //! println!("{}", gguf.get_str("general.architecture")?);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -15,9 +15,10 @@ pub mod error;
 pub mod folder;
 mod json;
 pub mod names;
+pub mod peft;
 pub mod shards;
 pub mod tokenizer;
 
 pub use config::{Family, HfConfig};
 pub use error::{HfError, Result};
-pub use folder::{is_folder, HfFolder};
+pub use folder::{is_folder, open_model, HfFolder};

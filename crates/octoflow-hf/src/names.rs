@@ -135,9 +135,36 @@ pub fn permute_rows(data: &[u8], n_head: usize, row_bytes: usize) -> Vec<u8> {
     out
 }
 
+/// The inverse of [`permute_rows`]: GGUF's interleaved pairs back to Hugging Face's rotate-half
+/// layout (within each head, new row `j·d/2 + i` is old row `2i + j`).
+pub fn unpermute_rows(data: &[u8], n_head: usize, row_bytes: usize) -> Vec<u8> {
+    let n_rows = data.len() / row_bytes;
+    let head_dim = n_rows / n_head;
+    let half = head_dim / 2;
+    let mut out = Vec::with_capacity(data.len());
+    for h in 0..n_head {
+        for j in 0..2 {
+            for i in 0..half {
+                let old = h * head_dim + 2 * i + j;
+                out.extend_from_slice(&data[old * row_bytes..(old + 1) * row_bytes]);
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
-    use super::permute_rows;
+    use super::{permute_rows, unpermute_rows};
+
+    #[test]
+    fn unpermute_undoes_permute() {
+        let rows: Vec<u8> = (0..48).collect();
+        for (n_head, row_bytes) in [(1, 1), (2, 2), (3, 4)] {
+            let there = permute_rows(&rows, n_head, row_bytes);
+            assert_eq!(unpermute_rows(&there, n_head, row_bytes), rows);
+        }
+    }
 
     #[test]
     fn permute_interleaves_each_heads_halves() {

@@ -96,6 +96,16 @@ impl Shards {
         Ok(Self { shards, index })
     }
 
+    /// Opens one SafeTensors file on its own (a PEFT adapter's `adapter_model.safetensors`).
+    pub fn open_file(path: &Path) -> Result<Self> {
+        let shard = Shard::open(path)?;
+        let index = shard.tensors.keys().map(|t| (t.clone(), 0)).collect();
+        Ok(Self {
+            shards: vec![shard],
+            index,
+        })
+    }
+
     /// Every tensor name, sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.index.keys().map(String::as_str)
@@ -183,7 +193,14 @@ impl Shard {
             path: path.to_path_buf(),
             problem,
         };
-        let parsed = SafeTensors::deserialize(&map).map_err(|e| bad(format!("{e:?}")))?;
+        let parsed = SafeTensors::deserialize(&map).map_err(|e| match past_end(&map) {
+            Some((tensor, problem)) => HfError::Tensor {
+                path: path.to_path_buf(),
+                tensor,
+                problem,
+            },
+            None => bad(format!("{e:?}")),
+        })?;
         let base = map.len() - data_len(&map).map_err(bad)?;
         let mut tensors = BTreeMap::new();
         for (name, view) in parsed.tensors() {
@@ -219,4 +236,29 @@ fn data_len(bytes: &[u8]) -> std::result::Result<usize, String> {
         .filter(|&e| e <= bytes.len() as u64)
         .ok_or("header length past the end of the file")?;
     Ok(bytes.len() - header_end as usize)
+}
+
+/// For a file the `safetensors` crate refused: the tensor whose data its header places past the
+/// end of the file (a truncated download or copy), and how far, so the error names it.
+fn past_end(bytes: &[u8]) -> Option<(String, String)> {
+    let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let header_end = usize::try_from(8u64.checked_add(n)?).ok()?;
+    let header: serde_json::Value = serde_json::from_slice(bytes.get(8..header_end)?).ok()?;
+    let have = (bytes.len() - header_end) as u64;
+    let (name, end) = header
+        .as_object()?
+        .iter()
+        .filter_map(|(name, t)| {
+            let end = t.get("data_offsets")?.get(1)?.as_u64()?;
+            Some((name, end))
+        })
+        .filter(|&(_, end)| end > have)
+        .min_by_key(|&(_, end)| end)?;
+    Some((
+        name.clone(),
+        format!(
+            "its data ends at byte {end} of the data section, but the file holds only {have} \
+             bytes of data after its header: the file is truncated"
+        ),
+    ))
 }

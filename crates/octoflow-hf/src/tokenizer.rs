@@ -140,7 +140,7 @@ pub fn metadata(dir: &Path, n_vocab: u64) -> Result<Vec<(String, Value)>> {
             .position(|v| v.as_str() == Some(text))
             .map(|i| i as u32)
     };
-    special_tokens(dir, &id_of, &mut out)?;
+    special_tokens(dir, &id_of, post_processor_adds(&json), &mut out)?;
     Ok(out)
 }
 
@@ -195,10 +195,41 @@ fn pre_name(t: &Obj) -> Result<&'static str> {
     }
 }
 
-/// BOS/EOS/padding ids, whether to add BOS, and the chat template.
+/// Whether `tokenizer.json`'s post-processor adds a special token before and after the text
+/// (`TemplateProcessing`, alone or in a `Sequence`, as llama 3's adds BOS), read as llama.cpp's
+/// converter reads it: a template of the text alone says nothing, and only a special token at
+/// either end sets that end's flag.
+fn post_processor_adds(tokenizer: &Json) -> (Option<bool>, Option<bool>) {
+    let Some(p) = tokenizer.get("post_processor") else {
+        return (None, None);
+    };
+    let list = match p.get("processors").and_then(Json::as_array) {
+        Some(list) => list.iter().collect(),
+        None => vec![p],
+    };
+    let single = list
+        .into_iter()
+        .find(|p| p.get("type").and_then(Json::as_str) == Some("TemplateProcessing"))
+        .and_then(|t| t.get("single"))
+        .and_then(Json::as_array)
+        .filter(|s| s.len() > 1);
+    let special = |item: Option<&Json>| {
+        item.and_then(|i| i.get("SpecialToken"))
+            .is_some()
+            .then_some(true)
+    };
+    match single {
+        Some(s) => (special(s.first()), special(s.last())),
+        None => (None, None),
+    }
+}
+
+/// BOS/EOS/padding ids, whether to add BOS and EOS (tokenizer_config.json's flags, else what
+/// the post-processor adds), and the chat template.
 fn special_tokens(
     dir: &Path,
     id_of: &dyn Fn(&str) -> Option<u32>,
+    adds: (Option<bool>, Option<bool>),
     out: &mut Vec<(String, Value)>,
 ) -> Result<()> {
     let path = dir.join("tokenizer_config.json");
@@ -257,8 +288,13 @@ fn special_tokens(
     if let Some(id) = token("pad_token")? {
         out.push(("tokenizer.ggml.padding_token_id".into(), Value::U32(id)));
     }
-    if let Some(add) = c.bool_opt("add_bos_token")? {
+    let add_bos = c.bool_opt("add_bos_token")?.or(adds.0);
+    let add_eos = c.bool_opt("add_eos_token")?.or(adds.1);
+    if let Some(add) = add_bos {
         out.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(add)));
+    }
+    if let Some(add) = add_eos {
+        out.push(("tokenizer.ggml.add_eos_token".into(), Value::Bool(add)));
     }
     if let Some(t) = chat_template(dir, &c)? {
         out.push(("tokenizer.chat_template".into(), Value::String(t)));

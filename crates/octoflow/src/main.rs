@@ -23,6 +23,8 @@ enum Command {
     Agents(cmd::agents::Args),
     /// Prompt-processing and generation throughput (like llama-bench).
     Bench(cmd::bench::Args),
+    /// Convert a Hugging Face folder (config.json, SafeTensors, tokenizer.json) into a GGUF file.
+    Convert(cmd::convert::Args),
     /// List Vulkan devices and the capabilities kernels are chosen by.
     Devices(cmd::devices::Args),
     /// Export a training run: a llama.cpp LoRA adapter GGUF, or the base with the adapters merged.
@@ -57,6 +59,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Agents(args) => cmd::agents::run(args),
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Convert(args) => cmd::convert::run(args),
         Command::Devices(args) => cmd::devices::run(args),
         Command::Export(args) => cmd::export::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),

@@ -22,7 +22,7 @@ use super::common::{DeviceArgs, Loaded};
 /// Arguments of `octoflow agents`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model: a .gguf path, a known name or a URL (default: the default model).
+    /// Model: a .gguf path, a Hugging Face folder, a known name or a URL (default: the default model).
     #[arg(short = 'm', long)]
     model: Option<String>,
     /// A shipped program: queue, best-of, debate or swarm (docs/VM.md).
@@ -108,7 +108,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let source_name = source.name();
     let path = super::common::model_path(args.model.as_deref())?;
-    let gguf = Arc::new(octoflow_gguf::GgufFile::open(&path)?);
+    let gguf = Arc::new(super::common::open_model(&path)?);
     let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
     let program = source
         .assemble(&tokenizer)

@@ -15,7 +15,7 @@ use super::common::{AnySession, DeviceArgs, Loaded};
 /// Arguments of `octoflow bench`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model: a .gguf path, a known name or a URL (default: the default model).
+    /// Model: a .gguf path, a Hugging Face folder, a known name or a URL (default: the default model).
     #[arg(short = 'm', long)]
     model: Option<String>,
     /// Prompt tokens of the prompt-processing test (0 skips it).
@@ -111,7 +111,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("-r must be at least 1");
     }
     let path = super::common::model_path(args.model.as_deref())?;
-    let gguf = Arc::new(octoflow_gguf::GgufFile::open(&path)?);
+    let gguf = Arc::new(super::common::open_model(&path)?);
     let config = octoflow_model::ModelConfig::from_gguf(&gguf)?;
     let adapters = args.lora.load(&config)?;
     let (model, loaded) = super::common::load_model(gguf.clone(), &adapters, &args.device)?;

@@ -8,6 +8,9 @@ use anyhow::Context;
 /// `.gguf`, downloading it into the cache when needed.
 pub fn model_path(spec: Option<&str>) -> anyhow::Result<PathBuf> {
     let spec = spec.unwrap_or_else(|| octoflow_hub::default_model());
+    if octoflow_hf::is_folder(std::path::Path::new(spec)) {
+        return Ok(PathBuf::from(spec));
+    }
     let opts = octoflow_hub::PullOptions::from_env()?;
     octoflow_hub::resolve_model(spec, &opts).with_context(|| format!("model {spec:?}"))
 }
@@ -15,8 +18,14 @@ pub fn model_path(spec: Option<&str>) -> anyhow::Result<PathBuf> {
 /// Opens a model's GGUF file.
 pub fn open_gguf(spec: Option<&str>) -> anyhow::Result<(PathBuf, octoflow_gguf::GgufFile)> {
     let path = model_path(spec)?;
-    let file = octoflow_gguf::GgufFile::open(&path)?;
+    let file = open_model(&path)?;
     Ok((path, file))
+}
+
+/// Opens a resolved model: a `.gguf` file, or a Hugging Face folder read as the GGUF llama.cpp's
+/// converter would write (octoflow-hf), so every command taking one takes the other.
+pub fn open_model(path: &std::path::Path) -> anyhow::Result<octoflow_gguf::GgufFile> {
+    Ok(octoflow_hf::open_model(path)?)
 }
 
 /// Where the forward pass runs.
@@ -121,17 +130,33 @@ impl LoraArgs {
     }
 }
 
-/// An adapter GGUF, or the adapters of a training run directory.
+/// An adapter GGUF, a PEFT adapter folder, or the adapters of a training run directory.
 pub fn load_adapter(
     path: &std::path::Path,
     c: &octoflow_model::ModelConfig,
 ) -> anyhow::Result<octoflow_model::Adapter> {
-    if path.is_dir() {
+    if octoflow_hf::peft::is_adapter(path) {
+        let file = octoflow_hf::peft::read(path, &peft_base(c))?;
+        let name = path
+            .file_name()
+            .map_or_else(|| "lora".into(), |s| s.to_string_lossy().into_owned());
+        octoflow_model::Adapter::from_gguf(&file, &name, c)
+            .with_context(|| format!("loading PEFT adapter {}", path.display()))
+    } else if path.is_dir() {
         octoflow_train::run::load_adapter(path, c)
             .with_context(|| format!("loading the adapters of run {}", path.display()))
     } else {
         octoflow_model::Adapter::open(path, c)
             .with_context(|| format!("loading LoRA adapter {}", path.display()))
+    }
+}
+
+/// What a PEFT adapter's layout depends on in a model of config `c`.
+pub fn peft_base(c: &octoflow_model::ModelConfig) -> octoflow_hf::peft::Base<'_> {
+    octoflow_hf::peft::Base {
+        arch: c.arch.name(),
+        n_head: c.n_head,
+        n_head_kv: c.n_head_kv,
     }
 }
 

@@ -6,7 +6,7 @@ use serde_json::json;
 /// Arguments of `octoflow inspect`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// A .gguf path, a known model name or a URL.
+    /// A .gguf path, a Hugging Face folder, a known model name or a URL.
     model: String,
     /// Print JSON instead of the table.
     #[arg(long)]

@@ -5,6 +5,7 @@ pub mod batched;
 pub mod bench;
 pub mod channels;
 pub mod common;
+pub mod convert;
 pub mod devices;
 pub mod export;
 pub mod homeo;

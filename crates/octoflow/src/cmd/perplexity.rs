@@ -12,7 +12,7 @@ use serde_json::json;
 /// Arguments of `octoflow perplexity`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model: a .gguf path, a known name or a URL (default: the default model).
+    /// Model: a .gguf path, a Hugging Face folder, a known name or a URL (default: the default model).
     #[arg(short = 'm', long)]
     model: Option<String>,
     /// The text file to score.
@@ -35,7 +35,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let path = super::common::model_path(args.model.as_deref())?;
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
-    let gguf = Arc::new(octoflow_gguf::GgufFile::open(&path)?);
+    let gguf = Arc::new(super::common::open_model(&path)?);
     let tokenizer = Tokenizer::from_gguf(&gguf)?;
     let config = octoflow_model::ModelConfig::from_gguf(&gguf)?;
     let adapters = args.lora.load(&config)?;

@@ -16,7 +16,7 @@ use super::common::{AnySession, DeviceArgs, Loaded};
 /// Arguments of `octoflow run`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model: a .gguf path, a known name or a URL (default: the default model).
+    /// Model: a .gguf path, a Hugging Face folder, a known name or a URL (default: the default model).
     #[arg(short = 'm', long)]
     model: Option<String>,
     /// Prompt text.
@@ -125,7 +125,7 @@ impl Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let params = sampling_params(&args)?;
     let path = super::common::model_path(args.model.as_deref())?;
-    let gguf = Arc::new(octoflow_gguf::GgufFile::open(&path)?);
+    let gguf = Arc::new(super::common::open_model(&path)?);
     let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
     let config = octoflow_model::ModelConfig::from_gguf(&gguf)?;
     let adapters = args.lora.load(&config)?;

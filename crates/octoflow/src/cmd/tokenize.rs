@@ -11,7 +11,7 @@ use serde_json::json;
 /// Arguments of `octoflow tokenize`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model: a .gguf path, a known model name or a URL (default: the default model).
+    /// Model: a .gguf path, a Hugging Face folder, a known model name or a URL (default: the default model).
     #[arg(short, long)]
     model: Option<String>,
     /// The text to tokenize.

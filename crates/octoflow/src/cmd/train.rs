@@ -25,7 +25,7 @@ use super::train_config::{self, RunOpts};
 /// Arguments of `octoflow train`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Base model: a .gguf path, a known name or a URL.
+    /// Base model: a .gguf path, a Hugging Face folder, a known name or a URL.
     #[arg(short = 'm', long)]
     model: Option<String>,
     /// Training data: JSONL of {"text"}, {"prompt","completion"} or {"messages":[...]} records
@@ -207,7 +207,7 @@ struct Prepared {
 /// Runs `octoflow train`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let path = super::common::model_path(args.model.as_deref())?;
-    let gguf = Arc::new(octoflow_gguf::GgufFile::open(&path)?);
+    let gguf = Arc::new(super::common::open_model(&path)?);
     let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
     let template = match &args.chat_template {
         Some(file) => Some(ChatTemplate::from_file_for_model(file, &gguf)?),
