@@ -221,19 +221,53 @@ fn phi3_with_a_short_fused_qkv_names_the_tensor() {
 }
 
 #[test]
-fn phi3_longrope_factors_are_refused_by_name() {
+fn phi3_longrope_factors_follow_the_run_context_and_the_attention_factor_scales_cos_and_sin() {
     let mut w = tiny_writer("phi3", TINY, &mut rng("config_phi3_longrope"));
-    let half = (TINY.head_dim / 2) as u64;
+    let half = TINY.head_dim / 2;
+    let factors = |v: f32| -> Vec<u8> { (0..half).flat_map(|_| v.to_le_bytes()).collect() };
     w.add_tensor(
         "rope_factors_long.weight",
         octoflow_gguf::GgmlType::F32,
-        &[half],
-        vec![0u8; 4 * half as usize],
+        &[half as u64],
+        factors(4.0),
     )
     .unwrap();
-    let e = config(&w).unwrap_err().to_string();
-    assert!(
-        e.contains("rope_factors_long") && e.contains("LongRoPE"),
-        "{e}"
+    w.add_tensor(
+        "rope_factors_short.weight",
+        octoflow_gguf::GgmlType::F32,
+        &[half as u64],
+        factors(1.5),
+    )
+    .unwrap();
+    w.set("phi3.rope.scaling.original_context_length", Value::U32(64));
+    w.set("phi3.rope.scaling.attn_factor", Value::F32(1.25));
+    let c = config(&w).unwrap();
+    assert_eq!(c.n_ctx_orig, 64);
+    // the attention factor alone: no blend (mix 0), cos and sin times 1.25
+    let y = c.blocks[0].attn.rope.yarn.expect("attention factor terms");
+    assert_eq!((y.mscale, y.mix(0), y.mix(5)), (1.25, 0.0, 0.0));
+    let weights = bind(&w).unwrap();
+    assert_eq!(
+        weights.rope_factors(64, c.n_ctx_orig),
+        Some(&[1.5; 8][..half])
     );
+    assert_eq!(
+        weights.rope_factors(65, c.n_ctx_orig),
+        Some(&[4.0; 8][..half])
+    );
+    // a factor table of the wrong length names the tensor
+    let mut bad = tiny_writer("phi3", TINY, &mut rng("config_phi3_longrope_bad"));
+    bad.add_tensor(
+        "rope_factors_long.weight",
+        octoflow_gguf::GgmlType::F32,
+        &[half as u64 + 1],
+        factors(4.0).into_iter().chain([0u8; 4]).collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    let e = bind(&bad).unwrap_err().to_string();
+    assert!(e.contains("rope_factors_long.weight"), "{e}");
+    // a non-positive attention factor is refused by name
+    w.set("phi3.rope.scaling.attn_factor", Value::F32(0.0));
+    let e = config(&w).unwrap_err().to_string();
+    assert!(e.contains("rope.scaling.attn_factor"), "{e}");
 }

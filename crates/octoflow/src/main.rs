@@ -49,6 +49,9 @@ fn main() -> std::process::ExitCode {
     restore_sigpipe();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // a log line that cannot be written (stderr closed under a running server) is dropped,
+        // not reported by a panicking eprintln!
+        .log_internal_errors(false)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("OCTOFLOW_LOG").unwrap_or_else(|_| {
                 tracing_subscriber::EnvFilter::new("warn,octoflow_access=info")

@@ -90,6 +90,8 @@ pub struct Args {
     output: PathBuf,
     #[command(flatten)]
     device: DeviceArgs,
+    #[command(flatten)]
+    homeo: super::homeo::HomeoArgs,
 }
 
 /// Runs `octoflow agents`.
@@ -154,6 +156,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let prompts = tasks.into_iter().map(|t| t.tokens).collect();
     let loaded = Loaded::new(&model, &args.device)?;
+    let caps = match &loaded {
+        Loaded::Gpu(g) => Some(g.context().caps()),
+        Loaded::Cpu => None,
+    };
+    let pacer = args.homeo.start(caps, "octoflow agents")?;
     // The clocks start when the run does: loading, recording chains and warming up are
     // start-up (printed on their own), as a server's start is not part of its requests' time.
     let (stats, t0, cpu0) = match &loaded {
@@ -164,7 +171,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let mut engine = CpuBatch::new(&model, args.instances, n_ctx, max_rows);
             let (t0, cpu0) = (Instant::now(), cpu_seconds());
             (
-                drive(&mut engine, program, config, prompts, &mut sink)?,
+                drive(&mut engine, program, config, prompts, &mut sink, &pacer)?,
                 t0,
                 cpu0,
             )
@@ -186,7 +193,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
             super::warm::save_pipelines(g.context());
             let (t0, cpu0) = (Instant::now(), cpu_seconds());
-            (drive_gpu(gpu, &mut sink)?, t0, cpu0)
+            (drive_gpu(gpu, &mut sink, &pacer)?, t0, cpu0)
         }
         Loaded::Gpu(g) => {
             if args.profile {
@@ -198,7 +205,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             super::warm::warm_up("octoflow agents", g.context(), || Ok(engine.warm_up()?))?;
             let (t0, cpu0) = (Instant::now(), cpu_seconds());
             (
-                drive(&mut engine, program, config, prompts, &mut sink)?,
+                drive(&mut engine, program, config, prompts, &mut sink, &pacer)?,
                 t0,
                 cpu0,
             )
@@ -313,10 +320,12 @@ fn drive(
     config: RunConfig,
     tasks: Vec<Vec<u32>>,
     sink: &mut Sink<'_>,
+    pacer: &octoflow_homeo::Pacer,
 ) -> anyhow::Result<Stats> {
     let mut run = Run::new(program, config, tasks, engine).context("starting the run")?;
     let bar = progress();
     while !run.finished() {
+        pacer.before_submit();
         let report = run.step(engine).context("running a step")?;
         let generated = run.generated();
         for event in run.events() {
@@ -341,11 +350,16 @@ fn drive(
 
 /// Submits `gpu`'s chain until every instance halted or failed, writing the events of each
 /// submit as they come back, with a progress line on stderr.
-fn drive_gpu(mut gpu: GpuRun<'_>, sink: &mut Sink<'_>) -> anyhow::Result<Stats> {
+fn drive_gpu(
+    mut gpu: GpuRun<'_>,
+    sink: &mut Sink<'_>,
+    pacer: &octoflow_homeo::Pacer,
+) -> anyhow::Result<Stats> {
     let bar = progress();
     let mut submits = 0u64;
     let mut gpu_ns: Option<f64> = Some(0.0);
     while !gpu.finished() {
+        pacer.before_submit();
         let report = gpu.submit().context("running the GPU's steps")?;
         submits += 1;
         gpu_ns = gpu_ns.zip(report.gpu_ns).map(|(a, b)| a + b);

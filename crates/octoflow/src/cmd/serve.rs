@@ -89,6 +89,13 @@ pub struct Args {
 
 /// Runs `octoflow serve`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    // main() restores SIGPIPE's default so that a command piped into `head` ends quietly; a
+    // server must instead survive its log pipe closing (the access log writes per request)
+    #[cfg(unix)]
+    // SAFETY: sets a signal's disposition; no handler is installed
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
     if args.instances == 0 {
         bail!("--instances must be at least 1");
     }
@@ -184,23 +191,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     rt.block_on(async move {
         let server = Server::start(addr, info, opts, factory).await?;
-        eprintln!("{}", server.banner());
+        note(&server.banner());
         if let Some(w) = warning {
-            eprintln!("{w}");
+            note(&w);
         }
         server.run(shutdown_then_force()).await?;
-        eprintln!("octoflow serve: stopped");
+        note("octoflow serve: stopped");
         Ok(())
     })
+}
+
+/// A line on stderr that may go nowhere: a server outlives the terminal or pipe that started
+/// it, so a closed stderr must neither kill it (SIGPIPE) nor panic it (`eprintln!`).
+fn note(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// Resolves at the first SIGTERM or Ctrl-C (graceful shutdown); a second Ctrl-C exits at once.
 async fn shutdown_then_force() {
     octoflow_serve::shutdown_signal().await;
-    eprintln!("octoflow serve: stopping (Ctrl-C again to exit now)");
+    note("octoflow serve: stopping (Ctrl-C again to exit now)");
     tokio::spawn(async {
         if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("octoflow serve: exiting now");
+            note("octoflow serve: exiting now");
             std::process::exit(130);
         }
     });
@@ -263,7 +277,7 @@ fn run_engine(
             let late = gpu.context().pipelines_built() - warmed;
             if late > 0 {
                 // a request waited for the driver's compiler: the warm-up missed a shape
-                eprintln!("octoflow serve: {late} pipeline(s) were built after the warm-up (RUST_LOG=octoflow_vk=debug names them)");
+                note(&format!("octoflow serve: {late} pipeline(s) were built after the warm-up (RUST_LOG=octoflow_vk=debug names them)"));
             }
             super::warm::save_pipelines(gpu.context());
             served

@@ -109,6 +109,8 @@ pub struct Args {
     /// No progress bar (one line per step on stderr instead).
     #[arg(long)]
     quiet: bool,
+    #[command(flatten)]
+    homeo: super::homeo::HomeoArgs,
     /// Time every kernel of one micro-step (GPU timestamps), print the table and exit.
     #[arg(long)]
     profile: bool,
@@ -149,10 +151,13 @@ struct Bar {
     /// `[name] ` before quiet lines when several runs share stderr.
     tag: String,
     tokens: u64,
+    /// Holds the GPU under the temperature/power targets: the delay goes between steps.
+    pacer: octoflow_homeo::Pacer,
 }
 
 impl Observer for Bar {
     fn step(&mut self, r: &StepReport) {
+        self.pacer.before_submit();
         self.tokens += r.tokens;
         let msg = format!(
             "loss {:.4} | lr {:.2e} | |g| {:.3} | {:.0} tok/s",
@@ -282,6 +287,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let ctx = super::warm::open_device(args.gpu)?;
+    let pacer = args.homeo.start(Some(ctx.caps()), "octoflow train")?;
     let gm = Arc::new(GpuModel::load(&ctx, &model).context("loading the model onto the GPU")?);
     let weights = gm.weight_bytes();
     let mut trainers = Vec::with_capacity(prepared.len());
@@ -396,6 +402,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             bar,
             tag: String::new(),
             tokens: 0,
+            pacer: pacer.clone(),
         };
         let sum = train(&mut trainers[0], &prepared[0].cfg, &inputs[0], &mut obs)?;
         if let Some(b) = &obs.bar {
@@ -427,6 +434,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 },
                 bar,
                 tokens: 0,
+                pacer: pacer.clone(),
             }
         })
         .collect();
