@@ -261,7 +261,10 @@ fn phi3_longrope_factors_follow_the_run_context_and_the_attention_factor_scales_
         "rope_factors_long.weight",
         octoflow_gguf::GgmlType::F32,
         &[half as u64 + 1],
-        factors(4.0).into_iter().chain([0u8; 4]).collect::<Vec<u8>>(),
+        factors(4.0)
+            .into_iter()
+            .chain([0u8; 4])
+            .collect::<Vec<u8>>(),
     )
     .unwrap();
     let e = bind(&bad).unwrap_err().to_string();

@@ -268,6 +268,17 @@ impl ChatTemplate {
             .iter()
             .map(|m| minijinja::context! { role => m.role.clone(), content => m.content.clone() })
             .collect();
+        self.render_jinja(env, Value::from(messages), add_generation_prompt, vars)
+    }
+
+    /// The template rendered over `messages` with the variables every render passes.
+    fn render_jinja(
+        &self,
+        env: &minijinja::Environment<'static>,
+        messages: Value,
+        add_generation_prompt: bool,
+        vars: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, TextError> {
         let ctx = minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
@@ -315,19 +326,12 @@ impl ChatTemplate {
             }
             Kind::Jinja(env) => env,
         };
-        let ctx = minijinja::context! {
-            messages => Value::from_serialize(messages),
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos_token.clone(),
-            eos_token => self.eos_token.clone(),
-            ..Value::from_serialize(vars)
-        };
-        let template = env
-            .get_template(TEMPLATE_NAME)
-            .map_err(|e| TextError::template(&self.origin, &e))?;
-        template
-            .render(ctx)
-            .map_err(|e| TextError::template(&self.origin, &e))
+        self.render_jinja(
+            env,
+            Value::from_serialize(messages),
+            add_generation_prompt,
+            vars,
+        )
     }
 }
 
