@@ -108,6 +108,18 @@ const EOG_TEXTS: &[&str] = &[
     // gpt-oss (o200k_harmony): the reply is done, or waits for a tool's result.
     "<|return|>",
     "<|call|>",
+    // the rest of llama.cpp's list (llama-vocab.cpp, as of llama-cpp-python 0.3.36): `</s>`
+    // too, which gemma 3 carries as a user-defined token
+    "<|flush|>",
+    "<|calls|>",
+    "</s>",
+    "[EOT]",
+    "[EOS]",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
 ];
 
 /// gpt-oss's harmony markers that llama.cpp always renders (user-defined), so the text of a
