@@ -149,50 +149,50 @@ impl Meta {
     }
 
     fn choice(&self, index: usize, text: &str, lp: Value, finish: Option<&str>) -> Value {
-        match self.kind {
-            Kind::Chat if self.harmony => {
-                let reply = Reply::parse(text);
-                let mut message = json!({"role": "assistant", "content": reply.content});
-                if !reply.reasoning.is_empty() {
-                    message["reasoning_content"] = reply.reasoning.into();
-                }
-                let calls = match self.tools {
-                    Some(_) => reply.tool_calls.iter().map(harmony_call).collect(),
-                    None => Vec::new(),
-                };
-                let finish = self.attach_calls(index, &mut message, &calls, finish);
-                json!({
-                    "index": index,
-                    "message": message,
-                    "logprobs": lp,
-                    "finish_reason": finish,
-                })
-            }
-            Kind::Chat if self.tools.is_some() => {
-                let syntax = self.tools.unwrap_or(ToolSyntax::Hermes);
-                let (content, calls) = tools::parse(text, syntax);
-                let mut message = json!({"role": "assistant", "content": content});
-                let finish = self.attach_calls(index, &mut message, &calls, finish);
-                json!({
-                    "index": index,
-                    "message": message,
-                    "logprobs": lp,
-                    "finish_reason": finish,
-                })
-            }
-            Kind::Chat => json!({
-                "index": index,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": lp,
-                "finish_reason": finish,
-            }),
-            Kind::Completion => json!({
+        if self.kind == Kind::Completion {
+            return json!({
                 "index": index,
                 "text": text,
                 "logprobs": lp,
                 "finish_reason": finish,
-            }),
+            });
         }
+        let (message, finish) = self.message(index, text, finish);
+        json!({
+            "index": index,
+            "message": message,
+            "logprobs": lp,
+            "finish_reason": finish,
+        })
+    }
+
+    /// A chat choice's message and finish reason: harmony's channels split, tool calls parsed
+    /// out where the request has tools.
+    fn message<'a>(
+        &self,
+        index: usize,
+        text: &str,
+        finish: Option<&'a str>,
+    ) -> (Value, Option<&'a str>) {
+        let (mut message, calls) = if self.harmony {
+            let reply = Reply::parse(text);
+            let mut message = json!({"role": "assistant", "content": reply.content});
+            if !reply.reasoning.is_empty() {
+                message["reasoning_content"] = reply.reasoning.into();
+            }
+            let calls = match self.tools {
+                Some(_) => reply.tool_calls.iter().map(harmony_call).collect(),
+                None => Vec::new(),
+            };
+            (message, calls)
+        } else if let Some(syntax) = self.tools {
+            let (content, calls) = tools::parse(text, syntax);
+            (json!({"role": "assistant", "content": content}), calls)
+        } else {
+            (json!({"role": "assistant", "content": text}), Vec::new())
+        };
+        let finish = self.attach_calls(index, &mut message, &calls, finish);
+        (message, finish)
     }
 
     fn chunk_choice(&self, index: usize, delta: Value, lp: Value, finish: Option<&str>) -> Value {
