@@ -62,7 +62,7 @@ pub struct PacerOptions {
     pub period: Duration,
     /// Largest idle fraction.
     pub max_idle: f64,
-    /// CSV of every sample: `t_s,temp_c,power_w,energy_j,clock_mhz,idle_fraction,delay_s`.
+    /// CSV of every sample: `t_s,temp_c,power_w,energy_j,clock_mhz,idle_fraction,delay_s,unix_s`.
     pub log: Option<PathBuf>,
 }
 
@@ -177,7 +177,7 @@ impl Pacer {
                 let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
                 writeln!(
                     f,
-                    "t_s,temp_c,power_w,energy_j,clock_mhz,idle_fraction,delay_s"
+                    "t_s,temp_c,power_w,energy_j,clock_mhz,idle_fraction,delay_s,unix_s"
                 )?;
                 Some(f)
             }
@@ -363,8 +363,12 @@ fn sample(s: &Shared) {
     let delay = s.delay_total_ns.load(Ordering::Relaxed) as f64 * 1e-9;
     let joules = m.meter.joules();
     let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
+    // Wall-clock time too, so the trace lines up with a load generator's or another log's.
+    let unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
     let line = format!(
-        "{t_s:.3},{},{},{joules:.3},{},{idle:.4},{delay:.4}",
+        "{t_s:.3},{},{},{joules:.3},{},{idle:.4},{delay:.4},{unix:.3}",
         opt(r.temp_c),
         opt(power),
         opt(r.clock_mhz)
@@ -506,10 +510,10 @@ mod tests {
         let mut lines = text.lines();
         assert_eq!(
             lines.next(),
-            Some("t_s,temp_c,power_w,energy_j,clock_mhz,idle_fraction,delay_s")
+            Some("t_s,temp_c,power_w,energy_j,clock_mhz,idle_fraction,delay_s,unix_s")
         );
         let row: Vec<&str> = lines.next().expect("a sample").split(',').collect();
-        assert_eq!(row.len(), 7);
+        assert_eq!(row.len(), 8);
         assert_eq!(row[2], "400.000");
     }
 }

@@ -226,6 +226,49 @@ fn bench_reports_pp_and_tg_as_json() {
 }
 
 #[test]
+fn bench_with_a_power_target_runs_where_no_sensor_can_pace() {
+    // lavapipe and the CPU have no sensor: a notice, pacing off, the tests still measured
+    let o = octoflow(&[
+        "bench",
+        "-m",
+        SMOLLM,
+        "-p",
+        "8",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--warmup",
+        "0",
+        "--steps",
+        "2",
+        "--power-target",
+        "250",
+        "--device",
+        "cpu",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("pacing off"), "{}", stderr(&o));
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["tests"].as_array().unwrap().len(), 2);
+    let o = octoflow(&[
+        "bench",
+        "-m",
+        SMOLLM,
+        "--streams",
+        "1",
+        "--power-target",
+        "250",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("not --streams"), "{}", stderr(&o));
+    let o = octoflow(&["bench", "-m", SMOLLM, "--power-target=-3"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("--power-target"), "{}", stderr(&o));
+}
+
+#[test]
 fn bench_at_depth_runs_each_test_after_that_much_context() {
     let o = octoflow(&[
         "bench",

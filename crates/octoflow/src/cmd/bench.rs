@@ -68,6 +68,10 @@ pub struct Args {
     /// Adapters applied on the fly while measuring (`--lora`, `--lora-scaled`).
     #[command(flatten)]
     lora: super::common::LoraArgs,
+    /// Pacing (`--temp-target`, `--power-target`): each repetition waits its pacing delay inside
+    /// its timed span, so the rates are what the target leaves; `--sensor-log` traces the run.
+    #[command(flatten)]
+    homeo: super::homeo::HomeoArgs,
 }
 
 /// One test's result.
@@ -117,12 +121,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (model, loaded) = super::common::load_model(gguf.clone(), &adapters, &args.device)?;
     // the energy counter (or integrated power) of the GPU in use, read at each test's ends
     let sensor = match &loaded {
-        Loaded::Gpu(g) => {
-            super::homeo::HomeoArgs::default().start(Some(g.context().caps()), "octoflow bench")?
-        }
+        Loaded::Gpu(g) => args
+            .homeo
+            .start(Some(g.context().caps()), "octoflow bench")?,
+        // the CPU has nothing to read; say so only where a target asked for pacing
+        Loaded::Cpu if args.homeo.targets()?.any() => args.homeo.start(None, "octoflow bench")?,
         Loaded::Cpu => octoflow_homeo::Pacer::off(),
     };
     if !args.streams.is_empty() {
+        if args.homeo.targets()?.any() {
+            bail!("--temp-target/--power-target pace the pp/tg tests, not --streams");
+        }
         let Loaded::Gpu(gpu) = &loaded else {
             bail!("--streams runs on the GPU (not with --device cpu)");
         };
@@ -168,6 +177,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let pp = |s: &mut dyn Forward| -> anyhow::Result<f64> {
                 prefill(s, &context)?;
                 let t = Instant::now();
+                sensor.before_submit();
                 s.forward(&prompt, depth, Logits::Last)?;
                 Ok(args.n_prompt as f64 / t.elapsed().as_secs_f64())
             };
@@ -193,6 +203,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let run = |session: &mut AnySession<'_>| -> anyhow::Result<f64> {
                 prefill(session.as_dyn(), &context)?;
                 let t = Instant::now();
+                sensor.before_submit();
                 tg(session, first, args.n_gen)?;
                 Ok(args.n_gen as f64 / t.elapsed().as_secs_f64())
             };

@@ -19,7 +19,7 @@ pub struct HomeoArgs {
     #[arg(long, value_name = "W")]
     pub power_target: Option<f64>,
     /// Write every sensor sample (10 Hz) to this CSV: t_s, temp_c, power_w, energy_j,
-    /// clock_mhz, idle_fraction, delay_s.
+    /// clock_mhz, idle_fraction, delay_s, unix_s.
     #[arg(long, value_name = "FILE")]
     pub sensor_log: Option<PathBuf>,
 }

@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""A sustained serving load for a bounded time: the power-pacing measurement of
+docs/HOMEOSTASIS.md and docs/PERFORMANCE.md ("Homeostasis").
+
+--concurrency workers each send one /v1/completions request after another (-n tokens,
+`ignore_eos`, a new connection per request) until --duration seconds have passed; the
+requests running then finish and count, and the window ends when the last one does. At both
+ends the server's /metrics is read: the energy counter's difference divided by the tokens
+generated is the J/token the server used (octoflow serve exports
+octoflow_gpu_energy_joules_total where the GPU has a sensor).
+
+Prints one JSON line: tokens, seconds, tok/s, joules, J/token, tokens/J, requests, errors.
+Standard library only.
+
+  python3 scripts/bench/serve_load.py --url http://127.0.0.1:8080 --concurrency 128 \
+      --duration 120 -n 128
+"""
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+PROMPTS = [
+    "Write a short story about a robot who learns to paint.",
+    "Explain how a refrigerator works to a curious ten-year-old.",
+    "List the steps to plant a tree and keep it alive in its first year.",
+    "Describe a walk through a busy market in the early morning.",
+]
+
+
+async def complete(url, prompt, n):
+    u = urllib.parse.urlsplit(url)
+    body = json.dumps({
+        "prompt": prompt, "max_tokens": n, "temperature": 0.7, "ignore_eos": True,
+    }).encode()
+    reader, writer = await asyncio.open_connection(u.hostname, u.port or 80)
+    writer.write(
+        f"POST /v1/completions HTTP/1.1\r\nHost: {u.hostname}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n".encode() + body)
+    await writer.drain()
+    raw = await reader.read()
+    writer.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    status = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b"?"
+    if status != b"200":
+        return None, f"HTTP {status.decode(errors='replace')}: {payload[:200]!r}"
+    if b"transfer-encoding: chunked" in head.lower():
+        payload = dechunk(payload)
+    return json.loads(payload)["usage"]["completion_tokens"], None
+
+
+def dechunk(data):
+    out = bytearray()
+    while data:
+        size, _, data = data.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            break
+        out += data[:n]
+        data = data[n + 2:]
+    return bytes(out)
+
+
+def energy(url):
+    """The server's energy counter in joules, or None where it exports none."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("octoflow_gpu_energy_joules_total "):
+                return float(line.split()[1])
+    return None
+
+
+async def main(a):
+    deadline = time.monotonic() + a.duration
+    tokens, requests, errors = [0], [0], []
+
+    async def worker(w):
+        i = w
+        while time.monotonic() < deadline:
+            n, err = await complete(a.url, PROMPTS[i % len(PROMPTS)], a.n)
+            i += a.concurrency
+            if err:
+                errors.append(err)
+                if len(errors) > 20:
+                    return
+                continue
+            tokens[0] += n
+            requests[0] += 1
+
+    e0 = energy(a.url)
+    t0, unix0 = time.monotonic(), time.time()
+    await asyncio.gather(*(worker(w) for w in range(a.concurrency)))
+    seconds = time.monotonic() - t0
+    e1 = energy(a.url)
+    joules = e1 - e0 if e0 is not None and e1 is not None else None
+    out = {
+        "unix_start": round(unix0, 3), "unix_end": round(time.time(), 3),
+        "concurrency": a.concurrency, "max_tokens": a.n, "seconds": round(seconds, 2),
+        "requests": requests[0], "tokens": tokens[0],
+        "tok_per_s": round(tokens[0] / seconds, 1),
+        "joules": joules and round(joules, 1),
+        "j_per_token": joules and tokens[0] and round(joules / tokens[0], 5),
+        "tokens_per_j": joules and round(tokens[0] / joules, 2),
+        "errors": len(errors),
+    }
+    print(json.dumps(out), flush=True)
+    for e in errors[:3]:
+        print(e, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", default="http://127.0.0.1:8080")
+    p.add_argument("--concurrency", type=int, default=128)
+    p.add_argument("--duration", type=float, default=120)
+    p.add_argument("-n", type=int, default=128)
+    asyncio.run(main(p.parse_args()))
