@@ -22,7 +22,7 @@ use crate::testkit::{buffer_with, random_weights};
 fn matvec_layouts() {
     use crate::glu::GluOp;
     use crate::linear::{LinearGluArgs, MatvecPlan};
-    use crate::qweight::{type_index, variant, QOp};
+    use crate::qweight::{type_index, QOp};
     use octoflow_vk::PipelineDesc;
     let Some(ctx) = gpu_or_skip("matvec_layouts") else {
         return;
@@ -63,6 +63,21 @@ fn matvec_layouts() {
         (Q4_K, 640, 2048, false, false),
         (Q6_K, 640, 2048, false, false),
     ];
+    // LINEAR_SHAPES=8b: Llama-3.1-8B's decode shapes as llama.cpp's Q4_K_M types them instead
+    let big = [
+        (Q4_K, 4096, 4096, true, false),
+        (Q4_K, 1024, 4096, true, false),
+        (Q4_K, 4096, 4096, false, false),
+        (Q4_K, 14336, 4096, true, true),
+        (Q4_K, 4096, 14336, false, false),
+        (Q6_K, 4096, 14336, false, false),
+        (Q6_K, 128256, 4096, true, false),
+    ];
+    let shapes = if std::env::var("LINEAR_SHAPES").is_ok_and(|v| v == "8b") {
+        &big[..]
+    } else {
+        &shapes[..]
+    };
     // LINEAR_LAYOUTS=rpt: single-token layouts of 64/128 invocations only (rows per invocation)
     let quick = std::env::var("LINEAR_LAYOUTS").is_ok_and(|v| v == "rpt");
     let mut layouts = vec![];
@@ -78,7 +93,7 @@ fn matvec_layouts() {
         }
     }
     // what the driver reports about one pipeline
-    let desc = PipelineDesc::new(variant(QOp::Matvec, 0), 8, 40)
+    let desc = PipelineDesc::new(QOp::Matvec.variant(0), 8, 40)
         .spec(&[128, 32, 8])
         .capture_statistics();
     if let Ok(stats) = octoflow_vk::Pipeline::new(&ctx, &desc).and_then(|p| p.statistics()) {
@@ -86,7 +101,7 @@ fn matvec_layouts() {
             println!("statistic {k} = {v}");
         }
     }
-    for (ty, n_rows, n_cols, norm, glu) in shapes {
+    for &(ty, n_rows, n_cols, norm, glu) in shapes {
         let name = format!(
             "{ty} {n_rows}x{n_cols}{}{}",
             if norm { " norm" } else { "" },
@@ -188,13 +203,10 @@ fn matvec_layouts() {
                 let op = if glu { QOp::MatvecGlu } else { QOp::Matvec };
                 let (bindings, push) = if glu { (9, 44) } else { (8, 40) };
                 let spec = [plan.wg, plan.tpr, plan.maxt, plan.rpt];
-                let desc = PipelineDesc::new(
-                    variant(op, type_index("bench", ty).unwrap()),
-                    bindings,
-                    push,
-                )
-                .spec(&spec)
-                .capture_statistics();
+                let desc =
+                    PipelineDesc::new(op.variant(type_index("bench", ty).unwrap()), bindings, push)
+                        .spec(&spec)
+                        .capture_statistics();
                 let regs = octoflow_vk::Pipeline::new(&ctx, &desc)
                     .and_then(|p| p.statistics())
                     .unwrap_or_default()

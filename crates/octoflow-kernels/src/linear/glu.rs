@@ -88,7 +88,14 @@ impl Linear {
             // a norm was refused above: only the matvec kernel fuses one
             return coop.dispatch_glu(chain, None, ti, a, &wb, &up, rb);
         }
-        let plan = plan.unwrap_or_else(|| MatvecPlan::choose_glu(g.n_rows, g.n_cols, a.n_tokens));
+        let plan = plan.unwrap_or_else(|| {
+            let (r, c, t) = (g.n_rows, g.n_cols, a.n_tokens);
+            if a.pending.is_some() {
+                MatvecPlan::choose_glu_direct(r, c, t)
+            } else {
+                MatvecPlan::choose_glu(r, c, t)
+            }
+        });
         let (pend, pb) = check_pending(a.pending, g, a.x, a.y, a.n_tokens, plan)?;
         let mut push = push
             .f32(norm.as_ref().map_or(0.0, |n| n.1))

@@ -351,7 +351,14 @@ impl Linear {
     ) -> Result<()> {
         let Checked { ti, push, bindings } = check_args(a)?;
         let forced = self.forces_matvec(plan, a.n_tokens);
-        let plan = plan.unwrap_or_else(|| MatvecPlan::choose(a.w.n_rows, a.w.n_cols, a.n_tokens));
+        let plan = plan.unwrap_or_else(|| {
+            let (r, c, t) = (a.w.n_rows, a.w.n_cols, a.n_tokens);
+            if a.pending.is_some() {
+                MatvecPlan::choose_direct(r, c, t)
+            } else {
+                MatvecPlan::choose(r, c, t)
+            }
+        });
         let w = &a.w;
         if a.pending.is_some() && a.norm.is_none() {
             return Err(KernelError::Shape {

@@ -37,7 +37,28 @@ impl MatvecPlan {
     /// take hold fewer registers; single-token pipelines read each chunk of x once for all of an
     /// invocation's rows, so vocabulary-sized matrices take four rows per invocation and long
     /// rows two; the type does not change the choice.
+    ///
+    /// One token of a large square-ish matrix (4,096+ rows below vocabulary size, 4,096 to
+    /// 8,192 columns: an 8B model's projections and gate/up) takes the staged layout for four
+    /// tokens, eight row groups of 32 lanes with two rows each: x staged in shared memory once
+    /// per workgroup beats every single-token layout there, and most where the norm is fused
+    /// (docs/perf-log, session 20). Pipelines with a pending post-norm take one token only:
+    /// they use [`MatvecPlan::choose_direct`].
     pub(crate) fn choose(n_rows: u32, n_cols: u32, n_tokens: u32) -> MatvecPlan {
+        if n_tokens <= 1 && (4096..32768).contains(&n_rows) && (4096..=8192).contains(&n_cols) {
+            return MatvecPlan {
+                wg: 8 * MATVEC_TPR,
+                tpr: MATVEC_TPR,
+                maxt: 4,
+                rpt: 2,
+            };
+        }
+        Self::choose_direct(n_rows, n_cols, n_tokens)
+    }
+
+    /// [`MatvecPlan::choose`] without the staged layout for one token: a pipeline for exactly
+    /// the tokens it takes where it takes one.
+    pub(crate) fn choose_direct(n_rows: u32, n_cols: u32, n_tokens: u32) -> MatvecPlan {
         let maxt = n_tokens.clamp(1, MATVEC_MAX_TOKENS).next_power_of_two();
         let long = n_cols.div_ceil(32) >= 64;
         let vocab = n_rows >= 32768;
@@ -74,7 +95,16 @@ impl MatvecPlan {
     /// squares when the norm is fused) is read once for two rows of both matrices (shorter
     /// matrices lose at two).
     pub(crate) fn choose_glu(n_rows: u32, n_cols: u32, n_tokens: u32) -> MatvecPlan {
-        let plan = Self::choose(n_rows, n_cols, n_tokens);
+        Self::glu_rows(Self::choose(n_rows, n_cols, n_tokens), n_rows)
+    }
+
+    /// [`MatvecPlan::choose_glu`] without the staged layout for one token (a pending
+    /// post-norm's pipelines).
+    pub(crate) fn choose_glu_direct(n_rows: u32, n_cols: u32, n_tokens: u32) -> MatvecPlan {
+        Self::glu_rows(Self::choose_direct(n_rows, n_cols, n_tokens), n_rows)
+    }
+
+    fn glu_rows(plan: MatvecPlan, n_rows: u32) -> MatvecPlan {
         if plan.maxt == 1 && n_rows >= 4096 {
             MatvecPlan { rpt: 2, ..plan }
         } else {

@@ -215,6 +215,7 @@ fn gpu_matvec_layouts_agree_with_the_references() {
         (896, 4864, 1),
         (896, 4864, 4),
         (65536, 896, 1),
+        (4096, 4096, 1),
     ] {
         for chosen in [
             MatvecPlan::choose(rows, cols, tokens),
