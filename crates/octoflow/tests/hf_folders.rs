@@ -272,6 +272,63 @@ fn convert_quantizes_the_matrices_it_is_asked_to() {
 }
 
 #[test]
+fn quant_at_load_runs_the_folder_as_its_converted_file() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let out = tmp.path().join("qwen2-q8_0.gguf");
+    let dir = folder("qwen2");
+    let dir = dir.to_str().expect("path");
+    let o = octoflow(&[
+        "convert",
+        dir,
+        "-o",
+        out.to_str().expect("path"),
+        "--quant",
+        "q8_0",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let greedy = |model: &str, quant: &[&str]| -> Output {
+        let mut a = vec![
+            "run",
+            "-m",
+            model,
+            "-p",
+            "The keeper",
+            "-n",
+            "8",
+            "--temp",
+            "0",
+        ];
+        a.extend_from_slice(quant);
+        octoflow(&a)
+    };
+    let at_load = greedy(dir, &["--quant", "q8_0"]);
+    assert!(at_load.status.success(), "{}", stderr(&at_load));
+    assert!(
+        stderr(&at_load).contains("quantized to Q8_0 at load"),
+        "{}",
+        stderr(&at_load)
+    );
+    let g = octoflow_gguf::GgufFile::open(&out).expect("converted file");
+    assert!(g
+        .tensors()
+        .iter()
+        .any(|t| t.ty == octoflow_gguf::GgmlType::Q8_0));
+    let converted = greedy(out.to_str().expect("path"), &[]);
+    assert!(converted.status.success(), "{}", stderr(&converted));
+    assert_eq!(
+        at_load.stdout, converted.stdout,
+        "the folder quantized at load and its converted file generate alike"
+    );
+    // a .gguf is not requantized, and a bad type names the choices
+    let o = greedy(out.to_str().expect("path"), &["--quant", "q4_k"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("is a GGUF file"), "{}", stderr(&o));
+    let o = greedy(dir, &["--quant", "q3"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("unknown --quant"), "{}", stderr(&o));
+}
+
+#[test]
 fn run_takes_a_folder_with_its_tokenizer_and_chat_template() {
     for family in FAMILIES {
         let dir = folder(family);

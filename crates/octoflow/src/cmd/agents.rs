@@ -25,6 +25,8 @@ pub struct Args {
     /// Model: a .gguf path, a Hugging Face folder, a known name or a URL (default: the default model).
     #[arg(short = 'm', long)]
     model: Option<String>,
+    #[command(flatten)]
+    load: super::common::LoadArgs,
     /// A shipped program: queue, best-of, debate or swarm (docs/VM.md).
     #[arg(long, required_unless_present = "program")]
     pattern: Option<String>,
@@ -110,7 +112,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let source_name = source.name();
     let path = super::common::model_path(args.model.as_deref())?;
-    let gguf = Arc::new(super::common::open_model(&path)?);
+    let gguf = Arc::new(args.load.open(&path)?);
     let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
     let program = source
         .assemble(&tokenizer)

@@ -18,6 +18,8 @@ pub struct Args {
     /// Model: a .gguf path, a Hugging Face folder, a known name or a URL (default: the default model).
     #[arg(short = 'm', long)]
     model: Option<String>,
+    #[command(flatten)]
+    load: super::common::LoadArgs,
     /// Prompt tokens of the prompt-processing test (0 skips it).
     #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
     n_prompt: usize,
@@ -115,7 +117,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("-r must be at least 1");
     }
     let path = super::common::model_path(args.model.as_deref())?;
-    let gguf = Arc::new(super::common::open_model(&path)?);
+    let gguf = Arc::new(args.load.open(&path)?);
     let config = octoflow_model::ModelConfig::from_gguf(&gguf)?;
     let adapters = args.lora.load(&config)?;
     let (model, loaded) = super::common::load_model(gguf.clone(), &adapters, &args.device)?;

@@ -28,6 +28,44 @@ pub fn open_model(path: &std::path::Path) -> anyhow::Result<octoflow_gguf::GgufF
     Ok(octoflow_hf::open_model(path)?)
 }
 
+/// `--quant`: a Hugging Face folder's matrices quantized as it is loaded.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct LoadArgs {
+    /// With a Hugging Face folder: store its matrices as this type when loading (Q8_0, Q4_K,
+    /// Q5_K, Q6_K, F16, F32; the codecs of `convert` and `export`), instead of as saved (F32,
+    /// F16 or BF16). A .gguf is already in its types: convert the folder instead.
+    #[arg(long, value_name = "TYPE")]
+    pub quant: Option<String>,
+}
+
+impl LoadArgs {
+    /// [`open_model`] with the matrices quantized per `--quant`.
+    pub fn open(&self, path: &std::path::Path) -> anyhow::Result<octoflow_gguf::GgufFile> {
+        let Some(q) = &self.quant else {
+            return open_model(path);
+        };
+        let ty = match q.parse::<octoflow_train::export::MergeQuant>()? {
+            octoflow_train::export::MergeQuant::To(ty) => ty,
+            octoflow_train::export::MergeQuant::Same => return open_model(path),
+        };
+        if !octoflow_hf::is_folder(path) {
+            anyhow::bail!(
+                "--quant {q}: {} is a GGUF file, already stored in its own types; --quant \
+                 quantizes a Hugging Face folder as it loads",
+                path.display()
+            );
+        }
+        let started = std::time::Instant::now();
+        let gguf = octoflow_hf::HfFolder::open(path)?.to_gguf(Some(ty))?;
+        eprintln!(
+            "octoflow: {} quantized to {ty} at load in {:.1} s",
+            path.display(),
+            started.elapsed().as_secs_f64()
+        );
+        Ok(gguf)
+    }
+}
+
 /// Where the forward pass runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Device {

@@ -15,6 +15,8 @@ pub struct Args {
     /// Model: a .gguf path, a Hugging Face folder, a known name or a URL (default: the default model).
     #[arg(short = 'm', long)]
     model: Option<String>,
+    #[command(flatten)]
+    load: super::common::LoadArgs,
     /// The text file to score.
     #[arg(short = 'f', long)]
     file: PathBuf,
@@ -35,7 +37,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let path = super::common::model_path(args.model.as_deref())?;
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
-    let gguf = Arc::new(super::common::open_model(&path)?);
+    let gguf = Arc::new(args.load.open(&path)?);
     let tokenizer = Tokenizer::from_gguf(&gguf)?;
     let config = octoflow_model::ModelConfig::from_gguf(&gguf)?;
     let adapters = args.lora.load(&config)?;

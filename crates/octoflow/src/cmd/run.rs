@@ -19,6 +19,8 @@ pub struct Args {
     /// Model: a .gguf path, a Hugging Face folder, a known name or a URL (default: the default model).
     #[arg(short = 'm', long)]
     model: Option<String>,
+    #[command(flatten)]
+    load: super::common::LoadArgs,
     /// Prompt text.
     #[arg(short = 'p', long)]
     prompt: Option<String>,
@@ -125,7 +127,7 @@ impl Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let params = sampling_params(&args)?;
     let path = super::common::model_path(args.model.as_deref())?;
-    let gguf = Arc::new(super::common::open_model(&path)?);
+    let gguf = Arc::new(args.load.open(&path)?);
     let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
     let config = octoflow_model::ModelConfig::from_gguf(&gguf)?;
     let adapters = args.lora.load(&config)?;

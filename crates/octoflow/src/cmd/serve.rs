@@ -19,6 +19,8 @@ pub struct Args {
     /// Model: a .gguf path, a Hugging Face folder, a known name or a URL (default: the default model).
     #[arg(short = 'm', long)]
     model: Option<String>,
+    #[command(flatten)]
+    load: super::common::LoadArgs,
     /// Sequences served at once (each with its own KV cache over one copy of the weights).
     #[arg(long, default_value_t = 8)]
     instances: usize,
@@ -100,7 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("--instances must be at least 1");
     }
     let path = super::common::model_path(args.model.as_deref())?;
-    let gguf = Arc::new(super::common::open_model(&path)?);
+    let gguf = Arc::new(args.load.open(&path)?);
     let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).context("building the tokenizer")?);
     let template = match &args.chat_template {
         Some(file) => ChatTemplate::from_file_for_model(file, &gguf)?,

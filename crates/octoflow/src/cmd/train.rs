@@ -28,6 +28,8 @@ pub struct Args {
     /// Base model: a .gguf path, a Hugging Face folder, a known name or a URL.
     #[arg(short = 'm', long)]
     model: Option<String>,
+    #[command(flatten)]
+    load: super::common::LoadArgs,
     /// Training data: JSONL of {"text"}, {"prompt","completion"} or {"messages":[...]} records
     /// (required without --config).
     #[arg(long)]
@@ -212,7 +214,7 @@ struct Prepared {
 /// Runs `octoflow train`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let path = super::common::model_path(args.model.as_deref())?;
-    let gguf = Arc::new(super::common::open_model(&path)?);
+    let gguf = Arc::new(args.load.open(&path)?);
     let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
     let template = match &args.chat_template {
         Some(file) => Some(ChatTemplate::from_file_for_model(file, &gguf)?),
