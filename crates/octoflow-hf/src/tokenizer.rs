@@ -1,6 +1,8 @@
 //! The folder's tokenizer as llama.cpp's `tokenizer.ggml.*` metadata: the byte-level BPE of
-//! `tokenizer.json` (vocabulary, merges, added tokens), the pre-tokenizer named from its regex,
-//! BOS/EOS from `tokenizer_config.json` and `generation_config.json`, and the chat template from
+//! `tokenizer.json` (vocabulary, merges, added tokens) with the pre-tokenizer named from its
+//! regex, or SentencePiece-style BPE (byte fallback over "▁"-escaped text: Llama 2, Mistral,
+//! Gemma) as llama.cpp's `llama` tokenizer with scores from the merge ranks; BOS/EOS from
+//! `tokenizer_config.json` and `generation_config.json`, and the chat template from
 //! `tokenizer_config.json` or `chat_template.jinja`.
 
 use std::path::Path;
@@ -16,6 +18,7 @@ const NORMAL: i32 = 1;
 const CONTROL: i32 = 3;
 const USER_DEFINED: i32 = 4;
 const UNUSED: i32 = 5;
+const BYTE: i32 = 6;
 
 /// Builds the tokenizer metadata; `n_vocab` (config.json's `vocab_size`) pads the vocabulary with
 /// unused `[PAD{id}]` tokens when the embedding has more rows than the tokenizer has tokens, as
@@ -33,17 +36,21 @@ pub fn metadata(dir: &Path, n_vocab: u64) -> Result<Vec<(String, Value)>> {
         value: model,
     };
     let kind = m.str_opt("type")?.unwrap_or("");
-    if kind != "BPE" || m.bool_opt("byte_fallback")?.unwrap_or(false) {
+    let spm = m.bool_opt("byte_fallback")?.unwrap_or(false);
+    if kind != "BPE" {
         return Err(HfError::Unsupported {
             path: path.clone(),
-            what: format!(
-                "tokenizer model {kind:?} (byte_fallback {:?})",
-                m.get("byte_fallback")
-            ),
-            supported: "byte-level BPE".into(),
+            what: format!("tokenizer model {kind:?}"),
+            supported: "BPE: byte-level, or SentencePiece-style with byte fallback".into(),
         });
     }
-    let pre = pre_name(&t)?;
+    // byte-level: llama.cpp's pre-tokenizer name; SentencePiece-style: whether "▁" is
+    // prefixed to the text
+    let (pre, space_prefix) = if spm {
+        ("default", Some(spm_space_prefix(&t)?))
+    } else {
+        (pre_name(&t)?, None)
+    };
 
     // Vocabulary by id: the model's, then added tokens (which may also restate model tokens).
     let vocab = m
@@ -89,11 +96,14 @@ pub fn metadata(dir: &Path, n_vocab: u64) -> Result<Vec<(String, Value)>> {
     let mut texts = Vec::with_capacity(n);
     let mut types = Vec::with_capacity(n);
     for id in 0..n {
-        let (text, ty) = tokens
+        let (text, mut ty) = tokens
             .get(id)
             .cloned()
             .flatten()
             .unwrap_or_else(|| (format!("[PAD{id}]"), UNUSED));
+        if spm && ty == NORMAL && is_byte_token(&text) {
+            ty = BYTE;
+        }
         texts.push(Value::String(text));
         types.push(Value::I32(ty));
     }
@@ -118,7 +128,7 @@ pub fn metadata(dir: &Path, n_vocab: u64) -> Result<Vec<(String, Value)>> {
     let mut out = vec![
         (
             "tokenizer.ggml.model".to_string(),
-            Value::String("gpt2".into()),
+            Value::String(if spm { "llama" } else { "gpt2" }.into()),
         ),
         ("tokenizer.ggml.pre".to_string(), Value::String(pre.into())),
         (
@@ -129,11 +139,27 @@ pub fn metadata(dir: &Path, n_vocab: u64) -> Result<Vec<(String, Value)>> {
             "tokenizer.ggml.token_type".to_string(),
             Value::Array(ValueType::I32, types),
         ),
-        (
+    ];
+    match space_prefix {
+        // llama.cpp's SentencePiece tokenizer merges the adjacent pair whose joined text has
+        // the highest score: a token's score is minus the rank of the first merge making it,
+        // which replays the merge list (tokens no merge makes come after every merge)
+        Some(prefix) => {
+            let scores = merge_scores(&texts, &merges);
+            out.push((
+                "tokenizer.ggml.scores".into(),
+                Value::Array(ValueType::F32, scores.into_iter().map(Value::F32).collect()),
+            ));
+            out.push((
+                "tokenizer.ggml.add_space_prefix".into(),
+                Value::Bool(prefix),
+            ));
+        }
+        None => out.push((
             "tokenizer.ggml.merges".to_string(),
             Value::Array(ValueType::String, merges),
-        ),
-    ];
+        )),
+    }
     let id_of = |text: &str| {
         texts
             .iter()
@@ -142,6 +168,91 @@ pub fn metadata(dir: &Path, n_vocab: u64) -> Result<Vec<(String, Value)>> {
     };
     special_tokens(dir, &id_of, post_processor_adds(&json), &mut out)?;
     Ok(out)
+}
+
+/// Whether `text` is a byte-fallback token, `<0xNN>`.
+fn is_byte_token(text: &str) -> bool {
+    let b = text.as_bytes();
+    b.len() == 6
+        && text.starts_with("<0x")
+        && text.ends_with('>')
+        && b[3..5].iter().all(u8::is_ascii_hexdigit)
+}
+
+/// Per token, minus the rank of the first merge whose two halves join into it; tokens no merge
+/// makes score below every merge.
+fn merge_scores(texts: &[Value], merges: &[Value]) -> Vec<f32> {
+    let mut rank = std::collections::HashMap::new();
+    for (i, m) in merges.iter().enumerate() {
+        if let Some((a, b)) = m.as_str().and_then(|m| m.split_once(' ')) {
+            rank.entry(format!("{a}{b}")).or_insert(i);
+        }
+    }
+    let last = merges.len();
+    texts
+        .iter()
+        .enumerate()
+        .map(|(id, t)| {
+            let r = t.as_str().and_then(|t| rank.get(t)).copied();
+            -(r.unwrap_or(last + id) as f32)
+        })
+        .collect()
+}
+
+/// Whether a SentencePiece-style `tokenizer.json` prefixes "▁" to the text: a `Prepend("▁")`
+/// normalizer (Llama 2), or a `Metaspace` pre-tokenizer that prepends (Mistral; llama.cpp
+/// prefixes every piece of text that follows a special token or starts the input, as Prepend
+/// does — Metaspace's `first` prefixes only the input's start, so texts after a special token
+/// or already starting with a space tokenize as llama.cpp does, not as `tokenizers` does).
+/// The text must be "▁"-escaped one way or the other.
+fn spm_space_prefix(t: &Obj) -> Result<bool> {
+    let mut prepend = false;
+    let mut escaped = false;
+    let mut walk: Vec<&Json> = [t.get("normalizer"), t.get("pre_tokenizer")]
+        .into_iter()
+        .flatten()
+        .collect();
+    while let Some(p) = walk.pop() {
+        let field = |k: &str| p.get(k).and_then(Json::as_str);
+        match field("type") {
+            Some("Sequence") => walk.extend(
+                ["normalizers", "pretokenizers"]
+                    .iter()
+                    .filter_map(|k| p.get(*k).and_then(Json::as_array))
+                    .flatten(),
+            ),
+            Some("Prepend") => prepend |= field("prepend") == Some("\u{2581}"),
+            Some("Replace") => {
+                escaped |= p
+                    .get("pattern")
+                    .and_then(|x| x.get("String"))
+                    .and_then(Json::as_str)
+                    == Some(" ")
+                    && field("content") == Some("\u{2581}")
+            }
+            Some("Metaspace") => {
+                escaped = true;
+                prepend |= match field("prepend_scheme") {
+                    Some(scheme) => scheme != "never",
+                    None => p
+                        .get("add_prefix_space")
+                        .and_then(Json::as_bool)
+                        .unwrap_or(true),
+                };
+            }
+            _ => {}
+        }
+    }
+    if !escaped {
+        return Err(HfError::Unsupported {
+            path: t.path.to_path_buf(),
+            what: "a byte-fallback BPE that does not escape spaces as \"\u{2581}\"".into(),
+            supported: "SentencePiece-style normalizers (Replace \" \" with \"\u{2581}\") or \
+                        a Metaspace pre-tokenizer"
+                .into(),
+        });
+    }
+    Ok(prepend)
 }
 
 /// llama.cpp's `tokenizer.ggml.pre` for the pre-tokenizer `tokenizer.json` describes. llama.cpp
@@ -287,6 +398,14 @@ fn special_tokens(
     }
     if let Some(id) = token("pad_token")? {
         out.push(("tokenizer.ggml.padding_token_id".into(), Value::U32(id)));
+    }
+    // llama.cpp's converter lets tokenizer_config.json's add_prefix_space decide
+    if let Some(prefix) = c.bool_opt("add_prefix_space")? {
+        for (k, v) in out.iter_mut() {
+            if k == "tokenizer.ggml.add_space_prefix" {
+                *v = Value::Bool(prefix);
+            }
+        }
     }
     let add_bos = c.bool_opt("add_bos_token")?.or(adds.0);
     let add_eos = c.bool_opt("add_eos_token")?.or(adds.1);

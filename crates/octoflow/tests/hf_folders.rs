@@ -553,3 +553,116 @@ fn a_run_trained_on_a_folder_exports_as_a_peft_adapter_that_scores_alike() {
         "mean NLL with the run's adapters {from_run}, with their PEFT export {from_peft}"
     );
 }
+
+/// llama.cpp's token ids (special tokens parsed, no BOS) of `texts` with the GGUF at `path`
+/// (scripts/check/llama_text.py).
+fn llama_cpp_ids(path: &Path, texts: &[&str]) -> Vec<Vec<u32>> {
+    use std::io::Write;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/check/llama_text.py");
+    let mut child = Command::new("python3")
+        .arg(script)
+        .arg(path)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let req = serde_json::json!({ "texts": texts, "ids": [], "conversations": [] });
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(req.to_string().as_bytes())
+        .expect("request written");
+    let out = child.wait_with_output().expect("llama_text.py ends");
+    assert!(
+        out.status.success(),
+        "llama_text.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("answer JSON");
+    v["special"]
+        .as_array()
+        .expect("special")
+        .iter()
+        .map(|ids| {
+            ids.as_array()
+                .expect("ids")
+                .iter()
+                .map(|i| i.as_u64().expect("an id") as u32)
+                .collect()
+        })
+        .collect()
+}
+
+/// The llama folder's weights with fixtures/llama-spm's SentencePiece-style tokenizer.json
+/// (Llama 2's "▁" normalizer, or Mistral's Metaspace pre-tokenizer) and tokenizer_config.json,
+/// made by make_spm_tokenizer.py with `tokenizers`, whose ids golden.json holds.
+fn spm_folder(into: &Path, tokenizer: &str) {
+    std::fs::create_dir_all(into).expect("dir");
+    for entry in std::fs::read_dir(folder("llama")).expect("llama fixture") {
+        let p = entry.expect("entry").path();
+        let name = p.file_name().and_then(|n| n.to_str()).expect("name");
+        if !name.starts_with("tokenizer") && name != "chat_template.jinja" {
+            std::fs::copy(&p, into.join(name)).expect("copy");
+        }
+    }
+    let spm = folder("llama-spm");
+    std::fs::copy(spm.join(tokenizer), into.join("tokenizer.json")).expect("copy");
+    std::fs::copy(
+        spm.join("tokenizer_config.json"),
+        into.join("tokenizer_config.json"),
+    )
+    .expect("copy");
+}
+
+#[test]
+fn a_sentencepiece_tokenizer_json_tokenizes_as_tokenizers_and_llama_cpp_do() {
+    let path = folder("llama-spm").join("golden.json");
+    let golden: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("golden")).expect("JSON");
+    let cases: Vec<(String, Vec<u32>)> = golden["normalizer"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| {
+            let ids = c["ids"].as_array().expect("ids");
+            let ids = ids.iter().map(|i| i.as_u64().expect("id") as u32).collect();
+            (c["text"].as_str().expect("text").to_string(), ids)
+        })
+        .collect();
+    let tmp = tempfile::tempdir().expect("temp dir");
+    // Both escapings are held to the Prepend normalizer's ids: llama.cpp (and so octoflow)
+    // prefixes "▁" to the input and to text after a special token; Metaspace's "first" does
+    // neither on a text that already starts with a space or after a special token, so there
+    // `tokenizers` differs from both on the Metaspace file.
+    for tokenizer in ["tokenizer.json", "tokenizer-metaspace.json"] {
+        let dir = tmp.path().join(tokenizer);
+        spm_folder(&dir, tokenizer);
+        let gguf = octoflow_hf::open_model(&dir).expect("the folder opens");
+        assert_eq!(gguf.get_str("tokenizer.ggml.model").ok(), Some("llama"));
+        let tok = octoflow_text::Tokenizer::from_gguf(&gguf).expect("tokenizer");
+        for (text, want) in &cases {
+            let ids = tok.encode(text, true, true);
+            assert_eq!(&ids, want, "{tokenizer}: {text:?}");
+            // and back, the special tokens dropped
+            if !text.contains("<s>") {
+                let back = tok.decode(&ids);
+                assert_eq!(back.trim_start(), text.trim_start(), "{tokenizer}: decode");
+            }
+        }
+        // llama.cpp on the converted file: the same ids (it adds no BOS here)
+        let out = tmp.path().join(format!("{tokenizer}.gguf"));
+        let o = octoflow(&[
+            "convert",
+            dir.to_str().expect("path"),
+            "-o",
+            out.to_str().expect("path"),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let texts: Vec<&str> = cases.iter().map(|(t, _)| t.as_str()).collect();
+        for ((text, want), got) in cases.iter().zip(llama_cpp_ids(&out, &texts)) {
+            assert_eq!(got, want[1..], "llama.cpp, {tokenizer}: {text:?}");
+        }
+    }
+}
