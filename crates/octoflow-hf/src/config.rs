@@ -18,10 +18,14 @@ pub enum Family {
     Qwen2,
     /// `Qwen3ForCausalLM`: per-head Q/K norms, explicit `head_dim`; NEOX rotary.
     Qwen3,
+    /// `GptOssForCausalLM`: Q/K/V/O biases, attention sinks, sliding-window layers alternating
+    /// with full ones, a routed mixture of experts whose matrices are MXFP4 blocks; NEOX rotary
+    /// with YaRN.
+    GptOss,
 }
 
 /// The `model_type` values understood, for error messages.
-const SUPPORTED: &str = "model_type llama, mistral, qwen2, qwen3";
+const SUPPORTED: &str = "model_type llama, mistral, qwen2, qwen3, gpt_oss";
 
 impl Family {
     /// The GGUF architecture name.
@@ -30,6 +34,7 @@ impl Family {
             Family::Llama => "llama",
             Family::Qwen2 => "qwen2",
             Family::Qwen3 => "qwen3",
+            Family::GptOss => "gpt-oss",
         }
     }
 }
@@ -46,6 +51,9 @@ pub struct HfConfig {
     pub n_head: u64,
     pub n_head_kv: u64,
     pub head_dim: u64,
+    /// Experts and experts per token (0 for a dense feed-forward).
+    pub n_expert: u64,
+    pub n_expert_used: u64,
     pub tie_word_embeddings: bool,
     /// `{arch}.*` metadata in llama.cpp's keys, in the order its converter writes them.
     pub metadata: Vec<(String, Value)>,
@@ -67,6 +75,7 @@ impl HfConfig {
             "llama" | "mistral" => Family::Llama,
             "qwen2" => Family::Qwen2,
             "qwen3" => Family::Qwen3,
+            "gpt_oss" => Family::GptOss,
             other => {
                 return Err(HfError::Unsupported {
                     path: path.to_path_buf(),
@@ -113,9 +122,30 @@ impl HfConfig {
             n_head,
             n_head_kv,
             head_dim,
+            n_expert: 0,
+            n_expert_used: 0,
             tie_word_embeddings: c.bool_opt("tie_word_embeddings")?.unwrap_or(false),
             metadata: Vec::new(),
         };
+        let cfg = match family {
+            Family::GptOss => {
+                let n_expert = c.u64("num_local_experts")?;
+                let n_expert_used = c.u64("num_experts_per_tok")?;
+                if n_expert == 0 || n_expert_used == 0 || n_expert_used > n_expert {
+                    return Err(c.error(
+                        "num_experts_per_tok",
+                        format!("{n_expert_used} of {n_expert} experts"),
+                    ));
+                }
+                Self {
+                    n_expert,
+                    n_expert_used,
+                    ..cfg
+                }
+            }
+            _ => cfg,
+        };
+        check_quantization(&c, family)?;
         let metadata = cfg.arch_metadata(&c)?;
         Ok(Self { metadata, ..cfg })
     }
@@ -199,6 +229,22 @@ impl HfConfig {
                         .ok_or_else(|| c.error("rope_scaling.factor", "missing"))?;
                     put("rope.scaling.type", Value::String("yarn".into()));
                     put("rope.scaling.factor", Value::F32(f as f32));
+                    // OctoFlow's key (llama.cpp has none and always rounds): GPT-OSS's
+                    // unrounded correction dimensions
+                    for (key, want) in [("beta_fast", 32.0), ("beta_slow", 1.0)] {
+                        if let Some(v) = r.f64_opt(key)? {
+                            if v != want {
+                                return Err(HfError::Unsupported {
+                                    path: c.path.to_path_buf(),
+                                    what: format!("YaRN {key} = {v}"),
+                                    supported: format!("{key} = {want} (llama.cpp's)"),
+                                });
+                            }
+                        }
+                    }
+                    if r.bool_opt("truncate")? == Some(false) {
+                        put("rope.scaling.yarn_truncate", Value::Bool(false));
+                    }
                     if let Some(n) = r.u64_opt("original_max_position_embeddings")? {
                         put(
                             "rope.scaling.original_context_length",
@@ -215,6 +261,58 @@ impl HfConfig {
                 }
             }
         }
+        if self.family == Family::GptOss {
+            let u32_of = |key: &str, v: u64| {
+                u32::try_from(v).map_err(|_| c.error(key, format!("{v} does not fit in 32 bits")))
+            };
+            m.push((
+                "gpt-oss.expert_count".into(),
+                Value::U32(u32_of("num_local_experts", self.n_expert)?),
+            ));
+            m.push((
+                "gpt-oss.expert_used_count".into(),
+                Value::U32(u32_of("num_experts_per_tok", self.n_expert_used)?),
+            ));
+            m.push((
+                "gpt-oss.expert_feed_forward_length".into(),
+                Value::U32(u32_of("intermediate_size", self.n_ff)?),
+            ));
+            let window = c.u64("sliding_window")?;
+            m.push((
+                "gpt-oss.attention.sliding_window".into(),
+                Value::U32(u32_of("sliding_window", window)?),
+            ));
+            // llama.cpp's gpt-oss: even layers slide, odd layers attend fully
+            if let Some(types) = c.get("layer_types").and_then(serde_json::Value::as_array) {
+                for (il, t) in types.iter().enumerate() {
+                    let want = if il % 2 == 0 {
+                        "sliding_attention"
+                    } else {
+                        "full_attention"
+                    };
+                    if t.as_str() != Some(want) {
+                        return Err(HfError::Unsupported {
+                            path: c.path.to_path_buf(),
+                            what: format!("layer_types[{il}] = {t}"),
+                            supported: "sliding_attention on even layers, full_attention on odd \
+                                        ones (GPT-OSS's pattern)"
+                                .into(),
+                        });
+                    }
+                }
+            }
+            for (key, want) in [("swiglu_limit", 7.0), ("swiglu_alpha", 1.702)] {
+                if let Some(v) = c.f64_opt(key)? {
+                    if (v - want).abs() > 1e-6 {
+                        return Err(HfError::Unsupported {
+                            path: c.path.to_path_buf(),
+                            what: format!("{key} = {v}"),
+                            supported: format!("{key} = {want} (llama.cpp's gpt-oss)"),
+                        });
+                    }
+                }
+            }
+        }
         if c.bool_opt("use_sliding_window")?.unwrap_or(false) {
             return Err(HfError::Unsupported {
                 path: c.path.to_path_buf(),
@@ -224,4 +322,24 @@ impl HfConfig {
         }
         Ok(m)
     }
+}
+
+/// A `quantization_config` other than the MXFP4 experts GPT-OSS ships (GPTQ, AWQ, bitsandbytes
+/// ...) stores weights this reader cannot decode: a clear error, not garbage.
+fn check_quantization(c: &Obj, family: Family) -> Result<()> {
+    let Some(q) = c.get("quantization_config") else {
+        return Ok(());
+    };
+    let method = q
+        .get("quant_method")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("");
+    if method == "mxfp4" && family == Family::GptOss {
+        return Ok(());
+    }
+    Err(HfError::Unsupported {
+        path: c.path.to_path_buf(),
+        what: format!("quantization_config with quant_method {method:?}"),
+        supported: "unquantized F32/F16/BF16 weights, and GPT-OSS's mxfp4 experts".into(),
+    })
 }

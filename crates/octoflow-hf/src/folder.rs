@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use octoflow_gguf::{GgmlType, GgufFile, GgufWriter, Value};
 use safetensors::Dtype;
 
-use crate::config::HfConfig;
+use crate::config::{Family, HfConfig};
 use crate::error::{HfError, Result};
 use crate::names;
 use crate::shards::{Shards, TensorView};
@@ -106,7 +106,13 @@ impl HfFolder {
             }
             let (ty, data) = convert(hf, view, mapped.permute_heads)?;
             let dims: Vec<u64> = shape.iter().rev().copied().collect();
+            // the router stays F32 whatever the other matrices become, as llama.cpp keeps it
+            let router = mapped.gguf.ends_with("ffn_gate_inp.weight");
             let (ty, data) = match quant {
+                _ if router && ty != GgmlType::F32 => {
+                    (GgmlType::F32, Cow::Owned(to_f32_bytes(view.dtype, &data)))
+                }
+                _ if router => (ty, data),
                 Some(q) if dims.len() == 2 && dims[0].is_multiple_of(q.block_size() as u64) => {
                     (q, Cow::Owned(quantize(hf, view.file, ty, &data, q)?))
                 }
@@ -114,8 +120,17 @@ impl HfFolder {
             };
             w.add_tensor(mapped.gguf, ty, &dims, data)?;
         }
+        let mut experts = Vec::new();
+        if self.config.family == Family::GptOss {
+            for il in 0..self.config.n_layer {
+                experts.extend(self.add_experts(&mut w, il)?);
+            }
+        }
         for hf in self.shards.names() {
-            if !names::ignored(hf) && !wanted.iter().any(|w| w == hf) {
+            if !names::ignored(hf)
+                && !wanted.iter().any(|w| w == hf)
+                && !experts.iter().any(|w| w == hf)
+            {
                 let view = self
                     .shards
                     .get(hf)
@@ -131,6 +146,89 @@ impl HfFolder {
         let mut bytes = Vec::new();
         self.writer_as(quant)?.write_to(&mut bytes)?;
         Ok(GgufFile::from_bytes(bytes)?)
+    }
+
+    /// GPT-OSS layer `il`'s experts from their MXFP4 tensors: `ffn_gate_exps`, `ffn_up_exps`
+    /// (the even and odd rows of `gate_up`) and `ffn_down_exps` as GGUF MXFP4 blocks, their
+    /// biases as F32. Returns the HF names read.
+    fn add_experts(&self, w: &mut GgufWriter<'_>, il: u64) -> Result<[String; 6]> {
+        let names = names::expert_tensors(il);
+        let c = &self.config;
+        let (e, ff, n_exp) = (c.n_embd as usize, c.n_ff as usize, c.n_expert as usize);
+        let get = |i: usize, dtypes: &[Dtype], shape: &[usize]| -> Result<TensorView<'_>> {
+            let hf = &names[i];
+            let Some(view) = self.shards.get(hf) else {
+                let plain = format!("model.layers.{il}.mlp.experts.gate_up_proj");
+                return Err(HfError::Tensor {
+                    path: self.shards.describe(),
+                    tensor: hf.clone(),
+                    problem: if self.shards.get(&plain).is_some() {
+                        "missing: the experts are stored unquantized (gate_up_proj), and only \
+                         the MXFP4 checkpoints GPT-OSS ships are read"
+                            .into()
+                    } else {
+                        "missing; a GPT-OSS layer's experts need it".into()
+                    },
+                });
+            };
+            if !dtypes.contains(&view.dtype) || view.shape != shape {
+                return Err(HfError::Tensor {
+                    path: view.file.to_path_buf(),
+                    tensor: hf.clone(),
+                    problem: format!(
+                        "{:?} {:?}, but config.json implies {dtypes:?} {shape:?}",
+                        view.dtype, view.shape
+                    ),
+                });
+            }
+            Ok(view)
+        };
+        if e % 32 != 0 || ff % 32 != 0 {
+            return Err(HfError::Tensor {
+                path: c.path.clone(),
+                tensor: names[0].clone(),
+                problem: format!("hidden {e} and intermediate {ff} must be multiples of 32"),
+            });
+        }
+        let floats = [Dtype::F32, Dtype::F16, Dtype::BF16];
+        let gu_blocks = get(0, &[Dtype::U8], &[n_exp, 2 * ff, e / 32, 16])?;
+        let gu_scales = get(1, &[Dtype::U8], &[n_exp, 2 * ff, e / 32])?;
+        let gu_bias = get(2, &floats, &[n_exp, 2 * ff])?;
+        let d_blocks = get(3, &[Dtype::U8], &[n_exp, e, ff / 32, 16])?;
+        let d_scales = get(4, &[Dtype::U8], &[n_exp, e, ff / 32])?;
+        let d_bias = get(5, &floats, &[n_exp, e])?;
+        let (n_exp, e64, ff64) = (n_exp as u64, e as u64, ff as u64);
+        let b = |t: &str| format!("blk.{il}.{t}");
+        for (t, first) in [("ffn_gate_exps", 0), ("ffn_up_exps", 1)] {
+            let blocks = mxfp4_rows(gu_blocks.data, gu_scales.data, 2 * ff, e / 32, first, 2);
+            w.add_tensor(
+                b(&format!("{t}.weight")),
+                GgmlType::MXFP4,
+                &[e64, ff64, n_exp],
+                blocks,
+            )?;
+            let bias = f32_values(gu_bias);
+            let half: Vec<u8> = bias
+                .iter()
+                .skip(first)
+                .step_by(2)
+                .flat_map(|x| x.to_le_bytes())
+                .collect();
+            w.add_tensor(b(&format!("{t}.bias")), GgmlType::F32, &[ff64, n_exp], half)?;
+        }
+        let down = mxfp4_rows(d_blocks.data, d_scales.data, e, ff / 32, 0, 1);
+        w.add_tensor(
+            b("ffn_down_exps.weight"),
+            GgmlType::MXFP4,
+            &[ff64, e64, n_exp],
+            down,
+        )?;
+        let bias: Vec<u8> = f32_values(d_bias)
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        w.add_tensor(b("ffn_down_exps.bias"), GgmlType::F32, &[e64, n_exp], bias)?;
+        Ok(names)
     }
 
     fn unexpected<'a>(&self, hf: &str, view: impl Into<Option<TensorView<'a>>>) -> HfError {
@@ -205,6 +303,50 @@ fn quantize(hf: &str, file: &Path, ty: GgmlType, data: &[u8], to: GgmlType) -> R
     let mut out = vec![0u8; quant::quantized_size(to, n).map_err(bad)?];
     quant::quantize(to, &f32s, &mut out).map_err(bad)?;
     Ok(out)
+}
+
+/// GGUF MXFP4 blocks of the rows `first, first + step, ...` of OpenAI's MXFP4 tensors: per
+/// row `nb` blocks of 16 bytes (element 2i in byte i's low nibble, 2i + 1 in its high one) and
+/// `nb` E8M0 scales. A GGUF block is the scale, then 16 bytes holding element i in the low
+/// nibble of byte i and element i + 16 in its high one (the E8M0 byte and the FP4 codes carry
+/// over unchanged).
+fn mxfp4_rows(
+    blocks: &[u8],
+    scales: &[u8],
+    rows: usize,
+    nb: usize,
+    first: usize,
+    step: usize,
+) -> Vec<u8> {
+    let n_exp = scales.len() / (rows * nb);
+    let nibble = |blk: &[u8], p: usize| (blk[p / 2] >> (4 * (p % 2))) & 0xF;
+    let mut out = Vec::with_capacity(n_exp * rows.div_ceil(step) * nb * 17);
+    for ex in 0..n_exp {
+        for r in (first..rows).step_by(step) {
+            for k in 0..nb {
+                let at = (ex * rows + r) * nb + k;
+                let blk = &blocks[16 * at..16 * at + 16];
+                out.push(scales[at]);
+                out.extend((0..16).map(|i| nibble(blk, i) | (nibble(blk, i + 16) << 4)));
+            }
+        }
+    }
+    out
+}
+
+/// A float tensor's values as f32.
+fn f32_values(view: TensorView<'_>) -> Vec<f32> {
+    match view.dtype {
+        Dtype::F32 => view
+            .data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        dtype => to_f32_bytes(dtype, view.data)
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+    }
 }
 
 /// Little-endian F32 bytes of F16 or BF16 data.

@@ -44,9 +44,17 @@ pub fn map(cfg: &HfConfig, hf: &str) -> Option<Mapped> {
         return None;
     }
     let rotate = cfg.family == Family::Llama;
+    let oss = cfg.family == Family::GptOss;
+    let n_exp = cfg.n_expert;
     let (name, shape, permute) = match rest {
         "input_layernorm.weight" => ("attn_norm.weight", vec![e], None),
+        // llama.cpp's gpt-oss names its feed-forward pre-norm after the attention
+        "post_attention_layernorm.weight" if oss => ("post_attention_norm.weight", vec![e], None),
         "post_attention_layernorm.weight" => ("ffn_norm.weight", vec![e], None),
+        "self_attn.o_proj.bias" if oss => ("attn_output.bias", vec![e], None),
+        "self_attn.sinks" if oss => ("attn_sinks.weight", vec![cfg.n_head], None),
+        "mlp.router.weight" if oss => ("ffn_gate_inp.weight", vec![n_exp, e], None),
+        "mlp.router.bias" if oss => ("ffn_gate_inp.bias", vec![n_exp], None),
         "self_attn.q_proj.weight" => ("attn_q.weight", vec![q, e], rotate.then_some(cfg.n_head)),
         "self_attn.k_proj.weight" => (
             "attn_k.weight",
@@ -68,9 +76,9 @@ pub fn map(cfg: &HfConfig, hf: &str) -> Option<Mapped> {
         "self_attn.k_norm.weight" if cfg.family == Family::Qwen3 => {
             ("attn_k_norm.weight", vec![cfg.head_dim], None)
         }
-        "mlp.gate_proj.weight" => ("ffn_gate.weight", vec![ff, e], None),
-        "mlp.up_proj.weight" => ("ffn_up.weight", vec![ff, e], None),
-        "mlp.down_proj.weight" => ("ffn_down.weight", vec![e, ff], None),
+        "mlp.gate_proj.weight" if !oss => ("ffn_gate.weight", vec![ff, e], None),
+        "mlp.up_proj.weight" if !oss => ("ffn_up.weight", vec![ff, e], None),
+        "mlp.down_proj.weight" if !oss => ("ffn_down.weight", vec![e, ff], None),
         _ => return None,
     };
     Some(Mapped {
@@ -97,11 +105,25 @@ pub fn required(cfg: &HfConfig) -> Vec<String> {
             "self_attn.k_proj.weight",
             "self_attn.v_proj.weight",
             "self_attn.o_proj.weight",
-            "mlp.gate_proj.weight",
-            "mlp.up_proj.weight",
-            "mlp.down_proj.weight",
         ];
+        if cfg.family != Family::GptOss {
+            per.extend([
+                "mlp.gate_proj.weight",
+                "mlp.up_proj.weight",
+                "mlp.down_proj.weight",
+            ]);
+        }
         match cfg.family {
+            // the experts' tensors are read apart (`experts`)
+            Family::GptOss => per.extend([
+                "self_attn.q_proj.bias",
+                "self_attn.k_proj.bias",
+                "self_attn.v_proj.bias",
+                "self_attn.o_proj.bias",
+                "self_attn.sinks",
+                "mlp.router.weight",
+                "mlp.router.bias",
+            ]),
             Family::Qwen2 => per.extend([
                 "self_attn.q_proj.bias",
                 "self_attn.k_proj.bias",
@@ -113,6 +135,21 @@ pub fn required(cfg: &HfConfig) -> Vec<String> {
         names.extend(per.into_iter().map(|p| format!("model.layers.{il}.{p}")));
     }
     names
+}
+
+/// GPT-OSS's expert tensors of layer `il` as stored in MXFP4 (OpenAI's checkpoints): the
+/// `gate_up` blocks and scales (gate and up rows interleaved), the down blocks and scales, and
+/// the two biases.
+pub fn expert_tensors(il: u64) -> [String; 6] {
+    [
+        "gate_up_proj_blocks",
+        "gate_up_proj_scales",
+        "gate_up_proj_bias",
+        "down_proj_blocks",
+        "down_proj_scales",
+        "down_proj_bias",
+    ]
+    .map(|t| format!("model.layers.{il}.mlp.experts.{t}"))
 }
 
 /// Reorders the rows of a Q or K projection (or bias) from Hugging Face's rotate-half layout

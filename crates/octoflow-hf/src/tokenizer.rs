@@ -290,8 +290,10 @@ fn pre_name(t: &Obj) -> Result<&'static str> {
     }
     const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     match (patterns.as_slice(), byte_level_regex, digits) {
         ([p], false, false) if p == LLAMA3 => Ok("llama-bpe"),
+        ([p], false, false) if p == GPT4O => Ok("gpt-4o"),
         ([p], false, false) if p == QWEN2 => Ok("qwen2"),
         ([], true, false) => Ok("gpt2"),
         ([], true, true) => Ok("smollm"),
@@ -301,7 +303,9 @@ fn pre_name(t: &Obj) -> Result<&'static str> {
                 "pre_tokenizer {}",
                 pre.map(|p| p.to_string()).unwrap_or_default()
             ),
-            supported: "llama3's and qwen2's split regex, GPT-2's byte-level regex".into(),
+            supported: "llama3's, qwen2's and GPT-4o's (o200k) split regex, GPT-2's byte-level \
+                        regex"
+                .into(),
         }),
     }
 }

@@ -233,3 +233,60 @@ fn a_peft_rank_disagreeing_with_the_tensors_is_a_clear_error() {
         "{err}"
     );
 }
+
+#[test]
+fn gpt_oss_reads_its_mxfp4_experts_as_llama_cpp_names_them() {
+    let g = open_model(&fixture("gpt-oss")).expect("gpt-oss");
+    assert_eq!(g.get_str("general.architecture").expect("arch"), "gpt-oss");
+    assert_eq!(g.get_u32("gpt-oss.expert_count").expect("experts"), 4);
+    assert_eq!(g.get_u32("gpt-oss.expert_used_count").expect("used"), 2);
+    assert_eq!(
+        g.get_u32("gpt-oss.attention.sliding_window")
+            .expect("window"),
+        4
+    );
+    assert_eq!(g.get_str("tokenizer.ggml.pre").expect("pre"), "gpt-4o");
+    assert!(!g
+        .get_bool("gpt-oss.rope.scaling.yarn_truncate")
+        .expect("the folder's truncate: false"));
+    for (name, dims) in [
+        ("blk.0.ffn_gate_exps.weight", vec![64, 64, 4]),
+        ("blk.0.ffn_up_exps.weight", vec![64, 64, 4]),
+        ("blk.1.ffn_down_exps.weight", vec![64, 64, 4]),
+    ] {
+        let t = g.tensor(name).expect(name);
+        assert_eq!((t.ty, &t.dims), (GgmlType::MXFP4, &dims), "{name}");
+    }
+    let router = g.tensor("blk.0.ffn_gate_inp.weight").expect("router");
+    assert_eq!(router.ty, GgmlType::F32, "the router stays F32");
+    assert_eq!(
+        g.tensor("blk.0.ffn_gate_exps.bias").expect("bias").dims,
+        vec![64, 4]
+    );
+    assert_eq!(
+        g.tensor("blk.0.attn_sinks.weight").expect("sinks").dims,
+        vec![4]
+    );
+    assert!(g.tensor("blk.0.post_attention_norm.weight").is_some());
+}
+
+#[test]
+fn an_unreadable_gpt_oss_config_is_a_clear_error() {
+    let edit = |f: &dyn Fn(&mut serde_json::Value)| -> String {
+        let dir = copy("gpt-oss");
+        let path = dir.path().join("config.json");
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("config")).expect("JSON");
+        f(&mut v);
+        std::fs::write(&path, v.to_string()).expect("write");
+        error_of(dir.path())
+    };
+    let e = edit(&|v| v["quantization_config"]["quant_method"] = "gptq".into());
+    assert!(e.contains("quant_method \"gptq\""), "{e}");
+    let e = edit(&|v| v["layer_types"][0] = "full_attention".into());
+    assert!(e.contains("layer_types[0]"), "{e}");
+    let e = edit(&|v| v["rope_parameters"]["beta_fast"] = 16.0.into());
+    assert!(e.contains("beta_fast"), "{e}");
+    let e = edit(&|v| v["num_local_experts"] = 8.into());
+    assert!(e.contains("router.weight") && e.contains("[8, 64]"), "{e}");
+}

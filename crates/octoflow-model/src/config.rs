@@ -352,6 +352,9 @@ fn read_yarn(
     let n_ctx_orig = m
         .opt_usize("rope.scaling.original_context_length")?
         .unwrap_or(n_ctx_train);
+    // transformers' `truncate: false` (GPT-OSS's config) keeps the correction dimensions
+    // unrounded; llama.cpp always rounds them, and so does a file without the key
+    let truncate = m.opt_bool("rope.scaling.yarn_truncate")?.unwrap_or(true);
     Ok(Some(Yarn::new(
         n_rot,
         base,
@@ -359,6 +362,7 @@ fn read_yarn(
         n_ctx_orig,
         (32.0, 1.0),
         attn_factor,
+        truncate,
     )))
 }
 
@@ -404,6 +408,14 @@ impl Meta<'_> {
             return Ok(None);
         }
         self.req_f32(suffix).map(Some)
+    }
+
+    pub fn opt_bool(&self, suffix: &str) -> Result<Option<bool>> {
+        match self.file.get(&self.key(suffix)) {
+            None => Ok(None),
+            Some(octoflow_gguf::Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(self.bad(suffix, "must be a boolean")),
+        }
     }
 
     pub fn opt_str(&self, suffix: &str) -> Result<Option<&str>> {

@@ -103,7 +103,9 @@ pub struct Yarn {
 impl Yarn {
     /// YaRN for `n_rot` rotary dimensions, RoPE base `base`, scaling `factor` (> 1), a
     /// training context of `n_ctx_orig`, llama.cpp's `beta_fast`/`beta_slow` and the file's
-    /// `rope.scaling.attn_factor` (1.0 when absent).
+    /// `rope.scaling.attn_factor` (1.0 when absent); `truncate` rounds the correction
+    /// dimensions outwards to whole pairs (llama.cpp always does; transformers unless the
+    /// config says `truncate: false`).
     pub fn new(
         n_rot: usize,
         base: f32,
@@ -111,14 +113,19 @@ impl Yarn {
         n_ctx_orig: usize,
         beta: (f32, f32),
         attn_factor: f32,
+        truncate: bool,
     ) -> Self {
         // the dimension where a frequency makes `beta` turns over the original context
         let dim = |b: f32| {
             n_rot as f32 * (n_ctx_orig as f32 / (b * 2.0 * std::f32::consts::PI)).ln()
                 / (2.0 * base.ln())
         };
-        let low = dim(beta.0).floor().max(0.0);
-        let high = dim(beta.1).ceil().min(n_rot as f32 - 1.0);
+        let (low, high) = if truncate {
+            (dim(beta.0).floor(), dim(beta.1).ceil())
+        } else {
+            (dim(beta.0), dim(beta.1))
+        };
+        let (low, high) = (low.max(0.0), high.min(n_rot as f32 - 1.0));
         // llama.cpp's `get_mscale(factor) / (1 + 0.1 ln factor)` (context setup), times the
         // `1 + 0.1 ln factor` that `rope_yarn` applies
         let grow = 1.0 + 0.1 * factor.ln();

@@ -1,6 +1,7 @@
 //! Hugging Face folders end to end, against transformers and llama.cpp. The tiny folders of
 //! crates/octoflow-hf/tests/fixtures (qwen2 in F32, llama in BF16 over five shards, qwen3 in
-//! F16; random weights, a real byte-level BPE tokenizer.json) were saved by transformers, which
+//! F16, gpt-oss with MXFP4 experts; random weights, a real byte-level BPE tokenizer.json) were
+//! saved by transformers (gpt-oss's expert blocks by make_gpt_oss.py beside it), which
 //! also wrote golden.json: the prompt, its ids and transformers' float32 logits at every
 //! position. Each folder is
 //!
@@ -23,7 +24,7 @@ use octoflow_model::gpu::GpuModel;
 use octoflow_model::testing::rel_err;
 use octoflow_model::{Forward, Logits, Model, Session};
 
-const FAMILIES: [&str; 3] = ["qwen2", "llama", "qwen3"];
+const FAMILIES: [&str; 4] = ["qwen2", "llama", "qwen3", "gpt-oss"];
 
 /// Our logits against transformers', both f32 over the same weights: only the order of the
 /// sums differs (measured up to 2.6e-6 on the CPU reference and 2.9e-6 on lavapipe; 9.4e-6
@@ -35,6 +36,11 @@ const BOUND: f32 = 1e-4;
 /// 2.3e-3 (qwen3, F16) and 1.7e-2 (llama, BF16: 8-bit mantissas for every activation). A misread
 /// tensor (a missed Q/K permutation, a transposed matrix) moves logits by far more.
 const LLAMA_CPP_BOUND: f32 = 3e-2;
+
+/// llama.cpp on GPT-OSS: its CPU backend also quantizes the activations to Q8_0 for every MXFP4
+/// expert product (MXFP4's dot-product partner type): measured 0.9e-2 to 5.1e-2 per position on
+/// the fixture, top tokens equal wherever transformers' margin exceeds [`NEAR_TIE`].
+const LLAMA_CPP_MXFP4_BOUND: f32 = 7e-2;
 
 /// Below this top-2 margin of transformers' logits, llama.cpp's roundings may pick either token.
 const NEAR_TIE: f32 = 0.1;
@@ -223,13 +229,12 @@ fn convert_writes_what_llama_cpp_reads_as_transformers_does() {
         );
         let g = golden(family);
         let theirs = llama_cpp_logits(&out, &g.ids);
-        let worst = compare(
-            &format!("{family} llama.cpp"),
-            &theirs,
-            &g,
-            LLAMA_CPP_BOUND,
-            NEAR_TIE,
-        );
+        let bound = if family == "gpt-oss" {
+            LLAMA_CPP_MXFP4_BOUND
+        } else {
+            LLAMA_CPP_BOUND
+        };
+        let worst = compare(&format!("{family} llama.cpp"), &theirs, &g, bound, NEAR_TIE);
         println!("{family}: llama.cpp on the converted file within {worst:.2e} of transformers");
     }
 }

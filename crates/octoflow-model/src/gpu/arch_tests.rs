@@ -59,7 +59,7 @@ fn every_architecture_runs_on_the_gpu_as_on_the_cpu_reference() {
 fn gpt_oss_attention_model(r: &mut rand::rngs::StdRng) -> Model {
     let mut model = tiny_model("llama", TINY, r);
     let c = &mut model.config;
-    let yarn = Yarn::new(c.n_rot, 10_000.0, 4.0, 64, (32.0, 1.0), 1.0);
+    let yarn = Yarn::new(c.n_rot, 10_000.0, 4.0, 64, (32.0, 1.0), 1.0, true);
     for (il, b) in c.blocks.iter_mut().enumerate() {
         b.attn.sinks = true;
         b.attn.out_bias = true;
