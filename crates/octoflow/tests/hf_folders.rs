@@ -405,23 +405,38 @@ fn a_damaged_folder_is_a_clear_error_from_the_binary() {
 /// The llama fixture's PEFT adapter (peft's own save; golden.json: transformers with peft
 /// applying it), read as `--lora DIR` reads it.
 fn peft_adapter(model: &Model) -> octoflow_model::Adapter {
+    adapter_folder(model, "llama-lora")
+}
+
+/// An adapter folder of the fixtures, read as `--lora DIR` reads it.
+fn adapter_folder(model: &Model, name: &str) -> octoflow_model::Adapter {
     let c = &model.config;
     let base = octoflow_hf::peft::Base {
         arch: c.arch.name(),
         n_head: c.n_head,
         n_head_kv: c.n_head_kv,
     };
-    let file = octoflow_hf::peft::read(&folder("llama-lora"), &base).expect("llama-lora");
-    octoflow_model::Adapter::from_gguf(&file, "llama-lora", c).expect("adapter")
+    let file = octoflow_hf::peft::read(&folder(name), &base).expect(name);
+    octoflow_model::Adapter::from_gguf(&file, name, c).expect("adapter")
 }
 
+/// Both adapter folders against peft's logits with them: llama-lora, which peft saved, and
+/// llama-lora-octoflow, which `octoflow train` + `export --peft` wrote and peft loaded to make
+/// its golden.json (fixtures/peft_golden.py) — so peft reads what we write, and we read it as
+/// peft does.
 #[test]
 fn a_peft_adapter_matches_peft_on_the_cpu_and_the_gpu() {
     let gpu = octoflow_vk::testing::gpu_or_skip("hf_folders' PEFT adapter on the GPU");
-    let g = golden("llama-lora");
+    for name in ["llama-lora", "llama-lora-octoflow"] {
+        peft_agreement(name, gpu.as_ref());
+    }
+}
+
+fn peft_agreement(name: &str, gpu: Option<&octoflow_vk::Context>) {
+    let g = golden(name);
     let gguf = Arc::new(octoflow_hf::open_model(&folder("llama")).expect("llama"));
     let model = Model::from_gguf(gguf.clone()).expect("model");
-    let adapter = peft_adapter(&model);
+    let adapter = adapter_folder(&model, name);
     assert_eq!(adapter.tensors.len(), 14, "every projection of both layers");
     let n_ctx = g.ids.len();
     // the CPU reference runs adapters merged into the weights, as `run --device cpu --lora`
@@ -430,15 +445,15 @@ fn a_peft_adapter_matches_peft_on_the_cpu_and_the_gpu() {
     let cpu = Session::new(&merged, n_ctx)
         .forward(&g.ids, 0, Logits::All)
         .expect("cpu forward");
-    let worst = compare("llama+lora CPU", &cpu, &g, BOUND, 0.0);
-    println!("llama+lora: CPU reference within {worst:.2e} of peft");
-    if let Some(ctx) = gpu.as_ref() {
+    let worst = compare(&format!("{name} CPU"), &cpu, &g, BOUND, 0.0);
+    println!("{name}: CPU reference within {worst:.2e} of peft");
+    if let Some(ctx) = gpu {
         let mut gm = GpuModel::load(ctx, &model).expect("gpu model");
         gm.set_adapters(&[adapter], &[1.0]).expect("adapters");
         let mut s = gm.session(n_ctx, 1).expect("gpu session");
         let logits = s.forward(&g.ids, 0, Logits::All).expect("gpu forward");
-        let worst = compare("llama+lora GPU", &logits, &g, BOUND, 0.0);
-        println!("llama+lora: GPU (adapters on the fly) within {worst:.2e} of peft");
+        let worst = compare(&format!("{name} GPU"), &logits, &g, BOUND, 0.0);
+        println!("{name}: GPU (adapters on the fly) within {worst:.2e} of peft");
     }
 }
 
