@@ -234,24 +234,6 @@ impl Metrics {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn renders_counters_and_histograms() {
-        let m = Metrics::default();
-        Metrics::inc(&m.requests_ok);
-        m.step(3, Duration::from_millis(20));
-        let text = m.render();
-        assert!(text.contains("octoflow_requests_total 1\n"), "{text}");
-        assert!(text.contains("octoflow_step_seconds_bucket{le=\"0.01\"} 0\n"));
-        assert!(text.contains("octoflow_step_seconds_bucket{le=\"0.025\"} 1\n"));
-        assert!(text.contains("octoflow_step_seconds_count 1\n"));
-        assert!(text.contains("octoflow_step_rows_total 3\n"));
-    }
-}
-
 /// The sensor gauges of `/metrics` (only those the device reports).
 fn render_sensors(out: &mut String, s: &octoflow_homeo::Snapshot) {
     let mut put = |name: &str, kind: &str, help: &str, v: Option<f64>| {
@@ -304,4 +286,22 @@ fn render_sensors(out: &mut String, s: &octoflow_homeo::Snapshot) {
         "All delays inserted before submits.",
         Some(s.delay_total_s),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_and_histograms() {
+        let m = Metrics::default();
+        Metrics::inc(&m.requests_ok);
+        m.step(3, Duration::from_millis(20));
+        let text = m.render();
+        assert!(text.contains("octoflow_requests_total 1\n"), "{text}");
+        assert!(text.contains("octoflow_step_seconds_bucket{le=\"0.01\"} 0\n"));
+        assert!(text.contains("octoflow_step_seconds_bucket{le=\"0.025\"} 1\n"));
+        assert!(text.contains("octoflow_step_seconds_count 1\n"));
+        assert!(text.contains("octoflow_step_rows_total 3\n"));
+    }
 }

@@ -17,6 +17,8 @@
 //!   text spells `<|channel|>final<|message|>`, since a bigram chain cannot follow one marker
 //!   token by two different words.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -190,31 +192,7 @@ fn script_weights(w: &mut octoflow_gguf::GgufWriter<'static>, tokens: &[String],
 
 /// llama.cpp's answers (scripts/check/llama_text.py).
 fn llama_cpp(model: &Path, request: &Json) -> Json {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../scripts/check/llama_text.py"
-    );
-    let mut child = Command::new("python3")
-        .arg(script)
-        .arg(model)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 runs");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(request.to_string().as_bytes())
-        .expect("write the request");
-    let out = child.wait_with_output().expect("llama_text.py");
-    assert!(
-        out.status.success(),
-        "llama_text.py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("llama_text.py printed JSON")
+    common::llama_cpp_script("llama_text.py", model, request)
 }
 
 fn ids(v: &Json) -> Vec<u32> {

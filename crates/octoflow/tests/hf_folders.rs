@@ -16,6 +16,8 @@
 //!   transformers with peft on the CPU (merged) and the GPU (on the fly), and written back by
 //!   `octoflow export --peft` as the same adapter.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;
@@ -170,30 +172,7 @@ fn stderr(o: &Output) -> String {
 
 /// llama.cpp's logits at every position of `ids` (scripts/check/llama_logits.py).
 fn llama_cpp_logits(path: &Path, ids: &[u32]) -> Vec<f32> {
-    use std::io::Write;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/check/llama_logits.py");
-    let mut child = Command::new("python3")
-        .arg(script)
-        .arg(path)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3 runs");
-    let req = serde_json::json!({ "ids": ids });
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(req.to_string().as_bytes())
-        .expect("request written");
-    let out = child.wait_with_output().expect("llama_logits.py ends");
-    assert!(
-        out.status.success(),
-        "llama_logits.py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("answer JSON");
+    let v = common::llama_cpp_script("llama_logits.py", path, &serde_json::json!({ "ids": ids }));
     v["logits"]
         .as_array()
         .expect("logits")
@@ -577,30 +556,8 @@ fn a_run_trained_on_a_folder_exports_as_a_peft_adapter_that_scores_alike() {
 /// llama.cpp's token ids (special tokens parsed, no BOS) of `texts` with the GGUF at `path`
 /// (scripts/check/llama_text.py).
 fn llama_cpp_ids(path: &Path, texts: &[&str]) -> Vec<Vec<u32>> {
-    use std::io::Write;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/check/llama_text.py");
-    let mut child = Command::new("python3")
-        .arg(script)
-        .arg(path)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3 runs");
     let req = serde_json::json!({ "texts": texts, "ids": [], "conversations": [] });
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(req.to_string().as_bytes())
-        .expect("request written");
-    let out = child.wait_with_output().expect("llama_text.py ends");
-    assert!(
-        out.status.success(),
-        "llama_text.py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("answer JSON");
+    let v = common::llama_cpp_script("llama_text.py", path, &req);
     v["special"]
         .as_array()
         .expect("special")

@@ -9,7 +9,8 @@
 //! cover the three real models; this covers what they do not — families without a shipped
 //! model and weights nobody tuned. Seed printed, `OCTOFLOW_TEST_SEED` replays.
 
-use std::process::Command;
+mod common;
+
 use std::sync::Arc;
 
 use octoflow_gguf::quant;
@@ -50,33 +51,8 @@ struct LlamaCpp {
 /// llama.cpp's logits for every position of `ids` and its greedy continuations of `prompts`
 /// under the model at `path`.
 fn llama_cpp(path: &std::path::Path, ids: &[u32], prompts: &[Vec<u32>]) -> LlamaCpp {
-    use std::io::Write;
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../scripts/check/llama_logits.py"
-    );
     let req = serde_json::json!({ "ids": ids, "greedy": prompts, "n": N_GREEDY });
-    let mut child = Command::new("python3")
-        .arg(script)
-        .arg(path)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3 runs");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(req.to_string().as_bytes())
-        .expect("request written");
-    let out = child.wait_with_output().expect("llama_logits.py ends");
-    assert!(
-        out.status.success(),
-        "llama_logits.py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("answer JSON");
+    let v = common::llama_cpp_script("llama_logits.py", path, &req);
     let floats = |row: &serde_json::Value| -> Vec<f32> {
         row.as_array()
             .expect("a row")
@@ -300,12 +276,12 @@ fn check_arch(arch: &str, variant: Variant, gpu: Option<&octoflow_vk::Context>) 
         // the runs' contexts are a few hundred positions (ours 272, llama.cpp's 256)
         let orig = if long { 128 } else { 4096 };
         w.set(
-            &format!("{arch}.rope.scaling.original_context_length"),
+            format!("{arch}.rope.scaling.original_context_length"),
             Value::U32(orig),
         );
         let attn_factor = (1.0 + 32f32.ln() / 4096f32.ln()).sqrt();
         w.set(
-            &format!("{arch}.rope.scaling.attn_factor"),
+            format!("{arch}.rope.scaling.attn_factor"),
             Value::F32(attn_factor),
         );
     }
