@@ -190,6 +190,17 @@ impl ApiError {
         }
     }
 
+    /// 503: the model is still loading (every route, `/health` included, until it is ready).
+    pub fn loading() -> Self {
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "Loading model".into(),
+            kind: "unavailable_error",
+            param: None,
+            code: Some("loading"),
+        }
+    }
+
     /// 503: the server is shutting down.
     pub fn shutting_down() -> Self {
         Self {

@@ -102,3 +102,54 @@ pub async fn serve(
     graceful.shutdown().await;
     Ok(())
 }
+
+/// Answers every connection on `listener` with `app`, one request each (no keep-alive), until
+/// `stop` resolves; returns as soon as it stops accepting, leaving the connections it accepted
+/// to finish their one answer. What the port says while the model loads: a connection that
+/// arrives after `stop` is left in the backlog for the real server.
+pub async fn answer_until(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .keep_alive(false);
+    tokio::pin!(stop);
+    loop {
+        let permit = tokio::select! {
+            biased;
+            () = &mut stop => break,
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let (stream, remote) = tokio::select! {
+            biased;
+            () = &mut stop => break,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!("accepting a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let svc = app
+            .clone()
+            .map_request(|r: hyper::Request<hyper::body::Incoming>| r.map(axum::body::Body::new));
+        let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc));
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!("connection from {remote}: {e}");
+            }
+            drop(permit);
+        });
+    }
+}

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::response::IntoResponse;
 use octoflow_text::{ChatTemplate, Tokenizer};
 
 use crate::auth::Access;
@@ -79,9 +80,10 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts the scheduler thread, which calls `engine(driver)`: the factory builds the
-    /// engine (loading whatever it borrows) and calls [`Driver::run`]. Waits until the engine is
-    /// ready, then binds `addr`.
+    /// Binds `addr`, then starts the scheduler thread, which calls `engine(driver)`: the
+    /// factory builds the engine (loading whatever it borrows) and calls [`Driver::run`]. Until
+    /// the engine is ready every request, `/health` included, is answered 503 "Loading model"
+    /// (a port that is taken fails at once, not after the load).
     pub async fn start<F>(
         addr: SocketAddr,
         model: ModelInfo,
@@ -107,11 +109,27 @@ impl Server {
                 prefix_cache: opts.prefix_cache,
             },
         };
+        let bound = std::net::TcpListener::bind(addr).with_context(|| format!("binding {addr}"))?;
+        bound.set_nonblocking(true)?;
+        let (loaded, loaded_rx) = tokio::sync::oneshot::channel::<()>();
+        let loading = tokio::spawn(crate::listen::answer_until(
+            tokio::net::TcpListener::from_std(bound.try_clone()?)?,
+            loading_router(),
+            opts.limits,
+            async move {
+                let _ = loaded_rx.await;
+            },
+        ));
         let scheduler = std::thread::Builder::new()
             .name("octoflow-scheduler".into())
             .spawn(move || engine(driver))
             .context("starting the scheduler thread")?;
-        let ready = match rx.await {
+        let ready = rx.await;
+        // the loading answers stop accepting before the server does (connections they took
+        // get their one answer)
+        let _ = loaded.send(());
+        let _ = loading.await;
+        let ready = match ready {
             Ok(r) => r,
             Err(_) => {
                 // The factory returned before the engine was ready: its error says why.
@@ -123,9 +141,7 @@ impl Server {
                 };
             }
         };
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
+        let listener = tokio::net::TcpListener::from_std(bound)?;
         let bound = listener.local_addr()?;
         let guard = Guard {
             allowed_hosts: Guard::hosts_for(&bound, &opts.allowed_hosts),
@@ -226,6 +242,12 @@ impl Server {
             Err(_) => Err(anyhow::anyhow!("the scheduler thread panicked")),
         }
     }
+}
+
+/// What answers while the engine loads: 503 "Loading model" (with `Retry-After`) everywhere.
+fn loading_router() -> axum::Router {
+    let loading = || async { crate::error::ApiError::loading().into_response() };
+    axum::Router::new().fallback(loading)
 }
 
 /// Resolves on SIGTERM or ctrl-c.

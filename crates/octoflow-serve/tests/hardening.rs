@@ -243,3 +243,86 @@ async fn api_edges_answer_like_openai() {
     assert_ne!(ids[0], ids[1]);
     s.stop().await.expect("clean stop");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_port_answers_loading_until_the_model_is_ready() {
+    use octoflow_model::{CpuBatch, Model};
+    use octoflow_serve::{EngineInfo, ModelInfo, ServeOptions, Server};
+    let Some(text) = common::text() else {
+        return;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("address");
+    let info = ModelInfo {
+        id: common::MODEL.into(),
+        tokenizer: text.tokenizer.clone(),
+        template: Some(text.template.clone()),
+        adapters: Vec::new(),
+    };
+    let path = text.path.clone();
+    let starting = tokio::spawn(Server::start(
+        addr,
+        info,
+        ServeOptions::default(),
+        move |driver| {
+            // a slow load
+            std::thread::sleep(Duration::from_millis(1500));
+            let model = Model::open(&path)?;
+            let mut engine = CpuBatch::new(&model, 1, 64, 16);
+            let info = EngineInfo {
+                device: "CPU".into(),
+                memory: None,
+            };
+            driver.run(&mut engine, info)
+        },
+    ));
+    let client = reqwest::Client::new();
+    let base = format!("http://{addr}");
+    let mut loading = None;
+    for _ in 0..200 {
+        if let Ok(r) = client.get(format!("{base}/health")).send().await {
+            loading = Some((r.status().as_u16(), r.json::<Value>().await.expect("JSON")));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, body) = loading.expect("the port answers while the model loads");
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "loading", "{body}");
+    let r = client
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"prompt": "x", "max_tokens": 1}))
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(r.status().as_u16(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    let server = starting.await.expect("joined").expect("the server starts");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(server.run(async move {
+        let _ = stopped.await;
+    }));
+    // the loading answers end with the load; new connections reach the model
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let ok = loop {
+        let r = reqwest::Client::new()
+            .get(format!("{base}/health"))
+            .send()
+            .await;
+        if let Ok(r) = r {
+            if r.status().as_u16() == 200 {
+                break true;
+            }
+        }
+        if Instant::now() > deadline {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(ok, "/health became ok after the load");
+    let _ = stop.send(());
+    running.await.expect("joined").expect("stopped cleanly");
+}
