@@ -2,8 +2,8 @@
 """Warm start of `octoflow serve`: start time, and time to first token of the first requests
 against later ones (docs/PERFORMANCE.md).
 
-Starts the server, times how long it takes until /health answers (the port is bound only after
-the engine is built and warmed up), then sends waves of STREAMS concurrent streaming completions
+Starts the server, times how long it takes until /health answers 200 (before, while the engine
+is built and warmed up, the port answers 503 "Loading model"), then sends waves of STREAMS concurrent streaming completions
 and reports each wave's time to first token (median and max over its streams). The first wave is
 what the first users after a start wait; the later waves are warm. Run it twice to see the
 second start with the pipeline cache on disk ($OCTOFLOW_HOME/pipelines); --cold deletes that
