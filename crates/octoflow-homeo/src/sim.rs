@@ -86,8 +86,8 @@ pub fn run(plant: Plant, hold: Hold, seconds: f64) -> Vec<Sample> {
         let busy = busy_left > 0;
         if busy {
             busy_left -= 1;
-        } else if idle_left > 0 {
-            idle_left -= 1;
+        } else {
+            idle_left = idle_left.saturating_sub(1);
         }
         if busy_left == 0 && idle_left == 0 && busy {
             // The loop calls before_submit: the delay after this submit's busy time.
