@@ -123,7 +123,7 @@ impl HfFolder {
         let mut experts = Vec::new();
         if self.config.family == Family::GptOss {
             for il in 0..self.config.n_layer {
-                experts.extend(self.add_experts(&mut w, il)?);
+                experts.extend(self.add_experts(&mut w, il, quant)?);
             }
         }
         for hf in self.shards.names() {
@@ -148,33 +148,34 @@ impl HfFolder {
         Ok(GgufFile::from_bytes(bytes)?)
     }
 
-    /// GPT-OSS layer `il`'s experts from their MXFP4 tensors: `ffn_gate_exps`, `ffn_up_exps`
-    /// (the even and odd rows of `gate_up`) and `ffn_down_exps` as GGUF MXFP4 blocks, their
-    /// biases as F32. Returns the HF names read.
-    fn add_experts(&self, w: &mut GgufWriter<'_>, il: u64) -> Result<[String; 6]> {
+    /// GPT-OSS layer `il`'s experts: `ffn_gate_exps`, `ffn_up_exps` (the even and odd rows of
+    /// `gate_up`) and `ffn_down_exps` with their biases (F32). From OpenAI's MXFP4 tensors they
+    /// become GGUF MXFP4 blocks; from unquantized ones (`gate_up_proj` [E, hidden, 2ff] and
+    /// `down_proj` [E, ff, hidden], as transformers saves a dequantized or fine-tuned model)
+    /// they are transposed into GGUF's rows in their stored type, or `quant`. Returns the HF
+    /// names read.
+    fn add_experts(
+        &self,
+        w: &mut GgufWriter<'_>,
+        il: u64,
+        quant: Option<GgmlType>,
+    ) -> Result<Vec<String>> {
         let names = names::expert_tensors(il);
+        let plain = |t: &str| format!("model.layers.{il}.mlp.experts.{t}");
         let c = &self.config;
         let (e, ff, n_exp) = (c.n_embd as usize, c.n_ff as usize, c.n_expert as usize);
-        let get = |i: usize, dtypes: &[Dtype], shape: &[usize]| -> Result<TensorView<'_>> {
-            let hf = &names[i];
+        let get = |hf: &str, dtypes: &[Dtype], shape: &[usize]| -> Result<TensorView<'_>> {
             let Some(view) = self.shards.get(hf) else {
-                let plain = format!("model.layers.{il}.mlp.experts.gate_up_proj");
                 return Err(HfError::Tensor {
                     path: self.shards.describe(),
-                    tensor: hf.clone(),
-                    problem: if self.shards.get(&plain).is_some() {
-                        "missing: the experts are stored unquantized (gate_up_proj), and only \
-                         the MXFP4 checkpoints GPT-OSS ships are read"
-                            .into()
-                    } else {
-                        "missing; a GPT-OSS layer's experts need it".into()
-                    },
+                    tensor: hf.to_string(),
+                    problem: "missing; a GPT-OSS layer's experts need it".into(),
                 });
             };
             if !dtypes.contains(&view.dtype) || view.shape != shape {
                 return Err(HfError::Tensor {
                     path: view.file.to_path_buf(),
-                    tensor: hf.clone(),
+                    tensor: hf.to_string(),
                     problem: format!(
                         "{:?} {:?}, but config.json implies {dtypes:?} {shape:?}",
                         view.dtype, view.shape
@@ -183,52 +184,124 @@ impl HfFolder {
             }
             Ok(view)
         };
-        if e % 32 != 0 || ff % 32 != 0 {
-            return Err(HfError::Tensor {
-                path: c.path.clone(),
-                tensor: names[0].clone(),
-                problem: format!("hidden {e} and intermediate {ff} must be multiples of 32"),
-            });
-        }
         let floats = [Dtype::F32, Dtype::F16, Dtype::BF16];
-        let gu_blocks = get(0, &[Dtype::U8], &[n_exp, 2 * ff, e / 32, 16])?;
-        let gu_scales = get(1, &[Dtype::U8], &[n_exp, 2 * ff, e / 32])?;
-        let gu_bias = get(2, &floats, &[n_exp, 2 * ff])?;
-        let d_blocks = get(3, &[Dtype::U8], &[n_exp, e, ff / 32, 16])?;
-        let d_scales = get(4, &[Dtype::U8], &[n_exp, e, ff / 32])?;
-        let d_bias = get(5, &floats, &[n_exp, e])?;
-        let (n_exp, e64, ff64) = (n_exp as u64, e as u64, ff as u64);
+        let (n_exp64, e64, ff64) = (n_exp as u64, e as u64, ff as u64);
         let b = |t: &str| format!("blk.{il}.{t}");
-        for (t, first) in [("ffn_gate_exps", 0), ("ffn_up_exps", 1)] {
-            let blocks = mxfp4_rows(gu_blocks.data, gu_scales.data, 2 * ff, e / 32, first, 2);
+        let mxfp4 = self.shards.get(&names[0]).is_some()
+            || self.shards.get(&plain("gate_up_proj")).is_none();
+        let used = if mxfp4 {
+            if e % 32 != 0 || ff % 32 != 0 {
+                return Err(HfError::Tensor {
+                    path: c.path.clone(),
+                    tensor: names[0].clone(),
+                    problem: format!("hidden {e} and intermediate {ff} must be multiples of 32"),
+                });
+            }
+            let gu_blocks = get(&names[0], &[Dtype::U8], &[n_exp, 2 * ff, e / 32, 16])?;
+            let gu_scales = get(&names[1], &[Dtype::U8], &[n_exp, 2 * ff, e / 32])?;
+            let d_blocks = get(&names[3], &[Dtype::U8], &[n_exp, e, ff / 32, 16])?;
+            let d_scales = get(&names[4], &[Dtype::U8], &[n_exp, e, ff / 32])?;
+            for (t, first) in [("ffn_gate_exps", 0), ("ffn_up_exps", 1)] {
+                let blocks = mxfp4_rows(gu_blocks.data, gu_scales.data, 2 * ff, e / 32, first, 2);
+                w.add_tensor(
+                    b(&format!("{t}.weight")),
+                    GgmlType::MXFP4,
+                    &[e64, ff64, n_exp64],
+                    blocks,
+                )?;
+            }
+            let down = mxfp4_rows(d_blocks.data, d_scales.data, e, ff / 32, 0, 1);
             w.add_tensor(
-                b(&format!("{t}.weight")),
+                b("ffn_down_exps.weight"),
                 GgmlType::MXFP4,
-                &[e64, ff64, n_exp],
-                blocks,
+                &[ff64, e64, n_exp64],
+                down,
             )?;
-            let bias = f32_values(gu_bias);
-            let half: Vec<u8> = bias
+            names.to_vec()
+        } else {
+            let gu_name = plain("gate_up_proj");
+            let d_name = plain("down_proj");
+            let gu = get(&gu_name, &floats, &[n_exp, e, 2 * ff])?;
+            let d = get(&d_name, &floats, &[n_exp, ff, e])?;
+            let (ty, size) = match gu.dtype {
+                Dtype::F32 => (GgmlType::F32, 4),
+                Dtype::F16 => (GgmlType::F16, 2),
+                _ => (GgmlType::BF16, 2),
+            };
+            if d.dtype != gu.dtype {
+                return Err(HfError::Tensor {
+                    path: d.file.to_path_buf(),
+                    tensor: d_name,
+                    problem: format!("{:?}, but gate_up_proj is {:?}", d.dtype, gu.dtype),
+                });
+            }
+            // element (x, r, k) of a [E, rows_in, cols_in] tensor to row r, column k of expert x
+            let transposed = |data: &[u8],
+                              rows_in: usize,
+                              cols_in: usize,
+                              pick: &dyn Fn(usize) -> usize,
+                              n_out: usize| {
+                let mut out = Vec::with_capacity(n_exp * n_out * rows_in * size);
+                for x in 0..n_exp {
+                    for r in 0..n_out {
+                        let col = pick(r);
+                        for k in 0..rows_in {
+                            let at = ((x * rows_in + k) * cols_in + col) * size;
+                            out.extend_from_slice(&data[at..at + size]);
+                        }
+                    }
+                }
+                out
+            };
+            let store = |hf: &str,
+                         file: &Path,
+                         data: Vec<u8>,
+                         cols: usize|
+             -> Result<(GgmlType, Vec<u8>)> {
+                match quant {
+                    Some(q) if cols.is_multiple_of(q.block_size()) => {
+                        Ok((q, quantize(hf, file, ty, &data, q)?))
+                    }
+                    _ => Ok((ty, data)),
+                }
+            };
+            for (t, first) in [("ffn_gate_exps", 0usize), ("ffn_up_exps", 1)] {
+                let rows = transposed(gu.data, e, 2 * ff, &|r| 2 * r + first, ff);
+                let (ty, rows) = store(&gu_name, gu.file, rows, e)?;
+                w.add_tensor(b(&format!("{t}.weight")), ty, &[e64, ff64, n_exp64], rows)?;
+            }
+            let rows = transposed(d.data, ff, e, &|r| r, e);
+            let (ty, rows) = store(&d_name, d.file, rows, ff)?;
+            w.add_tensor(b("ffn_down_exps.weight"), ty, &[ff64, e64, n_exp64], rows)?;
+            vec![gu_name, d_name, names[2].clone(), names[5].clone()]
+        };
+        let gu_bias = get(&names[2], &floats, &[n_exp, 2 * ff])?;
+        let d_bias = get(&names[5], &floats, &[n_exp, e])?;
+        for (t, first) in [("ffn_gate_exps", 0), ("ffn_up_exps", 1)] {
+            let half: Vec<u8> = f32_values(gu_bias)
                 .iter()
                 .skip(first)
                 .step_by(2)
                 .flat_map(|x| x.to_le_bytes())
                 .collect();
-            w.add_tensor(b(&format!("{t}.bias")), GgmlType::F32, &[ff64, n_exp], half)?;
+            w.add_tensor(
+                b(&format!("{t}.bias")),
+                GgmlType::F32,
+                &[ff64, n_exp64],
+                half,
+            )?;
         }
-        let down = mxfp4_rows(d_blocks.data, d_scales.data, e, ff / 32, 0, 1);
-        w.add_tensor(
-            b("ffn_down_exps.weight"),
-            GgmlType::MXFP4,
-            &[ff64, e64, n_exp],
-            down,
-        )?;
         let bias: Vec<u8> = f32_values(d_bias)
             .iter()
             .flat_map(|x| x.to_le_bytes())
             .collect();
-        w.add_tensor(b("ffn_down_exps.bias"), GgmlType::F32, &[e64, n_exp], bias)?;
-        Ok(names)
+        w.add_tensor(
+            b("ffn_down_exps.bias"),
+            GgmlType::F32,
+            &[e64, n_exp64],
+            bias,
+        )?;
+        Ok(used)
     }
 
     fn unexpected<'a>(&self, hf: &str, view: impl Into<Option<TensorView<'a>>>) -> HfError {

@@ -290,3 +290,43 @@ fn an_unreadable_gpt_oss_config_is_a_clear_error() {
     let e = edit(&|v| v["num_local_experts"] = 8.into());
     assert!(e.contains("router.weight") && e.contains("[8, 64]"), "{e}");
 }
+
+#[test]
+fn gpt_oss_saved_unquantized_reads_its_experts_transposed() {
+    let g = open_model(&fixture("gpt-oss-bf16")).expect("gpt-oss-bf16");
+    for name in ["blk.0.ffn_gate_exps.weight", "blk.1.ffn_down_exps.weight"] {
+        let t = g.tensor(name).expect(name);
+        assert_eq!(
+            (t.ty, &t.dims),
+            (GgmlType::BF16, &vec![64, 64, 4]),
+            "{name}"
+        );
+    }
+    // the same experts as the MXFP4 folder, value for value
+    let mx = open_model(&fixture("gpt-oss")).expect("gpt-oss");
+    let values = |g: &octoflow_gguf::GgufFile, name: &str| -> Vec<f32> {
+        let t = g.tensor(name).expect(name);
+        let mut out = vec![0f32; t.dims.iter().product::<u64>() as usize];
+        octoflow_gguf::quant::dequantize(t.ty, g.tensor_data(t), &mut out).expect("dequantize");
+        out
+    };
+    for name in [
+        "blk.0.ffn_gate_exps.weight",
+        "blk.0.ffn_up_exps.weight",
+        "blk.1.ffn_down_exps.weight",
+    ] {
+        assert_eq!(values(&g, name), values(&mx, name), "{name}");
+    }
+    // and quantized at load like any matrix
+    let q = HfFolder::open(fixture("gpt-oss-bf16"))
+        .and_then(|f| f.to_gguf(Some(GgmlType::Q8_0)))
+        .expect("quantized");
+    assert_eq!(
+        q.tensor("blk.0.ffn_up_exps.weight").expect("up").ty,
+        GgmlType::Q8_0
+    );
+    assert_eq!(
+        q.tensor("blk.0.ffn_gate_inp.weight").expect("router").ty,
+        GgmlType::F32
+    );
+}
