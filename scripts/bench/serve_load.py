@@ -24,6 +24,8 @@ import time
 import urllib.parse
 import urllib.request
 
+from agents_http import dechunk  # beside this script
+
 PROMPTS = [
     "Write a short story about a robot who learns to paint.",
     "Explain how a refrigerator works to a curious ten-year-old.",
@@ -52,18 +54,6 @@ async def complete(url, prompt, n):
     if b"transfer-encoding: chunked" in head.lower():
         payload = dechunk(payload)
     return json.loads(payload)["usage"]["completion_tokens"], None
-
-
-def dechunk(data):
-    out = bytearray()
-    while data:
-        size, _, data = data.partition(b"\r\n")
-        n = int(size, 16)
-        if n == 0:
-            break
-        out += data[:n]
-        data = data[n + 2:]
-    return bytes(out)
 
 
 def energy(url):

@@ -11,6 +11,7 @@
 //! - at the connection cap, accepting pauses: further clients wait in the kernel's backlog until
 //!   a connection closes.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,26 +63,7 @@ pub async fn serve(
         .header_read_timeout(limits.header_timeout)
         .keep_alive(true);
     tokio::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            () = &mut shutdown => break,
-        };
-        let (stream, remote) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    // Out of file descriptors and the like: wait a little and go on.
-                    tracing::warn!("accepting a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
+    while let Some((permit, stream, remote)) = accept(&listener, &permits, &mut shutdown).await {
         let _ = stream.set_nodelay(true);
         let svc = app
             .clone()
@@ -120,27 +102,7 @@ pub async fn answer_until(
         .header_read_timeout(limits.header_timeout)
         .keep_alive(false);
     tokio::pin!(stop);
-    loop {
-        let permit = tokio::select! {
-            biased;
-            () = &mut stop => break,
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-        };
-        let (stream, remote) = tokio::select! {
-            biased;
-            () = &mut stop => break,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!("accepting a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some((permit, stream, remote)) = accept(&listener, &permits, &mut stop).await {
         let svc = app
             .clone()
             .map_request(|r: hyper::Request<hyper::body::Incoming>| r.map(axum::body::Body::new));
@@ -151,5 +113,37 @@ pub async fn answer_until(
             }
             drop(permit);
         });
+    }
+}
+
+/// The next connection with its permit, or `None` once `stop` has resolved (checked first, so
+/// nothing is accepted after it) or the permits are closed. Accept errors (out of file
+/// descriptors and the like) wait a little and try again.
+async fn accept(
+    listener: &TcpListener,
+    permits: &Arc<Semaphore>,
+    stop: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> Option<(
+    tokio::sync::OwnedSemaphorePermit,
+    tokio::net::TcpStream,
+    SocketAddr,
+)> {
+    let permit = tokio::select! {
+        biased;
+        () = stop.as_mut() => return None,
+        p = permits.clone().acquire_owned() => p.ok()?,
+    };
+    loop {
+        tokio::select! {
+            biased;
+            () = stop.as_mut() => return None,
+            r = listener.accept() => match r {
+                Ok((stream, remote)) => return Some((permit, stream, remote)),
+                Err(e) => {
+                    tracing::warn!("accepting a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
     }
 }

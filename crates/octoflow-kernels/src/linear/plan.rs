@@ -42,7 +42,7 @@ impl MatvecPlan {
     /// 8,192 columns: an 8B model's projections and gate/up) takes the staged layout for four
     /// tokens, eight row groups of 32 lanes with two rows each: x staged in shared memory once
     /// per workgroup beats every single-token layout there, and most where the norm is fused
-    /// (docs/perf-log, session 20). Pipelines with a pending post-norm take one token only:
+    /// (the layout sweep in docs/perf-log). Pipelines with a pending post-norm take one token only:
     /// they use [`MatvecPlan::choose_direct`].
     pub(crate) fn choose(n_rows: u32, n_cols: u32, n_tokens: u32) -> MatvecPlan {
         if n_tokens <= 1 && (4096..32768).contains(&n_rows) && (4096..=8192).contains(&n_cols) {
