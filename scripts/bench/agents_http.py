@@ -34,27 +34,33 @@ OTHER = "\n\nAnother agent answered: "
 REVISE = "\n\nUsing the other answers as additional information, give your updated answer."
 
 
-async def complete(url, prompt, n, temp, seed):
-    """One non-streaming completion: (text, completion tokens)."""
+async def post_json(url, path, doc):
+    """POSTs `doc` as JSON on a new connection (closed after the answer): (status, body)."""
     u = urllib.parse.urlsplit(url)
-    body = json.dumps({
-        "prompt": prompt, "max_tokens": n, "temperature": temp, "seed": seed,
-        "stop": ["END_ACTION"],
-    }).encode()
+    body = json.dumps(doc).encode()
     reader, writer = await asyncio.open_connection(u.hostname, u.port or 80)
     writer.write(
-        f"POST /v1/completions HTTP/1.1\r\nHost: {u.hostname}\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: {u.hostname}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         "Connection: close\r\n\r\n".encode() + body)
     await writer.drain()
     raw = await reader.read()
     writer.close()
     head, _, payload = raw.partition(b"\r\n\r\n")
-    status = head.split(b" ", 2)[1]
-    if status != b"200":
-        sys.exit(f"HTTP {status.decode()}: {payload[:300]!r}")
+    status = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b"?"
     if b"transfer-encoding: chunked" in head.lower():
         payload = dechunk(payload)
+    return status.decode(errors="replace"), payload
+
+
+async def complete(url, prompt, n, temp, seed):
+    """One non-streaming completion: (text, completion tokens)."""
+    status, payload = await post_json(url, "/v1/completions", {
+        "prompt": prompt, "max_tokens": n, "temperature": temp, "seed": seed,
+        "stop": ["END_ACTION"],
+    })
+    if status != "200":
+        sys.exit(f"HTTP {status}: {payload[:300]!r}")
     doc = json.loads(payload)
     return doc["choices"][0]["text"], doc["usage"]["completion_tokens"]
 

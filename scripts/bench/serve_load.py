@@ -21,10 +21,9 @@ import asyncio
 import json
 import sys
 import time
-import urllib.parse
 import urllib.request
 
-from agents_http import dechunk  # beside this script
+from agents_http import post_json  # beside this script
 
 PROMPTS = [
     "Write a short story about a robot who learns to paint.",
@@ -35,24 +34,12 @@ PROMPTS = [
 
 
 async def complete(url, prompt, n):
-    u = urllib.parse.urlsplit(url)
-    body = json.dumps({
+    """One completion: (completion tokens, None), or (None, the error)."""
+    status, payload = await post_json(url, "/v1/completions", {
         "prompt": prompt, "max_tokens": n, "temperature": 0.7, "ignore_eos": True,
-    }).encode()
-    reader, writer = await asyncio.open_connection(u.hostname, u.port or 80)
-    writer.write(
-        f"POST /v1/completions HTTP/1.1\r\nHost: {u.hostname}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n".encode() + body)
-    await writer.drain()
-    raw = await reader.read()
-    writer.close()
-    head, _, payload = raw.partition(b"\r\n\r\n")
-    status = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b"?"
-    if status != b"200":
-        return None, f"HTTP {status.decode(errors='replace')}: {payload[:200]!r}"
-    if b"transfer-encoding: chunked" in head.lower():
-        payload = dechunk(payload)
+    })
+    if status != "200":
+        return None, f"HTTP {status}: {payload[:200]!r}"
     return json.loads(payload)["usage"]["completion_tokens"], None
 
 
