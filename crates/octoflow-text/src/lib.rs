@@ -25,6 +25,7 @@ pub mod special;
 mod spm;
 pub mod stream;
 pub mod tokenizer;
+mod tokenizer_json;
 mod unicode;
 pub mod vocab;
 

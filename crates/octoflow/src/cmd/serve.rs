@@ -103,7 +103,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let path = super::common::model_path(args.model.as_deref())?;
     let gguf = Arc::new(args.load.open(&path)?);
-    let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).context("building the tokenizer")?);
+    let tokenizer = Arc::new(super::common::tokenizer(&path, &gguf)?);
     let template = match &args.chat_template {
         Some(file) => ChatTemplate::from_file_for_model(file, &gguf)?,
         None => ChatTemplate::from_gguf(&gguf)?,

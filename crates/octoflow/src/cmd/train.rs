@@ -215,7 +215,7 @@ struct Prepared {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let path = super::common::model_path(args.model.as_deref())?;
     let gguf = Arc::new(args.load.open(&path)?);
-    let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
+    let tokenizer = super::common::tokenizer(&path, &gguf)?;
     let template = match &args.chat_template {
         Some(file) => Some(ChatTemplate::from_file_for_model(file, &gguf)?),
         None => ChatTemplate::from_gguf(&gguf).ok(),
