@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use octoflow_text::Tokenizer;
 use serde_json::json;
 
 /// Arguments of `octoflow perplexity`.

@@ -5,7 +5,6 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use octoflow_text::Tokenizer;
 use serde_json::json;
 
 /// Arguments of `octoflow tokenize`.

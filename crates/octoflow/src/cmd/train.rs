@@ -13,7 +13,7 @@ use anyhow::Context;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use octoflow_model::gpu::GpuModel;
 use octoflow_model::Model;
-use octoflow_text::{ChatTemplate, Tokenizer};
+use octoflow_text::ChatTemplate;
 use octoflow_train::data::{load_jsonl, Example};
 use octoflow_train::run::{
     train, train_many, Observer, RunInputs, RunSlot, StepReport, Summary, TrainConfig,
