@@ -13,6 +13,7 @@ use octoflow_model::{Logits, Model, ModelConfig, Result as ModelResult, Session,
 use octoflow_vk::testing::gpu_or_skip;
 
 use super::*;
+use crate::shift::ContextShift;
 
 const PROMPT: [u32; 4] = [1, 262, 264, 263];
 
@@ -48,7 +49,7 @@ fn run(session: &mut dyn Forward, tok: &Tokenizer, limits: &Limits) -> (Vec<u32>
     let mut sampler = Sampler::new(SamplingParams::greedy());
     let mut out = Vec::new();
     let (tokens, stats) =
-        generate(session, tok, &mut sampler, &PROMPT, limits, &mut out).expect("generates");
+        generate(session, tok, &mut sampler, &PROMPT, limits, None, &mut out).expect("generates");
     (tokens, String::from_utf8_lossy(&out).into_owned(), stats)
 }
 
@@ -135,6 +136,7 @@ fn the_cpu_loop_stops_at_the_limit_and_at_a_full_context() {
         &mut sampler,
         &PROMPT,
         &limits(None, true),
+        None,
         &mut Vec::new(),
     )
     .unwrap_err();
@@ -218,4 +220,87 @@ fn the_gpu_chains_stop_for_the_limit_the_context_and_end_of_generation() {
         (tokens.as_slice(), stats.finish),
         (&free[..=at], Finish::Eog)
     );
+}
+
+/// Checks greedy `tokens` generated after `prompt` in a context shifted with `keep` tokens
+/// kept: each must be what `fresh`, emptied and fed all the held tokens at once, ranks first
+/// (within a rounding-sized margin: the generation fed them in other batch shapes), the held
+/// tokens shifted by the same rule (the first `keep`, then the newer half of the rest) before a
+/// token that would not fit is fed. Returns the number of shifts.
+fn check_shifted(
+    fresh: &mut dyn Forward,
+    prompt: &[u32],
+    keep: usize,
+    tokens: &[u32],
+    label: &str,
+) -> usize {
+    let n_ctx = fresh.n_ctx();
+    let rule = ContextShift::new(keep);
+    let mut held = rule.fit(prompt, n_ctx, 1);
+    let mut shifts = usize::from(held.len() < prompt.len());
+    for (i, &t) in tokens.iter().enumerate() {
+        fresh.truncate(0);
+        let logits = fresh.forward(&held, 0, Logits::Last).expect("reference forward");
+        let (best, scale) = logits.iter().fold((f32::MIN, 0f32), |(b, m), &x| {
+            assert!(x.is_finite(), "{label}: logit {x}");
+            (b.max(x), m.max(x.abs()))
+        });
+        assert!(
+            logits[t as usize] >= best - 1e-4 * scale.max(1.0),
+            "{label}: token {i} is {t} ({}), the reference's best is {best}",
+            logits[t as usize]
+        );
+        if i + 1 == tokens.len() {
+            break;
+        }
+        if held.len() + 1 > n_ctx {
+            held = rule.fit(&held, n_ctx, 1);
+            shifts += 1;
+        }
+        held.push(t);
+    }
+    shifts
+}
+
+#[test]
+fn a_shifting_context_goes_on_as_a_fresh_session_fed_the_kept_tokens_would() {
+    let (model, tok) = open(&mut tiny_file("a_shifting_context_goes_on"), None);
+    let gpu = gpu_or_skip("context shift on the GPU chains");
+    let gpu_model = gpu
+        .as_ref()
+        .map(|ctx| GpuModel::load(ctx, &model).expect("tiny model on the GPU"));
+    let (n_ctx, n) = (12, 30);
+    // each backend against a fresh session of its own kind
+    type Make<'a> = Box<dyn Fn() -> Box<dyn Forward + 'a> + 'a>;
+    let mut backends: Vec<(&str, Make<'_>)> =
+        vec![("CPU", Box::new(|| Box::new(model.session(n_ctx))))];
+    if let Some(g) = gpu_model.as_ref() {
+        backends.push(("GPU", Box::new(move || Box::new(g.session(n_ctx, 4).expect("session")))));
+    }
+    // a prompt that fits and one longer than the context, each generating past it twice
+    let long: Vec<u32> = (0..20).map(|i| 5 + (i * 7) % 40).collect();
+    for (prompt, keep) in [(&PROMPT[..], 1), (&long[..], 3)] {
+        for (name, make) in &backends {
+            let label = format!("{name}, prompt of {}", prompt.len());
+            let mut session = make();
+            let mut shift = ContextShift::new(keep);
+            let mut sampler = Sampler::new(SamplingParams::greedy());
+            let (tokens, stats) = generate(
+                session.as_mut(),
+                &tok,
+                &mut sampler,
+                prompt,
+                &limits(Some(n), true),
+                Some(&mut shift),
+                &mut Vec::new(),
+            )
+            .expect("generates");
+            assert_eq!((tokens.len(), stats.finish), (n, Finish::Length), "{label}");
+            let shifts = check_shifted(make().as_mut(), prompt, keep, &tokens, &label);
+            assert!(shifts >= 2, "{label}: {shifts} shifts");
+            assert_eq!(stats.shifts, shifts, "{label}");
+            assert_eq!(shift.held.len(), session.n_past(), "{label}");
+            assert_eq!(shift.held[..keep], prompt[..keep], "{label}: the kept start");
+        }
+    }
 }

@@ -6,6 +6,8 @@
 //! - [`constraint`]: grammars (JSON schema, Lark, regex) as a token mask per position, through
 //!   llguidance.
 //! - [`prompt`]: the checks of a prompt against the context, and prefill chunking.
+//! - [`shift`]: context shift, a full session keeping its first tokens and the newer half of
+//!   the rest instead of ending.
 //! - [`generate`](mod@generate): the loop over one [`octoflow_model::Forward`] session, on the
 //!   device's multi-step chains where it samples, else token by token on the CPU.
 //!
@@ -17,6 +19,7 @@ pub mod constraint;
 pub mod error;
 pub mod generate;
 pub mod prompt;
+pub mod shift;
 
 pub use choice::{device_eog, Choice, Limits, Release};
 pub use constraint::{Constraint, ConstraintError, Grammar, GrammarEnv};
@@ -24,3 +27,4 @@ pub use error::{GenerateError, PromptError};
 pub use generate::{generate, Stats};
 pub use octoflow_core::Finish;
 pub use prompt::{check_prompt, PREFILL_CHUNK};
+pub use shift::ContextShift;

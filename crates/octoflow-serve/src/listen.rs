@@ -57,11 +57,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout)
-        .keep_alive(true);
+    let builder = connections(&limits, true);
     tokio::pin!(shutdown);
     while let Some((permit, stream, remote)) = accept(&listener, &permits, &mut shutdown).await {
         let _ = stream.set_nodelay(true);
@@ -96,11 +92,7 @@ pub async fn answer_until(
     stop: impl std::future::Future<Output = ()>,
 ) {
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout)
-        .keep_alive(false);
+    let builder = connections(&limits, false);
     tokio::pin!(stop);
     while let Some((permit, stream, remote)) = accept(&listener, &permits, &mut stop).await {
         let svc = app
@@ -114,6 +106,17 @@ pub async fn answer_until(
             drop(permit);
         });
     }
+}
+
+/// How connections are served: headers within `limits`' deadline (an idle kept-alive
+/// connection waits for its next request's headers under the same deadline).
+fn connections(limits: &Limits, keep_alive: bool) -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .keep_alive(keep_alive);
+    builder
 }
 
 /// The next connection with its permit, or `None` once `stop` has resolved (checked first, so

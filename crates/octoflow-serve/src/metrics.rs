@@ -72,6 +72,8 @@ pub struct Metrics {
     pub prefix_misses: AtomicU64,
     /// Prompt tokens not run again thanks to those hits.
     pub prefix_cached_tokens: AtomicU64,
+    /// Prompts shifted to fit the context (`--context-shift`).
+    pub prompts_shifted: AtomicU64,
     step_time: Mutex<Histogram>,
     ttft: Mutex<Histogram>,
     /// The device's sensor and pacer, set once by the engine (GPU path with a sensor); its
@@ -165,6 +167,12 @@ impl Metrics {
             "counter",
             "Prompt tokens reused from instances' caches instead of run again.",
             get(&self.prefix_cached_tokens),
+        );
+        put(
+            "octoflow_prompts_shifted_total",
+            "counter",
+            "Prompts longer than the context that kept their start and newest tokens.",
+            get(&self.prompts_shifted),
         );
         put(
             "octoflow_prompt_tokens_total",

@@ -49,6 +49,8 @@ pub struct AppState {
     pub created: u64,
     /// Most tokens one completion may generate (also when the request names no limit).
     pub max_tokens: usize,
+    /// Tokens a too-long prompt keeps at its start when it is shifted to fit (`None`: refused).
+    pub context_shift: Option<usize>,
     /// The grammar compiler over the tokenizer, built at the first constrained request.
     pub grammars: OnceLock<Result<GrammarEnv, String>>,
 }
@@ -224,6 +226,21 @@ fn check_model(st: &AppState, model: &Option<String>) -> Result<(Option<u32>, St
     }
 }
 
+/// `prompt` checked against the context and the vocabulary; with a context shift, a prompt that
+/// does not fit keeps its first tokens and its newest, half the context left for the completion
+/// (as llama-server truncates a prompt).
+fn fit_prompt(st: &AppState, prompt: Vec<u32>, param: &str) -> Result<Vec<u32>, ApiError> {
+    let prompt = match st.context_shift {
+        Some(keep) if prompt.len() >= st.n_ctx => {
+            Metrics::inc(&st.metrics.prompts_shifted);
+            octoflow_generate::ContextShift::new(keep).fit(&prompt, st.n_ctx, st.n_ctx / 2)
+        }
+        _ => prompt,
+    };
+    check_prompt(st, &prompt, param)?;
+    Ok(prompt)
+}
+
 fn check_prompt(st: &AppState, prompt: &[u32], param: &str) -> Result<(), ApiError> {
     let n_vocab = st.tokenizer.n_vocab();
     octoflow_generate::check_prompt(prompt, 0, st.n_ctx, n_vocab).map_err(|e| match e {
@@ -371,7 +388,7 @@ async fn chat_inner(st: &AppState, b: Result<Bytes, BytesRejection>) -> Result<R
             .map_err(|e| ApiError::invalid("messages".to_string(), e.to_string()))?;
         Ok::<_, ApiError>(st.tokenizer.encode(&text, true, true))
     })?;
-    check_prompt(st, &prompt, "messages")?;
+    let prompt = fit_prompt(st, prompt, "messages")?;
     let logprobs = if req.logprobs {
         Some(req.top_logprobs.unwrap_or(0))
     } else {
@@ -462,7 +479,7 @@ async fn completions_inner(
         }
         Prompt::Tokens(ids) => ids.clone(),
     };
-    check_prompt(st, &prompt, "prompt")?;
+    let prompt = fit_prompt(st, prompt, "prompt")?;
     let mut params = api::gen_params(
         &req.common,
         None,

@@ -50,6 +50,9 @@ pub struct ServeOptions {
     pub allowed_hosts: Vec<String>,
     /// Reuse what instances' caches hold of a new prompt ([`crate::prefix`]).
     pub prefix_cache: bool,
+    /// A prompt longer than the context keeps this many tokens at its start and its newest
+    /// tokens (context shift, [`octoflow_generate::ContextShift`]) instead of being refused.
+    pub context_shift: Option<usize>,
 }
 
 impl Default for ServeOptions {
@@ -64,6 +67,7 @@ impl Default for ServeOptions {
             limits: Limits::default(),
             allowed_hosts: Vec::new(),
             prefix_cache: true,
+            context_shift: None,
         }
     }
 }
@@ -164,6 +168,7 @@ impl Server {
             body_limit: opts.body_limit,
             created,
             max_tokens: opts.max_tokens,
+            context_shift: opts.context_shift,
             grammars: std::sync::OnceLock::new(),
         });
         Ok(Server {

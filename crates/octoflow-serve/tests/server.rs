@@ -367,6 +367,51 @@ async fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_context_shift_a_long_prompt_keeps_its_start_and_newest_tokens() {
+    let shape = Shape {
+        n_ctx: 64,
+        context_shift: Some(1),
+        ..Default::default()
+    };
+    let Some(s) = start(shape).await else {
+        return;
+    };
+    let long = "word ".repeat(200) + "The capital of France is";
+    let ids = s.text.tokenizer.encode(&long, true, true);
+    assert!(ids.len() > 64);
+    // what the server should have kept: the first token and the newest, half the context free
+    let kept = octoflow_generate::ContextShift::new(1).fit(&ids, 64, 32);
+    assert!(kept.len() <= 32 && kept[0] == ids[0] && ids.ends_with(&kept[1..]));
+    let ask = |prompt: Value| json!({"prompt": prompt, "max_tokens": 8, "temperature": 0});
+    let (status, shifted) = s.post("/v1/completions", &ask(json!(long))).await;
+    assert_eq!(status, 200, "{shifted}");
+    let (status, direct) = s.post("/v1/completions", &ask(json!(kept))).await;
+    assert_eq!(status, 200, "{direct}");
+    assert_eq!(shifted["usage"]["prompt_tokens"], kept.len(), "{shifted}");
+    assert_eq!(
+        shifted["choices"][0]["text"], direct["choices"][0]["text"],
+        "the shifted prompt answers as its kept tokens sent whole"
+    );
+    let (status, chat) = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": long}], "max_tokens": 4}),
+        )
+        .await;
+    assert_eq!(status, 200, "{chat}");
+    let metrics = s
+        .client
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(metrics.contains("octoflow_prompts_shifted_total 2"), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_mid_stream_frees_its_instance() {
     let Some(s) = start(Shape {
         instances: 1,

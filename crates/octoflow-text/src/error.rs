@@ -35,6 +35,10 @@ pub enum TextError {
         #[source]
         source: std::io::Error,
     },
+    /// A `tokenizer.json` could not be read, disagrees with the model's vocabulary, or failed
+    /// to encode a text.
+    #[error("{path}: {message}")]
+    TokenizerJson { path: PathBuf, message: String },
     /// A chat template failed to compile or to render.
     #[error("chat template ({origin}): {message}")]
     Template { origin: String, message: String },

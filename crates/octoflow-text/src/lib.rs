@@ -11,7 +11,9 @@
 //! ```
 //!
 //! Tokenization agrees with llama.cpp's (`llama_tokenize`) id for id; the tests check every
-//! case of the golden files under `tests/golden/`.
+//! case of the golden files under `tests/golden/`. A model read from a Hugging Face folder
+//! encodes through its own `tokenizer.json` instead ([`Tokenizer::with_tokenizer_json`], the
+//! `tokenizers` crate), as transformers does.
 
 mod bpe;
 pub mod chat;
@@ -25,6 +27,7 @@ pub mod special;
 mod spm;
 pub mod stream;
 pub mod tokenizer;
+mod tokenizer_json;
 mod unicode;
 pub mod vocab;
 

@@ -12,6 +12,7 @@ use crate::pretokenize::PreTokenizer;
 use crate::special::{Defaults, SpecialTokens};
 use crate::spm::SpmModel;
 use crate::stream::StreamDecoder;
+use crate::tokenizer_json::JsonEncoder;
 use crate::vocab::{TokenAttr, Vocab};
 
 /// The space character SentencePiece vocabularies spell spaces with (U+2581).
@@ -39,6 +40,8 @@ pub struct Tokenizer {
     model_name: String,
     /// `tokenizer.ggml.pre` (empty when absent).
     pre_name: String,
+    /// A folder's `tokenizer.json`, which encodes in its place when attached.
+    json: Option<JsonEncoder>,
 }
 
 impl Tokenizer {
@@ -107,13 +110,50 @@ impl Tokenizer {
             pieces,
             model_name,
             pre_name,
+            json: None,
         })
+    }
+
+    /// Encodes through Hugging Face's `tokenizers` reading `path`, the `tokenizer.json` this
+    /// tokenizer's metadata was converted from (a model opened from a folder): its ids are
+    /// transformers' where llama.cpp's reading of the metadata would differ. Fails when the file
+    /// does not load or gives a token another id than the vocabulary does.
+    pub fn with_tokenizer_json(mut self, path: &std::path::Path) -> Result<Self, TextError> {
+        self.json = Some(JsonEncoder::open(path, &self.vocab)?);
+        Ok(self)
+    }
+
+    /// The `tokenizer.json` that encodes, when one is attached.
+    pub fn tokenizer_json(&self) -> Option<&std::path::Path> {
+        self.json.as_ref().map(JsonEncoder::path)
+    }
+
+    /// [`encode`](Self::encode), with an attached `tokenizer.json`'s failure returned instead of
+    /// encoding by the metadata.
+    pub fn try_encode(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, TextError> {
+        match &self.json {
+            Some(json) => json.encode(text, add_special, parse_special),
+            None => Ok(self.encode_by_metadata(text, add_special, parse_special)),
+        }
     }
 
     /// Tokenizes `text`. With `add_special`, BOS/EOS are added as the vocabulary's flags say;
     /// with `parse_special`, control tokens written in the text (`<|im_start|>`) become their
-    /// ids (user-defined tokens always do), as llama.cpp's `llama_tokenize`.
+    /// ids (user-defined tokens always do), as llama.cpp's `llama_tokenize`. With a
+    /// `tokenizer.json` attached, as `tokenizers` does; in the rare case that it fails (its regex
+    /// engine's backtracking limit on a pathological text), by the metadata, which gives
+    /// llama.cpp's ids over the same vocabulary.
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+        self.try_encode(text, add_special, parse_special)
+            .unwrap_or_else(|_| self.encode_by_metadata(text, add_special, parse_special))
+    }
+
+    fn encode_by_metadata(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         let bos = self
             .special

@@ -5,10 +5,11 @@
 //! every run (seed printed on failure, `OCTOFLOW_TEST_SEED` replays it).
 
 mod common;
+// the octoflow crate's tests ask llama.cpp through the same scripts
+#[path = "../../octoflow/tests/common/mod.rs"]
+mod llama;
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use common::{ids, random_char, seed};
 use octoflow_text::{ChatTemplate, Message, TokenAttr, Tokenizer};
@@ -117,28 +118,7 @@ fn random_conversation(rng: &mut StdRng, specials: &[String]) -> Value {
 
 /// llama.cpp's answers to a request (see scripts/check/llama_text.py).
 fn llama_cpp(model: &Path, request: &Value) -> Value {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/check/llama_text.py");
-    let mut child = Command::new("python3")
-        .arg(&script)
-        .arg(model)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 (scripts/deps.sh installs it)");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(request.to_string().as_bytes())
-        .expect("write the request");
-    let out = child.wait_with_output().expect("llama_text.py");
-    assert!(
-        out.status.success(),
-        "llama_text.py failed (llama-cpp-python missing? run scripts/deps.sh): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("llama_text.py printed JSON")
+    llama::llama_cpp_script("llama_text.py", model, request)
 }
 
 #[test]

@@ -91,6 +91,14 @@ fn golden(family: &str) -> Golden {
     }
 }
 
+/// The tokenizer `-m DIR` builds: the metadata's, encoding through DIR/tokenizer.json.
+fn folder_tokenizer(dir: &Path, gguf: &octoflow_gguf::GgufFile) -> octoflow_text::Tokenizer {
+    octoflow_text::Tokenizer::from_gguf(gguf)
+        .expect("tokenizer")
+        .with_tokenizer_json(&dir.join("tokenizer.json"))
+        .expect("tokenizer.json agrees with the metadata")
+}
+
 fn top(v: &[f32]) -> usize {
     (0..v.len())
         .max_by(|&a, &b| v[a].total_cmp(&v[b]))
@@ -137,12 +145,20 @@ fn folders_match_transformers_on_the_cpu_and_the_gpu() {
     for family in FAMILIES {
         let g = golden(family);
         let gguf = Arc::new(octoflow_hf::open_model(&folder(family)).expect(family));
+        // the metadata's tokenizer (what the converted file gives llama.cpp), and the folder's
+        // tokenizer.json through the tokenizers crate (what `-m DIR` encodes with)
         let tok = octoflow_text::Tokenizer::from_gguf(&gguf).expect("tokenizer");
         assert_eq!(
             tok.encode(&g.prompt, true, true),
             g.ids,
             "{family}: our tokenizer against transformers' on {:?}",
             g.prompt
+        );
+        let json = folder_tokenizer(&folder(family), &gguf);
+        assert_eq!(
+            json.try_encode(&g.prompt, true, true).expect("encodes"),
+            g.ids,
+            "{family}: tokenizer.json through tokenizers"
         );
         let model = Model::from_gguf(gguf).expect("model");
         let n_ctx = g.ids.len();
@@ -600,36 +616,56 @@ fn a_sentencepiece_tokenizer_json_tokenizes_as_tokenizers_and_llama_cpp_do() {
     let path = folder("llama-spm").join("golden.json");
     let golden: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).expect("golden")).expect("JSON");
-    let cases: Vec<(String, Vec<u32>)> = golden["normalizer"]
-        .as_array()
-        .expect("cases")
-        .iter()
-        .map(|c| {
-            let ids = c["ids"].as_array().expect("ids");
-            let ids = ids.iter().map(|i| i.as_u64().expect("id") as u32).collect();
-            (c["text"].as_str().expect("text").to_string(), ids)
-        })
-        .collect();
+    let cases = |variant: &str| -> Vec<(String, Vec<u32>)> {
+        golden[variant]
+            .as_array()
+            .expect("cases")
+            .iter()
+            .map(|c| {
+                let ids = c["ids"].as_array().expect("ids");
+                let ids = ids.iter().map(|i| i.as_u64().expect("id") as u32).collect();
+                (c["text"].as_str().expect("text").to_string(), ids)
+            })
+            .collect()
+    };
+    let normalizer = cases("normalizer");
     let tmp = tempfile::tempdir().expect("temp dir");
-    // Both escapings are held to the Prepend normalizer's ids: llama.cpp (and so octoflow)
-    // prefixes "▁" to the input and to text after a special token; Metaspace's "first" does
-    // neither on a text that already starts with a space or after a special token, so there
-    // `tokenizers` differs from both on the Metaspace file.
-    for tokenizer in ["tokenizer.json", "tokenizer-metaspace.json"] {
+    // The metadata (and llama.cpp on the converted file) gives the Prepend normalizer's ids for
+    // both escapings: llama.cpp prefixes "▁" to the input and to text after a special token;
+    // Metaspace's "first" does neither on a text that already starts with a space or after a
+    // special token. `-m DIR` encodes through tokenizer.json, and so gives each file's own ids.
+    let mut differ = 0;
+    for (tokenizer, variant) in [
+        ("tokenizer.json", "normalizer"),
+        ("tokenizer-metaspace.json", "metaspace"),
+    ] {
         let dir = tmp.path().join(tokenizer);
         spm_folder(&dir, tokenizer);
         let gguf = octoflow_hf::open_model(&dir).expect("the folder opens");
         assert_eq!(gguf.get_str("tokenizer.ggml.model").ok(), Some("llama"));
         let tok = octoflow_text::Tokenizer::from_gguf(&gguf).expect("tokenizer");
-        for (text, want) in &cases {
+        let json = folder_tokenizer(&dir, &gguf);
+        for ((text, want), (_, native)) in normalizer.iter().zip(&cases(variant)) {
             let ids = tok.encode(text, true, true);
             assert_eq!(&ids, want, "{tokenizer}: {text:?}");
+            let got = json.try_encode(text, true, true).expect("encodes");
+            assert_eq!(&got, native, "{tokenizer} through tokenizers: {text:?}");
+            differ += usize::from(native != want);
             // and back, the special tokens dropped
             if !text.contains("<s>") {
-                let back = tok.decode(&ids);
-                assert_eq!(back.trim_start(), text.trim_start(), "{tokenizer}: decode");
+                for (how, t) in [("metadata", &tok), ("tokenizer.json", &json)] {
+                    let back = t.decode(&t.encode(text, true, true));
+                    assert_eq!(back.trim_start(), text.trim_start(), "{tokenizer} {how}: decode");
+                }
             }
         }
+        // the CLI encodes a folder through its tokenizer.json
+        let o = octoflow(&["tokenize", "-m", dir.to_str().expect("path"), "--json", &normalizer[2].0]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let doc: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        let ids: Vec<u32> = serde_json::from_value(doc["ids"].clone()).expect("ids");
+        assert_eq!(ids, cases(variant)[2].1, "octoflow tokenize -m DIR ({tokenizer})");
+        assert!(doc["tokenizer"]["tokenizer_json"].is_string(), "{doc}");
         // llama.cpp on the converted file: the same ids (it adds no BOS here)
         let out = tmp.path().join(format!("{tokenizer}.gguf"));
         let o = octoflow(&[
@@ -639,9 +675,19 @@ fn a_sentencepiece_tokenizer_json_tokenizes_as_tokenizers_and_llama_cpp_do() {
             out.to_str().expect("path"),
         ]);
         assert!(o.status.success(), "{}", stderr(&o));
-        let texts: Vec<&str> = cases.iter().map(|(t, _)| t.as_str()).collect();
-        for ((text, want), got) in cases.iter().zip(llama_cpp_ids(&out, &texts)) {
+        let texts: Vec<&str> = normalizer.iter().map(|(t, _)| t.as_str()).collect();
+        for ((text, want), got) in normalizer.iter().zip(llama_cpp_ids(&out, &texts)) {
             assert_eq!(got, want[1..], "llama.cpp, {tokenizer}: {text:?}");
         }
     }
+    assert!(differ > 0, "no case tells the Metaspace file's ids from llama.cpp's");
+    // another model's tokenizer.json is refused: its ids would index the wrong embedding rows
+    let gguf = octoflow_hf::open_model(&tmp.path().join("tokenizer.json")).expect("opens");
+    let other = folder("qwen2").join("tokenizer.json");
+    let e = octoflow_text::Tokenizer::from_gguf(&gguf)
+        .expect("tokenizer")
+        .with_tokenizer_json(&other)
+        .expect_err("a foreign tokenizer.json");
+    let e = e.to_string();
+    assert!(e.contains("qwen2") && e.contains("vocabulary"), "{e}");
 }

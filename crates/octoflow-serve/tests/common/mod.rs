@@ -81,6 +81,8 @@ pub struct Shape {
     pub max_tokens: usize,
     /// Reuse what instances' caches hold of new prompts.
     pub prefix_cache: bool,
+    /// Tokens a too-long prompt keeps at its start when shifted (`None`: refused).
+    pub context_shift: Option<usize>,
 }
 
 /// The served adapter's name (with `Shape::adapter`).
@@ -117,6 +119,7 @@ impl Default for Shape {
             limits: octoflow_serve::Limits::default(),
             max_tokens: 4096,
             prefix_cache: true,
+            context_shift: None,
         }
     }
 }
@@ -142,6 +145,7 @@ pub async fn start(shape: Shape) -> Option<Running> {
         limits: shape.limits,
         max_tokens: shape.max_tokens,
         prefix_cache: shape.prefix_cache,
+        context_shift: shape.context_shift,
         ..Default::default()
     };
     let server = Server::start(

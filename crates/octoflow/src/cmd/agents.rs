@@ -113,7 +113,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let source_name = source.name();
     let path = super::common::model_path(args.model.as_deref())?;
     let gguf = Arc::new(args.load.open(&path)?);
-    let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
+    let tokenizer = super::common::tokenizer(&path, &gguf)?;
     let program = source
         .assemble(&tokenizer)
         .with_context(|| format!("assembling {source_name}"))?;

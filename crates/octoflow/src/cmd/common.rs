@@ -28,6 +28,19 @@ pub fn open_model(path: &std::path::Path) -> anyhow::Result<octoflow_gguf::GgufF
     Ok(octoflow_hf::open_model(path)?)
 }
 
+/// The tokenizer of a resolved model, from its metadata; for a Hugging Face folder encoding
+/// through the folder's own `tokenizer.json` (the `tokenizers` crate), as transformers does.
+pub fn tokenizer(
+    path: &std::path::Path,
+    gguf: &octoflow_gguf::GgufFile,
+) -> anyhow::Result<octoflow_text::Tokenizer> {
+    let tokenizer = octoflow_text::Tokenizer::from_gguf(gguf).context("building the tokenizer")?;
+    if !octoflow_hf::is_folder(path) {
+        return Ok(tokenizer);
+    }
+    Ok(tokenizer.with_tokenizer_json(&path.join("tokenizer.json"))?)
+}
+
 /// `--quant`: a Hugging Face folder's matrices quantized as it is loaded.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct LoadArgs {

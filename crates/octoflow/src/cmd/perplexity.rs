@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use octoflow_text::Tokenizer;
 use serde_json::json;
 
 /// Arguments of `octoflow perplexity`.
@@ -38,7 +37,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
     let gguf = Arc::new(args.load.open(&path)?);
-    let tokenizer = Tokenizer::from_gguf(&gguf)?;
+    let tokenizer = super::common::tokenizer(&path, &gguf)?;
     let config = octoflow_model::ModelConfig::from_gguf(&gguf)?;
     let adapters = args.lora.load(&config)?;
     let mut ids = tokenizer.encode(&text, true, false);

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use octoflow_core::{Draw, Sampler, SamplingParams};
-use octoflow_generate::{generate, Limits, Stats};
+use octoflow_generate::shift::common_prefix;
+use octoflow_generate::{generate, ContextShift, Limits, Stats};
 use octoflow_text::{harmony, ChatTemplate, Message, Tokenizer};
 
 use super::channels::ChannelWriter;
@@ -68,6 +69,16 @@ pub struct Args {
     /// Keep generating after end-of-generation tokens.
     #[arg(long)]
     ignore_eos: bool,
+    /// When the context fills, keep the first `--keep` tokens and the newer half of the rest
+    /// and go on (llama.cpp's context shift; the kept tokens are fed again) instead of ending;
+    /// a prompt or conversation longer than the context is shifted the same way instead of
+    /// refused.
+    #[arg(long)]
+    context_shift: bool,
+    /// Tokens at the start that a context shift keeps: N, or -1 for the whole first prompt
+    /// (default: the BOS, where the model adds one).
+    #[arg(long, requires = "context_shift", allow_hyphen_values = true)]
+    keep: Option<i64>,
     /// Interactive chat: read user turns from stdin, render them with the chat template.
     #[arg(long, visible_alias = "cnv")]
     chat: bool,
@@ -128,7 +139,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let params = sampling_params(&args)?;
     let path = super::common::model_path(args.model.as_deref())?;
     let gguf = Arc::new(args.load.open(&path)?);
-    let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
+    let tokenizer = super::common::tokenizer(&path, &gguf)?;
     let config = octoflow_model::ModelConfig::from_gguf(&gguf)?;
     let adapters = args.lora.load(&config)?;
     let (model, loaded) = super::common::load_model(gguf.clone(), &adapters, &args.device)?;
@@ -198,7 +209,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         _ => text,
     };
     let prompt = tokenizer.encode(&text, true, true);
-    warm_up(&loaded, &mut session, &sampler, prompt.len())?;
+    let mut shift = context_shift(&args, &tokenizer, &prompt)?;
+    warm_up(&loaded, &mut session, &sampler, prompt.len().min(n_ctx - 1))?;
     let mut out = channel_writer(&tokenizer, &args, template.is_some() && args.chat_prompt);
     let (_, stats) = generate(
         session.as_dyn(),
@@ -206,6 +218,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         &mut sampler,
         &prompt,
         &limits,
+        shift.as_mut(),
         &mut out,
     )?;
     out.finish()?;
@@ -217,6 +230,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The context shift `--context-shift` asks for, keeping `--keep` tokens of a session whose
+/// first prompt is `first`.
+fn context_shift(
+    args: &Args,
+    tokenizer: &Tokenizer,
+    first: &[u32],
+) -> anyhow::Result<Option<ContextShift>> {
+    if !args.context_shift {
+        return Ok(None);
+    }
+    let keep = match args.keep {
+        None => usize::from(first.first().is_some() && first.first() == tokenizer.special().bos.as_ref()),
+        Some(-1) => first.len(),
+        Some(n) => usize::try_from(n)
+            .map_err(|_| anyhow::anyhow!("--keep {n}: give a count of tokens, or -1"))?,
+    };
+    Ok(Some(ContextShift::new(keep)))
 }
 
 /// Records the chains a generation with `sampler` from a prompt of `prompt_len` tokens replays
@@ -287,7 +319,10 @@ fn chat(
     limits: &Limits,
 ) -> anyhow::Result<()> {
     let mut history: Vec<Message> = Vec::new();
+    // The conversation's tokens as fed, before any context shift; a shifting session holds
+    // `shift.held` instead.
     let mut fed: Vec<u32> = Vec::new();
+    let mut shift: Option<ContextShift> = None;
     let stdin = std::io::stdin();
     let stdout = std::io::stdout();
     loop {
@@ -308,16 +343,38 @@ fn chat(
         let all = tokenizer.encode(&text, true, true);
         // The rendered conversation normally extends what was fed; if the template rewrote
         // earlier turns, start over from the first difference.
-        let common = fed.iter().zip(&all).take_while(|(a, b)| a == b).count();
-        let common = common.min(all.len().saturating_sub(1));
-        session.truncate(common);
+        let common = common_prefix(&fed, &all).min(all.len().saturating_sub(1));
+        if shift.is_none() && history.is_empty() {
+            shift = context_shift(args, tokenizer, &all)?;
+        }
+        let start = match shift.as_mut() {
+            // shifted: the new turn follows what the session holds when the conversation only
+            // grew; else the session keeps what it shares with the new rendering
+            Some(s) if s.held != fed && common < fed.len() => {
+                let kept = common_prefix(&s.held, &all).min(all.len().saturating_sub(1));
+                session.truncate(kept);
+                s.held.truncate(kept);
+                kept
+            }
+            Some(s) if s.held != fed => common,
+            Some(s) => {
+                session.truncate(common);
+                s.held.truncate(common);
+                common
+            }
+            None => {
+                session.truncate(common);
+                common
+            }
+        };
         let mut out = channel_writer(tokenizer, args, true);
         let (reply_ids, stats) = generate(
             session,
             tokenizer,
             sampler,
-            &all[common..],
+            &all[start..],
             limits,
+            shift.as_mut(),
             &mut out,
         )?;
         out.finish()?;
@@ -339,7 +396,7 @@ fn chat(
 /// One line of timings for stderr, like llama.cpp's `llama_perf_context_print`.
 fn report(stats: &Stats) -> String {
     let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
-    format!(
+    let mut line = format!(
         "prompt: {} tokens in {:.2} s ({:.1} tok/s) | generated: {} tokens in {:.2} s ({:.1} tok/s) | stop: {:?}",
         stats.prompt_tokens,
         stats.prompt_secs,
@@ -348,5 +405,9 @@ fn report(stats: &Stats) -> String {
         stats.gen_secs,
         rate(stats.generated, stats.gen_secs),
         stats.finish
-    )
+    );
+    if stats.shifts > 0 {
+        line.push_str(&format!(" | context shifts: {}", stats.shifts));
+    }
+    line
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use octoflow_model::{CpuBatch, Model};
 use octoflow_serve::{Access, Driver, EngineInfo, Limits, ModelInfo, ServeOptions, Server};
-use octoflow_text::{ChatTemplate, Tokenizer};
+use octoflow_text::ChatTemplate;
 
 use super::common::{Device, DeviceArgs, Loaded};
 
@@ -83,6 +83,15 @@ pub struct Args {
     /// turns, a shared system prompt).
     #[arg(long)]
     no_prefix_cache: bool,
+    /// A prompt longer than the context keeps its first `--keep` tokens and its newest, half
+    /// the context left for the completion (llama-server's context shift), instead of being
+    /// refused with 400 context_length_exceeded.
+    #[arg(long)]
+    context_shift: bool,
+    /// Tokens at the start of a prompt that a context shift keeps (default: the BOS, where the
+    /// model adds one).
+    #[arg(long, requires = "context_shift")]
+    keep: Option<usize>,
     #[command(flatten)]
     device: DeviceArgs,
     #[command(flatten)]
@@ -103,7 +112,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let path = super::common::model_path(args.model.as_deref())?;
     let gguf = Arc::new(args.load.open(&path)?);
-    let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).context("building the tokenizer")?);
+    let tokenizer = Arc::new(super::common::tokenizer(&path, &gguf)?);
     let template = match &args.chat_template {
         Some(file) => ChatTemplate::from_file_for_model(file, &gguf)?,
         None => ChatTemplate::from_gguf(&gguf)?,
@@ -175,6 +184,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         allowed_hosts: args.allowed_hosts.clone(),
         prefix_cache: !args.no_prefix_cache,
+        context_shift: args.context_shift.then(|| {
+            let bos = info.tokenizer.special();
+            args.keep
+                .unwrap_or(usize::from(bos.add_bos && bos.bos.is_some()))
+        }),
     };
     let warning = opts.access.exposure_warning(&addr);
     let shape = Shape {

@@ -5,7 +5,6 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use octoflow_text::Tokenizer;
 use serde_json::json;
 
 /// Arguments of `octoflow tokenize`.
@@ -20,7 +19,8 @@ pub struct Args {
     /// Read the text from a file instead.
     #[arg(short, long)]
     file: Option<PathBuf>,
-    /// Print JSON: ids, pieces and the model's tokenizer.
+    /// Print JSON: ids, pieces and the model's tokenizer (with a folder's `tokenizer.json`, which
+    /// encodes through the `tokenizers` crate).
     #[arg(long, conflicts_with = "ids")]
     json: bool,
     /// Print only the list of ids.
@@ -45,8 +45,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let (path, file) = super::common::open_gguf(args.model.as_deref())?;
     let tokenizer =
-        Tokenizer::from_gguf(&file).with_context(|| format!("tokenizer of {}", path.display()))?;
-    let ids = tokenizer.encode(&text, !args.no_bos, !args.no_special);
+        super::common::tokenizer(&path, &file)
+        .with_context(|| format!("tokenizer of {}", path.display()))?;
+    let ids = tokenizer.try_encode(&text, !args.no_bos, !args.no_special)?;
     let mut out = std::io::stdout().lock();
     if args.json {
         let pieces: Vec<String> = ids
@@ -55,7 +56,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .collect();
         let doc = json!({
             "model": path.display().to_string(),
-            "tokenizer": { "model": tokenizer.model_name(), "pre": tokenizer.pre_name() },
+            "tokenizer": {
+                "model": tokenizer.model_name(),
+                "pre": tokenizer.pre_name(),
+                "tokenizer_json": tokenizer.tokenizer_json().map(|p| p.display().to_string()),
+            },
             "n_tokens": ids.len(),
             "ids": ids,
             "pieces": pieces,

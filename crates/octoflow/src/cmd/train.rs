@@ -13,7 +13,7 @@ use anyhow::Context;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use octoflow_model::gpu::GpuModel;
 use octoflow_model::Model;
-use octoflow_text::{ChatTemplate, Tokenizer};
+use octoflow_text::ChatTemplate;
 use octoflow_train::data::{load_jsonl, Example};
 use octoflow_train::run::{
     train, train_many, Observer, RunInputs, RunSlot, StepReport, Summary, TrainConfig,
@@ -215,7 +215,7 @@ struct Prepared {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let path = super::common::model_path(args.model.as_deref())?;
     let gguf = Arc::new(args.load.open(&path)?);
-    let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
+    let tokenizer = super::common::tokenizer(&path, &gguf)?;
     let template = match &args.chat_template {
         Some(file) => Some(ChatTemplate::from_file_for_model(file, &gguf)?),
         None => ChatTemplate::from_gguf(&gguf).ok(),
