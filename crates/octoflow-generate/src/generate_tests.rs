@@ -240,7 +240,9 @@ fn check_shifted(
     let mut shifts = usize::from(held.len() < prompt.len());
     for (i, &t) in tokens.iter().enumerate() {
         fresh.truncate(0);
-        let logits = fresh.forward(&held, 0, Logits::Last).expect("reference forward");
+        let logits = fresh
+            .forward(&held, 0, Logits::Last)
+            .expect("reference forward");
         let (best, scale) = logits.iter().fold((f32::MIN, 0f32), |(b, m), &x| {
             assert!(x.is_finite(), "{label}: logit {x}");
             (b.max(x), m.max(x.abs()))
@@ -275,7 +277,10 @@ fn a_shifting_context_goes_on_as_a_fresh_session_fed_the_kept_tokens_would() {
     let mut backends: Vec<(&str, Make<'_>)> =
         vec![("CPU", Box::new(|| Box::new(model.session(n_ctx))))];
     if let Some(g) = gpu_model.as_ref() {
-        backends.push(("GPU", Box::new(move || Box::new(g.session(n_ctx, 4).expect("session")))));
+        backends.push((
+            "GPU",
+            Box::new(move || Box::new(g.session(n_ctx, 4).expect("session"))),
+        ));
     }
     // a prompt that fits and one longer than the context, each generating past it twice
     let long: Vec<u32> = (0..20).map(|i| 5 + (i * 7) % 40).collect();
@@ -300,7 +305,11 @@ fn a_shifting_context_goes_on_as_a_fresh_session_fed_the_kept_tokens_would() {
             assert!(shifts >= 2, "{label}: {shifts} shifts");
             assert_eq!(stats.shifts, shifts, "{label}");
             assert_eq!(shift.held.len(), session.n_past(), "{label}");
-            assert_eq!(shift.held[..keep], prompt[..keep], "{label}: the kept start");
+            assert_eq!(
+                shift.held[..keep],
+                prompt[..keep],
+                "{label}: the kept start"
+            );
         }
     }
 }

@@ -72,11 +72,7 @@ impl ContextShift {
     /// Where `prompt`, to follow what the session holds, starts after a shift that leaves room
     /// for it and one generated token: the prompt to feed (the end of the kept tokens), with the
     /// session truncated to what it keeps of its own tokens.
-    pub fn fit_prompt(
-        &mut self,
-        session: &mut dyn Forward,
-        prompt: &[u32],
-    ) -> Vec<u32> {
+    pub fn fit_prompt(&mut self, session: &mut dyn Forward, prompt: &[u32]) -> Vec<u32> {
         let n_ctx = session.n_ctx();
         if self.held.len() + prompt.len() < n_ctx {
             return prompt.to_vec();

@@ -408,7 +408,10 @@ async fn with_context_shift_a_long_prompt_keeps_its_start_and_newest_tokens() {
         .text()
         .await
         .expect("text");
-    assert!(metrics.contains("octoflow_prompts_shifted_total 2"), "{metrics}");
+    assert!(
+        metrics.contains("octoflow_prompts_shifted_total 2"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -655,16 +655,30 @@ fn a_sentencepiece_tokenizer_json_tokenizes_as_tokenizers_and_llama_cpp_do() {
             if !text.contains("<s>") {
                 for (how, t) in [("metadata", &tok), ("tokenizer.json", &json)] {
                     let back = t.decode(&t.encode(text, true, true));
-                    assert_eq!(back.trim_start(), text.trim_start(), "{tokenizer} {how}: decode");
+                    assert_eq!(
+                        back.trim_start(),
+                        text.trim_start(),
+                        "{tokenizer} {how}: decode"
+                    );
                 }
             }
         }
         // the CLI encodes a folder through its tokenizer.json
-        let o = octoflow(&["tokenize", "-m", dir.to_str().expect("path"), "--json", &normalizer[2].0]);
+        let o = octoflow(&[
+            "tokenize",
+            "-m",
+            dir.to_str().expect("path"),
+            "--json",
+            &normalizer[2].0,
+        ]);
         assert!(o.status.success(), "{}", stderr(&o));
         let doc: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
         let ids: Vec<u32> = serde_json::from_value(doc["ids"].clone()).expect("ids");
-        assert_eq!(ids, cases(variant)[2].1, "octoflow tokenize -m DIR ({tokenizer})");
+        assert_eq!(
+            ids,
+            cases(variant)[2].1,
+            "octoflow tokenize -m DIR ({tokenizer})"
+        );
         assert!(doc["tokenizer"]["tokenizer_json"].is_string(), "{doc}");
         // llama.cpp on the converted file: the same ids (it adds no BOS here)
         let out = tmp.path().join(format!("{tokenizer}.gguf"));
@@ -680,7 +694,10 @@ fn a_sentencepiece_tokenizer_json_tokenizes_as_tokenizers_and_llama_cpp_do() {
             assert_eq!(got, want[1..], "llama.cpp, {tokenizer}: {text:?}");
         }
     }
-    assert!(differ > 0, "no case tells the Metaspace file's ids from llama.cpp's");
+    assert!(
+        differ > 0,
+        "no case tells the Metaspace file's ids from llama.cpp's"
+    );
     // another model's tokenizer.json is refused: its ids would index the wrong embedding rows
     let gguf = octoflow_hf::open_model(&tmp.path().join("tokenizer.json")).expect("opens");
     let other = folder("qwen2").join("tokenizer.json");

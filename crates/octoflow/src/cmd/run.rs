@@ -243,7 +243,11 @@ fn context_shift(
         return Ok(None);
     }
     let keep = match args.keep {
-        None => usize::from(first.first().is_some() && first.first() == tokenizer.special().bos.as_ref()),
+        None => usize::from(
+            first
+                .first()
+                .is_some_and(|&t| Some(t) == tokenizer.special().bos),
+        ),
         Some(-1) => first.len(),
         Some(n) => usize::try_from(n)
             .map_err(|_| anyhow::anyhow!("--keep {n}: give a count of tokens, or -1"))?,

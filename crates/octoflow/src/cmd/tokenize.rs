@@ -44,8 +44,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (None, None) => anyhow::bail!("give the text to tokenize, or --file"),
     };
     let (path, file) = super::common::open_gguf(args.model.as_deref())?;
-    let tokenizer =
-        super::common::tokenizer(&path, &file)
+    let tokenizer = super::common::tokenizer(&path, &file)
         .with_context(|| format!("tokenizer of {}", path.display()))?;
     let ids = tokenizer.try_encode(&text, !args.no_bos, !args.no_special)?;
     let mut out = std::io::stdout().lock();
