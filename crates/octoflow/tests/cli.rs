@@ -172,6 +172,45 @@ fn context_shift_goes_on_past_a_full_context_when_asked() {
     assert!(stderr(&o).contains("--keep -3"), "{}", stderr(&o));
 }
 
+/// `run --chat` fed `turns` on its standard input, with `extra` flags.
+fn chat(turns: &[String], extra: &[&str]) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_octoflow"))
+        .args([
+            "run", "-m", SMOLLM, "--chat", "-c", "128", "-n", "12", "--temp", "0",
+        ])
+        .args(["--ignore-eos", "--device", "cpu"])
+        .args(extra)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the octoflow binary runs");
+    let mut input = child.stdin.take().expect("stdin");
+    for t in turns {
+        writeln!(input, "{t}").expect("a turn written");
+    }
+    drop(input);
+    child.wait_with_output().expect("the chat ends")
+}
+
+#[test]
+fn a_chat_longer_than_the_context_goes_on_with_context_shift() {
+    // five turns of ~30 tokens each with 12-token replies: past 128 positions by the third
+    let turns: Vec<String> = (0..5)
+        .map(|i| format!("Turn {i}: please remember the words apple river stone cloud {i} and answer briefly."))
+        .collect();
+    let o = chat(&turns, &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("context holds 128"), "{}", stderr(&o));
+    let o = chat(&turns, &["--context-shift"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    let replies = err.matches("generated: 12 tokens").count();
+    assert_eq!(replies, 5, "every turn answered: {err}");
+    assert!(err.contains("context shifts: "), "{err}");
+}
+
 #[test]
 fn bad_sampling_parameters_are_named() {
     let o = octoflow(&["run", "-m", SMOLLM, "-p", "x", "--top-p", "2"]);
