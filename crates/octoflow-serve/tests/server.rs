@@ -399,19 +399,7 @@ async fn with_context_shift_a_long_prompt_keeps_its_start_and_newest_tokens() {
         )
         .await;
     assert_eq!(status, 200, "{chat}");
-    let metrics = s
-        .client
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    assert!(
-        metrics.contains("octoflow_prompts_shifted_total 2"),
-        "{metrics}"
-    );
+    assert_eq!(s.metric("octoflow_prompts_shifted_total").await, 2.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
