@@ -71,13 +71,8 @@ impl Prefixes {
         let Some(h) = self.held.get(slot).filter(|h| h.adapter == adapter) else {
             return 0;
         };
-        let common = h
-            .tokens
-            .iter()
-            .zip(prompt)
-            .take_while(|(a, b)| a == b)
-            .count();
-        common.min(prompt.len().saturating_sub(1))
+        octoflow_generate::shift::common_prefix(&h.tokens, prompt)
+            .min(prompt.len().saturating_sub(1))
     }
 
     /// Gives `n` of the `free` slots to a request with `prompt`: the ones holding the longest
