@@ -15,7 +15,35 @@
 #define KV_T float16_t
 #define KV4_T f16vec4
 #define kv_store(x) float16_t(x)
-#define kv_round(x) vec4(f16vec4(x))
+#define kv_round(x) f16_round4(x)
+
+// x rounded to the nearest f16 value (ties to even: what the f16 store does), kept as f32, in
+// integer arithmetic: NVIDIA's compiler drops a plain `vec4(f16vec4(x))` round trip as a no-op,
+// which left the step's own values unrounded there.
+float f16_round(float x) {
+    uint b = floatBitsToUint(x);
+    uint a = b & 0x7fffffffu;
+    uint s = b & 0x80000000u;
+    if (a >= 0x7f800000u) {
+        return x; // inf, NaN
+    }
+    if (a >= 0x477ff000u) {
+        return uintBitsToFloat(s | 0x7f800000u); // 65520 and above: f16 infinity
+    }
+    int e = int(a >> 23u) - 127;
+    if (e <= -25) {
+        // below half the smallest f16 subnormal (2^-24) or at it (a tie, to the even 0)
+        return uintBitsToFloat(s | (a > 0x33000000u ? 0x33800000u : 0u));
+    }
+    // mantissa bits dropped: 13 for f16 normals, one more per binade below 2^-14
+    uint drop = uint(max(13, -1 - e));
+    uint r = a + ((1u << (drop - 1u)) - 1u) + ((a >> drop) & 1u);
+    return uintBitsToFloat(s | (r & ~((1u << drop) - 1u)));
+}
+
+vec4 f16_round4(vec4 x) {
+    return vec4(f16_round(x.x), f16_round(x.y), f16_round(x.z), f16_round(x.w));
+}
 #else
 #define KV_T float
 #define KV4_T vec4
