@@ -53,7 +53,7 @@ pub(crate) fn need_kv(
     elems: u128,
     kv: crate::KvType,
 ) -> Result<()> {
-    let bytes = u128::from(kv.bytes()) * elems;
+    let bytes = u128::from(kv.bytes_for(u64::try_from(elems).unwrap_or(u64::MAX)));
     if u128::from(s.size) < bytes {
         let detail = format!(
             "{name} ({}) holds {} bytes, {elems} {kv} values need {bytes}",

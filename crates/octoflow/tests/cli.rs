@@ -415,7 +415,29 @@ fn the_kv_cache_type_is_f16_by_default_and_a_bad_one_is_named() {
     ]);
     assert_eq!(o.status.code(), Some(2));
     let err = stderr(&o);
-    assert!(err.contains("q9_9") && err.contains("f32, f16"), "{err}");
+    assert!(
+        err.contains("q9_9") && err.contains("f32, f16, q8_0"),
+        "{err}"
+    );
+    // llama.cpp's q8_0 blocks: 36 bytes per 32 values on the GPU, in the memory report too
+    let o = octoflow(&[
+        "bench",
+        "-m",
+        SMOLLM,
+        "-p",
+        "4",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--warmup",
+        "0",
+        "--cache-type",
+        "q8_0",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("KV cache: q8_0"), "{}", stdout(&o));
+    assert!(stderr(&o).contains("positions, q8_0)"), "{}", stderr(&o));
 }
 
 #[test]

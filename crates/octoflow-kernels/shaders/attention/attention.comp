@@ -81,6 +81,9 @@ vec4 ld_q(uint base, uint e) {
 }
 
 vec4 ld_k(uint base, uint e) {
+#ifdef KV_Q8
+    return e < pc.head_dim ? q8_ld4(k4, base + e) : vec4(0.0);
+#else
     if (ALIGNED) {
         return e < pc.head_dim ? vec4(k4[(base + e) >> 2]) : vec4(0.0);
     }
@@ -89,9 +92,13 @@ vec4 ld_k(uint base, uint e) {
         if (e + i < pc.head_dim) r[i] = float(k[base + e + i]);
     }
     return r;
+#endif
 }
 
 vec4 ld_v(uint base, uint e) {
+#ifdef KV_Q8
+    return e < pc.head_dim_v ? q8_ld4(v4, base + e) : vec4(0.0);
+#else
     if (ALIGNED) {
         return e < pc.head_dim_v ? vec4(v4[(base + e) >> 2]) : vec4(0.0);
     }
@@ -100,6 +107,7 @@ vec4 ld_v(uint base, uint e) {
         if (e + i < pc.head_dim_v) r[i] = float(v[base + e + i]);
     }
     return r;
+#endif
 }
 
 void main() {

@@ -100,10 +100,18 @@ void load_block(uint kb, uint kend, uint hk, bool values, uint tid) {
         uint c = e % D4;
         uint j = kb + r;
         uint g = (j * pc.n_head_kv + hk) * D4 + c;
+#ifdef KV_Q8
+        vec4 kx = j < kend ? q8_ld4(k4, g * 4u) : vec4(0.0);
+#else
         vec4 kx = j < kend ? vec4(k4[g]) : vec4(0.0);
+#endif
         kv[r * LD + c] = f16vec4(kx);
         if (values) {
+#ifdef KV_Q8
+            vec4 vx = j < kend ? q8_ld4(v4, g * 4u) : vec4(0.0);
+#else
             vec4 vx = j < kend ? vec4(v4[g]) : vec4(0.0);
+#endif
             kv[BC * LD + r * LD + c] = f16vec4(vx);
         }
     }

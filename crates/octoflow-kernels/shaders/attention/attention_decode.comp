@@ -141,6 +141,9 @@ vec4 ld_q(uint base, uint e) {
 }
 
 vec4 ld_k(uint base, uint e) {
+#ifdef KV_Q8
+    return e < pc.head_dim ? q8_ld4(k4, base + e) : vec4(0.0);
+#else
     if (ALIGNED) {
         return e < pc.head_dim ? vec4(k4[(base + e) >> 2]) : vec4(0.0);
     }
@@ -149,9 +152,13 @@ vec4 ld_k(uint base, uint e) {
         if (e + i < pc.head_dim) r[i] = float(k[base + e + i]);
     }
     return r;
+#endif
 }
 
 vec4 ld_v(uint base, uint e) {
+#ifdef KV_Q8
+    return e < pc.head_dim_v ? q8_ld4(v4, base + e) : vec4(0.0);
+#else
     if (ALIGNED) {
         return e < pc.head_dim_v ? vec4(v4[(base + e) >> 2]) : vec4(0.0);
     }
@@ -160,6 +167,7 @@ vec4 ld_v(uint base, uint e) {
         if (e + i < pc.head_dim_v) r[i] = float(v[base + e + i]);
     }
     return r;
+#endif
 }
 
 // 4 floats of o from element e of row base (zeros past head_dim_v are not written)
@@ -198,7 +206,11 @@ float fresh1(uint row, uint u, uint d) {
 vec4 ld_key(uint j, uint kbase, uint kvh, uint e) {
 #ifdef FRESH
     if (j >= fresh0) {
+#ifdef KV_Q8
+        return k_sh[(j - fresh0) * RW4 + e / 4u]; // normed and rounded in place (3.)
+#else
         return kv_round(k_sh[(j - fresh0) * RW4 + e / 4u] * inv_k[j - fresh0]);
+#endif
     }
 #endif
     return ld_k((kbase + j) * pc.n_head_kv * pc.head_dim + kvh * pc.head_dim, e);
@@ -395,6 +407,36 @@ void main() {
             qr[h][r] = q_sh[h * RW4 + r * LPK + c] * inv_q[h];
         }
     }
+#ifdef KV_Q8
+    // the step's keys (RMS factor applied) and values as whole q8_0 blocks: token t's into the
+    // caches by one workgroup per (t, KV head), and every row's blocks rounded in shared memory
+    // as a later step reads them back (the same arithmetic in every workgroup)
+    bool writer = hc == 0u && piece == 0u && p < pc.n_ctx;
+    uint kblocks = pc.head_dim / 32u;
+    uint vblocks = pc.head_dim_v / 32u;
+    for (uint x = tid; x < (t + 1u) * (kblocks + vblocks); x += WG) {
+        uint u = x / (kblocks + vblocks);
+        uint b = x % (kblocks + vblocks);
+        vec4 xs[8];
+        if (b < kblocks) {
+            [[unroll]] for (uint i = 0u; i < 8u; i++) xs[i] = k_sh[u * RW4 + b * 8u + i] * inv_k[u];
+            if (u == t && writer) {
+                q8_store_block(kw, (p * pc.n_head_kv + kvh) * kblocks + b, xs);
+            }
+            q8_round_block(xs);
+            [[unroll]] for (uint i = 0u; i < 8u; i++) k_sh[u * RW4 + b * 8u + i] = xs[i];
+        } else {
+            b -= kblocks;
+            [[unroll]] for (uint i = 0u; i < 8u; i++) xs[i] = v_sh[u * NVL + b * 8u + i];
+            if (u == t && writer) {
+                q8_store_block(vw, (p * pc.n_head_kv + kvh) * vblocks + b, xs);
+            }
+            q8_round_block(xs);
+            [[unroll]] for (uint i = 0u; i < 8u; i++) v_sh[u * NVL + b * 8u + i] = xs[i];
+        }
+    }
+    barrier();
+#else
     // token t's rotated key and its value into the caches: one workgroup per (t, KV head)
     if (hc == 0u && piece == 0u && p < pc.n_ctx) {
         uint kd = p * pc.n_head_kv * pc.head_dim + kvh * pc.head_dim;
@@ -406,6 +448,7 @@ void main() {
             vw[vd + e] = kv_store(v_sh[t * NVL + e / 4u][e % 4u]);
         }
     }
+#endif
     [[unroll]] for (uint r = 0; r < NK4; r++) {
         if (js + kc < je && js + kc >= fresh0) kn[r] = ld_key(js + kc, kbase, kvh, (r * LPK + c) * 4u);
     }

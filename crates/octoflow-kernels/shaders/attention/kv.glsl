@@ -5,17 +5,24 @@
 // Default: f32. With KV_F16 (the `*_kv16` variants in variants.txt): f16 through 16-bit storage
 // (VK_KHR_16bit_storage's storageBuffer16BitAccess): values are converted on load and store and
 // all arithmetic stays f32, so the only change is the rounding of what the cache holds.
+// With KV_Q8 (`*_kvq8`): llama.cpp's q8_0 in blocks of 32 values of a row, each block 9 words:
+// the scale d (max|x| / 127 rounded to f16, kept as an f32 word), then the 32 values' int8s
+// (round(x / d), half away from zero) four to a word, lowest byte first. Heads are whole blocks
+// (head sizes multiple of 32, checked by the host), so a head's 4-value groups never straddle
+// blocks; writers quantize whole blocks (q8_store_block), readers take 4 values at a time
+// (q8_ld4).
 //   KV_T / KV4_T   the cache's scalar / 4-vector element, for buffer declarations;
-//   kv_store(x)    x as stored (KV_T);
+//   kv_store(x)    x as stored (KV_T; not for q8_0);
 //   kv_round(x)    a vec4 rounded as the cache would round it: the decode kernel's fused path
 //                  reads the step's own keys and values from shared memory, and rounds them so
-//                  that they are exactly what a later step reads back from the cache.
+//                  that they are exactly what a later step reads back from the cache (q8_0:
+//                  that kernel quantizes the rows in shared memory itself, whole blocks).
 #ifdef KV_F16
 #extension GL_EXT_shader_16bit_storage : require
-#define KV_T float16_t
-#define KV4_T f16vec4
-#define kv_store(x) float16_t(x)
-#define kv_round(x) f16_round4(x)
+#endif
+#ifdef KV_Q8
+#extension GL_EXT_control_flow_attributes : require
+#endif
 
 // x rounded to the nearest f16 value (ties to even: what the f16 store does), kept as f32, in
 // integer arithmetic: NVIDIA's compiler drops a plain `vec4(f16vec4(x))` round trip as a no-op,
@@ -41,8 +48,93 @@ float f16_round(float x) {
     return uintBitsToFloat(s | (r & ~((1u << drop) - 1u)));
 }
 
+#ifdef KV_F16
+#define KV_T float16_t
+#define KV4_T f16vec4
+#define kv_store(x) float16_t(x)
+#define kv_round(x) f16_round4(x)
+
 vec4 f16_round4(vec4 x) {
     return vec4(f16_round(x.x), f16_round(x.y), f16_round(x.z), f16_round(x.w));
+}
+#elif defined(KV_Q8)
+#define KV_T uint
+#define KV4_T uint
+#define kv_round(x) (x)
+
+// the 4 int8s of word w, lowest byte first
+vec4 q8_unpack(uint w) {
+    int s = int(w);
+    return vec4(bitfieldExtract(s, 0, 8), bitfieldExtract(s, 8, 8), bitfieldExtract(s, 16, 8),
+                bitfieldExtract(s, 24, 8));
+}
+
+// values i .. i + 4 (i a multiple of 4, counted in values from the buffer's start) of q8_0 cache
+// buffer `buf` (a uint array)
+#define q8_ld4(buf, i) \
+    (q8_unpack(buf[((i) >> 5u) * 9u + 1u + (((i) & 31u) >> 2u)]) * uintBitsToFloat(buf[((i) >> 5u) * 9u]))
+
+// x rounded half away from zero, as C's roundf (floor(|x| + 0.5) is off for 0.49999997)
+float round_away(float x) {
+    float t = trunc(x);
+    return abs(x - t) >= 0.5 ? t + sign(x) : t;
+}
+
+// 1 / d correctly rounded or within an ulp of it (one Newton step on the device's reciprocal,
+// which may be off by more), 0 for d = 0
+float q8_inv(float d) {
+    if (d == 0.0) {
+        return 0.0;
+    }
+    float r = 1.0 / d;
+    return fma(r, fma(-d, r, 1.0), r);
+}
+
+// the word of int8s of 4 values x (already multiplied by 1 / d)
+uint q8_pack(vec4 x) {
+    ivec4 q = ivec4(clamp(vec4(round_away(x.x), round_away(x.y), round_away(x.z), round_away(x.w)),
+                          -127.0, 127.0));
+    return uint(q.x & 255) | (uint(q.y & 255) << 8u) | (uint(q.z & 255) << 16u) | (uint(q.w & 255) << 24u);
+}
+
+// amax / 127 correctly rounded (a compiler may turn the division by a constant into a product
+// with its rounded reciprocal; one fma step puts the last bit back)
+float q8_div127(float amax) {
+    float d = amax * (1.0 / 127.0);
+    return fma(fma(-d, 127.0, amax), 1.0 / 127.0, d);
+}
+
+// block b (counted in blocks from the buffer's start) of q8_0 cache buffer `buf` from the 32
+// values xs: the scale word, then the 8 words of int8s (llama.cpp's quantize_row_q8_0: d from
+// the unrounded amax / 127, the int8s from x * (1 / d), the scale stored rounded to f16)
+#define q8_store_block(buf, b, xs) \
+    { \
+        float amax_ = 0.0; \
+        [[unroll]] for (uint i_ = 0u; i_ < 8u; i_++) { \
+            vec4 a_ = abs(xs[i_]); \
+            amax_ = max(amax_, max(max(a_.x, a_.y), max(a_.z, a_.w))); \
+        } \
+        float d_ = q8_div127(amax_); \
+        float id_ = q8_inv(d_); \
+        buf[(b) * 9u] = floatBitsToUint(f16_round(d_)); \
+        [[unroll]] for (uint i_ = 0u; i_ < 8u; i_++) { \
+            buf[(b) * 9u + 1u + i_] = q8_pack(xs[i_] * id_); \
+        } \
+    }
+
+// the 32 values xs as a later read of their stored block gives them back
+void q8_round_block(inout vec4 xs[8]) {
+    float amax = 0.0;
+    [[unroll]] for (uint i = 0u; i < 8u; i++) {
+        vec4 a = abs(xs[i]);
+        amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+    }
+    float d = q8_div127(amax);
+    float id = q8_inv(d);
+    float d16 = f16_round(d);
+    [[unroll]] for (uint i = 0u; i < 8u; i++) {
+        xs[i] = q8_unpack(q8_pack(xs[i] * id)) * d16;
+    }
 }
 #else
 #define KV_T float

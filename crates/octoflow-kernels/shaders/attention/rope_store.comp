@@ -1,7 +1,7 @@
 #version 450
-// RoPE of q and k plus the KV-cache write, f32 (the caches f32, or f16 in the `rope_store_kv16`
-// variant: kv.glsl), in one dispatch (the decode step's rope(q),
-// rope(k), barrier, set_rows(k), set_rows(v)):
+// RoPE of q and k plus the KV-cache write, f32 (the caches f32, or f16 / q8_0 in the
+// `rope_store_kv16` / `rope_store_kvq8` variants: kv.glsl), in one dispatch (the decode step's
+// rope(q), rope(k), barrier, set_rows(k), set_rows(v)):
 //   q  [n_tokens, n_head, head_dim]       rotated in place;
 //   k  [n_tokens, n_head_kv, head_dim]    read only: its rotated row goes to kc, k is unchanged;
 //   v  [n_tokens, v_width]                read only, copied to vc;
@@ -19,6 +19,9 @@
 //   [nq, nq + nk)     k items:   (t, h, j), j < n_rot/2 a rotated pair, else pass-through dim
 //                                n_rot + j - n_rot/2; nk = n_tokens * n_head_kv * (head_dim - n_rot/2);
 //   [nq + nk, + nv)   v values:  nv = n_tokens * v_width.
+// q8_0 caches (KV_Q8): the k and v ranges count whole blocks of 32 dims instead (a head's or a
+// v row's blocks), each quantized by one invocation: nk = n_tokens * n_head_kv * head_dim / 32,
+// nv = n_tokens * v_width / 32.
 #extension GL_GOOGLE_include_directive : require
 #include "kv.glsl"
 
@@ -70,6 +73,21 @@ uvec2 pair(uint i) {
     return pc.neox != 0u ? uvec2(i, i + half_rot) : uvec2(2u * i, 2u * i + 1u);
 }
 
+#ifdef KV_Q8
+// dim d of the rotated key head starting at k[src] of token t
+float rotated_k(uint src, uint t, uint d) {
+    if (d >= pc.n_rot) {
+        return k[src + d];
+    }
+    uint i = pc.neox != 0u ? d % (pc.n_rot / 2u) : d / 2u;
+    uvec2 ab = pair(i);
+    vec2 cs = cos_sin(i, t);
+    float x0 = k[src + ab.x];
+    float x1 = k[src + ab.y];
+    return d == ab.x ? x0 * cs.x - x1 * cs.y : x0 * cs.y + x1 * cs.x;
+}
+#endif
+
 void main() {
     uint half_rot = pc.n_rot / 2u;
     uint idx = global_index();
@@ -89,6 +107,42 @@ void main() {
     }
     idx -= nq;
 
+#ifdef KV_Q8
+    // k blocks (t, h, b): 32 dims of a head, rotated and quantized together
+    uint kblocks = pc.head_dim / 32u;
+    uint nk = pc.n_tokens * pc.n_head_kv * kblocks;
+    if (idx < nk) {
+        uint b = idx % kblocks;
+        uint head = idx / kblocks; // t * n_head_kv + h
+        uint t = head / pc.n_head_kv;
+        uint row = cache_row(t);
+        if (row >= pc.n_ctx) {
+            return;
+        }
+        vec4 xs[8];
+        [[unroll]] for (uint i = 0u; i < 32u; i++) {
+            xs[i / 4u][i % 4u] = rotated_k(head * pc.head_dim, t, b * 32u + i);
+        }
+        q8_store_block(kc, (row * pc.n_head_kv + (head - t * pc.n_head_kv)) * kblocks + b, xs);
+        return;
+    }
+    idx -= nk;
+
+    // v blocks (t, b)
+    uint vblocks = pc.v_width / 32u;
+    if (idx < pc.n_tokens * vblocks) {
+        uint t = idx / vblocks;
+        uint b = idx - t * vblocks;
+        uint row = cache_row(t);
+        if (row < pc.n_ctx) {
+            vec4 xs[8];
+            [[unroll]] for (uint i = 0u; i < 32u; i++) {
+                xs[i / 4u][i % 4u] = v[t * pc.v_width + b * 32u + i];
+            }
+            q8_store_block(vc, row * vblocks + b, xs);
+        }
+    }
+#else
     uint per_head = pc.head_dim - half_rot;
     uint nk = pc.n_tokens * pc.n_head_kv * per_head;
     if (idx < nk) {
@@ -124,4 +178,5 @@ void main() {
             vc[row * pc.v_width + (idx - t * pc.v_width)] = kv_store(v[idx]);
         }
     }
+#endif
 }

@@ -55,6 +55,10 @@ impl AttentionCoop {
                 } else {
                     None
                 },
+                q8: Some((
+                    coop_pipeline(ctx, shaders::ATTENTION_COOP_D64_KVQ8, 7, 36)?,
+                    coop_pipeline(ctx, shaders::ATTENTION_COOP_D128_KVQ8, 7, 36)?,
+                )),
             },
             target_groups: Tuning::from_caps(caps).attention_target_groups,
         }))
@@ -238,11 +242,12 @@ mod tests {
             let mut gen =
                 |n: usize| -> Vec<f32> { (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect() };
             let q = gen(n_tok * n_head * hd);
-            // f16 caches in every other case (their values are what the reference rounds to)
-            let kv = if case % 2 == 1 {
-                KvType::F16
-            } else {
-                KvType::F32
+            // f32, f16 and q8_0 caches in turn, each with both head widths (their values are
+            // what the reference rounds to)
+            let kv = match (case / 2) % 3 {
+                0 => KvType::F32,
+                1 => KvType::F16,
+                _ => KvType::Q8_0,
             };
             let kc = kv.decode(&kv.encode(&gen(rows * n_kv * hd)));
             let vc = kv.decode(&kv.encode(&gen(rows * n_kv * hd)));

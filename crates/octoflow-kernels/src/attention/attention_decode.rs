@@ -172,6 +172,12 @@ impl Decode {
                     56,
                     "attention_decode_kv16",
                 ),
+                q8: SpecPipelines::new(
+                    shaders::ATTENTION_DECODE_KVQ8,
+                    8,
+                    56,
+                    "attention_decode_kvq8",
+                ),
             },
             fresh: PerKv {
                 f32: SpecPipelines::new(
@@ -185,6 +191,12 @@ impl Decode {
                     15,
                     80,
                     "attention_decode_fresh_kv16",
+                ),
+                q8: SpecPipelines::new(
+                    shaders::ATTENTION_DECODE_FRESH_KVQ8,
+                    15,
+                    80,
+                    "attention_decode_fresh_kvq8",
                 ),
             },
             part: QueueScratch::new("attention_decode_part"),

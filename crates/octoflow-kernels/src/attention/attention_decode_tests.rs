@@ -7,6 +7,7 @@ use rand::Rng;
 use super::*;
 use crate::attention::{attention_ref, Attention, AttentionShape};
 use crate::check_close;
+use crate::kv_type::check_q8;
 use crate::testkit::{poisoned, read, with};
 use crate::KvType;
 
@@ -292,7 +293,8 @@ fn decode_attention_matches_the_reference_on_random_inputs() {
         (1, (12, 1), (256, 256), 1000, 0, 999),
     ];
     let mut worst = 0f32;
-    // every case with f32 caches, every third also with f16 ones (where the device has them)
+    // every case with f32 caches, every third also with f16 ones (where the device has them),
+    // another third with q8_0 ones (whole blocks)
     let f16 = KvType::F16.supported(ctx.caps());
     let runs = cases
         .iter()
@@ -302,6 +304,11 @@ fn decode_attention_matches_the_reference_on_random_inputs() {
             (cases.iter().enumerate())
                 .filter(|(i, _)| f16 && i % 3 == 0)
                 .map(|(i, &c)| (i, c, KvType::F16)),
+        )
+        .chain(
+            (cases.iter().enumerate())
+                .filter(|(i, &(_, _, (hd, hv), ..))| i % 3 == 1 && hd % 32 == 0 && hv % 32 == 0)
+                .map(|(i, &c)| (i, c, KvType::Q8_0)),
         );
     for (i, c, kv) in runs {
         // every other case with sinks
@@ -420,11 +427,14 @@ fn decode_position_table_attends_each_token_to_its_own_sequence() {
         ((4, 4), (64, 64), 3000, 0, 2, 3),
     ];
     let mut worst = 0f32;
-    // f16 caches (the serving engine's) on the cases of odd index, where the device has them
+    // f16 caches (the serving engine's) on the cases of odd index, where the device has them;
+    // q8_0 caches on the wide batch
     let f16 = KvType::F16.supported(ctx.caps());
     for (i, (heads, dims, rows, window, n_seq, n_tok)) in cases.into_iter().enumerate() {
         let sinks = i % 2 == 0;
-        let kv = if f16 && i % 2 == 1 {
+        let kv = if i == 2 {
+            KvType::Q8_0
+        } else if f16 && i % 2 == 1 {
             KvType::F16
         } else {
             KvType::F32
@@ -739,28 +749,78 @@ fn run_fresh(
         kv,
     };
     let run = run_rows(start, n_tok);
+    // the stored rows unrounded (q8_0 caches are held to them: check_q8)
+    let (mut exact_kc, mut exact_vc) = (kc.clone(), vc.clone());
+    let exact = RopeStoreShape {
+        kv: KvType::F32,
+        ..shape
+    };
+    rope_store_ref(
+        &mut q_ref.clone(),
+        &k_ref,
+        &v,
+        &mut exact_kc,
+        &mut exact_vc,
+        &exact,
+        &freqs,
+        mscale,
+        &run,
+    );
     rope_store_ref(
         &mut q_ref, &k_ref, &v, &mut kc, &mut vc, &shape, &freqs, mscale, &run,
     );
     let what = format!("fresh case {c:?}, plan {plan:?}, {kv} caches");
     let read_kv = |b: &Buffer, n: usize| {
-        let mut bytes = vec![0u8; n * kv.bytes() as usize];
+        let mut bytes = vec![0u8; kv.bytes_for(n as u64) as usize];
         ctx.download(b, 0, &mut bytes).unwrap();
         kv.decode(&bytes)
     };
     let got_kc = read_kv(&bkc, kc.len());
     let got_vc = read_kv(&bvc, vc.len());
-    let (rel_k, rel_v) = match kv {
-        KvType::F32 => (REL, 0.0),
-        KvType::F16 => (REL_F16, REL_F16),
-    };
-    check_close(&got_kc, &kc, rel_k).map_err(|e| format!("{what}: k cache: {e}"))?;
-    check_close(&got_vc, &vc, rel_v).map_err(|e| format!("{what}: v cache: {e}"))?;
-    // with f16 caches the step must attend to exactly the keys and values it stored (what
+    match kv {
+        KvType::Q8_0 => {
+            let rows_of = |x: &[f32], w: usize, stored_rows: bool| -> Vec<f32> {
+                (0..rows)
+                    .filter(|r| stored.contains(r) == stored_rows)
+                    .flat_map(|r| x[r * w..(r + 1) * w].iter().copied())
+                    .collect()
+            };
+            check_q8(
+                &rows_of(&got_kc, kw, true),
+                &rows_of(&exact_kc, kw, true),
+                REL,
+            )
+            .map_err(|e| format!("{what}: k cache: {e}"))?;
+            check_q8(
+                &rows_of(&got_vc, vw, true),
+                &rows_of(&exact_vc, vw, true),
+                0.0,
+            )
+            .map_err(|e| format!("{what}: v cache: {e}"))?;
+            // the other rows keep their content, bit for bit
+            let same = |a: Vec<f32>, b: Vec<f32>| {
+                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits())
+            };
+            if !same(rows_of(&got_kc, kw, false), rows_of(&kc, kw, false))
+                || !same(rows_of(&got_vc, vw, false), rows_of(&vc, vw, false))
+            {
+                return Err(format!("{what}: a cache row the step does not own changed"));
+            }
+        }
+        _ => {
+            let (rel_k, rel_v) = match kv {
+                KvType::F32 => (REL, 0.0),
+                _ => (REL_F16, REL_F16),
+            };
+            check_close(&got_kc, &kc, rel_k).map_err(|e| format!("{what}: k cache: {e}"))?;
+            check_close(&got_vc, &vc, rel_v).map_err(|e| format!("{what}: v cache: {e}"))?;
+        }
+    }
+    // with rounding caches the step must attend to exactly the keys and values it stored (what
     // later steps read back), so the output is held to the reference over the stored caches
     let (kc, vc) = match kv {
         KvType::F32 => (kc, vc),
-        KvType::F16 => (got_kc, got_vc),
+        KvType::F16 | KvType::Q8_0 => (got_kc, got_vc),
     };
     let mut want = vec![0f32; n_tok * n_head * hv];
     attention_ref(&s, &q_ref, &kc, &vc, start, &mut want);
@@ -823,9 +883,15 @@ fn fused_decode_attention_matches_norm_rope_store_then_attention() {
             _ => None,
         };
         let f16_run = f16_plan.filter(|_| f16).map(|p| (p, KvType::F16));
+        // q8_0 caches on every third case with whole blocks, the device's layout and many
+        // pieces in turn
+        let (_, _, (hd, hv), ..) = c;
+        let q8_run = (i % 3 == 2 && hd % 32 == 0 && hv % 32 == 0)
+            .then_some((if i % 2 == 0 { None } else { Some(many) }, KvType::Q8_0));
         for (plan, kv) in [(None, KvType::F32), (Some(many), KvType::F32)]
             .into_iter()
             .chain(f16_run)
+            .chain(q8_run)
         {
             match run_fresh(&ctx, &att, &mut rng, c, plan, kv) {
                 Ok(e) => worst = worst.max(e),

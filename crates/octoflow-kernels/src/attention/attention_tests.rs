@@ -115,13 +115,20 @@ fn gpu_attention_matches_the_reference_on_random_inputs() {
         (6, 6, 2, 38, 22, 50, 0, 10),     // dims not multiples of 4
         (64, 9, 3, 64, 64, 512, 0, 256),  // a prefill chunk at a later position
     ];
-    // every case with f32 caches, every third also with f16 ones where the device has them
+    // every case with f32 caches, every third also with f16 ones where the device has them,
+    // another third with q8_0 ones (whole blocks)
     let f16 = KvType::F16.supported(ctx.caps());
-    let runs = (cases.iter().enumerate().map(|(i, &c)| (i, c, KvType::F32))).chain(
-        (cases.iter().enumerate())
-            .filter(|(i, _)| f16 && i % 3 == 0)
-            .map(|(i, &c)| (i, c, KvType::F16)),
-    );
+    let runs = (cases.iter().enumerate().map(|(i, &c)| (i, c, KvType::F32)))
+        .chain(
+            (cases.iter().enumerate())
+                .filter(|(i, _)| f16 && i % 3 == 0)
+                .map(|(i, &c)| (i, c, KvType::F16)),
+        )
+        .chain(
+            (cases.iter().enumerate())
+                .filter(|(i, c)| i % 3 == 1 && c.3 % 32 == 0 && c.4 % 32 == 0)
+                .map(|(i, &c)| (i, c, KvType::Q8_0)),
+        );
     for (i, c, kv) in runs {
         // every other case with sinks
         if let Err(e) = run_case(&ctx, &k, &mut rng, c, None, i % 2 == 1, kv) {

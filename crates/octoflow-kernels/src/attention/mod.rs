@@ -139,6 +139,7 @@ impl Attention {
             pipelines: PerKv {
                 f32: SpecPipelines::new(shaders::ATTENTION, 7, 52, "attention"),
                 f16: SpecPipelines::new(shaders::ATTENTION_KV16, 7, 52, "attention_kv16"),
+                q8: SpecPipelines::new(shaders::ATTENTION_KVQ8, 7, 52, "attention_kvq8"),
             },
             merge: Pipeline::new(
                 ctx,
@@ -293,9 +294,12 @@ pub(crate) fn merge_parts(
 
 /// Rows the caches hold (the bound on table-mode reads).
 pub(crate) fn kv_total(a: &AttentionArgs) -> u32 {
-    let b = a.kv.bytes() * u64::from(a.n_head_kv);
-    (a.k.size / (b * u64::from(a.head_dim)))
-        .min(a.v.size / (b * u64::from(a.head_dim_v)))
+    let row = |width: u32| {
+        a.kv.bytes_for(u64::from(a.n_head_kv) * u64::from(width))
+            .max(1)
+    };
+    (a.k.size / row(a.head_dim))
+        .min(a.v.size / row(a.head_dim_v))
         .min(u64::from(u32::MAX)) as u32
 }
 
@@ -378,6 +382,9 @@ pub(crate) fn validate(a: &AttentionArgs) -> Result<()> {
             return Err(bad(OP, format!("{name} {d} not in 1..={MAX_HEAD_DIM}")));
         }
     }
+    a.kv.check_width("key", a.head_dim as usize)
+        .and_then(|()| a.kv.check_width("value", a.head_dim_v as usize))
+        .map_err(|e| bad(OP, e))?;
     let (t, h, hk) = (
         u128::from(a.n_tokens),
         u128::from(a.n_head),

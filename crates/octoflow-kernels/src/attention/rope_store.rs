@@ -10,7 +10,7 @@
 use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
 
 use crate::error::Result;
-use crate::kv_type::{KvType, PerKv};
+use crate::kv_type::{KvType, PerKv, Q8_BLOCK};
 use crate::operand::{bad, need, need_kv, overlap, Positions};
 use crate::rope::{rope_ref, RopeFreqs, RopeMode};
 use crate::set_rows::set_rows_ref;
@@ -84,6 +84,10 @@ impl RopeStore {
                     &PipelineDesc::new(shaders::ROPE_STORE, 7, 44),
                 )?),
                 f16,
+                q8: Some(Pipeline::new(
+                    ctx,
+                    &PipelineDesc::new(shaders::ROPE_STORE_KVQ8, 7, 44),
+                )?),
             },
         })
     }
@@ -100,10 +104,16 @@ impl RopeStore {
         let v_width = u128::from(a.n_head_kv) * u128::from(a.head_dim_v);
         let q_len = n * u128::from(a.n_head) * u128::from(a.head_dim);
         let half = u128::from(n_rot / 2);
-        // work items: q pairs, k pairs plus pass-through dims, v values (see the shader)
+        a.kv.check_width("key", a.head_dim as usize)
+            .and_then(|()| a.kv.check_width("value", a.head_dim_v as usize))
+            .map_err(|e| bad(OP, e))?;
+        // work items: q pairs, k pairs plus pass-through dims, v values (see the shader); for
+        // q8_0 caches whole blocks of k and v
         let items = n * u128::from(a.n_head) * half
-            + n * u128::from(a.n_head_kv) * (u128::from(a.head_dim) - half)
-            + n * v_width;
+            + match a.kv {
+                KvType::Q8_0 => n * (k_width + v_width) / Q8_BLOCK as u128,
+                _ => n * u128::from(a.n_head_kv) * (u128::from(a.head_dim) - half) + n * v_width,
+            };
         let cache = u128::from(a.n_ctx) * k_width.max(v_width);
         let max = u128::from(u32::MAX);
         if q_len == 0 || k_width == 0 || v_width == 0 || a.n_ctx == 0 {
@@ -213,7 +223,8 @@ pub struct RopeStoreShape {
 /// (`[n, n_head_kv * head_dim_v]`) to that row of `v_cache` (rows past a cache's end skipped).
 /// `k` is not modified. The angles are [`rope_ref`]'s: `freqs` per pair, times `mscale`. The
 /// stored keys and values are rounded to `s.kv` (`f16` caches: the `half` crate's rounding to
-/// nearest even), the caches themselves stay f32 slices.
+/// nearest even; q8_0: [`KvType::round`]'s blocks of a row), the caches themselves stay f32
+/// slices.
 #[allow(clippy::too_many_arguments)]
 pub fn rope_store_ref(
     q: &mut [f32],
@@ -235,10 +246,9 @@ pub fn rope_store_ref(
         rope(&mut q[t * q_width..(t + 1) * q_width], s.n_head, position);
         let mut key = k[t * k_width..(t + 1) * k_width].to_vec();
         rope(&mut key, s.n_head_kv, position);
-        let round = |xs: &[f32]| -> Vec<f32> { xs.iter().map(|&x| s.kv.round(x)).collect() };
-        set_rows_ref(&round(&key), k_cache, k_width, row);
+        set_rows_ref(&s.kv.round(&key), k_cache, k_width, row);
         set_rows_ref(
-            &round(&v[t * v_width..(t + 1) * v_width]),
+            &s.kv.round(&v[t * v_width..(t + 1) * v_width]),
             v_cache,
             v_width,
             row,

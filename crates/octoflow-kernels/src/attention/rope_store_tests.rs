@@ -5,6 +5,7 @@ use rand::Rng;
 
 use super::*;
 use crate::check_close;
+use crate::kv_type::check_q8;
 use crate::rope::test_freqs;
 use crate::testkit::{read, with};
 use crate::{KernelError, KvType};
@@ -168,9 +169,25 @@ fn run_case(
         mscale,
         &rows,
     );
+    // q8_0: the exact values the stored ones are held to (see check_q8)
+    let (mut exact_kc, mut exact_vc) = (kc.clone(), vc.clone());
+    rope_store_ref(
+        &mut q.clone(),
+        &k,
+        &v,
+        &mut exact_kc,
+        &mut exact_vc,
+        &RopeStoreShape {
+            kv: KvType::F32,
+            ..shape
+        },
+        &freqs,
+        mscale,
+        &rows,
+    );
     let got_q = read(ctx, &qb, q.len());
     let read_kv = |b: &Buffer, n: usize| {
-        let mut bytes = vec![0u8; n * c.kv.bytes() as usize];
+        let mut bytes = vec![0u8; c.kv.bytes_for(n as u64) as usize];
         ctx.download(b, 0, &mut bytes).unwrap();
         c.kv.decode(&bytes)
     };
@@ -179,13 +196,23 @@ fn run_case(
     let (rel_k, rel_v) = match c.kv {
         KvType::F32 => (REL, 0.0),
         KvType::F16 => (REL_F16, REL_F16),
+        KvType::Q8_0 => (REL, 0.0),
     };
 
     check_close(&got_q, &want_q, REL).map_err(|e| format!("q: {e}"))?;
     let (gk, wk) = (gather(&got_kc, kw, &stored), gather(&want_kc, kw, &stored));
-    check_close(&gk, &wk, rel_k).map_err(|e| format!("k cache rows {stored:?}: {e}"))?;
     let (gv, wv) = (gather(&got_vc, vw, &stored), gather(&want_vc, vw, &stored));
-    check_close(&gv, &wv, rel_v).map_err(|e| format!("v cache rows {stored:?}: {e}"))?;
+    if c.kv == KvType::Q8_0 {
+        let (xk, xv) = (
+            gather(&exact_kc, kw, &stored),
+            gather(&exact_vc, vw, &stored),
+        );
+        check_q8(&gk, &xk, rel_k).map_err(|e| format!("k cache rows {stored:?}: {e}"))?;
+        check_q8(&gv, &xv, rel_v).map_err(|e| format!("v cache rows {stored:?}: {e}"))?;
+    } else {
+        check_close(&gk, &wk, rel_k).map_err(|e| format!("k cache rows {stored:?}: {e}"))?;
+        check_close(&gv, &wv, rel_v).map_err(|e| format!("v cache rows {stored:?}: {e}"))?;
+    }
     // the other rows keep their old content, bit for bit
     for r in (0..c.n_ctx).filter(|r| !stored.contains(r)) {
         let same = |got: &[f32], old: &[f32], w: usize| {
@@ -205,9 +232,15 @@ fn run_case(
             return Err(format!("q element {i} (dim {}) changed", i % hd));
         }
     }
-    for (t, &(_, r)) in rows.iter().enumerate().filter(|(_, &(_, r))| r < c.n_ctx) {
+    // (q8_0 rounds whole blocks, rotated dims with the others: check_q8 above)
+    let per_value = c.kv != KvType::Q8_0;
+    for (t, &(_, r)) in rows
+        .iter()
+        .enumerate()
+        .filter(|(_, &(_, r))| per_value && r < c.n_ctx)
+    {
         for d in 0..kw {
-            let (g, x) = (got_kc[r * kw + d], c.kv.round(k[t * kw + d]));
+            let (g, x) = (got_kc[r * kw + d], c.kv.round(&[k[t * kw + d]])[0]);
             if d % hd >= c.n_rot && g.to_bits() != x.to_bits() {
                 return Err(format!("k dim {} of token {t} changed", d % hd));
             }
@@ -339,13 +372,22 @@ fn gpu_rope_store_matches_rope_then_set_rows_on_random_inputs() {
         },
     ];
     let (mut worst_q, mut worst_k) = (0f32, 0f32);
-    // every case with f32 caches, then with f16 ones where the device has 16-bit storage
+    // every case with f32 caches, then with f16 ones where the device has 16-bit storage, then
+    // with q8_0 ones
     let f16 = KvType::F16.supported(ctx.caps());
     let with_f16 = cases.iter().filter(|_| f16).map(|&c| Case {
         kv: KvType::F16,
         ..c
     });
-    for c in cases.into_iter().chain(with_f16.collect::<Vec<_>>()) {
+    let with_q8 = cases.iter().map(|&c| Case {
+        kv: KvType::Q8_0,
+        ..c
+    });
+    for c in cases
+        .into_iter()
+        .chain(with_f16.collect::<Vec<_>>())
+        .chain(with_q8)
+    {
         match run_case(&ctx, &kern, &mut rng, c) {
             Ok((eq, ek)) => {
                 println!("{c:?}: max relative error q {eq:.2e}, k cache {ek:.2e}");
@@ -487,4 +529,25 @@ fn bad_shapes_and_overlaps_are_shape_errors() {
         };
         assert!(e.contains("k_cache") && e.contains("f16 values"), "{e}");
     }
+    // q8_0 caches: 36 bytes per block of 32 values (1,024 bytes hold 14 rows of 64), and heads
+    // of whole blocks only
+    let q8 = |n_ctx| RopeStoreArgs {
+        n_ctx,
+        kv: KvType::Q8_0,
+        ..good
+    };
+    kern.record(&mut chain, &q8(14)).unwrap();
+    let mut err = |a: &RopeStoreArgs| match kern.record(&mut chain, a) {
+        Err(KernelError::Shape { detail, .. }) => detail,
+        other => panic!("expected a shape error, got {other:?}"),
+    };
+    let e = err(&q8(15));
+    assert!(e.contains("k_cache") && e.contains("q8_0 values"), "{e}");
+    let narrow = RopeFreqs::upload(&ctx, "rope_freqs", &[0.5; 16], 1.0).unwrap();
+    let e = err(&RopeStoreArgs {
+        head_dim: 48,
+        freqs: &narrow,
+        ..q8(4)
+    });
+    assert!(e.contains("multiple of 32") && e.contains("48"), "{e}");
 }

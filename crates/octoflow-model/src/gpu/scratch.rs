@@ -153,7 +153,7 @@ impl Scratch {
         let kv = (0..c.n_layer)
             .map(|il| {
                 let cache = |name: String, width: usize| {
-                    dev_bytes(&name, u64::from(n_ctx) * width as u64 * kv_type.bytes())
+                    dev_bytes(&name, kv_type.bytes_for(u64::from(n_ctx) * width as u64))
                 };
                 Ok((
                     cache(format!("k_cache.{il}"), c.k_dim())?,

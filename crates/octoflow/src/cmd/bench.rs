@@ -238,7 +238,9 @@ fn report_memory(gpu: &octoflow_model::gpu::GpuModel, n_ctx: usize) {
     let (in_buffers, reserved) = gpu.context().memory_usage();
     let weights = gpu.weight_bytes();
     let kv_type = gpu.kv_type();
-    let kv = (c.n_layer * n_ctx * (c.k_dim() + c.v_dim())) as u64 * kv_type.bytes();
+    let kv = c.n_layer as u64
+        * (kv_type.bytes_for((n_ctx * c.k_dim()) as u64)
+            + kv_type.bytes_for((n_ctx * c.v_dim()) as u64));
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     eprintln!(
         "octoflow: device memory {:.1} MiB reserved ({:.1} MiB in buffers) = weights {:.1} MiB + KV cache {:.1} MiB ({n_ctx} positions, {kv_type}) + {:.1} MiB other ({:.1}% over weights + KV)",

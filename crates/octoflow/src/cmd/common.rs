@@ -98,7 +98,9 @@ pub struct DeviceArgs {
     #[arg(long)]
     pub gpu: Option<usize>,
     /// What the GPU's KV cache holds, keys and values alike (llama.cpp's `-ctk`/`-ctv`):
-    /// f16 (half the memory, llama.cpp's default) or f32. The CPU reference keeps f32.
+    /// f16 (half the memory, llama.cpp's default), q8_0 (llama.cpp's blocks of 32 int8s and a
+    /// scale: 0.56× f16's memory; heads of a multiple of 32 values) or f32. The CPU reference
+    /// keeps f32.
     #[arg(long, value_name = "TYPE", default_value = "f16", value_parser = parse_kv_type)]
     pub cache_type: octoflow_model::gpu::KvType,
 }
