@@ -39,6 +39,10 @@ const MAX_SPLIT: u32 = 64;
 /// On a GPU, GQA groups are cut into head chunks until there are about this many
 /// (token, KV head, head chunk) workgroups before the keys are split.
 const HEAD_TARGET: u32 = 32;
+/// On a GPU, caches of at least this many rows take the long-context layout.
+const LONG_ROWS: u32 = 4096;
+/// Workgroups the long-context layout aims at.
+const LONG_TARGET: u32 = 1024;
 
 /// Whether [`crate::Attention::record`] takes the decode kernel for `a`.
 pub(crate) fn applies(a: &AttentionArgs) -> bool {
@@ -104,6 +108,10 @@ fn floor_pow2(x: u32) -> u32 {
 /// - GPU, one sequence (run mode): workgroups of 256 and at most 4 vec4s of a key row per lane
 ///   (lanes per key >= head_dim / 16), so that wide heads (256) do not spill q and the K tiles
 ///   out of registers. Batches of many streams (position tables) keep 128.
+/// - GPU, caches of `LONG_ROWS` rows or more: the keys are split first, into up to
+///   `MAX_SPLIT` pieces, and the group is cut only as far as ~`LONG_TARGET` workgroups need:
+///   a deep context has keys enough to fill the device, and a workgroup holding several heads
+///   of a group reads each K/V row once for all of them.
 /// - CPU (lavapipe): whole groups, a few pieces: SIMD lanes are not free there.
 ///
 /// The split is fixed when the chain is recorded (positions change between replays), from the
@@ -114,8 +122,13 @@ pub(crate) fn plan(caps: &DeviceCaps, a: &AttentionArgs) -> DecodePlan {
     let sg = floor_pow2(caps.subgroup.size.clamp(1, WG));
     let group = a.n_head / a.n_head_kv;
     let pairs = a.n_tokens.saturating_mul(a.n_head_kv);
+    let long = !cpu && a.n_kv_rows >= LONG_ROWS;
     let n_hc = if cpu {
         1
+    } else if long {
+        LONG_TARGET
+            .div_ceil(pairs.max(1).saturating_mul(MAX_SPLIT))
+            .clamp(1, group)
     } else {
         HEAD_TARGET.div_ceil(pairs.max(1)).clamp(1, group)
     };
@@ -137,7 +150,13 @@ pub(crate) fn plan(caps: &DeviceCaps, a: &AttentionArgs) -> DecodePlan {
     let tile = wg / lpk;
     let min_chunk = if cpu { tile } else { tile.max(64) };
     let groups = pairs.saturating_mul(group.div_ceil(hb));
-    let target: u32 = if cpu { 8 } else { 256 };
+    let target: u32 = if cpu {
+        8
+    } else if long {
+        LONG_TARGET
+    } else {
+        256
+    };
     let split = target
         .div_ceil(groups.max(1))
         .min(a.n_kv_rows.div_ceil(min_chunk))
