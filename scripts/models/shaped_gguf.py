@@ -13,6 +13,10 @@ Usage: shaped_gguf.py SHAPE OUT.gguf [--layers N] [--seed S]
                       feed-forward, 32/8 heads, Q4_K with Q6_K for attn_v and ffn_down on the
                       layers llama.cpp's `use_more_bits` picks, Q6_K output, `rope_freqs`
                       (Llama 3.1's scaling), 128,256-token vocabulary
+         qwen2.5-0.5b qwen2.5-coder-0.5b-instruct-q4_k_m.gguf's layout (the golden models' qwen):
+                      24 layers, 896 wide, 4,864 feed-forward, 14/2 heads of 64, q/k/v biases,
+                      Q5_0 with Q8_0 attn_v and Q6_K ffn_down on the layers that file has them
+                      (Q4_K elsewhere for ffn_down), Q5_0 embeddings, Q8_0 output, 151,936 tokens
   --layers N: fewer layers (a quick check of the script itself)
 
 The vocabulary is a synthetic byte-level BPE of the real size (the 256 byte tokens, then every
@@ -28,7 +32,8 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as T
 
-BLOCK = {T.Q8_0: (32, 34), T.MXFP4: (32, 17), T.Q4_K: (256, 144), T.Q6_K: (256, 210)}
+BLOCK = {T.Q8_0: (32, 34), T.Q5_0: (32, 22), T.MXFP4: (32, 17), T.Q4_K: (256, 144),
+         T.Q6_K: (256, 210)}
 
 
 def byte_tokens():
@@ -87,6 +92,8 @@ def quantized(rng, ty, rows, cols, experts=None):
     data = np.frombuffer(rng.bytes(nb * size), dtype=np.uint8).reshape(nb, size).copy()
     if ty == T.Q8_0:
         data[:, 0:2] = f16_bytes(np.full(nb, 0.02 / 64))
+    elif ty == T.Q5_0:
+        data[:, 0:2] = f16_bytes(np.full(nb, 0.02 / 16))
     elif ty == T.MXFP4:
         # E8M0 exponent 2^-7 times FP4 values up to 6
         data[:, 0] = 127 - 7
@@ -191,6 +198,43 @@ def llama_8b(w, rng, n_layer):
     return arch
 
 
+def qwen25_05b(w, rng, n_layer):
+    arch = "qwen2"
+    n_embd, n_ff, n_head, n_kv, hd, n_vocab = 896, 4864, 14, 2, 64, 151936
+    # the layers whose attn_v is Q8_0 and ffn_down Q6_K in the real Q4_K_M file
+    more_bits = {0, 1, 3, 6, 7, 8, 9, 10, 13, 16, 19, 21}
+    w.add_block_count(n_layer)
+    w.add_context_length(32768)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_rope_freq_base(1000000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    specials = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>"}
+    tokenizer(w, "gpt2", "qwen2", n_vocab, specials, bos=151643, eos=151645, pad=151643)
+    w.add_tensor("token_embd.weight", quantized(rng, T.Q5_0, n_vocab, n_embd), raw_dtype=T.Q5_0)
+    w.add_tensor("output_norm.weight", dense(rng, n_embd, 1.0))
+    w.add_tensor("output.weight", quantized(rng, T.Q8_0, n_vocab, n_embd), raw_dtype=T.Q8_0)
+    q, kv = n_head * hd, n_kv * hd
+    for il in range(n_layer):
+        b = f"blk.{il}."
+        more = il in more_bits
+        w.add_tensor(b + "attn_norm.weight", dense(rng, n_embd, 1.0))
+        w.add_tensor(b + "ffn_norm.weight", dense(rng, n_embd, 1.0))
+        for name, ty, rows, cols in [("attn_q", T.Q5_0, q, n_embd), ("attn_k", T.Q5_0, kv, n_embd),
+                                     ("attn_v", T.Q8_0 if more else T.Q5_0, kv, n_embd),
+                                     ("attn_output", T.Q5_0, n_embd, q),
+                                     ("ffn_gate", T.Q5_0, n_ff, n_embd),
+                                     ("ffn_up", T.Q5_0, n_ff, n_embd)]:
+            w.add_tensor(b + name + ".weight", quantized(rng, ty, rows, cols), raw_dtype=ty)
+            if name in ("attn_q", "attn_k", "attn_v"):
+                w.add_tensor(b + name + ".bias", dense(rng, rows))
+        down = T.Q6_K if more else T.Q4_K
+        w.add_tensor(b + "ffn_down.weight", quantized(rng, down, n_embd, n_ff), raw_dtype=down)
+    return arch
+
+
 def llama31_rope_freqs(head_dim, base=500000.0, factor=8.0, low=1.0, high=4.0, orig=8192):
     """Llama 3.1's per-pair frequency divisors, as convert_hf_to_gguf.py writes `rope_freqs`."""
     out = []
@@ -223,19 +267,20 @@ def tokenizer(w, model, pre, n_vocab, specials, bos, eos, pad):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("shape", choices=["gpt-oss-20b", "llama-8b"])
+    ap.add_argument("shape", choices=["gpt-oss-20b", "llama-8b", "qwen2.5-0.5b"])
     ap.add_argument("out")
     ap.add_argument("--layers", type=int)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     rng = np.random.default_rng(a.seed)
-    arch = "gpt-oss" if a.shape == "gpt-oss-20b" else "llama"
+    arch, build, layers = {
+        "gpt-oss-20b": ("gpt-oss", gpt_oss_20b, 24),
+        "llama-8b": ("llama", llama_8b, 32),
+        "qwen2.5-0.5b": ("qwen2", qwen25_05b, 24),
+    }[a.shape]
     w = gguf.GGUFWriter(a.out, arch)
     w.add_name(f"shaped {a.shape} (random values)")
-    if a.shape == "gpt-oss-20b":
-        gpt_oss_20b(w, rng, a.layers or 24)
-    else:
-        llama_8b(w, rng, a.layers or 32)
+    build(w, rng, a.layers or layers)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file(progress=False)
