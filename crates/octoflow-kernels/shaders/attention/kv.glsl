@@ -104,17 +104,22 @@ float q8_div127(float amax) {
     return fma(fma(-d, 127.0, amax), 1.0 / 127.0, d);
 }
 
+// the largest magnitude of a block's 32 values
+float q8_amax(vec4 xs[8]) {
+    float amax = 0.0;
+    [[unroll]] for (uint i = 0u; i < 8u; i++) {
+        vec4 a = abs(xs[i]);
+        amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+    }
+    return amax;
+}
+
 // block b (counted in blocks from the buffer's start) of q8_0 cache buffer `buf` from the 32
 // values xs: the scale word, then the 8 words of int8s (llama.cpp's quantize_row_q8_0: d from
 // the unrounded amax / 127, the int8s from x * (1 / d), the scale stored rounded to f16)
 #define q8_store_block(buf, b, xs) \
     { \
-        float amax_ = 0.0; \
-        [[unroll]] for (uint i_ = 0u; i_ < 8u; i_++) { \
-            vec4 a_ = abs(xs[i_]); \
-            amax_ = max(amax_, max(max(a_.x, a_.y), max(a_.z, a_.w))); \
-        } \
-        float d_ = q8_div127(amax_); \
+        float d_ = q8_div127(q8_amax(xs)); \
         float id_ = q8_inv(d_); \
         buf[(b) * 9u] = floatBitsToUint(f16_round(d_)); \
         [[unroll]] for (uint i_ = 0u; i_ < 8u; i_++) { \
@@ -124,12 +129,7 @@ float q8_div127(float amax) {
 
 // the 32 values xs as a later read of their stored block gives them back
 void q8_round_block(inout vec4 xs[8]) {
-    float amax = 0.0;
-    [[unroll]] for (uint i = 0u; i < 8u; i++) {
-        vec4 a = abs(xs[i]);
-        amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
-    }
-    float d = q8_div127(amax);
+    float d = q8_div127(q8_amax(xs));
     float id = q8_inv(d);
     float d16 = f16_round(d);
     [[unroll]] for (uint i = 0u; i < 8u; i++) {
