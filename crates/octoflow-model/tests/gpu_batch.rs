@@ -200,40 +200,50 @@ fn rows_of_several_sequences_match_each_sequence_alone() {
     );
 }
 
-/// The batch engine with f16 KV caches (the server's default): a prompt chunk and decode rows
-/// in one slot give the logits a session with f16 caches gives the same tokens (both store the
-/// same keys and values rounded once; position tables and the fused decode path alike).
+/// The batch engine with f16 KV caches (the server's default) and with q8_0 ones: a prompt
+/// chunk and decode rows in one slot give the logits a session with the same caches gives the
+/// same tokens (both store the same keys and values rounded once; position tables and the
+/// fused decode path alike).
 #[test]
-fn f16_kv_caches_give_the_batch_what_they_give_a_session() {
+fn f16_and_q8_0_kv_caches_give_the_batch_what_they_give_a_session() {
     let Some(ctx) = gpu_or_skip("gpu_batch_f16_kv") else {
         return;
     };
-    if !KvType::F16.supported(ctx.caps()) {
-        println!("skipped: {} has no 16-bit storage buffers", ctx.caps().name);
-        return;
-    }
     let (model, golden) = load(SMOLLM2);
     let mut gpu = GpuModel::load(&ctx, &model).unwrap();
-    gpu.set_kv_type(KvType::F16).unwrap();
     let p: Vec<u32> = golden.greedy[0]
         .prompt_ids
         .iter()
         .take(12)
         .copied()
         .collect();
-    let mut b = gpu.batch(2, 64, 64).unwrap();
-    let r = b.step(&rows(1, 0, &p, RowOutput::Logits)).unwrap();
-    let mut s = gpu.session(64, 4).unwrap();
-    let mut want = s.forward(&p, 0, Logits::Last).unwrap();
-    assert_logits_close(&ctx, p.len(), logits_of(&r[p.len() - 1]), &want, "prompt");
-    // two decode steps after it
-    for pos in p.len()..p.len() + 2 {
-        let next = top1(&want);
-        let r = b
-            .step(&rows(1, pos as u32, &[next], RowOutput::Logits))
-            .unwrap();
-        want = s.forward(&[next], pos, Logits::Last).unwrap();
-        assert_logits_close(&ctx, 1, logits_of(&r[0]), &want, "decode");
+    for kv in [KvType::F16, KvType::Q8_0] {
+        if !kv.supported(ctx.caps()) {
+            println!("{kv}: skipped, {} cannot hold such caches", ctx.caps().name);
+            continue;
+        }
+        gpu.set_kv_type(kv).unwrap();
+        let mut b = gpu.batch(2, 64, 64).unwrap();
+        let r = b.step(&rows(1, 0, &p, RowOutput::Logits)).unwrap();
+        let mut s = gpu.session(64, 4).unwrap();
+        let mut want = s.forward(&p, 0, Logits::Last).unwrap();
+        let what = |step: &str| format!("{kv} caches, {step}");
+        assert_logits_close(
+            &ctx,
+            p.len(),
+            logits_of(&r[p.len() - 1]),
+            &want,
+            &what("prompt"),
+        );
+        // two decode steps after it
+        for pos in p.len()..p.len() + 2 {
+            let next = top1(&want);
+            let r = b
+                .step(&rows(1, pos as u32, &[next], RowOutput::Logits))
+                .unwrap();
+            want = s.forward(&[next], pos, Logits::Last).unwrap();
+            assert_logits_close(&ctx, 1, logits_of(&r[0]), &want, &what("decode"));
+        }
     }
 }
 
