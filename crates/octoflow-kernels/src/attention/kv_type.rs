@@ -42,12 +42,14 @@ impl KvType {
     pub const NAMES: [&'static str; 3] = ["f32", "f16", "q8_0"];
 
     /// Bytes that `values` cached values take (for q8_0 a whole number of blocks: `values` is
-    /// rounded up to one).
+    /// rounded up to one; saturating at u64::MAX).
     pub fn bytes_for(self, values: u64) -> u64 {
         match self {
-            KvType::F32 => 4 * values,
-            KvType::F16 => 2 * values,
-            KvType::Q8_0 => values.div_ceil(Q8_BLOCK as u64) * Q8_BLOCK_BYTES,
+            KvType::F32 => values.saturating_mul(4),
+            KvType::F16 => values.saturating_mul(2),
+            KvType::Q8_0 => values
+                .div_ceil(Q8_BLOCK as u64)
+                .saturating_mul(Q8_BLOCK_BYTES),
         }
     }
 
@@ -67,6 +69,17 @@ impl KvType {
             KvType::F32 | KvType::Q8_0 => true,
             KvType::F16 => caps.storage_16bit,
         }
+    }
+
+    /// Why heads of `head_dim` keys and `head_dim_v` values cannot be cached as this type, if
+    /// they cannot (see [`Self::check_width`]).
+    pub fn check_heads(
+        self,
+        head_dim: usize,
+        head_dim_v: usize,
+    ) -> std::result::Result<(), String> {
+        self.check_width("key", head_dim)
+            .and_then(|()| self.check_width("value", head_dim_v))
     }
 
     /// Why rows of `width` values (one head's keys or values) cannot be cached as this type,

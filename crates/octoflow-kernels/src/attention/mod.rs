@@ -382,8 +382,7 @@ pub(crate) fn validate(a: &AttentionArgs) -> Result<()> {
             return Err(bad(OP, format!("{name} {d} not in 1..={MAX_HEAD_DIM}")));
         }
     }
-    a.kv.check_width("key", a.head_dim as usize)
-        .and_then(|()| a.kv.check_width("value", a.head_dim_v as usize))
+    a.kv.check_heads(a.head_dim as usize, a.head_dim_v as usize)
         .map_err(|e| bad(OP, e))?;
     let (t, h, hk) = (
         u128::from(a.n_tokens),

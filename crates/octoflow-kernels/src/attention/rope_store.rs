@@ -104,8 +104,7 @@ impl RopeStore {
         let v_width = u128::from(a.n_head_kv) * u128::from(a.head_dim_v);
         let q_len = n * u128::from(a.n_head) * u128::from(a.head_dim);
         let half = u128::from(n_rot / 2);
-        a.kv.check_width("key", a.head_dim as usize)
-            .and_then(|()| a.kv.check_width("value", a.head_dim_v as usize))
+        a.kv.check_heads(a.head_dim as usize, a.head_dim_v as usize)
             .map_err(|e| bad(OP, e))?;
         // work items: q pairs, k pairs plus pass-through dims, v values (see the shader); for
         // q8_0 caches whole blocks of k and v

@@ -136,8 +136,7 @@ impl GpuModel {
                 self.ctx.caps().name
             )));
         }
-        kv.check_width("key", self.config.head_dim)
-            .and_then(|()| kv.check_width("value", self.config.head_dim_v))
+        kv.check_heads(self.config.head_dim, self.config.head_dim_v)
             .map_err(ModelError::Gpu)?;
         self.kv_type = kv;
         Ok(())
