@@ -418,21 +418,22 @@ void main() {
         uint u = x / (kblocks + vblocks);
         uint b = x % (kblocks + vblocks);
         vec4 xs[8];
+        uint w[8];
         if (b < kblocks) {
             [[unroll]] for (uint i = 0u; i < 8u; i++) xs[i] = k_sh[u * RW4 + b * 8u + i] * inv_k[u];
+            float d16 = q8_quantize(xs, w);
             if (u == t && writer) {
-                q8_store_block(kw, (p * pc.n_head_kv + kvh) * kblocks + b, xs);
+                q8_store_block(kw, (p * pc.n_head_kv + kvh) * kblocks + b, d16, w);
             }
-            q8_round_block(xs);
-            [[unroll]] for (uint i = 0u; i < 8u; i++) k_sh[u * RW4 + b * 8u + i] = xs[i];
+            [[unroll]] for (uint i = 0u; i < 8u; i++) k_sh[u * RW4 + b * 8u + i] = q8_unpack(w[i]) * d16;
         } else {
             b -= kblocks;
             [[unroll]] for (uint i = 0u; i < 8u; i++) xs[i] = v_sh[u * NVL + b * 8u + i];
+            float d16 = q8_quantize(xs, w);
             if (u == t && writer) {
-                q8_store_block(vw, (p * pc.n_head_kv + kvh) * vblocks + b, xs);
+                q8_store_block(vw, (p * pc.n_head_kv + kvh) * vblocks + b, d16, w);
             }
-            q8_round_block(xs);
-            [[unroll]] for (uint i = 0u; i < 8u; i++) v_sh[u * NVL + b * 8u + i] = xs[i];
+            [[unroll]] for (uint i = 0u; i < 8u; i++) v_sh[u * NVL + b * 8u + i] = q8_unpack(w[i]) * d16;
         }
     }
     barrier();

@@ -104,38 +104,32 @@ float q8_div127(float amax) {
     return fma(fma(-d, 127.0, amax), 1.0 / 127.0, d);
 }
 
-// the largest magnitude of a block's 32 values
-float q8_amax(vec4 xs[8]) {
+// The q8_0 block of the 32 values xs (llama.cpp's quantize_row_q8_0: d from the unrounded
+// max|x| / 127, the int8s from x * (1 / d)): its 8 words of int8s in w, and its scale rounded to
+// f16 (what is stored) returned. The values come back as q8_unpack(w[i]) times that scale.
+float q8_quantize(vec4 xs[8], out uint w[8]) {
     float amax = 0.0;
     [[unroll]] for (uint i = 0u; i < 8u; i++) {
         vec4 a = abs(xs[i]);
         amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
     }
-    return amax;
+    float d = q8_div127(amax);
+    float id = q8_inv(d);
+    [[unroll]] for (uint i = 0u; i < 8u; i++) {
+        w[i] = q8_pack(xs[i] * id);
+    }
+    return f16_round(d);
 }
 
-// block b (counted in blocks from the buffer's start) of q8_0 cache buffer `buf` from the 32
-// values xs: the scale word, then the 8 words of int8s (llama.cpp's quantize_row_q8_0: d from
-// the unrounded amax / 127, the int8s from x * (1 / d), the scale stored rounded to f16)
-#define q8_store_block(buf, b, xs) \
+// block b (counted in blocks from the buffer's start) of q8_0 cache buffer `buf`: the scale
+// word, then the 8 words of int8s (from q8_quantize)
+#define q8_store_block(buf, b, d16, w) \
     { \
-        float d_ = q8_div127(q8_amax(xs)); \
-        float id_ = q8_inv(d_); \
-        buf[(b) * 9u] = floatBitsToUint(f16_round(d_)); \
+        buf[(b) * 9u] = floatBitsToUint(d16); \
         [[unroll]] for (uint i_ = 0u; i_ < 8u; i_++) { \
-            buf[(b) * 9u + 1u + i_] = q8_pack(xs[i_] * id_); \
+            buf[(b) * 9u + 1u + i_] = w[i_]; \
         } \
     }
-
-// the 32 values xs as a later read of their stored block gives them back
-void q8_round_block(inout vec4 xs[8]) {
-    float d = q8_div127(q8_amax(xs));
-    float id = q8_inv(d);
-    float d16 = f16_round(d);
-    [[unroll]] for (uint i = 0u; i < 8u; i++) {
-        xs[i] = q8_unpack(q8_pack(xs[i] * id)) * d16;
-    }
-}
 #else
 #define KV_T float
 #define KV4_T vec4

@@ -123,7 +123,9 @@ void main() {
         [[unroll]] for (uint i = 0u; i < 32u; i++) {
             xs[i / 4u][i % 4u] = rotated_k(head * pc.head_dim, t, b * 32u + i);
         }
-        q8_store_block(kc, (row * pc.n_head_kv + (head - t * pc.n_head_kv)) * kblocks + b, xs);
+        uint w[8];
+        float d16 = q8_quantize(xs, w);
+        q8_store_block(kc, (row * pc.n_head_kv + (head - t * pc.n_head_kv)) * kblocks + b, d16, w);
         return;
     }
     idx -= nk;
@@ -139,7 +141,9 @@ void main() {
             [[unroll]] for (uint i = 0u; i < 32u; i++) {
                 xs[i / 4u][i % 4u] = v[t * pc.v_width + b * 32u + i];
             }
-            q8_store_block(vc, row * vblocks + b, xs);
+            uint w[8];
+            float d16 = q8_quantize(xs, w);
+            q8_store_block(vc, row * vblocks + b, d16, w);
         }
     }
 #else
