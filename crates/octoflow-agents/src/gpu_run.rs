@@ -113,7 +113,9 @@ impl<'m> GpuRun<'m> {
             ));
         }
         let n = config.instances;
-        let batch = model.batch(n, n_ctx, max_rows).map_err(gpu)?;
+        let mut batch = model.batch(n, n_ctx, max_rows).map_err(gpu)?;
+        // instance i's KV blocks are slot i's whole context, laid out once
+        let (slot_blocks, block_tables) = batch.contiguous_tables().map_err(gpu)?;
         let mut run = Run::new(program, config, tasks, &batch)?;
         run.set_device_sampling(true);
         if batch.max_outputs() < n {
@@ -165,10 +167,11 @@ impl<'m> GpuRun<'m> {
             max_rows: max_rows as u32,
             max_out: n as u32,
             n_slots: n as u32,
+            slot_blocks,
         };
         let (r, o) = (max_rows as u64, n as u64);
         let row_words = [
-            2 * r,
+            2 * r + block_tables.len() as u64,
             r,
             o,
             r,
@@ -183,6 +186,8 @@ impl<'m> GpuRun<'m> {
                     .map_err(vk)?,
             );
         }
+        // the block tables after the row pairs vm_plan writes
+        ctx.upload(&rows[0], 8 * r, &block_tables).map_err(vk)?;
         // The sampled tokens, then their log-probabilities (the sampler's second half).
         let tokens =
             Buffer::new(&ctx, "vm_tokens", 8 * o.max(1), MemoryKind::DeviceLocal).map_err(vk)?;

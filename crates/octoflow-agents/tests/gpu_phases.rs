@@ -450,6 +450,8 @@ fn a_run_resident_on_the_gpu_gives_the_hosts_outputs() {
             max_rows: max_rows as u32,
             max_out: max_rows as u32,
             n_slots: cfg.instances as u32,
+            slot_blocks: octoflow_kernels::blocks_for(octoflow_model::BatchForward::n_ctx(&e))
+                as u32,
         };
         let mut resident = gpu::resident::Resident::new(&gpu, &run, shape);
         let mut events = Vec::new();

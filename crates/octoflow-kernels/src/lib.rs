@@ -62,8 +62,9 @@ pub mod train;
 
 // Every op module at the root, as dependents and the ops themselves name them.
 pub use attention::kv_type;
+pub use attention::page::{blocks_for, page_row, KV_PAGE};
 pub(crate) use attention::{attention_coop, attention_decode};
-pub use attention::{rope, rope_store, set_rows, soft_max};
+pub use attention::{page, rope, rope_store, set_rows, soft_max};
 pub use elementwise::{add, glu, rms_norm};
 pub(crate) use linear::qweight;
 pub use linear::{get_rows, lora, matmul_coop, split_sum};

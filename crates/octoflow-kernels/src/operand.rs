@@ -11,8 +11,9 @@ pub enum Positions {
     /// values are cache row `p`.
     #[default]
     Run,
-    /// Several sequences in one cache: token `t` is at position `pos[pos_offset + 2t]` of the
-    /// sequence whose position 0 is cache row `pos[pos_offset + 2t + 1]`.
+    /// Several sequences in paged caches: token `t` is at position `pos[pos_offset + 2t]` of the
+    /// sequence whose block table starts at `pos[pos[pos_offset + 2t + 1]]` (see
+    /// [`crate::attention::page`]).
     Table,
 }
 

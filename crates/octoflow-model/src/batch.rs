@@ -71,6 +71,17 @@ pub enum RowResult {
     Logits(Vec<f32>),
 }
 
+/// KV memory of an engine with a shared pool, in positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvRoom {
+    /// What a new promise ([`BatchForward::reserve`]) may still take.
+    pub available: usize,
+    /// The whole pool.
+    pub total: usize,
+    /// Positions held by registered prefixes (in use or not).
+    pub cached: usize,
+}
+
 /// Many sequences over one copy of the weights, run in batched, pipelined steps.
 pub trait BatchForward {
     /// The model's hyper-parameters.
@@ -112,6 +123,41 @@ pub trait BatchForward {
 
     /// Steps submitted and not yet collected.
     fn pending(&self) -> usize;
+
+    /// Positions of `prompt` (run with `adapter`) that a new sequence in `slot` would find
+    /// already cached ([`BatchForward::reuse`]); 0 where nothing is.
+    fn reusable(&self, _slot: u32, _prompt: &[u32], _adapter: Option<u32>) -> usize {
+        0
+    }
+
+    /// Starts a new sequence in `slot` whose prompt is `prompt`: whatever the slot held is
+    /// released, and the longest cached start of the prompt (never its last token, which must
+    /// run to give the first token's logits) is placed in it. Returns the positions the slot
+    /// now holds: the sequence's first row is at that position.
+    fn reuse(&mut self, _slot: u32, _prompt: &[u32], _adapter: Option<u32>) -> usize {
+        0
+    }
+
+    /// Records that `slot`'s positions `0..tokens.len()` hold `tokens` (run with `adapter`),
+    /// so that later sequences may reuse them. The caller vouches for the tokens; positions
+    /// past what the slot holds are ignored.
+    fn hold(&mut self, _slot: u32, _tokens: &[u32], _adapter: Option<u32>) {}
+
+    /// Ends `slot`'s sequence: its KV memory goes back to the engine (what [`Self::hold`]
+    /// recorded stays reusable while the memory is not needed).
+    fn release(&mut self, _slot: u32) {}
+
+    /// Promises `slot` KV memory for `positions` positions (what it already holds included),
+    /// replacing an earlier promise, or says the engine has not that much left.
+    fn reserve(&mut self, _slot: u32, _positions: usize) -> Result<()> {
+        Ok(())
+    }
+
+    /// KV memory left for new promises and in all, in positions (`None`: every slot holds a
+    /// whole context of its own).
+    fn kv_room(&self) -> Option<KvRoom> {
+        None
+    }
 
     /// Submits one step and waits for it (after collecting nothing else: `pending()` must be 0).
     fn step(&mut self, rows: &[BatchRow]) -> Result<Vec<RowResult>> {

@@ -6,6 +6,10 @@
 //! the specification the GPU sampler follows, so both give the same token for the same logits;
 //! they take the draws the GPU takes, so a scheduler decides alike over either. [`BatchForward::submit`] computes the step
 //! at once and queues its results for [`BatchForward::collect`].
+//!
+//! Prompt reuse is per slot: a session keeps what it ran, so a new sequence in a slot whose
+//! held tokens start its prompt skips them (the slot with the longest such start is the one
+//! to give it, [`BatchForward::reusable`]); there is no pool to share blocks between slots.
 
 use std::collections::VecDeque;
 
@@ -27,6 +31,9 @@ pub struct CpuBatch<'m> {
     sampled: Vec<Option<u32>>,
     /// Results of submitted, not yet collected steps, oldest first.
     done: VecDeque<Vec<RowResult>>,
+    /// Per slot: the tokens [`BatchForward::hold`] said its session holds at its first
+    /// positions, and their adapter (cut wherever a later row overwrote them).
+    held: Vec<(Vec<u32>, Option<u32>)>,
 }
 
 impl<'m> CpuBatch<'m> {
@@ -39,6 +46,7 @@ impl<'m> CpuBatch<'m> {
             max_rows: max_rows.max(1),
             sampled: vec![None; n_slots],
             done: VecDeque::new(),
+            held: vec![(Vec::new(), None); n_slots],
         }
     }
 
@@ -165,6 +173,40 @@ impl BatchForward for CpuBatch<'_> {
         self.submit_masked(rows, &[])
     }
 
+    fn reusable(&self, slot: u32, prompt: &[u32], adapter: Option<u32>) -> usize {
+        match self.held.get(slot as usize) {
+            Some((tokens, a)) if *a == adapter => {
+                let same = tokens
+                    .iter()
+                    .zip(prompt)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                same.min(prompt.len().saturating_sub(1))
+            }
+            _ => 0,
+        }
+    }
+
+    fn reuse(&mut self, slot: u32, prompt: &[u32], adapter: Option<u32>) -> usize {
+        let n = self.reusable(slot, prompt, adapter);
+        if let Some(h) = self.held.get_mut(slot as usize) {
+            h.0.truncate(n);
+        }
+        if let Some(s) = self.sessions.get_mut(slot as usize) {
+            s.truncate(n);
+        }
+        n
+    }
+
+    fn hold(&mut self, slot: u32, tokens: &[u32], adapter: Option<u32>) {
+        if let (Some(h), Some(s)) = (
+            self.held.get_mut(slot as usize),
+            self.sessions.get(slot as usize),
+        ) {
+            *h = (tokens[..tokens.len().min(s.n_past())].to_vec(), adapter);
+        }
+    }
+
     fn submit_masked(&mut self, rows: &[BatchRow], masks: &[Option<&TokenMask>]) -> Result<()> {
         let groups = self.validate(rows)?;
         let n_vocab = self.model.config.n_vocab;
@@ -191,6 +233,7 @@ impl BatchForward for CpuBatch<'_> {
                 Logits::Last
             };
             let start = rows[idx[0]].pos as usize;
+            self.held[*slot].0.truncate(start);
             let logits = self.sessions[*slot].forward(&tokens, start, mode)?;
             for (k, &i) in idx.iter().enumerate() {
                 let row_logits = match mode {

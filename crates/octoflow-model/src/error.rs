@@ -88,6 +88,9 @@ pub enum ModelError {
     /// which row and why).
     #[error("invalid batch step: {0}")]
     Batch(String),
+    /// The batch engine's KV pool has no blocks left for a step or a reservation.
+    #[error(transparent)]
+    KvFull(#[from] crate::kv_pool::KvFull),
     /// A draw asked of a device sampler that cannot take it (see `device_samples`).
     #[error("device sampling: {0}")]
     DeviceSampling(String),

@@ -291,3 +291,80 @@ fn bad_steps_are_clear_errors() {
     let ok = b.step(&[row(0, 0, TokenIn::Id(1))]).unwrap();
     assert_eq!(ok, vec![RowResult::None]);
 }
+
+/// The paged KV pool: a sequence whose prompt starts with a held one's adopts its whole blocks
+/// (shared while the first still runs) and prefills only the rest; a rewind into a shared
+/// block copies it first, so the other sequence goes on unchanged; a step the pool has no
+/// room for is refused with the pool's error, and the other sequences lose nothing.
+#[test]
+fn paged_caches_share_prefixes_copy_on_rewind_and_refuse_when_full() {
+    let Some(ctx) = gpu_or_skip("gpu_batch_paged") else {
+        return;
+    };
+    let (model, golden) = load(SMOLLM2);
+    let gpu = GpuModel::load(&ctx, &model).unwrap();
+    let text = &golden.nll[0].token_ids;
+    let a: Vec<u32> = text[..40].to_vec();
+    let check = |got: &RowResult, tokens: &[u32], what: &str| {
+        assert_logits_close(
+            &ctx,
+            tokens.len(),
+            logits_of(got),
+            &cpu_last(&model, tokens),
+            what,
+        );
+    };
+
+    let mut b = gpu.batch_with(3, 64, 64, 3 * 64).unwrap();
+    let r = b.step(&rows(0, 0, &a, RowOutput::Logits)).unwrap();
+    check(&r[39], &a, "slot 0's prompt");
+    b.hold(0, &a, None);
+    // another prompt with a's first 36 tokens: two whole blocks are cached
+    let mut c = a[..36].to_vec();
+    c.extend(&text[100..110]);
+    assert_eq!(b.reusable(1, &c, None), 32);
+    assert_eq!(b.reuse(1, &c, None), 32);
+    assert_eq!(b.kv_pool().table(1), &b.kv_pool().table(0)[..2]);
+    // slot 1 prefills from 32 while slot 0 decodes on
+    let mut a1 = a.clone();
+    a1.push(top1(&cpu_last(&model, &a)));
+    let mut step = rows(0, 40, &a1[40..], RowOutput::Logits);
+    step.extend(rows(1, 32, &c[32..], RowOutput::Logits));
+    let r = b.step(&step).unwrap();
+    check(&r[0], &a1, "slot 0 decoding beside the adopter");
+    check(r.last().unwrap(), &c, "slot 1 after adopting two blocks");
+    // slot 1 rewinds into the second shared block: it gets a copy, slot 0 keeps its own
+    let mut d = c[..20].to_vec();
+    d.extend(&text[150..155]);
+    let mut a2 = a1.clone();
+    a2.push(top1(&cpu_last(&model, &a1)));
+    let mut step = rows(1, 20, &d[20..], RowOutput::Logits);
+    step.extend(rows(0, 41, &a2[41..], RowOutput::Logits));
+    let r = b.step(&step).unwrap();
+    assert_eq!(b.kv_pool().stats().copies, 1);
+    check(
+        &r[d.len() - 21],
+        &d,
+        "slot 1 after a rewind into a shared block",
+    );
+    check(r.last().unwrap(), &a2, "slot 0 after the other's rewind");
+
+    // a pool of five blocks: slot 0 takes three, slot 1's 40 positions do not fit
+    let mut b = gpu.batch_with(2, 64, 64, 80).unwrap();
+    b.step(&rows(0, 0, &a, RowOutput::Logits)).unwrap();
+    let e = b
+        .step(&rows(1, 0, &c[..40], RowOutput::Logits))
+        .unwrap_err();
+    assert!(e.to_string().contains("KV cache is full"), "{e}");
+    assert!(b.reserve(1, 40).is_err());
+    let r = b.step(&rows(0, 40, &a1[40..], RowOutput::Logits)).unwrap();
+    check(&r[0], &a1, "slot 0 after the other's refused step");
+    let r = b.step(&rows(1, 0, &c[..30], RowOutput::Logits)).unwrap();
+    check(&r[29], &c[..30], "slot 1 in the room left");
+    // a pool that cannot hold one context is refused up front
+    let e = gpu
+        .batch_with(2, 64, 64, 48)
+        .err()
+        .expect("too small a pool");
+    assert!(e.to_string().contains("cannot hold one context"), "{e}");
+}

@@ -212,12 +212,24 @@ impl ApiError {
         }
     }
 
-    /// The error for a scheduler's `Error` event: 503 while shutting down, else 500.
+    /// The error for a scheduler's `Error` event: 503 while shutting down, 400
+    /// `kv_cache_exceeded` for a request the KV cache can never hold, 503 `kv_cache_full`
+    /// when it could not get its memory just now, else 500.
     pub fn from_scheduler(message: String) -> Self {
         if message.contains("shut") {
             Self {
                 message,
                 ..Self::shutting_down()
+            }
+        } else if message.contains("KV cache positions") {
+            Self::invalid(None, message).with_code("kv_cache_exceeded")
+        } else if message.contains("KV cache is full") {
+            Self {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                message,
+                kind: "server_error",
+                param: None,
+                code: Some("kv_cache_full"),
             }
         } else {
             Self::internal(message)

@@ -37,7 +37,6 @@ pub mod guard;
 pub mod job;
 pub mod listen;
 pub mod metrics;
-pub mod prefix;
 pub mod respond;
 pub mod routes;
 pub mod scheduler;

@@ -35,7 +35,6 @@ use tokio::sync::oneshot;
 use crate::agents::active::{ActiveRun, Outcome as RunOutcome, Part, Planned};
 use crate::job::{Queue, Work};
 use crate::metrics::Metrics;
-use crate::prefix::Prefixes;
 use crate::seq::{Outcome, Seq};
 
 /// What the engine reports for the startup banner.
@@ -145,7 +144,9 @@ impl Driver {
             metrics: &metrics,
             tokenizer: &tokenizer,
             last_collect: Instant::now(),
-            prefixes: Prefixes::new(engine_slots, self.opts.prefix_cache),
+            engine_held: vec![false; engine_slots],
+            used: vec![0; engine_slots],
+            clock: 0,
             pacer,
         };
         s.slots = (0..s.engine.n_slots()).map(|_| None).collect();
@@ -167,19 +168,88 @@ struct Loop<'a, 't> {
     metrics: &'t Metrics,
     tokenizer: &'t Tokenizer,
     last_collect: Instant,
-    /// What each instance's cache holds, for prompt reuse.
-    prefixes: Prefixes,
+    /// Per instance: whether the engine holds KV memory for it (a sequence or a run was
+    /// given it and the engine was not told that it ended).
+    engine_held: Vec<bool>,
+    /// Per instance: when it was last given out (higher: more recent).
+    used: Vec<u64>,
+    clock: u64,
     /// Holds the temperature/power targets: delays a submit after busy time (a no-op without
     /// a target).
     pacer: octoflow_homeo::Pacer,
 }
 
 impl<'t> Loop<'_, 't> {
-    /// Ends the sequence in `slot`, recording what its cache now holds.
+    /// Ends the sequence in `slot`: what its cache now holds is left to the engine's prefix
+    /// cache (when on) and its memory released.
     fn release(&mut self, slot: usize) {
         if let Some(seq) = self.slots.get_mut(slot).and_then(Option::take) {
-            self.prefixes.keep(slot, seq.written(), seq.adapter);
+            if self.opts.prefix_cache {
+                self.engine.hold(slot as u32, &seq.written(), seq.adapter);
+            }
+            self.engine.release(slot as u32);
+            if let Some(h) = self.engine_held.get_mut(slot) {
+                *h = false;
+            }
         }
+    }
+
+    /// Releases the engine's memory of instances that nothing holds any more (ended agent
+    /// runs, failed sequences), so that the pool serves the waiting work.
+    fn sweep(&mut self) {
+        let mut taken: Vec<bool> = self.slots.iter().map(Option::is_some).collect();
+        for r in &self.runs {
+            for &s in &r.slots {
+                if let Some(t) = taken.get_mut(s) {
+                    *t = true;
+                }
+            }
+        }
+        for (s, held) in self.engine_held.iter_mut().enumerate() {
+            if *held && !taken.get(s).copied().unwrap_or(false) {
+                self.engine.release(s as u32);
+                *held = false;
+            }
+        }
+    }
+
+    /// KV positions `work` needs beyond what it would reuse, and whether the engine could
+    /// ever give them (`None`: it fits no matter what, the engine has no shared pool).
+    fn kv_need(&self, work: &Work, free: &[usize]) -> Option<(usize, bool)> {
+        let room = self.engine.kv_room()?;
+        let n_ctx = self.engine.n_ctx();
+        let whole =
+            |p: usize| p.div_ceil(octoflow_model::kv_pool::PAGE) * octoflow_model::kv_pool::PAGE;
+        let need = match work {
+            Work::Generate(j) => {
+                let positions = whole((j.prompt.len() + j.params.max_tokens).min(n_ctx));
+                let reuse = free
+                    .first()
+                    .map_or(0, |&s| self.engine.reusable(s as u32, &j.prompt, j.adapter));
+                positions.saturating_sub(reuse) * j.params.n
+            }
+            Work::Agents(a) => whole(n_ctx) * a.config.instances,
+        };
+        Some((need, need <= room.total))
+    }
+
+    /// Free instances for a request with `prompt`, as many as `n`: the ones whose reusable
+    /// start of it is longest first, then the least recently used (so recent prefixes stay
+    /// for the requests that may share them).
+    fn pick(&self, free: &[usize], n: usize, prompt: &[u32], adapter: Option<u32>) -> Vec<usize> {
+        let mut order: Vec<(usize, usize)> = free
+            .iter()
+            .map(|&s| (s, self.engine.reusable(s as u32, prompt, adapter)))
+            .collect();
+        order.sort_by_key(|&(s, reuse)| (std::cmp::Reverse(reuse), self.used[s], s));
+        order.into_iter().take(n).map(|(s, _)| s).collect()
+    }
+
+    /// Marks `slot` given out.
+    fn give(&mut self, slot: usize) {
+        self.clock += 1;
+        self.used[slot] = self.clock;
+        self.engine_held[slot] = true;
     }
 
     fn serve(&mut self) {
@@ -258,7 +328,11 @@ impl<'t> Loop<'_, 't> {
     }
 
     fn fail_all(&mut self, message: &str) {
-        self.prefixes.forget_all();
+        for s in 0..self.engine_held.len() {
+            // the caches may hold anything now: nothing of them is reused
+            self.engine.release(s as u32);
+            self.engine_held[s] = false;
+        }
         for slot in &mut self.slots {
             if let Some(seq) = slot.take() {
                 seq.fail(message);
@@ -280,14 +354,19 @@ impl<'t> Loop<'_, 't> {
         self.inflight.clear();
     }
 
-    /// Admits waiting work while it fits in the free instances.
+    /// Admits waiting work while it fits in the free instances and the KV memory (work that
+    /// could never fit the KV pool is refused with the reason).
     fn admit(&mut self) {
+        self.sweep();
         loop {
             let free = self.free_slots();
-            let Some(work) = self
-                .queue
-                .pop_if(|w| w.instances() <= free.len() || w.abandoned())
-            else {
+            let available = self.engine.kv_room().map_or(usize::MAX, |r| r.available);
+            let Some(work) = self.queue.pop_if(|w| {
+                let kv = self.kv_need(w, &free);
+                let kv_ok = kv.is_none_or(|(need, _)| need <= available);
+                let never = kv.is_some_and(|(_, ever)| !ever);
+                (w.instances() <= free.len() && kv_ok) || never || w.abandoned()
+            }) else {
                 self.queue.set_idle(free.len());
                 return;
             };
@@ -295,14 +374,29 @@ impl<'t> Loop<'_, 't> {
                 Metrics::inc(&self.metrics.requests_cancelled);
                 continue;
             }
+            if let Some((need, false)) = self.kv_need(&work, &free) {
+                let total = self.engine.kv_room().map_or(0, |r| r.total);
+                work.refuse(&format!(
+                    "the request needs {need} KV cache positions (prompt and max_tokens for \
+                     each choice) and the server's KV cache holds {total}: shorten it or \
+                     start the server with a larger --kv-size"
+                ));
+                continue;
+            }
             let job = match work {
                 Work::Generate(job) => job,
                 Work::Agents(job) => {
                     let slots: Vec<usize> =
                         free.iter().take(job.config.instances).copied().collect();
-                    // the run's programs write these caches as they please
+                    // the run's programs write these caches as they please: nothing reused,
+                    // each instance promised a whole context
+                    let n_ctx = self.engine.n_ctx();
                     for &s in &slots {
-                        self.prefixes.forget(s);
+                        self.engine.release(s as u32);
+                        self.give(s);
+                        if let Err(e) = self.engine.reserve(s as u32, n_ctx) {
+                            tracing::warn!("agent run instance {s}: {e}");
+                        }
                     }
                     let chunk = self.opts.prefill_chunk;
                     // The host tasks once each (how often a program feeds them is its own).
@@ -325,10 +419,28 @@ impl<'t> Loop<'_, 't> {
                 (job.prompt.len() * job.params.n) as u64,
                 std::sync::atomic::Ordering::Relaxed,
             );
-            let picked = self
-                .prefixes
-                .pick(&free, job.params.n, &job.prompt, job.adapter);
-            for (index, &(slot, reuse)) in picked.iter().enumerate() {
+            let picked = self.pick(&free, job.params.n, &job.prompt, job.adapter);
+            let positions = (job.prompt.len() + job.params.max_tokens).min(self.engine.n_ctx());
+            let mut reused = Vec::with_capacity(picked.len());
+            let mut short = None;
+            for &slot in &picked {
+                reused.push(self.engine.reuse(slot as u32, &job.prompt, job.adapter));
+                self.give(slot);
+                if let Err(e) = self.engine.reserve(slot as u32, positions) {
+                    short = Some(e);
+                }
+            }
+            if let Some(e) = short {
+                // the admission check counted on more than the pool gave (a prefix it meant
+                // to share was evicted meanwhile): refused, nothing runs
+                for &slot in &picked {
+                    self.engine.release(slot as u32);
+                    self.engine_held[slot] = false;
+                }
+                Work::Generate(job).refuse(&format!("{e}; try again"));
+                continue;
+            }
+            for (index, (&slot, &reuse)) in picked.iter().zip(&reused).enumerate() {
                 let mut seq = Seq::new(
                     self.next_id,
                     index,
@@ -570,8 +682,7 @@ impl<'t> Loop<'_, 't> {
                 },
                 _ => {
                     seq.fail("the engine returned no token for a sampling row");
-                    self.prefixes.forget(rm.slot);
-                    self.slots[rm.slot] = None;
+                    self.slots[rm.slot] = None; // released by the next sweep, not reused
                     continue;
                 }
             };

@@ -91,3 +91,83 @@ async fn cpu_engine_reuses_prompts_and_answers_the_same() {
 async fn gpu_engine_reuses_prompts_and_answers_the_same() {
     reuse_matches_whole_prompts(true).await;
 }
+
+/// A KV pool of one context shared by four instances: requests that fit together run
+/// together, the others wait for memory and then answer as a server with room to spare does;
+/// a request the pool could never hold is refused (400 `kv_cache_exceeded`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_kv_pool_makes_requests_wait_and_refuses_what_never_fits() {
+    let shape = Shape {
+        instances: 4,
+        n_ctx: 256,
+        max_rows: 64,
+        gpu: true,
+        ..Shape::default()
+    };
+    let Some(roomy) = start(shape).await else {
+        return;
+    };
+    let want = four_answers(&roomy).await;
+    roomy.stop().await.expect("clean stop");
+
+    let Some(s) = start(Shape {
+        kv_positions: Some(256),
+        ..shape
+    })
+    .await
+    else {
+        return;
+    };
+    assert_eq!(
+        four_answers(&s).await,
+        want,
+        "a small pool changed the answers"
+    );
+    // two choices of a whole context each: more than the pool holds
+    let (status, v) = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "Hi"}], "n": 2, "max_tokens": 250}),
+        )
+        .await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["code"], "kv_cache_exceeded", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("--kv-size"),
+        "{v}"
+    );
+    s.stop().await.expect("clean stop");
+}
+
+/// Four questions under the system prompt at once, each with room for 100 tokens: their
+/// answers in order.
+async fn four_answers(s: &common::Running) -> Vec<String> {
+    let questions = [
+        "What is the capital of France?",
+        "What color is the sky?",
+        "Name a large animal.",
+        "What is two plus two?",
+    ];
+    let reqs = questions.iter().map(|q| {
+        let body = json!({
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
+            "max_tokens": 100,
+            "temperature": 0,
+        });
+        async move { s.post("/v1/chat/completions", &body).await }
+    });
+    let mut out = Vec::new();
+    for (status, v) in futures_util::future::join_all(reqs).await {
+        assert_eq!(status, 200, "{v}");
+        out.push(
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        );
+    }
+    out
+}

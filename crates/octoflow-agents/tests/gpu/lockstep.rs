@@ -76,7 +76,6 @@ fn take_order(before: &Run, gpu: &Run) -> Vec<u32> {
 
 /// The tables `vm_plan` must write for the host's `plan` (sampled on the device).
 pub fn expected_tables(run: &Run, plan: &Plan, shape: RowShape) -> RowTables {
-    let n_ctx = run.env().n_ctx;
     let (r, o) = (shape.max_rows as usize, shape.max_out as usize);
     let n = run.instances().len();
     let mut t = RowTables {
@@ -88,8 +87,9 @@ pub fn expected_tables(run: &Run, plan: &Plan, shape: RowShape) -> RowTables {
         step: vec![0; step_words(n as u32) as usize],
         owners: vec![NONE; r],
     };
+    let table_of = |slot: u32| 2 * shape.max_rows + slot * shape.slot_blocks;
     for k in 0..r {
-        t.table[2 * k + 1] = shape.n_slots * n_ctx;
+        t.table[2 * k + 1] = table_of(shape.n_slots);
     }
     for i in 0..n {
         t.step[P_INST as usize + i * PI_WORDS as usize + PI_OUT as usize] = NONE;
@@ -97,7 +97,7 @@ pub fn expected_tables(run: &Run, plan: &Plan, shape: RowShape) -> RowTables {
     let mut outs = 0usize;
     for (k, (row, owner)) in plan.rows.iter().zip(&plan.owners).enumerate() {
         t.table[2 * k] = row.pos;
-        t.table[2 * k + 1] = row.slot * n_ctx;
+        t.table[2 * k + 1] = table_of(row.slot);
         t.ids[k] = match row.token {
             TokenIn::Id(id) => id,
             TokenIn::Sampled => panic!("the host plans ids"),
@@ -194,6 +194,7 @@ pub fn lockstep(
             max_rows: max_rows as u32,
             max_out: max_rows as u32,
             n_slots: engine.n_slots() as u32,
+            slot_blocks: octoflow_kernels::blocks_for(engine.n_ctx()) as u32,
         };
         let state = pack(run, EVENT_CAP).unwrap_or_else(|e| fail!("pack", e.to_string()));
         let tables = gpu.plan(&state, shape);

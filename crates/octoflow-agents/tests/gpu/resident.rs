@@ -117,15 +117,16 @@ impl<'g> Resident<'g> {
             return Some((events, run));
         }
 
-        // The forward reads the tables as the batch does: slot = first KV row / n_ctx.
-        let n_ctx = run.env().n_ctx;
+        // The forward reads the tables as the batch does: a row's block table offset names
+        // its slot's (2 max_rows + slot * slot_blocks, vm_plan.comp).
+        let (tables_at, slot_blocks) = (2 * self.shape.max_rows, self.shape.slot_blocks.max(1));
         let mut out_of_row = vec![None; n_rows];
         for (o, &r) in t[2][..n_out].iter().enumerate() {
             out_of_row[r as usize] = Some(o);
         }
         let batch: Vec<BatchRow> = (0..n_rows)
             .map(|r| BatchRow {
-                slot: t[0][2 * r + 1] / n_ctx,
+                slot: (t[0][2 * r + 1] - tables_at) / slot_blocks,
                 pos: t[0][2 * r],
                 token: TokenIn::Id(t[1][r]),
                 output: match out_of_row[r] {

@@ -17,7 +17,9 @@ layout(local_size_x = PLAN_LOCAL) in;
 layout(std430, binding = 0) readonly buffer Hdr { uint hdr[]; };
 layout(std430, binding = 1) readonly buffer Inst { uint inst[]; };
 layout(std430, binding = 2) readonly buffer Arena { uint arena[]; };
-// [max_rows, 2]: (position, first KV cache row = slot * n_ctx) per row.
+// [max_rows, 2]: (position, block table offset) per row (attention/page.glsl). The run's KV
+// blocks are laid out per instance (slot s's block table at 2 max_rows + s * slot_blocks, the
+// padding rows' one after the last slot's), written once by the host after these pairs.
 layout(std430, binding = 3) writeonly buffer Table { uint table[]; };
 // [max_rows]: token ids.
 layout(std430, binding = 4) writeonly buffer Ids { uint ids[]; };
@@ -36,7 +38,13 @@ layout(push_constant) uniform Push {
     uint max_rows;
     uint max_out;
     uint n_slots; // the engine's KV slots: padding rows use the spare slot after them
+    uint slot_blocks; // KV blocks of one slot's table
 } pc;
+
+// where the block table of `slot` starts in `table` (slot n_slots: the padding rows')
+uint table_of(uint slot) {
+    return 2u * pc.max_rows + slot * pc.slot_blocks;
+}
 
 shared uint s_rows[PLAN_LOCAL];
 shared uint s_outs[PLAN_LOCAL];
@@ -71,7 +79,7 @@ void scan(uint rows, uint outs, uint cap) {
 void write_row(uint r, uint i, uint pos, uint token, bool samples, uint oi) {
     uint b = i * INST_WORDS;
     table[2u * r] = pos;
-    table[2u * r + 1u] = inst[b + I_ID] * hdr[H_N_CTX];
+    table[2u * r + 1u] = table_of(inst[b + I_ID]);
     ids[r] = token;
     mix[r] = MIX_BASE;
     owners[r] = i | (samples ? OWNER_SAMPLES : 0u);
@@ -170,7 +178,7 @@ void main() {
     // Padding: rows write and read the spare KV slot only; outputs sample row 0 greedily.
     for (uint r = rows + lid; r < cap; r += PLAN_LOCAL) {
         table[2u * r] = 0u;
-        table[2u * r + 1u] = pc.n_slots * hdr[H_N_CTX];
+        table[2u * r + 1u] = table_of(pc.n_slots);
         ids[r] = 0u;
         mix[r] = MIX_BASE;
         owners[r] = NONE;

@@ -4,9 +4,10 @@
 //   q [n_tokens, n_head, head_dim], k [n_kv_rows, n_head_kv, head_dim],
 //   v [n_kv_rows, n_head_kv, head_dim_v], o [n_tokens, n_head, head_dim_v].
 // Query t sits at p = pos[pos_offset] + t and sees keys j in [first, min(p, n_kv_rows - 1)],
-// first = p + 1 - window when windowed (else 0). Table mode (several sequences in one cache):
-// query t sits at p = pos[pos_offset + 2t] and key j of its sequence is cache row
-// pos[pos_offset + 2t + 1] + j (rows past kv_total are never read); one token per cluster. Query head h reads KV head h / (n_head / n_head_kv).
+// first = p + 1 - window when windowed (else 0). Table mode (several sequences in paged caches,
+// page.glsl): query t sits at p = pos[pos_offset + 2t] and key j of its sequence is cache row
+// PAGE_ROW(pos, pos[pos_offset + 2t + 1], j) (rows past kv_total are never read); one token per
+// cluster. Query head h reads KV head h / (n_head / n_head_kv).
 //
 // A cluster of CL adjacent invocations owns HPL query heads of one KV head (GQA group) for TPL
 // consecutive tokens: every K and V row it loads serves all HPL * TPL queries. Lane c of the
@@ -27,6 +28,7 @@
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_GOOGLE_include_directive : require
 #include "kv.glsl"
+#include "page.glsl"
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint CL = 8;       // lanes per cluster, power of two <= subgroup
@@ -63,7 +65,7 @@ layout(push_constant) uniform Push {
     uint pos_offset;
     float scale;
     uint n_split;
-    uint table;    // 1: per-token (position, first cache row) pairs in pos
+    uint table;    // 1: per-token (position, block table offset) pairs in pos
     uint kv_total; // rows in the k and v buffers
     uint has_sinks;
 } pc;
@@ -134,14 +136,16 @@ void main() {
 
     // key range of the cluster: the union over its tokens, then this split's piece of it
     uint p0 = pos[pc.pos_offset] + t0;
-    uint kbase = 0u; // cache row of key 0
+    uint bt = 0u; // table mode: where the sequence's block table starts in pos
     if (pc.table != 0u) {
         p0 = pos[pc.pos_offset + 2u * t0];
-        kbase = pos[pc.pos_offset + 2u * t0 + 1u];
+        bt = pos[pc.pos_offset + 2u * t0 + 1u];
     }
     uint first0 = (pc.window != 0u && p0 + 1u > pc.window) ? p0 + 1u - pc.window : 0u;
     uint end_all = min(p0 + n_t, pc.n_kv_rows); // exclusive
-    end_all = min(end_all, kbase < pc.kv_total ? pc.kv_total - kbase : 0u);
+    if (pc.table == 0u) {
+        end_all = min(end_all, pc.kv_total);
+    }
     uint len = end_all > first0 ? end_all - first0 : 0u;
     uint chunk = max((len + pc.n_split - 1u) / pc.n_split, 16u);
     uint js = min(first0 + split * chunk, max(end_all, first0));
@@ -173,8 +177,9 @@ void main() {
     uint v_stride = pc.n_head_kv * pc.head_dim_v;
     for (uint n = 0; n < n_steps; n++) {
         uint j = js + n;
-        bool live = n < n_keys;
-        uint kb = (kbase + j) * k_stride + kvh * pc.head_dim;
+        uint row = pc.table != 0u ? PAGE_ROW(pos, bt, j, pc.kv_total) : j;
+        bool live = n < n_keys && row < pc.kv_total;
+        uint kb = row * k_stride + kvh * pc.head_dim;
         vec4 kr[NK4];
         for (uint r = 0; r < NK4; r++) {
             kr[r] = vec4(0.0);
@@ -193,7 +198,7 @@ void main() {
                 s[x] += subgroupShuffleXor(s[x], off);
             }
         }
-        uint vb = (kbase + j) * v_stride + kvh * pc.head_dim_v;
+        uint vb = row * v_stride + kvh * pc.head_dim_v;
         vec4 vr[NV4];
         for (uint r = 0; r < NV4; r++) {
             vr[r] = vec4(0.0);

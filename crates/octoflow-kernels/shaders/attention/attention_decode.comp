@@ -48,6 +48,7 @@
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_GOOGLE_include_directive : require
 #include "kv.glsl"
+#include "page.glsl"
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint LPK = 4;   // lanes per key when scoring (power of two <= subgroup)
@@ -112,7 +113,7 @@ layout(push_constant) uniform Push {
     uint pos_offset;
     float scale;
     uint n_split;   // key pieces (workgroups) per (token, KV head, head chunk)
-    uint table;     // 1: per-token (position, first cache row) pairs in pos
+    uint table;     // 1: per-token (position, block table offset) pairs in pos (page.glsl)
     uint kv_total;  // rows in the k and v buffers
     uint min_chunk; // fewest keys in a piece
     uint has_sinks; // 1: sinks[h] joins head h's softmax denominator
@@ -202,8 +203,14 @@ float fresh1(uint row, uint u, uint d) {
 }
 #endif
 
-// elements e .. e + 4 of key j of KV head kvh (cache row kbase + j, or the step's own key)
-vec4 ld_key(uint j, uint kbase, uint kvh, uint e) {
+// cache row of key j: j (run mode) or its block's row (table mode: the sequence's block table
+// starts at pos[bt]); kv_total for a bad table entry, read as zeros
+uint key_row(uint j, uint bt) {
+    return pc.table != 0u ? PAGE_ROW(pos, bt, j, pc.kv_total) : j;
+}
+
+// elements e .. e + 4 of key j of KV head kvh (cache row key_row(j, bt), or the step's own key)
+vec4 ld_key(uint j, uint bt, uint kvh, uint e) {
 #ifdef FRESH
     if (j >= fresh0) {
 #ifdef KV_Q8
@@ -213,18 +220,26 @@ vec4 ld_key(uint j, uint kbase, uint kvh, uint e) {
 #endif
     }
 #endif
-    return ld_k((kbase + j) * pc.n_head_kv * pc.head_dim + kvh * pc.head_dim, e);
+    uint row = key_row(j, bt);
+    if (row >= pc.kv_total) {
+        return vec4(0.0);
+    }
+    return ld_k(row * pc.n_head_kv * pc.head_dim + kvh * pc.head_dim, e);
 }
 
 // elements e .. e + 4 of value j of KV head kvh
-vec4 ld_val(uint j, uint kbase, uint kvh, uint e) {
+vec4 ld_val(uint j, uint bt, uint kvh, uint e) {
     uint v_stride = pc.n_head_kv * pc.head_dim_v;
 #ifdef FRESH
     if (j >= fresh0) {
         return kv_round(v_sh[(j - fresh0) * NVL + e / 4u]);
     }
 #endif
-    return ld_v((kbase + j) * v_stride + kvh * pc.head_dim_v, e);
+    uint row = key_row(j, bt);
+    if (row >= pc.kv_total) {
+        return vec4(0.0);
+    }
+    return ld_v(row * v_stride + kvh * pc.head_dim_v, e);
 }
 
 // 1 / the softmax denominator of query head h from its running max m and sum l of exp(s - m):
@@ -266,14 +281,16 @@ void main() {
 
     // the token's keys [first, end) and this piece's share of them
     uint p = pos[pc.pos_offset] + t;
-    uint kbase = 0u; // cache row of key 0
+    uint kbase = 0u; // table mode: where the sequence's block table starts in pos
     if (pc.table != 0u) {
         p = pos[pc.pos_offset + 2u * t];
         kbase = pos[pc.pos_offset + 2u * t + 1u];
     }
     uint first = (pc.window != 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u;
     uint end = min(p + 1u, pc.n_kv_rows);
-    end = min(end, kbase < pc.kv_total ? pc.kv_total - kbase : 0u);
+    if (pc.table == 0u) {
+        end = min(end, pc.kv_total);
+    }
     uint len = end > first ? end - first : 0u;
     uint chunk = max((len + pc.n_split - 1u) / pc.n_split, max(pc.min_chunk, 1u));
     uint n_live = max((len + chunk - 1u) / chunk, 1u);

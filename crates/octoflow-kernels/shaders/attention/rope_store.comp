@@ -7,9 +7,9 @@
 //   v  [n_tokens, v_width]                read only, copied to vc;
 //   kc [n_ctx, n_head_kv * head_dim], vc [n_ctx, v_width]: row `row(t)` of each is written.
 // Token t is at position p(t) = pos[pos_offset] + t, cache row row(t) = p(t) (run mode), or
-// p(t) = pos[pos_offset + 2t], row(t) = pos[pos_offset + 2t + 1] + p(t) (table mode: the second
-// word is the first cache row of t's sequence). Rows at or past n_ctx are not written (q is still
-// rotated). Rotation as in rope.comp: pair i < n_rot/2 of a head is (2i, 2i+1) (normal) or
+// p(t) = pos[pos_offset + 2t], row(t) = PAGE_ROW(pos, pos[pos_offset + 2t + 1], p(t)) (table
+// mode: the second word is where the block table of t's sequence starts, page.glsl). Rows at or
+// past n_ctx (the cache's rows) are not written (q is still rotated). Rotation as in rope.comp: pair i < n_rot/2 of a head is (2i, 2i+1) (normal) or
 // (i, i + n_rot/2) (neox), rotated by theta_i = p * f[i] and scaled by mscale, f the host's
 // per-pair frequency table (see rope.glsl); dims >= n_rot pass through (to kc for k). q, k, v,
 // kc, vc must not overlap.
@@ -24,6 +24,7 @@
 // nv = n_tokens * v_width / 32.
 #extension GL_GOOGLE_include_directive : require
 #include "kv.glsl"
+#include "page.glsl"
 
 layout(local_size_x = 256) in;
 
@@ -49,7 +50,7 @@ layout(push_constant) uniform Push {
     uint neox;
     uint pos_offset;
     float mscale;
-    uint table; // 1: per-token (position, first cache row) pairs from pos[pos_offset]
+    uint table; // 1: per-token (position, block table offset) pairs from pos[pos_offset]
 } pc;
 
 uint position(uint t) {
@@ -58,9 +59,11 @@ uint position(uint t) {
 
 // The cache row of token t, or n_ctx when it lands at or past the end (never wraps around).
 uint cache_row(uint t) {
-    uint first = pc.table != 0u ? pos[pc.pos_offset + 2u * t + 1u] : pos[pc.pos_offset];
-    uint dt = pc.table != 0u ? pos[pc.pos_offset + 2u * t] : t;
-    return (first < pc.n_ctx && dt < pc.n_ctx - first) ? first + dt : pc.n_ctx;
+    if (pc.table != 0u) {
+        return PAGE_ROW(pos, pos[pc.pos_offset + 2u * t + 1u], pos[pc.pos_offset + 2u * t], pc.n_ctx);
+    }
+    uint first = pos[pc.pos_offset];
+    return (first < pc.n_ctx && t < pc.n_ctx - first) ? first + t : pc.n_ctx;
 }
 
 vec2 cos_sin(uint i, uint t) {

@@ -18,7 +18,7 @@
 //! - **mailboxes**: a header per mailbox (`B_*`) then the slots (`S_*`) from `B_SLOTS`.
 //! - **events**: a ring of [`EVENT_WORDS`]-word records (outputs and runtime errors).
 //! - **rows** (written by `vm_plan`, read by the batched forward and `vm_advance`): the
-//!   forward's own tables (`(position, first KV row)` pairs, token ids, output rows, adapter
+//!   forward's own tables (`(position, block table offset)` pairs, token ids, output rows, adapter
 //!   mixes, [`SAMPLER_WORDS`]-word sampler states), a step record (`P_*` then `PI_*` per
 //!   instance) and a per-row owner table (`OWNER_*`).
 //!

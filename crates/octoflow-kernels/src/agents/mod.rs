@@ -65,7 +65,7 @@ pub struct VmDims {
 /// what `vm_advance` reads.
 #[derive(Clone)]
 pub struct VmRows {
-    /// `[max_rows, 2]`: (position, first KV cache row) per row.
+    /// `[max_rows, 2]`: (position, block table offset) per row, then the block tables.
     pub table: BufferSlice,
     /// `[max_rows]`: token ids.
     pub ids: BufferSlice,

@@ -19,6 +19,10 @@ pub struct RowShape {
     pub max_out: u32,
     /// The engine's KV slots: padding rows use the spare one after them.
     pub n_slots: u32,
+    /// KV blocks per slot: a row's block table offset is `2 max_rows + slot * slot_blocks`
+    /// (the padding rows' `2 max_rows + n_slots * slot_blocks`); the caller writes those
+    /// tables after the row pairs ([`crate::page`]).
+    pub slot_blocks: u32,
 }
 
 /// The plan phase, built once per device.
@@ -30,7 +34,7 @@ impl VmPlan {
     /// Builds the pipeline.
     pub fn new(ctx: &Context) -> Result<Self> {
         Ok(VmPlan {
-            pipeline: Pipeline::new(ctx, &PipelineDesc::new(shaders::VM_PLAN, 10, 12))?,
+            pipeline: Pipeline::new(ctx, &PipelineDesc::new(shaders::VM_PLAN, 10, 16))?,
         })
     }
 
@@ -73,7 +77,8 @@ impl VmPlan {
         let push = Push::new()
             .u32(shape.max_rows)
             .u32(shape.max_out)
-            .u32(shape.n_slots);
+            .u32(shape.n_slots)
+            .u32(shape.slot_blocks);
         chain.dispatch(&self.pipeline, &bindings, push.as_bytes(), [1, 1, 1])?;
         Ok(())
     }

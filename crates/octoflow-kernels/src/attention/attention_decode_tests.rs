@@ -5,6 +5,7 @@ use octoflow_vk::{Buffer, Context};
 use rand::Rng;
 
 use super::*;
+use crate::attention::page::Paged;
 use crate::attention::{attention_ref, Attention, AttentionShape};
 use crate::check_close;
 use crate::kv_type::check_q8;
@@ -43,9 +44,11 @@ struct Problem {
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
-    /// Run mode: start position. Table mode: per token (position, first cache row).
+    /// Run mode: start position. Table mode: per token (position, sequence), the sequences'
+    /// blocks in `paged` (`k` and `v` are its pool).
     start: usize,
     table: Option<Vec<(usize, usize)>>,
+    paged: Option<Paged>,
     /// What the caches hold (`k` and `v` are already rounded to it).
     kv: KvType,
 }
@@ -82,6 +85,7 @@ impl Problem {
             v: gen(cache_rows * n_kv * hv),
             start: 0,
             table: None,
+            paged: None,
             kv: KvType::F32,
         }
     }
@@ -115,17 +119,16 @@ impl Problem {
         match &self.table {
             None => attention_ref(s, &self.q, &self.k, &self.v, self.start, &mut want),
             Some(table) => {
+                let paged = self.paged.as_ref().expect("a table problem has blocks");
                 let (kw, vw) = (s.n_head_kv * s.head_dim, s.n_head_kv * s.head_dim_v);
                 let (qw, ow) = (s.n_head * s.head_dim, s.n_head * s.head_dim_v);
-                for (t, &(p, base)) in table.iter().enumerate() {
-                    // the sequence's rows: its capacity, cut at the end of the cache
-                    let n = s.n_kv_rows.min(self.k.len() / kw - base);
-                    let sh = AttentionShape { n_kv_rows: n, ..*s };
+                for (t, &(p, seq)) in table.iter().enumerate() {
+                    let n = s.n_kv_rows;
                     attention_ref(
-                        &sh,
+                        s,
                         &self.q[t * qw..][..qw],
-                        &self.k[base * kw..][..n * kw],
-                        &self.v[base * vw..][..n * vw],
+                        &paged.gather(&self.k, kw, seq, n),
+                        &paged.gather(&self.v, vw, seq, n),
                         p,
                         &mut want[t * ow..][..ow],
                     );
@@ -141,8 +144,12 @@ impl Problem {
         match &self.table {
             None => words.push(self.start as u32),
             Some(t) => {
-                for &(p, base) in t {
-                    words.extend([p as u32, base as u32]);
+                words.resize(1 + 2 * t.len(), 0);
+                let paged = self.paged.as_ref().expect("a table problem has blocks");
+                let at = paged.append_to(&mut words);
+                for (i, &(p, seq)) in t.iter().enumerate() {
+                    words[1 + 2 * i] = p as u32;
+                    words[2 + 2 * i] = at[seq];
                 }
             }
         }
@@ -394,7 +401,9 @@ fn table_problem(
     n_seq: usize,
     n_tok: usize,
 ) -> Problem {
-    let mut pr = Problem::new(rng, n_tok, heads, dims, rows, n_seq * rows, window);
+    let paged = Paged::random(rng, n_seq, rows);
+    let mut pr = Problem::new(rng, n_tok, heads, dims, rows, paged.pool_rows, window);
+    pr.paged = Some(paged);
     let table = (0..n_tok)
         .map(|t| {
             let seq = rng.gen_range(0..n_seq);
@@ -403,7 +412,7 @@ fn table_problem(
                 1 => rows - 1,
                 _ => rng.gen_range(0..rows),
             };
-            (p, seq * rows)
+            (p, seq)
         })
         .collect();
     pr.table = Some(table);

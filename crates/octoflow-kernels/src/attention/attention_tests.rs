@@ -4,6 +4,7 @@ use octoflow_vk::testing::gpu_or_skip;
 use rand::Rng;
 
 use super::*;
+use crate::attention::page::Paged;
 use crate::check_close;
 use crate::testkit::{poisoned, read, with};
 
@@ -344,10 +345,12 @@ fn position_table_attends_each_query_to_its_own_sequence() {
             scale: 1.0 / (hd as f32).sqrt(),
             sinks: sinks.then_some(sink_logits.as_slice()),
         };
+        // the sequences' blocks shuffled over a pool
+        let paged = Paged::random(&mut rng, n_seq, rows);
         let mut gen = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect() };
         let q = gen(n_tok * n_head * hd);
-        let kc = gen(n_seq * rows * n_kv * hd);
-        let vc = gen(n_seq * rows * n_kv * hv);
+        let kc = gen(paged.pool_rows * n_kv * hd);
+        let vc = gen(paged.pool_rows * n_kv * hv);
         // query t: a random sequence and position; a few at the ends of the range
         let table: Vec<(usize, usize)> = (0..n_tok)
             .map(|t| {
@@ -357,12 +360,15 @@ fn position_table_attends_each_query_to_its_own_sequence() {
                     1 => rows - 1,
                     _ => rng.gen_range(0..rows),
                 };
-                (p, seq * rows)
+                (p, seq)
             })
             .collect();
         let mut words = vec![5u32]; // pos_offset 1
-        for &(p, base) in &table {
-            words.extend([p as u32, base as u32]);
+        words.resize(1 + 2 * n_tok, 0);
+        let at = paged.append_to(&mut words);
+        for (t, &(p, seq)) in table.iter().enumerate() {
+            words[1 + 2 * t] = p as u32;
+            words[2 + 2 * t] = at[seq];
         }
         let (qb, kb, vb) = (
             with(&ctx, "q", &q),
@@ -392,12 +398,12 @@ fn position_table_attends_each_query_to_its_own_sequence() {
         };
         let mut want = vec![0f32; n_tok * n_head * hv];
         let (kw, vw) = (n_kv * hd, n_kv * hv);
-        for (t, &(p, base)) in table.iter().enumerate() {
+        for (t, &(p, seq)) in table.iter().enumerate() {
             let qt = &q[t * n_head * hd..(t + 1) * n_head * hd];
-            let ks = &kc[base * kw..(base + rows) * kw];
-            let vs = &vc[base * vw..(base + rows) * vw];
+            let ks = paged.gather(&kc, kw, seq, rows);
+            let vs = paged.gather(&vc, vw, seq, rows);
             let out = &mut want[t * n_head * hv..(t + 1) * n_head * hv];
-            attention_ref(&s, qt, ks, vs, p, out);
+            attention_ref(&s, qt, &ks, &vs, p, out);
         }
         // Attention::record (the decode kernel for position tables), then attention.comp
         for old in [false, true] {

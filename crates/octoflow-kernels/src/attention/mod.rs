@@ -13,6 +13,7 @@
 pub(crate) mod attention_coop;
 pub(crate) mod attention_decode;
 pub mod kv_type;
+pub mod page;
 pub mod rope;
 pub mod rope_store;
 pub mod set_rows;

@@ -435,7 +435,7 @@ mod tests {
         let pos: Vec<usize> = (0..n_tok).map(|_| rng.gen_range(0..30_000)).collect();
         let mut words = vec![1u32];
         for &p in &pos {
-            // the second word (the sequence's first cache row) is not rope's business
+            // the second word (where the sequence's block table starts) is not rope's business
             words.extend([p as u32, rng.gen()]);
         }
         let (freqs, mscale) = test_freqs(&mut rng, n_rot, 1e6, 1.0, None, true);

@@ -8,8 +8,9 @@ use crate::check_close;
 use crate::kv_type::check_q8;
 use crate::rope::test_freqs;
 use crate::testkit::{read, with};
-use crate::{KernelError, KvType};
+use crate::{page_row, KernelError, KvType, KV_PAGE};
 use octoflow_vk::Buffer;
+use rand::seq::SliceRandom;
 
 /// The rotation is rope.comp's (same angle code, rope.glsl): 1e-4 relative with check_close's 1%
 /// floor near zero, as in rope.rs's test (measured a few 1e-6 on lavapipe). Copies are exact.
@@ -34,7 +35,8 @@ struct Case {
     ff: bool,
     /// YaRN-shaped frequencies and a magnitude factor (see `test_freqs`).
     yarn: bool,
-    /// Table mode over two sequences (first rows 0 and n_ctx/2), else a run from `start`.
+    /// Table mode over two sequences of shuffled blocks (n_ctx a multiple of 32), else a run
+    /// from `start`.
     table: bool,
     start: usize,
     n_ctx: usize,
@@ -78,23 +80,47 @@ fn run_case(
     // (position, cache row) per token, and the u32 words of `pos` from offset 3
     let mut words = vec![rng.gen(), rng.gen(), rng.gen()];
     let rows: Vec<(usize, usize)> = if c.table {
-        let per_seq = c.n_ctx / 2;
-        let mut rows: Vec<(usize, usize)> = Vec::new();
-        while rows.len() < n {
-            let first = rng.gen_range(0..2) * per_seq;
+        // two sequences of shuffled blocks over the cache's blocks, and a third whose block
+        // lies past the end of the cache
+        let page = KV_PAGE as usize;
+        let n_blocks = c.n_ctx / page;
+        let mut ids: Vec<u32> = (0..n_blocks as u32).collect();
+        ids.shuffle(rng);
+        let half = n_blocks / 2;
+        let tables = [
+            ids[..half].to_vec(),
+            ids[half..].to_vec(),
+            vec![n_blocks as u32 + 1],
+        ];
+        let per_seq = half * page;
+        let mut seqs: Vec<(usize, usize)> = Vec::new(); // (position, sequence)
+        while seqs.len() < n {
+            let seq = rng.gen_range(0..2);
             let p = rng.gen_range(0..per_seq);
-            if !rows.contains(&(p, first + p)) {
-                rows.push((p, first + p));
+            if !seqs.contains(&(p, seq)) {
+                seqs.push((p, seq));
             }
         }
         if n > 4 {
-            // the last token's row lands past the end of the cache: not stored
-            rows[n - 1] = (3, c.n_ctx + 2);
+            seqs[n - 1] = (3, 2); // not stored
         }
-        for &(p, row) in &rows {
-            words.extend([p as u32, (row - p) as u32]);
+        let first = words.len();
+        words.resize(first + 2 * n, 0);
+        let mut at = Vec::new();
+        for t in &tables {
+            at.push(words.len() as u32);
+            words.extend(t);
         }
-        rows
+        for (i, &(p, seq)) in seqs.iter().enumerate() {
+            words[first + 2 * i] = p as u32;
+            words[first + 2 * i + 1] = at[seq];
+        }
+        seqs.iter()
+            .map(|&(p, seq)| {
+                let row = page_row(&tables[seq], p).unwrap_or(usize::MAX);
+                (p, row.min(c.n_ctx + 2))
+            })
+            .collect()
     } else {
         words.push(c.start as u32);
         run_rows(c.start, n)
@@ -356,7 +382,7 @@ fn gpu_rope_store_matches_rope_then_set_rows_on_random_inputs() {
             mode: RopeMode::Neox,
             ff: true,
             table: true,
-            n_ctx: 10,
+            n_ctx: 32,
             ..base
         },
         Case {
@@ -367,7 +393,7 @@ fn gpu_rope_store_matches_rope_then_set_rows_on_random_inputs() {
             head_dim_v: 256,
             n_rot: 256,
             table: true,
-            n_ctx: 20,
+            n_ctx: 48,
             ..base
         },
     ];

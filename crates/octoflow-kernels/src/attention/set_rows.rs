@@ -22,8 +22,9 @@ impl SetRows {
         })
     }
 
-    /// dst[pos[pos_offset] + t] = src[t] for t < n_rows (with [`Positions::Table`]:
-    /// dst[pos[pos_offset + 2t + 1] + pos[pos_offset + 2t]] = src[t]); rows landing at or past dst_rows are
+    /// dst[pos[pos_offset] + t] = src[t] for t < n_rows (with [`Positions::Table`]: the row of
+    /// position `pos[pos_offset + 2t]` in the paged cache whose block table starts at
+    /// `pos[pos_offset + 2t + 1]`, [`crate::page`]); rows landing at or past dst_rows are
     /// skipped (never out of bounds). src [n_rows, width] f32, dst [dst_rows, width] f32, pos u32
     /// (read on the GPU, so a GPU-written position works).
     #[allow(clippy::too_many_arguments)]
@@ -141,23 +142,31 @@ mod tests {
         };
         let (seed, mut rng) = crate::testkit::seeded(module_path!());
         let k = SetRows::new(&ctx).unwrap();
-        let (n_rows, width, n_seq, per_seq) = (13usize, 130usize, 4usize, 20usize);
-        let dst_rows = n_seq * per_seq;
+        let (n_rows, width, n_seq, per_seq) = (13usize, 130usize, 4usize, 40usize);
+        let paged = crate::page::Paged::random(&mut rng, n_seq, per_seq);
+        let dst_rows = paged.pool_rows;
         let src: Vec<f32> = (0..n_rows * width).map(|_| rng.gen()).collect();
         let old: Vec<f32> = (0..dst_rows * width).map(|_| rng.gen()).collect();
-        // distinct (sequence, position) targets; the last one lands past the buffer's end
+        // distinct (sequence, position) targets; the last one's block lies past the buffer's
+        // end (a table of its own)
         let mut targets: Vec<(usize, usize)> = Vec::new();
         while targets.len() < n_rows - 1 {
-            let t = (rng.gen_range(0..n_seq) * per_seq, rng.gen_range(0..per_seq));
+            let t = (rng.gen_range(0..n_seq), rng.gen_range(0..per_seq));
             if !targets.contains(&t) {
                 targets.push(t);
             }
         }
-        targets.push((dst_rows - 1, 3));
         let mut words = vec![7u32, 7, 7];
-        for &(base, p) in &targets {
-            words.extend([p as u32, base as u32]);
+        words.resize(3 + 2 * n_rows, 0);
+        let at = paged.append_to(&mut words);
+        let beyond = words.len() as u32;
+        words.push((dst_rows / 16) as u32 + 2);
+        for (t, &(seq, p)) in targets.iter().enumerate() {
+            words[3 + 2 * t] = p as u32;
+            words[4 + 2 * t] = at[seq];
         }
+        words[3 + 2 * (n_rows - 1)] = 3;
+        words[4 + 2 * (n_rows - 1)] = beyond;
         let (sb, db, pb) = (
             with(&ctx, "src", &src),
             with(&ctx, "dst", &old),
@@ -178,9 +187,9 @@ mod tests {
         .unwrap();
         chain.run().unwrap();
         let mut want = old.clone();
-        for (t, &(base, p)) in targets.iter().enumerate() {
+        for (t, &(seq, p)) in targets.iter().enumerate() {
             let row = &src[t * width..(t + 1) * width];
-            set_rows_ref(row, &mut want, width, base + p);
+            set_rows_ref(row, &mut want, width, paged.row(seq, p));
         }
         if let Err(e) = check_close(&read(&ctx, &db, dst_rows * width), &want, 0.0) {
             panic!("set_rows position table, seed {seed}: {e}");

@@ -1,17 +1,21 @@
 //! [`GpuBatch`]: many sequences over one copy of the weights, each step one chain.
 //!
-//! Every layer's KV cache is one buffer of `(n_slots + 1) * n_ctx` rows: slot `s` owns rows
-//! `s * n_ctx ..` (a fixed ring per instance, no paging: a slot's capacity is `n_ctx`), and the
-//! extra last slot takes the writes of padding rows. A step's rows are described to the GPU by a
-//! per-row (position, first cache row) table ([`Positions::Table`]), so one recording serves any
-//! mix of slots and positions with the same row count: the matrix kernels run over all rows,
-//! attention reads each row's own slot.
+//! Every layer's KV cache is one pool of blocks of [`PAGE`] rows ([`KvPool`]): a slot's block
+//! table grows as its rows reach new blocks, sequences may share registered blocks (a cached
+//! prefix, [`BatchForward::reuse`]), and the pool holds as many positions as it was given
+//! (`kv_positions`), not `slots × n_ctx`. One extra block after the pool takes the writes of
+//! padding rows. A step's rows are described to the GPU by a per-row (position, block table
+//! offset) table ([`Positions::Table`]) followed by the block tables of the step's slots, so
+//! one recording serves any mix of slots and positions with the same row count: the matrix
+//! kernels run over all rows, attention reads each row's own blocks.
 //!
 //! Row counts are rounded up to a few buckets (padding rows are harmless), so a handful of
 //! chains are recorded per model. Host-written inputs and host-read outputs come in two sets
 //! used alternately, so step `N + 1` is written and submitted while step `N` runs; a row may
 //! take its token from the previous step's sample without the CPU reading it
-//! ([`TokenIn::Sampled`], resolved on the GPU by `pick_ids`).
+//! ([`TokenIn::Sampled`], resolved on the GPU by `pick_ids`). Blocks freed by step `N + 1`'s
+//! bookkeeping are only written by later steps, which run after step `N` (each chain starts
+//! with a barrier), so a block is never reused under a step still reading it.
 //!
 //! Per step: pick ids → embeddings → layers → gather the rows that want output → final norm →
 //! logits → one sampling workgroup per output row (per-row [`SamplerState`]; in a step where
@@ -25,13 +29,14 @@ use octoflow_core::{Draw, TokenMask};
 use octoflow_kernels::{mask_row_words, Positions, Sample, SamplerState, FROM_PREV};
 use octoflow_vk::{summarize, Buffer, BufferSlice, Chain, LabelTime, MemoryKind};
 
-use crate::batch::{BatchForward, BatchRow, RowOutput, RowResult, TokenIn, MAX_IN_FLIGHT};
+use crate::batch::{BatchForward, BatchRow, KvRoom, RowOutput, RowResult, TokenIn, MAX_IN_FLIGHT};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::gpu::adapters::MixSource;
 use crate::gpu::graph::{Graph, PosSource, TokenSource};
 use crate::gpu::scratch::{Scratch, SAMPLER_WORDS};
 use crate::gpu::GpuModel;
+use crate::kv_pool::{blocks_for, KvPool, PAGE};
 
 /// The row count a step with `n` rows is recorded for (at most `max`).
 fn bucket(n: u32, max: u32) -> u32 {
@@ -45,7 +50,8 @@ fn bucket(n: u32, max: u32) -> u32 {
 
 /// Host-written inputs and host-read outputs of one step in flight.
 struct IoSet {
-    /// `[max_rows, 2]` u32: (position, first cache row) per row.
+    /// `[max_rows, 2]` u32: (position, block table offset) per row, then from word
+    /// `2 max_rows` the padding rows' one-block table and the step's slots' block tables.
     table: Buffer,
     /// `[max_rows]` u32: ids, or `FROM_PREV | index` into the other set's `tokens`.
     src_ids: Buffer,
@@ -67,7 +73,8 @@ struct IoSet {
 
 /// The tables a step's forward pass reads and writes, on the device (see [`GpuBatch::record_rows`]).
 pub struct DeviceRows {
-    /// `[rows, 2]` u32: (position, first KV cache row = slot × n_ctx) per row.
+    /// `[rows, 2]` u32: (position, block table offset) per row, and the block tables the
+    /// offsets name (`octoflow_kernels::page`).
     pub table: BufferSlice,
     /// `[rows]` u32: the rows' token ids.
     pub ids: BufferSlice,
@@ -116,14 +123,34 @@ pub struct GpuBatch<'m> {
     cached: Vec<u32>,
     /// Per slot: the output index of its sample in the last submitted step, if it sampled.
     sampled: Vec<Option<u32>>,
+    /// Which blocks each slot uses.
+    pool: KvPool,
+    /// Words of each set's table buffer (pairs, then block tables).
+    table_words: u32,
     profile: bool,
     last_profile: Option<Vec<LabelTime>>,
 }
 
 impl GpuModel {
-    /// `n_slots` sequences of `n_ctx` positions each, stepped `max_rows` rows at a time.
+    /// `n_slots` sequences of up to `n_ctx` positions each, stepped `max_rows` rows at a time,
+    /// with KV blocks for every slot's whole context.
     pub fn batch(&self, n_slots: usize, n_ctx: usize, max_rows: usize) -> Result<GpuBatch<'_>> {
+        let positions = n_slots.saturating_mul(blocks_for(n_ctx) * PAGE);
+        self.batch_with(n_slots, n_ctx, max_rows, positions)
+    }
+
+    /// [`GpuModel::batch`] with a KV pool of `kv_positions` positions (rounded up to whole
+    /// blocks) shared by the slots: at least one whole context.
+    pub fn batch_with(
+        &self,
+        n_slots: usize,
+        n_ctx: usize,
+        max_rows: usize,
+        kv_positions: usize,
+    ) -> Result<GpuBatch<'_>> {
         let too_big = |what: &str| ModelError::Gpu(format!("{what} is too large"));
+        let n_blocks = blocks_for(kv_positions);
+        let slot_blocks = blocks_for(n_ctx);
         let n_slots = u32::try_from(n_slots).map_err(|_| too_big("the slot count"))?;
         let n_ctx = u32::try_from(n_ctx).map_err(|_| too_big("the context size"))?;
         let max_rows = u32::try_from(max_rows).map_err(|_| too_big("the row count"))?;
@@ -132,9 +159,19 @@ impl GpuModel {
                 "a batch needs slots, positions and rows (got {n_slots}, {n_ctx}, {max_rows})"
             )));
         }
-        let kv_rows = (n_slots + 1)
-            .checked_mul(n_ctx)
-            .ok_or_else(|| too_big("slots × context"))?;
+        if n_blocks < slot_blocks {
+            return Err(ModelError::Batch(format!(
+                "a KV cache of {kv_positions} positions cannot hold one context of {n_ctx}"
+            )));
+        }
+        let kv_rows = u32::try_from((n_blocks + 1) * PAGE).map_err(|_| too_big("the KV cache"))?;
+        // block tables of the slots one step can name, after the row pairs and the padding
+        // rows' one-word table
+        let table_words = (slot_blocks as u64)
+            .checked_mul(u64::from(n_slots.min(max_rows)))
+            .and_then(|w| w.checked_add(2 * u64::from(max_rows) + 1))
+            .and_then(|w| u32::try_from(w).ok())
+            .ok_or_else(|| too_big("the block tables"))?;
         let ctx = self.context();
         let s = Scratch::new(
             ctx,
@@ -152,11 +189,7 @@ impl GpuModel {
         };
         let set = |i: usize| -> Result<IoSet> {
             Ok(IoSet {
-                table: host(
-                    &format!("batch_table.{i}"),
-                    2 * max_rows,
-                    MemoryKind::Upload,
-                )?,
+                table: host(&format!("batch_table.{i}"), table_words, MemoryKind::Upload)?,
                 src_ids: host(&format!("batch_ids.{i}"), max_rows, MemoryKind::Upload)?,
                 out_rows: host(&format!("batch_out_rows.{i}"), max_out, MemoryKind::Upload)?,
                 mix: host(&format!("batch_mix.{i}"), max_rows, MemoryKind::Upload)?,
@@ -187,6 +220,8 @@ impl GpuModel {
             chains: HashMap::new(),
             cached: vec![0; n_slots as usize],
             sampled: vec![None; n_slots as usize],
+            pool: KvPool::new(n_blocks, n_slots as usize, true),
+            table_words,
             profile: false,
             last_profile: None,
         })
@@ -402,6 +437,72 @@ impl GpuBatch<'_> {
         Ok(Some(logits))
     }
 
+    /// Gives the step's slots their blocks: each slot forgets what its first row overwrites
+    /// (copying a kept part of a block it shares, see [`KvPool::truncate`]) and grows to its
+    /// last row. A slot that forgot positions keeps having forgotten them if the pool then
+    /// has no room (the step fails with [`ModelError::KvFull`]).
+    fn place(&mut self, spans: &[(u32, u32, u32)]) -> Result<()> {
+        for &(slot, first, _) in spans {
+            let s = slot as usize;
+            let copy = self.pool.truncate(s, first as usize);
+            let held = (self.pool.table(s).len() * PAGE) as u32;
+            self.cached[s] = self.cached[s].min(first).min(held);
+            if let Some((from, to, rows)) = copy? {
+                self.copy_rows(from, to, rows as u32)?;
+            }
+        }
+        let wants: Vec<(usize, usize)> = spans
+            .iter()
+            .map(|&(slot, _, last)| (slot as usize, last as usize + 1))
+            .collect();
+        self.pool.grow(&wants)?;
+        Ok(())
+    }
+
+    /// Copies the first `rows` rows of block `from` to block `to` in every layer's caches, after
+    /// every step submitted so far (a one-off chain on the steps' queue, waited for: rare, a
+    /// rewind into a shared block).
+    fn copy_rows(&mut self, from: u32, to: u32, rows: u32) -> Result<()> {
+        let c = &self.model.config;
+        let kv = self.s.kv_type;
+        let row_bytes = [
+            kv.bytes_for((c.n_head_kv * c.head_dim) as u64),
+            kv.bytes_for((c.n_head_kv * c.head_dim_v) as u64),
+        ];
+        let page = PAGE as u64;
+        let mut chain = Chain::new(&self.model.ctx)?;
+        chain.barrier()?;
+        for (kc, vc) in &self.s.kv {
+            for (buf, rb) in [(kc, row_bytes[0]), (vc, row_bytes[1])] {
+                let src = buf.slice(u64::from(from) * page * rb, u64::from(rows) * rb)?;
+                chain.copy(&src, buf, u64::from(to) * page * rb)?;
+            }
+        }
+        chain.run()?;
+        Ok(())
+    }
+
+    /// The KV pool's bookkeeping (blocks, the prefix cache's counters).
+    pub fn kv_pool(&self) -> &KvPool {
+        &self.pool
+    }
+
+    /// Gives every slot its whole context's blocks in slot order (slot `s`: blocks
+    /// `s * slot_blocks ..`) for a caller that addresses the caches by slot, the agent VM's GPU
+    /// plan; returns `slot_blocks` and the block tables to place after the row pairs of its
+    /// table buffer: each slot's, then the padding rows' (the spare block). The pool must be
+    /// untouched and hold every slot's context.
+    pub fn contiguous_tables(&mut self) -> Result<(u32, Vec<u32>)> {
+        let slot_blocks = blocks_for(self.n_ctx as usize);
+        self.pool.take_contiguous(slot_blocks)?;
+        let mut words = Vec::with_capacity(self.n_slots as usize * slot_blocks + 1);
+        for s in 0..self.n_slots as usize {
+            words.extend(self.pool.table(s));
+        }
+        words.push(self.pool.n_blocks() as u32);
+        Ok((slot_blocks as u32, words))
+    }
+
     /// Checks a step against the slots' state; returns the slots' cached lengths after it.
     fn validate(&self, rows: &[BatchRow]) -> Result<Vec<u32>> {
         let bad = |i: usize, what: String| ModelError::Batch(format!("row {i}: {what}"));
@@ -526,6 +627,56 @@ impl BatchForward for GpuBatch<'_> {
         self.submit_masked(rows, &[])
     }
 
+    fn reusable(&self, slot: u32, prompt: &[u32], adapter: Option<u32>) -> usize {
+        if slot >= self.n_slots {
+            return 0;
+        }
+        self.pool.lookup(prompt, adapter)
+    }
+
+    fn reuse(&mut self, slot: u32, prompt: &[u32], adapter: Option<u32>) -> usize {
+        if slot >= self.n_slots {
+            return 0;
+        }
+        self.release(slot);
+        let n = self.pool.adopt(slot as usize, prompt, adapter);
+        self.cached[slot as usize] = n as u32;
+        n
+    }
+
+    fn hold(&mut self, slot: u32, tokens: &[u32], adapter: Option<u32>) {
+        if let Some(&cached) = self.cached.get(slot as usize) {
+            let n = tokens.len().min(cached as usize);
+            self.pool.register(slot as usize, &tokens[..n], adapter);
+        }
+    }
+
+    fn release(&mut self, slot: u32) {
+        if let Some(c) = self.cached.get_mut(slot as usize) {
+            *c = 0;
+            self.pool.release(slot as usize);
+        }
+    }
+
+    fn reserve(&mut self, slot: u32, positions: usize) -> Result<()> {
+        if slot >= self.n_slots {
+            return Err(ModelError::Batch(format!(
+                "slot {slot} of {}",
+                self.n_slots
+            )));
+        }
+        self.pool.reserve(slot as usize, positions)?;
+        Ok(())
+    }
+
+    fn kv_room(&self) -> Option<KvRoom> {
+        Some(KvRoom {
+            available: self.pool.available() * PAGE,
+            total: self.pool.n_blocks() * PAGE,
+            cached: self.pool.cached() * PAGE,
+        })
+    }
+
     fn submit_masked(&mut self, rows: &[BatchRow], masks: &[Option<&TokenMask>]) -> Result<()> {
         if self.pending.len() >= MAX_IN_FLIGHT {
             return Err(ModelError::Batch(format!(
@@ -533,10 +684,26 @@ impl BatchForward for GpuBatch<'_> {
             )));
         }
         let cached = self.validate(rows)?;
+        let spans = slot_spans(rows);
+        self.place(&spans)?;
         let set = self.next_set;
         let n = rows.len() as u32;
         let nb = bucket(n, self.s.t_max);
-        let trash = self.n_slots * self.n_ctx;
+        // block tables after the row pairs: the padding rows' (the spare block), then each
+        // slot's as far as the step reaches
+        let tables_at = 2 * self.s.t_max;
+        let mut tables = vec![self.pool.n_blocks() as u32];
+        let mut table_of: HashMap<u32, u32> = HashMap::new();
+        for &(slot, _, last) in &spans {
+            table_of.insert(slot, tables_at + tables.len() as u32);
+            let t = self.pool.table(slot as usize);
+            tables.extend(&t[..blocks_for(last as usize + 1).min(t.len())]);
+        }
+        if 2 * u64::from(self.s.t_max) + tables.len() as u64 > u64::from(self.table_words) {
+            return Err(ModelError::Gpu(
+                "the step's block tables overflow their buffer".into(),
+            ));
+        }
         let mut table = vec![0u32; 2 * nb as usize];
         let mut src = vec![0u32; nb as usize];
         let mut mix = vec![0u32; nb as usize];
@@ -548,7 +715,7 @@ impl BatchForward for GpuBatch<'_> {
         let mut want_logits = false;
         for (i, r) in rows.iter().enumerate() {
             table[2 * i] = r.pos;
-            table[2 * i + 1] = r.slot * self.n_ctx;
+            table[2 * i + 1] = table_of.get(&r.slot).copied().unwrap_or(tables_at);
             mix[i] = r.adapter.map_or(0, |a| 1 + a);
             src[i] = match r.token {
                 TokenIn::Id(id) => id,
@@ -574,7 +741,7 @@ impl BatchForward for GpuBatch<'_> {
             }));
         }
         for i in rows.len()..nb as usize {
-            table[2 * i + 1] = trash; // padding rows write and read the spare slot only
+            table[2 * i + 1] = tables_at; // padding rows write and read the spare block only
         }
         let n_out = out_rows.len() as u32;
         let ob = if n_out == 0 {
@@ -595,6 +762,7 @@ impl BatchForward for GpuBatch<'_> {
             )?);
         }
         io.table.write(0, &table)?;
+        io.table.write(4 * u64::from(tables_at), &tables)?;
         io.src_ids.write(0, &src)?;
         io.mix.write(0, &mix)?;
         if ob > 0 {
@@ -706,6 +874,22 @@ impl BatchForward for GpuBatch<'_> {
         }
         Ok(out)
     }
+}
+
+/// Each slot of a step with its first and last row's positions, in order of first appearance.
+fn slot_spans(rows: &[BatchRow]) -> Vec<(u32, u32, u32)> {
+    let mut spans: Vec<(u32, u32, u32)> = Vec::new();
+    let mut at: HashMap<u32, usize> = HashMap::new();
+    for r in rows {
+        match at.get(&r.slot) {
+            Some(&i) => spans[i].2 = r.pos,
+            None => {
+                at.insert(r.slot, spans.len());
+                spans.push((r.slot, r.pos, r.pos));
+            }
+        }
+    }
+    spans
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! step (see the diagram there). Activations are f32 row-major `[n, width]` in the session's
 //! scratch buffers; the KV cache is f32 `[n_ctx, n_head_kv * head_dim]` per layer. Positions are
 //! read on the GPU ([`PosSource`]): for one sequence, the batch's first position from the control
-//! block (`ctl::POS`); for a batch of many sequences, a per-token (position, first cache row)
+//! block (`ctl::POS`); for a batch of many sequences, a per-token (position, block table offset)
 //! table. Either way the same recording serves every position. Decode steps of one sequence
 //! (runs of at most 8 tokens) fold the per-head norms, RoPE and the KV-cache write into the
 //! attention dispatch ([`octoflow_kernels::Attention::record_fresh`]). Barriers between the kernels are
@@ -48,7 +48,7 @@ pub struct PosSource {
     pub buf: BufferSlice,
     /// Index of the first word read.
     pub offset: u32,
-    /// One run from `buf[offset]`, or a per-token (position, first cache row) table.
+    /// One run from `buf[offset]`, or a per-token (position, block table offset) table.
     pub mode: Positions,
     /// Positions one sequence holds (the attention bound).
     pub seq_rows: u32,

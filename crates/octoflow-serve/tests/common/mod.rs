@@ -83,6 +83,8 @@ pub struct Shape {
     pub prefix_cache: bool,
     /// Tokens a too-long prompt keeps at its start when shifted (`None`: refused).
     pub context_shift: Option<usize>,
+    /// KV pool positions of the GPU engine (`None`: a context per instance).
+    pub kv_positions: Option<usize>,
 }
 
 /// The served adapter's name (with `Shape::adapter`).
@@ -120,6 +122,7 @@ impl Default for Shape {
             max_tokens: 4096,
             prefix_cache: true,
             context_shift: None,
+            kv_positions: None,
         }
     }
 }
@@ -160,7 +163,9 @@ pub async fn start(shape: Shape) -> Option<Running> {
                 if shape.adapter {
                     gpu.set_adapters(&[random_adapter(&model.config)], &[1.0])?;
                 }
-                let mut engine = gpu.batch(shape.instances, shape.n_ctx, shape.max_rows)?;
+                let positions = shape.kv_positions.unwrap_or(shape.instances * shape.n_ctx);
+                let mut engine =
+                    gpu.batch_with(shape.instances, shape.n_ctx, shape.max_rows, positions)?;
                 let info = EngineInfo {
                     device: ctx.caps().name.clone(),
                     memory: None,

@@ -79,7 +79,13 @@ pub struct Args {
     /// Others are refused (403): a web page cannot reach the server through DNS rebinding.
     #[arg(long = "allowed-host", value_name = "NAME")]
     allowed_hosts: Vec<String>,
-    /// Run every prompt whole, even where an instance's cache holds its start (a chat's earlier
+    /// KV cache memory shared by the instances (GPU): a number of token positions (e.g.
+    /// 65536), or a fraction of the device memory the weights leave (e.g. 0.8). A request
+    /// waits until its prompt and max_tokens fit (and is refused if they never can). Default:
+    /// a whole context for every instance.
+    #[arg(long, value_name = "POSITIONS|FRACTION", value_parser = parse_kv_size)]
+    kv_size: Option<KvSize>,
+    /// Run every prompt whole, even where the KV cache holds its start (a chat's earlier
     /// turns, a shared system prompt).
     #[arg(long)]
     no_prefix_cache: bool,
@@ -195,7 +201,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         instances: args.instances,
         n_ctx,
         max_rows: args.max_rows,
+        kv_size: args.kv_size,
     };
+    if args.kv_size.is_some() && args.device.device == Device::Cpu {
+        bail!("--kv-size: the CPU reference gives every instance its own cache (no shared pool)");
+    }
     let device = args.device.clone();
     args.homeo.targets()?;
     let homeo = args.homeo.clone();
@@ -242,6 +252,42 @@ struct Shape {
     instances: usize,
     n_ctx: usize,
     max_rows: usize,
+    kv_size: Option<KvSize>,
+}
+
+/// `--kv-size`: positions, or a fraction of the memory left after the weights.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum KvSize {
+    Positions(usize),
+    Fraction(f64),
+}
+
+fn parse_kv_size(s: &str) -> Result<KvSize, String> {
+    if s.contains('.') {
+        match s.parse::<f64>() {
+            Ok(f) if f > 0.0 && f <= 1.0 => Ok(KvSize::Fraction(f)),
+            _ => Err(format!("{s:?} is not a fraction in (0, 1]")),
+        }
+    } else {
+        match s.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(KvSize::Positions(n)),
+            _ => Err(format!(
+                "{s:?} is neither a number of positions nor a fraction like 0.8"
+            )),
+        }
+    }
+}
+
+/// KV positions for `--kv-size` on a device of `memory` bytes of which `used` hold the weights,
+/// each position taking `per_position` bytes over all layers.
+fn kv_positions(size: KvSize, memory: u64, used: u64, per_position: u64) -> usize {
+    match size {
+        KvSize::Positions(n) => n,
+        KvSize::Fraction(f) => {
+            let left = memory.saturating_sub(used) as f64 * f;
+            (left / per_position.max(1) as f64) as usize
+        }
+    }
 }
 
 /// Runs on the scheduler thread: builds the batch engine on the chosen device (it borrows the
@@ -274,9 +320,24 @@ fn run_engine(
                 gpu.set_adapters(adapters, &vec![1.0; adapters.len()])
                     .context("loading the adapters onto the GPU")?;
             }
+            let positions = match s.kv_size {
+                None => s.instances.saturating_mul(s.n_ctx),
+                Some(size) => {
+                    let c = &model.config;
+                    let kv = gpu.kv_type();
+                    let per_position = c.n_layer as u64
+                        * (kv.bytes_for((c.n_head_kv * c.head_dim) as u64)
+                            + kv.bytes_for((c.n_head_kv * c.head_dim_v) as u64));
+                    let used = gpu.weight_bytes() + gpu.adapters().map_or(0, |a| a.bytes);
+                    let memory = gpu.context().caps().device_local_bytes();
+                    kv_positions(size, memory, used, per_position)
+                }
+            };
             let mut engine = gpu
-                .batch(s.instances, s.n_ctx, s.max_rows)
-                .context("allocating the instances' KV caches and buffers on the GPU")?;
+                .batch_with(s.instances, s.n_ctx, s.max_rows, positions)
+                .with_context(|| {
+                    format!("allocating a KV cache of {positions} positions and the instances' buffers on the GPU")
+                })?;
             // before the port is bound: the first requests find every chain recorded
             super::warm::warm_up("octoflow serve", gpu.context(), || Ok(engine.warm_up()?))?;
             let caps = gpu.context().caps();
@@ -298,5 +359,24 @@ fn run_engine(
             super::warm::save_pipelines(gpu.context());
             served
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_size_is_positions_or_a_fraction_of_what_the_weights_leave() {
+        assert_eq!(parse_kv_size("65536"), Ok(KvSize::Positions(65536)));
+        assert_eq!(parse_kv_size("0.5"), Ok(KvSize::Fraction(0.5)));
+        assert_eq!(parse_kv_size("1.0"), Ok(KvSize::Fraction(1.0)));
+        for bad in ["0", "-3", "1.5", "0.0", "x", "", "nan"] {
+            assert!(parse_kv_size(bad).is_err(), "{bad:?}");
+        }
+        // 0.5 of the 600 bytes the weights leave, 10 bytes a position
+        assert_eq!(kv_positions(KvSize::Fraction(0.5), 1000, 400, 10), 30);
+        assert_eq!(kv_positions(KvSize::Fraction(0.5), 100, 400, 10), 0);
+        assert_eq!(kv_positions(KvSize::Positions(77), 0, 0, 0), 77);
     }
 }
