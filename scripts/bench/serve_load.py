@@ -33,11 +33,19 @@ PROMPTS = [
 ]
 
 
-async def complete(url, prompt, n):
+# --schema: every request's output constrained to this JSON schema (structured output's cost)
+SCHEMA = {"type": "object", "properties": {
+    "title": {"type": "string"}, "steps": {"type": "array", "items": {"type": "string"}},
+    "done": {"type": "boolean"}}, "required": ["title", "steps", "done"]}
+
+
+async def complete(url, prompt, n, schema=False):
     """One completion: (completion tokens, None), or (None, the error)."""
-    status, payload = await post_json(url, "/v1/completions", {
-        "prompt": prompt, "max_tokens": n, "temperature": 0.7, "ignore_eos": True,
-    })
+    doc = {"prompt": prompt, "max_tokens": n, "temperature": 0.7, "ignore_eos": not schema}
+    if schema:
+        doc["response_format"] = {"type": "json_schema",
+                                  "json_schema": {"name": "plan", "schema": SCHEMA}}
+    status, payload = await post_json(url, "/v1/completions", doc)
     if status != "200":
         return None, f"HTTP {status}: {payload[:200]!r}"
     return json.loads(payload)["usage"]["completion_tokens"], None
@@ -59,7 +67,7 @@ async def main(a):
     async def worker(w):
         i = w
         while time.monotonic() < deadline:
-            n, err = await complete(a.url, PROMPTS[i % len(PROMPTS)], a.n)
+            n, err = await complete(a.url, PROMPTS[i % len(PROMPTS)], a.n, a.schema)
             i += a.concurrency
             if err:
                 errors.append(err)
@@ -77,7 +85,7 @@ async def main(a):
     joules = e1 - e0 if e0 is not None and e1 is not None else None
     out = {
         "unix_start": round(unix0, 3), "unix_end": round(time.time(), 3),
-        "concurrency": a.concurrency, "max_tokens": a.n, "seconds": round(seconds, 2),
+        "concurrency": a.concurrency, "max_tokens": a.n, "schema": a.schema, "seconds": round(seconds, 2),
         "requests": requests[0], "tokens": tokens[0],
         "tok_per_s": round(tokens[0] / seconds, 1),
         "joules": joules and round(joules, 1),
@@ -96,4 +104,6 @@ if __name__ == "__main__":
     p.add_argument("--concurrency", type=int, default=128)
     p.add_argument("--duration", type=float, default=120)
     p.add_argument("-n", type=int, default=128)
+    p.add_argument("--schema", action="store_true",
+                   help="constrain every output to a JSON schema (no ignore_eos)")
     asyncio.run(main(p.parse_args()))

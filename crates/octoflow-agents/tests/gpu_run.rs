@@ -20,8 +20,10 @@ const SCORE_REL: f32 = 1e-6;
 /// The bound where the GPU run's products take cooperative matrices and the host's small steps
 /// the matvec: `GpuRun` records its forward at `MAX_ROWS` rows, the host's steps run the
 /// batch engine's chain for their own row count, so the logits differ by the f16 rounding of
-/// the cooperative products' operands (6.7e-6 measured on an H100; the tokens stay equal).
-const SCORE_REL_COOP: f32 = 1e-4;
+/// the cooperative products' operands (the tokens stay equal; measured 6.7e-6 on an H100 and
+/// 6.4e-4 on an H200 with seed 9189949877528761736, which lavapipe's plain products pass at
+/// 1e-6): 2e-3.
+const SCORE_REL_COOP: f32 = 2e-3;
 
 fn tokenize(s: &str) -> Vec<u32> {
     s.bytes().map(|b| b as u32 % TINY.n_vocab as u32).collect()

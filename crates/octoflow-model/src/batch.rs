@@ -104,6 +104,12 @@ pub trait BatchForward {
     /// of that slot). Errors if [`MAX_IN_FLIGHT`] steps are already pending.
     fn submit(&mut self, rows: &[BatchRow]) -> Result<()>;
 
+    /// Whether [`BatchForward::submit_masked`] takes masks (a grammar's token mask applied
+    /// where the device draws).
+    fn device_masks(&self) -> bool {
+        false
+    }
+
     /// [`BatchForward::submit`] where the draw of row `i` (a [`RowOutput::Sample`] row) takes
     /// only the tokens `masks[i]` allows (a grammar's mask, octoflow-core `TokenMask` words;
     /// `None` or past the end: unconstrained). The token comes back as any draw's; its

@@ -207,6 +207,10 @@ impl BatchForward for CpuBatch<'_> {
         }
     }
 
+    fn device_masks(&self) -> bool {
+        true
+    }
+
     fn submit_masked(&mut self, rows: &[BatchRow], masks: &[Option<&TokenMask>]) -> Result<()> {
         let groups = self.validate(rows)?;
         let n_vocab = self.model.config.n_vocab;

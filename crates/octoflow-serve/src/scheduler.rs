@@ -22,12 +22,14 @@
 //! (penalties, log-probabilities, parameters the device sampler lacks) get their logits back
 //! and take part in every other step at most. So do sequences under a grammar: the mask of
 //! their next token exists only once the previous token is known, so they wait for it while
-//! the unconstrained sequences around them stay pipelined.
+//! the unconstrained sequences around them stay pipelined; their draws stay on the device
+//! (the engine's masked sampler) with the masks computed on the host's cores in parallel.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use octoflow_core::TokenMask;
 use octoflow_model::{BatchForward, BatchRow, RowOutput, RowResult, TokenIn, MAX_IN_FLIGHT};
 use octoflow_text::Tokenizer;
 use tokio::sync::oneshot;
@@ -99,6 +101,8 @@ struct RowMeta {
     seq: u64,
     /// A later row already took this row's token as [`TokenIn::Sampled`].
     consumed: bool,
+    /// The grammar gave no mask for this row's draw (the sequence fails when it returns).
+    mask_error: Option<String>,
 }
 
 impl Driver {
@@ -191,6 +195,9 @@ impl<'t> Loop<'_, 't> {
             if let Some(h) = self.engine_held.get_mut(slot) {
                 *h = false;
             }
+            // at once, not at the next admission: a client that got the last token may ask
+            // again before the loop comes round, and an idle server must not refuse it
+            self.queue.set_idle(self.free_slots().len());
         }
     }
 
@@ -481,7 +488,9 @@ impl<'t> Loop<'_, 't> {
         }
         self.pacer.before_submit();
         let submitted = Instant::now();
-        match self.engine.submit(&rows) {
+        let masks = self.masks(&rows, &mut meta);
+        let mask_refs: Vec<Option<&TokenMask>> = masks.iter().map(Option::as_ref).collect();
+        match self.engine.submit_masked(&rows, &mask_refs) {
             Ok(()) => {
                 self.inflight.push_back(StepMeta {
                     rows: meta,
@@ -521,7 +530,8 @@ impl<'t> Loop<'_, 't> {
                     .iter_mut()
                     .find(|r| r.seq == seq.id && !r.consumed)
             }) {
-                if !seq.device {
+                if !seq.device || seq.constrained() {
+                    // the CPU draws it, or its mask needs the token first: wait for it
                     continue;
                 }
                 prev.consumed = true;
@@ -535,6 +545,7 @@ impl<'t> Loop<'_, 't> {
                 slot,
                 seq: seq.id,
                 consumed: false,
+                mask_error: None,
             });
             rows.push(BatchRow {
                 slot: slot as u32,
@@ -546,6 +557,76 @@ impl<'t> Loop<'_, 't> {
             seq.next_pos += 1;
             seq.requested += 1;
         }
+    }
+
+    /// The grammars' masks of the step's device draws (one per row; `None`: unconstrained),
+    /// computed on as many threads as there are such draws and cores: at a large vocabulary a
+    /// mask is the host's largest piece of a constrained step.
+    fn masks(&mut self, rows: &[BatchRow], meta: &mut [RowMeta]) -> Vec<Option<TokenMask>> {
+        let mut out: Vec<Option<TokenMask>> = vec![None; rows.len()];
+        let row_of: std::collections::HashMap<usize, usize> = meta
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| {
+                matches!(
+                    rows.get(m.row).map(|r| r.output),
+                    Some(RowOutput::Sample(_))
+                )
+            })
+            .map(|(i, m)| (m.slot, i))
+            .collect();
+        let mut work: Vec<(usize, &mut Seq<'t>)> = self
+            .slots
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(slot, s)| Some((*row_of.get(&slot)?, s.as_mut()?)))
+            .filter(|(_, seq)| seq.constrained())
+            .collect();
+        if work.is_empty() {
+            return out;
+        }
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(work.len());
+        let per = work.len().div_ceil(threads);
+        let mut got: Vec<(usize, Result<TokenMask, String>)> = Vec::with_capacity(work.len());
+        if threads <= 1 {
+            for (i, seq) in &mut work {
+                if let Some(m) = seq.next_mask() {
+                    got.push((*i, m.map_err(|e| e.to_string())));
+                }
+            }
+        } else {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = work
+                    .chunks_mut(per)
+                    .map(|chunk| {
+                        scope.spawn(move || {
+                            chunk
+                                .iter_mut()
+                                .filter_map(|(i, seq)| {
+                                    Some((*i, seq.next_mask()?.map_err(|e| e.to_string())))
+                                })
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                for h in handles {
+                    match h.join() {
+                        Ok(v) => got.extend(v),
+                        Err(_) => tracing::error!("a grammar mask thread panicked"),
+                    }
+                }
+            });
+        }
+        for (i, m) in got {
+            let row = meta[i].row;
+            match m {
+                Ok(mask) => out[row] = Some(mask),
+                Err(e) => meta[i].mask_error = Some(e),
+            }
+        }
+        out
     }
 
     /// Prompt chunks of the sequences still prefilling, until the step holds `cap` rows (at
@@ -581,6 +662,7 @@ impl<'t> Loop<'_, 't> {
                         slot,
                         seq: seq.id,
                         consumed: false,
+                        mask_error: None,
                     });
                     seq.requested += 1;
                     seq.next_draw().map_or(RowOutput::Logits, RowOutput::Sample)
@@ -670,8 +752,20 @@ impl<'t> Loop<'_, 't> {
             let Some(seq) = self.slots[rm.slot].as_mut().filter(|s| s.id == rm.seq) else {
                 continue;
             };
+            if let Some(e) = &rm.mask_error {
+                seq.fail(e);
+                self.release(rm.slot);
+                continue;
+            }
             let (token, logprob) = match results.get(rm.row) {
-                Some(RowResult::Token { token, .. }) => (*token, None),
+                Some(RowResult::Token { token, .. }) => {
+                    if let Err(e) = seq.commit(*token) {
+                        seq.fail(&e.to_string());
+                        self.release(rm.slot);
+                        continue;
+                    }
+                    (*token, None)
+                }
                 Some(RowResult::Logits(l)) => match seq.sample_logits(l) {
                     Ok(t) => t,
                     Err(e) => {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use octoflow_core::sampling::{softmax, Sampler};
-use octoflow_core::{Draw, Finish};
+use octoflow_core::{Draw, Finish, TokenMask};
 use octoflow_generate::{Choice, Constraint, ConstraintError, Limits};
 use octoflow_model::BatchForward;
 use octoflow_text::Tokenizer;
@@ -38,8 +38,8 @@ pub struct Seq<'t> {
     pub max_tokens: usize,
     /// Its counter also counts the draws submitted to the device.
     sampler: Sampler,
-    /// The grammar its output follows: its tokens are drawn on the CPU under the grammar's
-    /// mask, computed once the previous token is known.
+    /// The grammar its output follows: its tokens are drawn under the grammar's mask (on the
+    /// device, or on the CPU from the logits), computed once the previous token is known.
     constraint: Option<Constraint>,
     logprobs: Option<usize>,
     choice: Choice<'t>,
@@ -77,9 +77,10 @@ impl<'t> Seq<'t> {
         for &t in job.prompt.iter() {
             sampler.accept(t);
         }
-        // Log-probabilities and grammars need the logits on the CPU.
+        // Log-probabilities need the logits on the CPU; a grammar's mask goes to the device's
+        // draw where the engine takes masks.
         let device = p.logprobs.is_none()
-            && p.constraint.is_none()
+            && (p.constraint.is_none() || engine.device_masks())
             && Draw::from_sampler(&sampler).is_some_and(|d| engine.device_samples(&d));
         let limits = Limits {
             max_tokens: Some(p.max_tokens),
@@ -132,6 +133,24 @@ impl<'t> Seq<'t> {
         let draw = Draw::from_sampler(&self.sampler).filter(|_| self.device)?;
         self.sampler.skip(1);
         Some(draw)
+    }
+
+    /// Whether a grammar holds its output.
+    pub fn constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    /// The grammar's mask for the next token (`None` without a grammar).
+    pub fn next_mask(&mut self) -> Option<Result<TokenMask, ConstraintError>> {
+        self.constraint.as_mut().map(Constraint::mask)
+    }
+
+    /// Advances the grammar past a token the device drew under its mask.
+    pub fn commit(&mut self, token: u32) -> Result<(), ConstraintError> {
+        match &mut self.constraint {
+            Some(c) => c.commit(token),
+            None => Ok(()),
+        }
     }
 
     /// Whether the prompt has been submitted completely.

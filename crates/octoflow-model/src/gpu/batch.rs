@@ -677,6 +677,10 @@ impl BatchForward for GpuBatch<'_> {
         })
     }
 
+    fn device_masks(&self) -> bool {
+        true
+    }
+
     fn submit_masked(&mut self, rows: &[BatchRow], masks: &[Option<&TokenMask>]) -> Result<()> {
         if self.pending.len() >= MAX_IN_FLIGHT {
             return Err(ModelError::Batch(format!(
