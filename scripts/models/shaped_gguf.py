@@ -27,6 +27,7 @@ vendor/llama.cpp/gguf-py of the llama-cpp-python sdist, or `pip install gguf`).
 import argparse
 import itertools
 import math
+import sys
 
 import numpy as np
 import gguf
@@ -271,7 +272,20 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--layers", type=int)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokenizer-from", metavar="GGUF",
+                    help="copy this GGUF's tokenizer (tokenizer_gguf.py makes a small one) "
+                         "instead of the synthetic vocabulary; its size must be the shape's")
     a = ap.parse_args()
+    if a.tokenizer_from:
+        global tokenizer
+        source = gguf.GGUFReader(a.tokenizer_from)
+        n_tokens = len(source.fields["tokenizer.ggml.tokens"].contents())
+
+        def tokenizer(w, model, pre, n_vocab, specials, bos, eos, pad):  # noqa: F811
+            if n_tokens != n_vocab:
+                sys.exit(f"{a.tokenizer_from}: {n_tokens} tokens, the shape has {n_vocab}")
+            from tokenizer_gguf import copy_tokenizer
+            copy_tokenizer(source, w)
     rng = np.random.default_rng(a.seed)
     arch, build, layers = {
         "gpt-oss-20b": ("gpt-oss", gpt_oss_20b, 24),
