@@ -74,6 +74,11 @@ pub struct Metrics {
     pub prefix_cached_tokens: AtomicU64,
     /// Prompts shifted to fit the context (`--context-shift`).
     pub prompts_shifted: AtomicU64,
+    /// The KV pool in positions: all of it, what new requests may still be promised, and
+    /// what registered prefixes hold (all 0 for an engine without a shared pool).
+    pub kv_total: AtomicU64,
+    pub kv_available: AtomicU64,
+    pub kv_cached: AtomicU64,
     step_time: Mutex<Histogram>,
     ttft: Mutex<Histogram>,
     /// The device's sensor and pacer, set once by the engine (GPU path with a sensor); its
@@ -167,6 +172,24 @@ impl Metrics {
             "counter",
             "Prompt tokens reused from instances' caches instead of run again.",
             get(&self.prefix_cached_tokens),
+        );
+        put(
+            "octoflow_kv_cache_positions",
+            "gauge",
+            "Positions the KV cache pool holds (0: a cache per instance).",
+            get(&self.kv_total),
+        );
+        put(
+            "octoflow_kv_cache_available_positions",
+            "gauge",
+            "KV positions new requests may still be promised (free or evictable cached blocks).",
+            get(&self.kv_available),
+        );
+        put(
+            "octoflow_kv_cache_prefix_positions",
+            "gauge",
+            "KV positions held by cached prefix blocks, in use or not.",
+            get(&self.kv_cached),
         );
         put(
             "octoflow_prompts_shifted_total",

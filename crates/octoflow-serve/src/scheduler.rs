@@ -195,8 +195,8 @@ impl<'t> Loop<'_, 't> {
             if let Some(h) = self.engine_held.get_mut(slot) {
                 *h = false;
             }
-            // at once, not at the next admission: a client that got the last token may ask
-            // again before the loop comes round, and an idle server must not refuse it
+            // before the choice's end goes out (when `seq` drops, below): a client that got
+            // it may ask again at once, and an idle server must not refuse it
             self.queue.set_idle(self.free_slots().len());
         }
     }
@@ -281,6 +281,15 @@ impl<'t> Loop<'_, 't> {
             self.metrics
                 .active_instances
                 .store(self.active() as u64, std::sync::atomic::Ordering::Relaxed);
+            if let Some(room) = self.engine.kv_room() {
+                let m = self.metrics;
+                let set = |g: &std::sync::atomic::AtomicU64, v: usize| {
+                    g.store(v as u64, std::sync::atomic::Ordering::Relaxed);
+                };
+                set(&m.kv_total, room.total);
+                set(&m.kv_available, room.available);
+                set(&m.kv_cached, room.cached);
+            }
             let (mut submitted, mut progressed) = (false, false);
             if self.engine.pending() < MAX_IN_FLIGHT {
                 (submitted, progressed) = self.submit_step();

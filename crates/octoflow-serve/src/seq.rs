@@ -47,6 +47,8 @@ pub struct Seq<'t> {
     metrics: &'t Metrics,
     events: UnboundedSender<Event>,
     enqueued: Instant,
+    /// The end of the choice, sent when the sequence is dropped ([`Seq::finish`]).
+    done: Option<Event>,
     /// The tokens generated so far, in order (what the positions after the prompt run).
     tokens: Vec<u32>,
 }
@@ -107,6 +109,7 @@ impl<'t> Seq<'t> {
             events: job.events.clone(),
             enqueued: job.enqueued,
             tokens: Vec::new(),
+            done: None,
         }
     }
 
@@ -247,8 +250,11 @@ impl<'t> Seq<'t> {
         }
     }
 
+    /// Ends the choice. Its `Done` event goes out when the sequence is dropped — after the
+    /// scheduler has freed its instance, so that a client that asks again at once finds the
+    /// instance free.
     fn finish(&mut self, finish: Finish) -> Outcome {
-        let _ = self.events.send(Event::Done {
+        self.done = Some(Event::Done {
             index: self.index,
             finish,
             completion_tokens: self.choice.generated(),
@@ -266,5 +272,13 @@ impl<'t> Seq<'t> {
         let _ = self.events.send(Event::Error {
             message: message.to_string(),
         });
+    }
+}
+
+impl Drop for Seq<'_> {
+    fn drop(&mut self) {
+        if let Some(done) = self.done.take() {
+            let _ = self.events.send(done);
+        }
     }
 }

@@ -123,6 +123,8 @@ async fn a_small_kv_pool_makes_requests_wait_and_refuses_what_never_fits() {
         want,
         "a small pool changed the answers"
     );
+    // the pool's size gauge: one context of positions
+    assert_eq!(s.metric("octoflow_kv_cache_positions").await, 256.0);
     // two choices of a whole context each: more than the pool holds
     let (status, v) = s
         .post(
