@@ -48,6 +48,17 @@ struct Key {
 }
 
 impl Key {
+    /// The key of block `i` of `tokens` (which must reach its end) after `parent`.
+    fn of_block(parent: u64, adapter: Option<u32>, tokens: &[u32], i: usize) -> Self {
+        let mut block = [0; PAGE];
+        block.copy_from_slice(&tokens[i * PAGE..(i + 1) * PAGE]);
+        Key {
+            parent,
+            adapter,
+            tokens: block,
+        }
+    }
+
     fn hash64(&self) -> u64 {
         let mut h = DefaultHasher::new();
         self.hash(&mut h);
@@ -247,13 +258,7 @@ impl KvPool {
         let mut parent = 0u64;
         for i in 0..n {
             let b = self.tables[slot][i];
-            let key = Key {
-                parent,
-                adapter,
-                tokens: tokens[i * PAGE..(i + 1) * PAGE]
-                    .try_into()
-                    .unwrap_or([0; PAGE]),
-            };
+            let key = Key::of_block(parent, adapter, tokens, i);
             let h = key.hash64();
             match &self.blocks[b as usize].key {
                 Some((bh, k)) if *k == key => parent = *bh,
@@ -287,13 +292,7 @@ impl KvPool {
         // adopting parked blocks takes them from what others may use
         let mut parked_budget = self.available();
         for i in 0..n {
-            let key = Key {
-                parent,
-                adapter,
-                tokens: prompt[i * PAGE..(i + 1) * PAGE]
-                    .try_into()
-                    .unwrap_or([0; PAGE]),
-            };
+            let key = Key::of_block(parent, adapter, prompt, i);
             let h = key.hash64();
             let Some(&b) = self.index.get(&h) else { break };
             let blk = &self.blocks[b as usize];
