@@ -4,7 +4,8 @@
 //!   rows; [`schedule`]: learning-rate schedules; [`checkpoint`]: atomic checkpoints of adapters
 //!   and optimizer state; [`log`]: the JSONL loss log of a run.
 //! - [`lora`]: which projections carry adapters and where they live in the flat parameter buffer.
-//! - [`gpu`]: the training step as dispatch chains (forward, loss, backward, AdamW).
+//! - [`gpu`]: the training step as dispatch chains (forward, loss, backward, AdamW);
+//!   [`cpu`]: the same step on the CPU's cores; [`backend`]: what the loop needs of either.
 //! - [`run`]: the training loop (epochs, accumulation, evaluation, checkpoints, resume).
 //! - [`reference`]: the f64 CPU reference of the loss the gradient tests differentiate.
 //! - [`merge`]: adapters folded into the base weights (`octoflow run --lora`); [`export`]: a
@@ -12,7 +13,9 @@
 //!
 //! A run directory (`RUN_DIR`) holds `checkpoint.gguf` and `log.jsonl`.
 
+pub mod backend;
 pub mod checkpoint;
+pub mod cpu;
 pub mod data;
 pub mod error;
 pub mod export;
@@ -24,7 +27,9 @@ pub mod reference;
 pub mod run;
 pub mod schedule;
 
+pub use backend::Backend;
 pub use checkpoint::{Checkpoint, NamedTensor};
+pub use cpu::CpuTrainer;
 pub use data::{epoch_order, load_jsonl, pack, Example, PackStats, Sequence, IGNORE};
 pub use error::{Result, TrainError};
 pub use gpu::{Rows, Trainer, TrainerOptions};

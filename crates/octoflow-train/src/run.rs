@@ -20,10 +20,11 @@ use std::time::Instant;
 
 use octoflow_kernels::AdamWStep;
 
+use crate::backend::Backend;
 use crate::checkpoint::{self, Checkpoint, NamedTensor};
 use crate::data::{epoch_order, pack, Example, Sequence, IGNORE};
 use crate::error::{Result, TrainError};
-use crate::gpu::{Rows, Trainer};
+use crate::gpu::Rows;
 use crate::log::LossLog;
 use crate::lora::LoraConfig;
 use crate::schedule::{lr_at, Schedule};
@@ -191,7 +192,7 @@ pub fn first_rows(cfg: &TrainConfig, train: &[Example], pad: u32) -> Result<Rows
 }
 
 /// Mean loss per trained token over `eval` (packed in file order).
-pub fn evaluate(t: &mut Trainer, cfg: &TrainConfig, eval: &[Example], pad: u32) -> Result<f64> {
+pub fn evaluate(t: &mut dyn Backend, cfg: &TrainConfig, eval: &[Example], pad: u32) -> Result<f64> {
     let order: Vec<usize> = (0..eval.len()).collect();
     let (seqs, _) = pack(eval, &order, cfg.seq_len, pad);
     let (mut sum, mut n) = (0.0, 0usize);
@@ -217,7 +218,7 @@ fn micro_seed(seed: u64, step: u64, micro: usize) -> u32 {
 }
 
 fn save(
-    t: &Trainer,
+    t: &dyn Backend,
     cfg: &TrainConfig,
     dir: &Path,
     step: u64,
@@ -289,7 +290,7 @@ pub struct RunInputs<'a> {
 /// Trains `t` per `cfg` (see the module doc): [`Run::start`], [`Run::step`] until it returns
 /// false, [`Run::finish`].
 pub fn train(
-    t: &mut Trainer,
+    t: &mut dyn Backend,
     cfg: &TrainConfig,
     inp: &RunInputs,
     obs: &mut dyn Observer,
@@ -337,7 +338,7 @@ impl<'a> Run<'a> {
     /// or initializes the adapters, opens the log and runs the step-0 evaluation (fresh runs
     /// with `eval_every > 0`).
     pub fn start(
-        t: &mut Trainer,
+        t: &mut dyn Backend,
         cfg: &TrainConfig,
         inp: &'a RunInputs<'a>,
         obs: &mut dyn Observer,
@@ -366,7 +367,8 @@ impl<'a> Run<'a> {
                 "resumed at step {step} (epoch {epoch}, step {in_epoch} of it)"
             ));
         } else {
-            t.set_params(&t.layout().init(cfg.seed))?;
+            let init = t.layout().init(cfg.seed);
+            t.set_params(&init)?;
             let z = vec![0f32; t.layout().n_params];
             t.set_moments(&z, &z)?;
         }
@@ -379,7 +381,7 @@ impl<'a> Run<'a> {
             last_eval: None,
             tokens,
             tok_per_s: 0.0,
-            peak_device_bytes: t.device_bytes(),
+            peak_device_bytes: t.memory_bytes(),
         };
         let mut run = Run {
             cfg: cfg.clone(),
@@ -423,7 +425,7 @@ impl<'a> Run<'a> {
 
     /// One optimizer step with its micro-steps, log line, evaluation and checkpoint when due.
     /// Returns false (doing nothing) when the run has no step left.
-    pub fn step(&mut self, t: &mut Trainer, obs: &mut dyn Observer) -> Result<bool> {
+    pub fn step(&mut self, t: &mut dyn Backend, obs: &mut dyn Observer) -> Result<bool> {
         if !self.submit_micro(t)? {
             return Ok(false);
         }
@@ -436,9 +438,9 @@ impl<'a> Run<'a> {
     }
 
     /// Starts the next optimizer step if none is in progress, then submits its next micro-step
-    /// without waiting ([`Trainer::submit_micro`]). Returns false, submitting nothing, when the
+    /// without waiting ([`Backend::submit_micro`]). Returns false, submitting nothing, when the
     /// run has no step left. Follow with [`Run::finish_micro`].
-    pub fn submit_micro(&mut self, t: &mut Trainer) -> Result<bool> {
+    pub fn submit_micro(&mut self, t: &mut dyn Backend) -> Result<bool> {
         if self.cur.is_none() {
             loop {
                 if self.step >= self.plan.total || self.epoch as usize >= self.plan.epochs.len() {
@@ -485,7 +487,7 @@ impl<'a> Run<'a> {
 
     /// Waits for the micro-step [`Run::submit_micro`] submitted; after the step's last one, runs
     /// the optimizer step, logs it, and evaluates and checkpoints when due.
-    pub fn finish_micro(&mut self, t: &mut Trainer, obs: &mut dyn Observer) -> Result<()> {
+    pub fn finish_micro(&mut self, t: &mut dyn Backend, obs: &mut dyn Observer) -> Result<()> {
         let loss = t.finish_micro()?;
         let rows = (self.cfg.batch * self.cfg.seq_len) as u64;
         let cur = self.cur.as_mut().ok_or_else(|| {
@@ -502,7 +504,12 @@ impl<'a> Run<'a> {
     }
 
     /// The optimizer step after the last micro-step of `cur`.
-    fn end_step(&mut self, t: &mut Trainer, obs: &mut dyn Observer, cur: &Current) -> Result<()> {
+    fn end_step(
+        &mut self,
+        t: &mut dyn Backend,
+        obs: &mut dyn Observer,
+        cur: &Current,
+    ) -> Result<()> {
         let cfg = &self.cfg;
         let rows = (cfg.batch * cfg.seq_len) as u64;
         let micro_count = cur.len.div_ceil(cfg.batch) as u64;
@@ -545,7 +552,7 @@ impl<'a> Run<'a> {
         }))?;
         self.sum.first_loss.get_or_insert(loss);
         self.sum.last_loss = Some(loss);
-        self.sum.peak_device_bytes = self.sum.peak_device_bytes.max(t.device_bytes());
+        self.sum.peak_device_bytes = self.sum.peak_device_bytes.max(t.memory_bytes());
         obs.step(&report);
         let (total, eval_every, save_every) = (self.plan.total, cfg.eval_every, cfg.save_every);
         if eval_every > 0 && step % eval_every == 0 && step < total {
@@ -557,7 +564,7 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    fn eval(&mut self, t: &mut Trainer, step: u64, obs: &mut dyn Observer) -> Result<()> {
+    fn eval(&mut self, t: &mut dyn Backend, step: u64, obs: &mut dyn Observer) -> Result<()> {
         if let Some(ev) = self.inp.eval {
             let l = evaluate(t, &self.cfg, ev, self.inp.pad)?;
             self.log
@@ -569,7 +576,7 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    fn save(&self, t: &Trainer) -> Result<()> {
+    fn save(&self, t: &dyn Backend) -> Result<()> {
         let pos = (self.epoch, self.in_epoch);
         save(t, &self.cfg, &self.inp.run_dir, self.step, pos, self.tokens)
     }
@@ -577,7 +584,7 @@ impl<'a> Run<'a> {
     /// The final evaluation and checkpoint; the run's summary. Errors while an optimizer step
     /// is half done (call it once [`Run::step`] returned false or [`Run::submit_micro`]
     /// submitted nothing).
-    pub fn finish(mut self, t: &mut Trainer, obs: &mut dyn Observer) -> Result<Summary> {
+    pub fn finish(mut self, t: &mut dyn Backend, obs: &mut dyn Observer) -> Result<Summary> {
         if self.cur.is_some() {
             return Err(TrainError::Config(
                 "finish: an optimizer step is in progress".into(),

@@ -164,6 +164,14 @@ fn check_arch(arch: &str, dropout: f32) {
                 .map_or("all".to_string(), |e| format!("blk.{} {} {}", e.layer, e.target, if i % 2 == 0 { "A" } else { "B" }))
         );
     }
+    // evaluation runs without dropout and leaves the gradients alone
+    let ev = t.eval(&r).unwrap();
+    let want0 = reference.loss(&layout, &p64, &r, SEQ);
+    assert!(
+        (ev - want0).abs() <= loss_tol * want0.abs(),
+        "{arch}: eval loss {ev} vs the reference without dropout {want0}"
+    );
+    assert_eq!(t.grads().unwrap(), g2, "{arch}: eval touched the gradients");
     println!("{arch} (dropout {dropout}): loss {loss:.6} (reference {want:.6}), worst directional error {worst:.2e}");
 }
 

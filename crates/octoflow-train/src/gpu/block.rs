@@ -52,6 +52,7 @@ impl Trainer {
     /// `out = post_norm(m x + lora)` for the projection `m` (adapter `target`) of layer `il`
     /// into `[T, n_embd]`; with a post-norm (gemma3) the projection first lands in `raw`,
     /// which the backward reads. Returns `out`.
+    #[allow(clippy::too_many_arguments)]
     fn project(
         &self,
         chain: &mut Chain,
@@ -60,6 +61,7 @@ impl Trainer {
         x: &BufferSlice,
         (raw, out): (&Buffer, &Buffer),
         post_norm: Option<&BufferSlice>,
+        train: bool,
     ) -> Result<BufferSlice> {
         let (c, t) = (&self.c, self.rows);
         let out = f(out, t * c.n_embd)?;
@@ -69,7 +71,7 @@ impl Trainer {
         };
         self.linear(chain, m, x, &y, t as u32, None)?;
         chain.compute_barrier()?;
-        self.lora_forward(chain, il, target, x, &y)?;
+        self.lora_forward(chain, il, target, x, &y, train)?;
         chain.compute_barrier()?;
         if let Some(pn) = post_norm {
             let (n, eps) = (c.n_embd as u32, c.rms_eps);
@@ -104,7 +106,14 @@ impl Trainer {
 
     /// Records layer `il`'s forward from `xs[il]`. With `save` the output goes to
     /// `xs[il + 1]`; without, only the activations the backward needs are (re)computed.
-    pub(crate) fn layer_forward(&self, chain: &mut Chain, il: usize, save: bool) -> Result<()> {
+    /// `train`: the adapters' inputs go through dropout (evaluation has none).
+    pub(crate) fn layer_forward(
+        &self,
+        chain: &mut Chain,
+        il: usize,
+        save: bool,
+        train: bool,
+    ) -> Result<()> {
         let (c, b, t) = (&self.c, &self.b, self.rows);
         let k = self.gm.kernels();
         let lw = &self.gm.weights().blk[il];
@@ -150,9 +159,9 @@ impl Trainer {
             lw.attn_v_bias.as_ref(),
         )?;
         chain.compute_barrier()?;
-        self.lora_forward(chain, il, Target::Q, &n1, &qp)?;
-        self.lora_forward(chain, il, Target::K, &n1, &kp)?;
-        self.lora_forward(chain, il, Target::V, &n1, &v)?;
+        self.lora_forward(chain, il, Target::Q, &n1, &qp, train)?;
+        self.lora_forward(chain, il, Target::K, &n1, &kp, train)?;
+        self.lora_forward(chain, il, Target::V, &n1, &v, train)?;
         chain.compute_barrier()?;
         if let Some((qn, kn)) = qk_norm {
             let hd = c.head_dim as u32;
@@ -184,6 +193,7 @@ impl Trainer {
                 &lw.post_attention_norm,
                 "post_attention_norm",
             )?,
+            train,
         )?;
         k.add.record(chain, &x, &a, &xmid, (t * d) as u32)?;
         chain.compute_barrier()?;
@@ -196,8 +206,8 @@ impl Trainer {
         self.linear(chain, &gw.ffn_gate, &n2, &g, t as u32, None)?;
         self.linear(chain, &gw.ffn_up, &n2, &u, t as u32, None)?;
         chain.compute_barrier()?;
-        self.lora_forward(chain, il, Target::Gate, &n2, &g)?;
-        self.lora_forward(chain, il, Target::Up, &n2, &u)?;
+        self.lora_forward(chain, il, Target::Gate, &n2, &g, train)?;
+        self.lora_forward(chain, il, Target::Up, &n2, &u, train)?;
         chain.compute_barrier()?;
         k.glu
             .record(chain, &g, &u, &hg, (t * ff) as u32, glu_op(glu.act))?;
@@ -209,6 +219,7 @@ impl Trainer {
             &hg,
             (&b.f_raw, &b.f),
             planned(il, glu.post_norm, &lw.post_ffw_norm, "post_ffw_norm")?,
+            train,
         )?;
         if save {
             let out = f(&b.xs[il + 1], t * d)?;

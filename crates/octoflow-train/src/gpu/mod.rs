@@ -587,19 +587,55 @@ impl Trainer {
     fn record_with(&self, train: bool, mut chain: Chain) -> Result<Chain> {
         self.embed(&mut chain)?;
         for l in 0..self.c.n_layer {
-            self.layer_forward(&mut chain, l, true)?;
+            self.layer_forward(&mut chain, l, true, train)?;
         }
         self.head(&mut chain, train)?;
         if train {
             for l in (0..self.c.n_layer).rev() {
                 if l + 1 < self.c.n_layer {
                     // the last layer's activations are still in the scratch from the forward
-                    self.layer_forward(&mut chain, l, false)?;
+                    self.layer_forward(&mut chain, l, false, true)?;
                 }
                 self.layer_backward(&mut chain, l)?;
             }
         }
         chain.finish()?;
         Ok(chain)
+    }
+}
+
+impl crate::backend::Backend for Trainer {
+    fn layout(&self) -> &LoraLayout {
+        &self.layout
+    }
+    fn set_params(&mut self, p: &[f32]) -> Result<()> {
+        Trainer::set_params(self, p)
+    }
+    fn params(&self) -> Result<Vec<f32>> {
+        Trainer::params(self)
+    }
+    fn grads(&self) -> Result<Vec<f32>> {
+        Trainer::grads(self)
+    }
+    fn moments(&self) -> Result<(Vec<f32>, Vec<f32>)> {
+        Trainer::moments(self)
+    }
+    fn set_moments(&mut self, m: &[f32], v: &[f32]) -> Result<()> {
+        Trainer::set_moments(self, m, v)
+    }
+    fn submit_micro(&mut self, r: &Rows, seed: u32) -> Result<()> {
+        Trainer::submit_micro(self, r, seed)
+    }
+    fn finish_micro(&mut self) -> Result<f64> {
+        Trainer::finish_micro(self)
+    }
+    fn eval(&mut self, r: &Rows) -> Result<f64> {
+        Trainer::eval(self, r)
+    }
+    fn optimizer_step(&mut self, step: &AdamWStep) -> Result<f32> {
+        Trainer::optimizer_step(self, step)
+    }
+    fn memory_bytes(&self) -> u64 {
+        self.device_bytes()
     }
 }

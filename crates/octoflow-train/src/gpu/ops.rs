@@ -150,10 +150,17 @@ impl Trainer {
         Ok(())
     }
 
-    /// The adapter's input: `x`, or `dropout(x)` into the `xd` scratch (same mask in the
-    /// forward and the backward: the seed word and the salt are the same).
-    fn lora_input(&self, chain: &mut Chain, e: &LoraEntry, x: &BufferSlice) -> Result<BufferSlice> {
-        if self.dropout == 0.0 {
+    /// The adapter's input: `x`, or while training (`train`) `dropout(x)` into the `xd`
+    /// scratch (same mask in the forward and the backward: the seed word and the salt are the
+    /// same).
+    fn lora_input(
+        &self,
+        chain: &mut Chain,
+        e: &LoraEntry,
+        x: &BufferSlice,
+        train: bool,
+    ) -> Result<BufferSlice> {
+        if self.dropout == 0.0 || !train {
             return Ok(x.clone());
         }
         let n = self.rows * e.n_in;
@@ -175,7 +182,8 @@ impl Trainer {
     }
 
     /// `h = x Aᵀ` (kept for the backward) and `y += scale · h Bᵀ` for the adapter on `target`
-    /// of `layer`, if the run has one. x `[T, n_in]`, y `[T, n_out]`.
+    /// of `layer`, if the run has one. x `[T, n_in]`, y `[T, n_out]`; `train`: x through
+    /// dropout.
     pub(crate) fn lora_forward(
         &self,
         chain: &mut Chain,
@@ -183,13 +191,14 @@ impl Trainer {
         target: Target,
         x: &BufferSlice,
         y: &BufferSlice,
+        train: bool,
     ) -> Result<()> {
         let Some(e) = self.layout.get(layer, target).copied() else {
             return Ok(());
         };
         let (t, r) = (self.rows, self.layout.rank);
         let p = self.b.params.whole();
-        let xin = self.lora_input(chain, &e, x)?;
+        let xin = self.lora_input(chain, &e, x, train)?;
         let h = self.h_slot(target)?;
         let a = at(&p, e.a, r * e.n_in)?;
         let b = at(&p, e.b, e.n_out * r)?;
@@ -256,7 +265,7 @@ impl Trainer {
             s,
             0.0,
         )?;
-        let xin = self.lora_input(chain, &e, x)?;
+        let xin = self.lora_input(chain, &e, x, true)?;
         chain.compute_barrier()?;
         // dA += dhᵀ x_in
         self.mm(

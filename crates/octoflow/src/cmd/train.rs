@@ -1,11 +1,12 @@
 //! `octoflow train`: QLoRA fine-tuning of a GGUF model on the GPU (the base stays in its
-//! quantization; LoRA adapters, AdamW state and the training chain live on the device).
+//! quantization; LoRA adapters, AdamW state and the training chain live on the device), or
+//! with `--device cpu` on the CPU's cores (the same step, `octoflow_train::cpu`).
 //!
 //! With `--config a.toml --config b.toml` several runs train at once over one upload of the
 //! base, each with its own adapters, optimizer state, run directory and log (per-run options
 //! in TOML: `train_config.rs`; scheduling: `octoflow_train::run::train_many`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,8 +19,9 @@ use octoflow_train::data::{load_jsonl, Example};
 use octoflow_train::run::{
     train, train_many, Observer, RunInputs, RunSlot, StepReport, Summary, TrainConfig,
 };
-use octoflow_train::{Trainer, TrainerOptions};
+use octoflow_train::{Backend, CpuTrainer, Trainer, TrainerOptions};
 
+use super::common::Device;
 use super::train_config::{self, RunOpts};
 
 /// Arguments of `octoflow train`.
@@ -105,6 +107,10 @@ pub struct Args {
     /// A Jinja chat template file for {"messages"} records (default: the model's).
     #[arg(long)]
     chat_template: Option<PathBuf>,
+    /// Where to train: the Vulkan GPU, or the CPU's cores (`cpu`: the same step, multithreaded,
+    /// the base dequantized to f32 in memory; one run at a time).
+    #[arg(long, value_enum, default_value_t = Device::Gpu)]
+    device: Device,
     /// Vulkan device index (see `octoflow devices`).
     #[arg(long)]
     gpu: Option<usize>,
@@ -288,6 +294,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
         }
     }
+    let pad = tokenizer.special().eos.unwrap_or(0);
+    if args.device == Device::Cpu {
+        return run_cpu(&args, &path, &model, &prepared[0], pad);
+    }
     let ctx = super::warm::open_device(args.gpu)?;
     let pacer = args.homeo.start(Some(ctx.caps()), "octoflow train")?;
     let gm = Arc::new(GpuModel::load(&ctx, &model).context("loading the model onto the GPU")?);
@@ -346,7 +356,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             mib(trainer.device_bytes()),
         );
     }
-    let pad = tokenizer.special().eos.unwrap_or(0);
     if args.profile {
         let (p, trainer) = (&prepared[0], &mut trainers[0]);
         let rows = octoflow_train::run::first_rows(&p.cfg, &p.train, pad)?;
@@ -375,13 +384,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let style = |multi: bool| {
-        let prefix = if multi { "{prefix:>12} " } else { "" };
-        ProgressStyle::with_template(&format!(
-            "{prefix}{{bar:30}} {{pos}}/{{len}} [{{elapsed_precise}}<{{eta_precise}}] {{msg}}"
-        ))
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-    };
     let inputs: Vec<RunInputs> = prepared
         .iter()
         .map(|p| {
@@ -395,28 +397,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<_>>()?;
     if !multi {
-        let bar = (!args.quiet).then(|| {
-            let b = ProgressBar::new(0);
-            b.set_style(style(false));
-            b
-        });
-        let mut obs = Bar {
-            bar,
-            tag: String::new(),
-            tokens: 0,
-            pacer: pacer.clone(),
-        };
-        let sum = train(&mut trainers[0], &prepared[0].cfg, &inputs[0], &mut obs)?;
-        if let Some(b) = &obs.bar {
-            b.finish();
-        }
-        eprintln!(
-            "octoflow: {} | peak device memory {:.1} MiB | {}",
-            summary_line(&sum),
-            mib(sum.peak_device_bytes),
-            inputs[0].run_dir.display()
-        );
-        return Ok(());
+        let (t, p) = (&mut trainers[0], &prepared[0]);
+        return train_one(t, p, &inputs[0], args.quiet, pacer, "peak device memory");
     }
     let mp = MultiProgress::new();
     let mut observers: Vec<Bar> = prepared
@@ -424,7 +406,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .map(|p| {
             let bar = (!args.quiet).then(|| {
                 let b = mp.add(ProgressBar::new(0));
-                b.set_style(style(true));
+                b.set_style(bar_style(true));
                 b.set_prefix(p.opts.name.clone());
                 b
             });
@@ -481,4 +463,90 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         mib(measured),
     );
     Ok(())
+}
+
+/// The progress bar's style (`multi`: prefixed with the run's name).
+fn bar_style(multi: bool) -> ProgressStyle {
+    let prefix = if multi { "{prefix:>12} " } else { "" };
+    ProgressStyle::with_template(&format!(
+        "{prefix}{{bar:30}} {{pos}}/{{len}} [{{elapsed_precise}}<{{eta_precise}}] {{msg}}"
+    ))
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+}
+
+/// Trains one run on `t` with a progress bar (or lines with `quiet`) and prints its summary;
+/// `memory` names the peak memory figure.
+fn train_one(
+    t: &mut dyn Backend,
+    p: &Prepared,
+    inputs: &RunInputs,
+    quiet: bool,
+    pacer: octoflow_homeo::Pacer,
+    memory: &str,
+) -> anyhow::Result<()> {
+    let bar = (!quiet).then(|| {
+        let b = ProgressBar::new(0);
+        b.set_style(bar_style(false));
+        b
+    });
+    let mut obs = Bar {
+        bar,
+        tag: String::new(),
+        tokens: 0,
+        pacer,
+    };
+    let sum = train(t, &p.cfg, inputs, &mut obs)?;
+    if let Some(b) = &obs.bar {
+        b.finish();
+    }
+    eprintln!(
+        "octoflow: {} | {memory} {:.1} MiB | {}",
+        summary_line(&sum),
+        mib(sum.peak_device_bytes),
+        inputs.run_dir.display()
+    );
+    Ok(())
+}
+
+/// `--device cpu`: one run on the CPU's cores.
+fn run_cpu(args: &Args, path: &Path, model: &Model, p: &Prepared, pad: u32) -> anyhow::Result<()> {
+    if !args.config.is_empty() {
+        anyhow::bail!(
+            "--device cpu trains one run at a time: several runs at once (--config) need the GPU"
+        );
+    }
+    if args.profile {
+        anyhow::bail!("--profile times the GPU's kernels: it does not apply to --device cpu");
+    }
+    let pacer = if args.homeo.targets()?.any() {
+        args.homeo.start(None, "octoflow train")?
+    } else {
+        octoflow_homeo::Pacer::off()
+    };
+    let opts = TrainerOptions {
+        batch: p.cfg.batch,
+        seq_len: p.cfg.seq_len,
+        lora: p.cfg.lora.clone(),
+    };
+    let t0 = Instant::now();
+    let mut trainer = CpuTrainer::new(model, &opts).context("setting up the CPU training step")?;
+    eprintln!(
+        "octoflow: train {} on the CPU ({} threads) | {} examples{} | {} adapters, {} parameters | memory {:.1} MiB (weights dequantized in {:.1} s)",
+        path.display(),
+        trainer.threads(),
+        p.train.len(),
+        p.eval.as_ref().map_or(String::new(), |e| format!(" (+{} eval)", e.len())),
+        trainer.layout().entries.len(),
+        trainer.layout().n_params,
+        mib(trainer.memory_bytes()),
+        t0.elapsed().as_secs_f64(),
+    );
+    let inputs = RunInputs {
+        train: &p.train,
+        eval: p.eval.as_deref(),
+        pad,
+        run_dir: p.opts.output()?.to_path_buf(),
+        resume: args.resume,
+    };
+    train_one(&mut trainer, p, &inputs, args.quiet, pacer, "peak memory")
 }
