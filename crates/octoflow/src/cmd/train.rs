@@ -227,6 +227,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => ChatTemplate::from_gguf(&gguf).ok(),
     };
     let multi = !args.config.is_empty();
+    if args.device == Device::Cpu && multi {
+        anyhow::bail!(
+            "--device cpu trains one run at a time: several runs at once (--config) need the GPU"
+        );
+    }
+    if args.device == Device::Cpu && args.profile {
+        anyhow::bail!("--profile times the GPU's kernels: it does not apply to --device cpu");
+    }
     if multi && args.profile {
         anyhow::bail!("--profile times a single run: use it without --config");
     }
@@ -510,14 +518,6 @@ fn train_one(
 
 /// `--device cpu`: one run on the CPU's cores.
 fn run_cpu(args: &Args, path: &Path, model: &Model, p: &Prepared, pad: u32) -> anyhow::Result<()> {
-    if !args.config.is_empty() {
-        anyhow::bail!(
-            "--device cpu trains one run at a time: several runs at once (--config) need the GPU"
-        );
-    }
-    if args.profile {
-        anyhow::bail!("--profile times the GPU's kernels: it does not apply to --device cpu");
-    }
     let pacer = if args.homeo.targets()?.any() {
         args.homeo.start(None, "octoflow train")?
     } else {
