@@ -32,7 +32,7 @@ pub use checkpoint::{Checkpoint, NamedTensor};
 pub use cpu::CpuTrainer;
 pub use data::{epoch_order, load_jsonl, pack, Example, PackStats, Sequence, IGNORE};
 pub use error::{Result, TrainError};
-pub use gpu::{Rows, Trainer, TrainerOptions};
+pub use gpu::{Rows, Trainer, TrainerOptions, TransposedWeights};
 pub use log::{read_log, LossLog};
 pub use lora::{LoraConfig, LoraEntry, LoraLayout, Target};
 pub use schedule::{lr_at, Schedule};

@@ -21,6 +21,9 @@
 mod block;
 mod layer;
 mod ops;
+mod transposed;
+
+pub use transposed::TransposedWeights;
 
 use std::sync::Arc;
 
@@ -189,6 +192,8 @@ pub struct Trainer {
     pub(crate) b: Bufs,
     step_chain: Option<Chain>,
     eval_chain: Option<Chain>,
+    /// `Wᵀ` in f16 of the frozen matrices: the input gradients then run as forward products.
+    pub(crate) transposed: Option<Arc<TransposedWeights>>,
     /// The queue every chain of this trainer submits to.
     queue: usize,
     /// A micro-step was submitted and not yet finished.
@@ -309,6 +314,7 @@ impl Trainer {
             b,
             step_chain: None,
             eval_chain: None,
+            transposed: None,
             queue: 0,
             pending: false,
             state_bytes,
@@ -342,6 +348,25 @@ impl Trainer {
         self.step_chain = Some(self.record(true)?);
         self.eval_chain = Some(self.record(false)?);
         Ok(())
+    }
+
+    /// Takes the input gradients `dX = dY·W` through `t`'s f16 copies of `Wᵀ` (the forward's
+    /// product kernel: cooperative matrices where the device has them) instead of through the
+    /// quantized weights (`None`, the default). Worth it where [`Trainer::uses_coop`]: there
+    /// the products' operands are f16 anyway. The chains are recorded again.
+    pub fn set_transposed(&mut self, t: Option<Arc<TransposedWeights>>) -> Result<()> {
+        self.finish_pending()?;
+        self.transposed = t;
+        self.step_chain = None;
+        self.eval_chain = None;
+        self.step_chain = Some(self.record(true)?);
+        self.eval_chain = Some(self.record(false)?);
+        Ok(())
+    }
+
+    /// Whether this trainer's products run on cooperative matrices (f16 operands).
+    pub fn uses_coop(&self) -> bool {
+        self.gm.kernels().linear.uses_coop(self.rows as u32)
     }
 
     /// The queue this trainer submits to.

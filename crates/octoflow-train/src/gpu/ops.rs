@@ -125,6 +125,32 @@ impl Trainer {
         rows: u32,
         accumulate: bool,
     ) -> Result<()> {
+        if let Some(mt) = self.transposed.as_ref().and_then(|t| t.get(&m.name)) {
+            // dx = dy · (Wᵀ)ᵀ: the forward product over the copy; its pieces split dx's columns
+            for p in &mt.pieces {
+                self.gm.kernels().linear.record(
+                    chain,
+                    &LinearArgs {
+                        w: QWeightRef {
+                            ty: mt.ty,
+                            data: &p.slice,
+                            n_rows: p.n_rows,
+                            n_cols: mt.n_cols,
+                        },
+                        x: dy,
+                        y: dx,
+                        n_tokens: rows,
+                        y_stride: mt.n_rows,
+                        y_col: p.row_begin,
+                        bias: None,
+                        accumulate,
+                        norm: None,
+                        pending: None,
+                    },
+                )?;
+            }
+            return Ok(());
+        }
         for (i, p) in m.pieces.iter().enumerate() {
             if i > 0 {
                 chain.compute_barrier()?;

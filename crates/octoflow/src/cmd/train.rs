@@ -321,6 +321,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("building the training chain of run {}", p.opts.name))?;
         trainers.push(t);
     }
+    // on tensor cores the input gradients go through f16 copies of Wᵀ (the forward's product
+    // kernel) instead of the plain kernel over the quantized weights
+    if trainers.iter().any(Trainer::uses_coop) {
+        let t0 = Instant::now();
+        match octoflow_train::TransposedWeights::build(&ctx, &model) {
+            Ok(t) => {
+                eprintln!(
+                    "octoflow: input gradients on tensor cores: f16 copies of the transposed weights, {:.1} MiB (made in {:.1} s)",
+                    mib(t.bytes()),
+                    t0.elapsed().as_secs_f64()
+                );
+                let t = Arc::new(t);
+                for tr in trainers.iter_mut().filter(|t| t.uses_coop()) {
+                    tr.set_transposed(Some(t.clone()))?;
+                }
+            }
+            Err(e) => eprintln!(
+                "octoflow: input gradients through the quantized weights (no room for f16 copies: {e})"
+            ),
+        }
+    }
     super::warm::save_pipelines(&ctx); // the training chains are recorded: every pipeline is built
     let caps = ctx.caps();
     if multi {
