@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use octoflow_kernels::{
     AdamW, AdamWStep, CrossEntropy, Dropout, Gemm, GluBack, LinearT, MaskedSoftmax, RmsNormBack,
-    SumSquares,
+    SplitSum, SumSquares,
 };
 use octoflow_model::gpu::GpuModel;
 use octoflow_model::ModelConfig;
@@ -59,6 +59,7 @@ pub(crate) struct TrainKernels {
     pub sum_squares: SumSquares,
     pub adamw: AdamW,
     pub dropout: Dropout,
+    pub split_sum: SplitSum,
 }
 
 impl TrainKernels {
@@ -73,6 +74,7 @@ impl TrainKernels {
             sum_squares: SumSquares::new(ctx)?,
             adamw: AdamW::new(ctx)?,
             dropout: Dropout::new(ctx)?,
+            split_sum: SplitSum::new(ctx)?,
         })
     }
 }
@@ -151,6 +153,8 @@ pub(crate) struct Bufs {
     pub v2: Buffer,
     /// `[0]`: the sum of squared gradients of the last optimizer step.
     pub stats: Buffer,
+    /// Partial sums of products split along k (`ops.rs`, `split_k`).
+    pub part: Buffer,
 }
 
 /// Shapes and adapters of a trainer.
@@ -188,6 +192,8 @@ pub struct Trainer {
     /// `batch × seq_len`.
     pub(crate) rows: usize,
     pub(crate) logit_rows: usize,
+    /// Floats of `part`.
+    pub(crate) part_floats: usize,
     pub(crate) io: IoLayout,
     pub(crate) b: Bufs,
     step_chain: Option<Chain>,
@@ -244,6 +250,8 @@ impl Trainer {
         let max_in = d.max(ff).max(att_w);
         let sc = opts.batch * c.n_head * opts.seq_len * opts.seq_len;
         let r = opts.lora.rank;
+        // the adapters' split products: pieces × rank × the widest projection side
+        let part_floats = 16 * r * max_in.max(qd).max(kd).max(vd);
         let bf = |name: &str, n: usize| buffer(&ctx, name, n);
         // the raw projections the backward reads exist only where some block's plan norms them
         let qk_norm = c.blocks.iter().any(|b| b.attn.qk_norm);
@@ -293,6 +301,7 @@ impl Trainer {
             m: bf("train.adam_m", layout.n_params)?,
             v2: bf("train.adam_v", layout.n_params)?,
             stats: Buffer::new(&ctx, "train.stats", 16, MemoryKind::Readback)?,
+            part: bf("train.part", part_floats)?,
         };
         let n = 4 * layout.n_params as u64;
         for buf in [&b.grads, &b.m, &b.v2] {
@@ -310,6 +319,7 @@ impl Trainer {
             seq_len: opts.seq_len,
             rows,
             logit_rows,
+            part_floats,
             io,
             b,
             step_chain: None,

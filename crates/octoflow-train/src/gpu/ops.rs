@@ -2,7 +2,7 @@
 //! gradient through `LinearT`, every piece of a split matrix), the LoRA products, and the
 //! attention products of a training batch, all as strided GEMMs.
 
-use octoflow_kernels::{GemmArgs, LinearArgs, LinearTArgs, QWeightRef, Strides};
+use octoflow_kernels::{GemmArgs, LinearArgs, LinearTArgs, QWeightRef, Strides, SumTarget};
 use octoflow_model::gpu::weights::GpuMatrix;
 use octoflow_vk::{BufferSlice, Chain};
 
@@ -30,6 +30,30 @@ pub(crate) fn tr(cols: usize) -> Strides {
     }
 }
 
+/// Output tiles (64 × 64) below which a product is split along k.
+const SPLIT_TILES: usize = 64;
+/// Fewest k per piece of a split product.
+const SPLIT_MIN_K: usize = 128;
+/// Most pieces of a split product.
+const SPLIT_MAX: usize = 16;
+
+/// Pieces to split an `[m, k] × [k, n]` product into along k (1: not split): enough for about
+/// [`SPLIT_TILES`] workgroups, each piece at least [`SPLIT_MIN_K`] long, `k` divisible by the
+/// count, the partial sums within `part_floats`.
+pub(crate) fn split_k(m: usize, n: usize, k: usize, part_floats: usize) -> usize {
+    let tiles = m.div_ceil(64) * n.div_ceil(64);
+    let mut s = 1;
+    while s * 2 <= SPLIT_MAX
+        && tiles * s < SPLIT_TILES
+        && k % (s * 2) == 0
+        && k / (s * 2) >= SPLIT_MIN_K
+        && s * 2 * m * n <= part_floats
+    {
+        s *= 2;
+    }
+    s
+}
+
 /// Where in a flat f32 buffer an adapter's A or B starts.
 fn at(buf: &BufferSlice, offset: usize, n: usize) -> Result<BufferSlice> {
     Ok(buf
@@ -43,7 +67,11 @@ pub(crate) fn salt(e: &LoraEntry) -> u32 {
 }
 
 impl Trainer {
-    /// `C = alpha · op(A) · op(B) + beta · C` for one (unbatched) product of `[m, k] × [k, n]`.
+    /// `C = alpha · op(A) · op(B) + beta · C` for one (unbatched) product of `[m, k] × [k, n]`,
+    /// `beta` 0 or 1. A product with few output tiles and a long sum (the adapters' `x Aᵀ`,
+    /// `dy B` and their gradients `dyᵀ h`, `dhᵀ x`: one side is the rank, the sum runs over
+    /// the batch's rows) is split along k into pieces computed side by side (the batch index of
+    /// the GEMM) and summed into C by a second pass, so it fills the GPU.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn mm(
         &self,
@@ -55,6 +83,50 @@ impl Trainer {
         alpha: f32,
         beta: f32,
     ) -> Result<()> {
+        let split = split_k(m, n, k, self.part_floats);
+        if split > 1 && (beta == 0.0 || beta == 1.0) {
+            let ks = k / split;
+            let part = self.b.part.slice(0, 4 * (split * m * n) as u64)?;
+            // the previous split product's sum may still be reading the pieces
+            chain.compute_barrier()?;
+            let batched = |s: Strides, step: u32| Strides {
+                batch: [step, 0],
+                ..s
+            };
+            self.tk.gemm.record(
+                chain,
+                &GemmArgs {
+                    a: a.0,
+                    a_s: batched(a.1, (ks as u32) * a.1.col),
+                    b: b.0,
+                    b_s: batched(b.1, (ks as u32) * b.1.row),
+                    b_div: 1,
+                    c: &part,
+                    c_row: n as u32,
+                    c_batch: [(m * n) as u32, 0],
+                    m: m as u32,
+                    n: n as u32,
+                    k: ks as u32,
+                    groups: 1,
+                    batch: [split as u32, 1],
+                    alpha,
+                    beta: 0.0,
+                },
+            )?;
+            chain.compute_barrier()?;
+            let target = SumTarget {
+                n_rows: n as u32,
+                n_tokens: m as u32,
+                y_stride: c.1 as u32,
+                y_col: 0,
+                bias: false,
+                accumulate: beta == 1.0,
+            };
+            self.tk
+                .split_sum
+                .record(chain, &part, split as u32, c.0, &part, &target)?;
+            return Ok(());
+        }
         self.tk.gemm.record(
             chain,
             &GemmArgs {
