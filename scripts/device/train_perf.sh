@@ -4,7 +4,8 @@
 # qwen2.5-0.5b file (random weights, the real layout and tokenizer: the pirate data's chat turns
 # render) for the previous binary (~/tbx/octoflow.old) and this one, and the PEFT peer
 # (scripts/bench/peft_train.py) on the same machine. Needs ~/dev set up, ~/tbx unpacked and
-# ~/tok/qwen-tok.gguf; run from the checkout. Output under $OUT.
+# ~/tok/qwen-tok.gguf; run from the checkout. Output under $OUT. BINS overrides the binaries
+# compared; PEFT=0 skips the peer.
 set -uo pipefail
 repo=$PWD
 mkdir -p ~/models
@@ -17,10 +18,10 @@ D=$repo/data/pirate
     echo "== $t"
     timeout 200 ~/tbx/$t --test-threads 1 --nocapture 2>&1 | grep -E "panicked|test result|transposed|loss"
   done; } | tee $OUT/tests.log
-for bin in ~/tbx/octoflow.old ~/tbx/octoflow; do
+for bin in ${BINS:-$HOME/tbx/octoflow.old $HOME/tbx/octoflow}; do
   echo "#### $bin"
   timeout 150 $bin train -m $m --data $D/train.jsonl -o /tmp/prof --seq-len 512 --batch 4 --profile 2>&1 | head -32
   timeout 200 $bin train -m $m --data $D/train.jsonl -o /tmp/bench --seq-len 512 --batch 4 \
     --max-steps 6 --save-every 0 --quiet 2>&1 | tail -9
 done 2>&1 | tee $OUT/train.log
-timeout 300 python3 "$repo/scripts/bench/peft_train.py" --batch 4 --seq 512 2>&1 | tail -3 | tee $OUT/peft.log
+[ "${PEFT:-1}" = 0 ] || timeout 300 python3 "$repo/scripts/bench/peft_train.py" --batch 4 --seq 512 2>&1 | tail -3 | tee $OUT/peft.log
