@@ -5,38 +5,14 @@
 //! activations; and where a GPU (or lavapipe) exists, the GPU step's gradients equal the CPU
 //! step's.
 
-use std::borrow::Cow;
-use std::sync::Arc;
+mod common;
 
-use octoflow_gguf::{quant, GgmlType, GgufFile};
 use octoflow_kernels::{AdamWStep, IGNORE};
-use octoflow_model::testing::{rng, tiny_writer, TinyShape, TINY};
-use octoflow_model::Model;
+use octoflow_model::testing::{rng, TINY};
 use octoflow_train::reference::RefModel;
 use octoflow_train::{Backend, CpuTrainer, LoraConfig, Rows, Target, TrainerOptions};
 use rand::rngs::StdRng;
 use rand::Rng;
-
-/// A tiny random model of `arch` with its matrices in Q8_0 (a quantized frozen base).
-fn tiny_q8(arch: &str, shape: TinyShape, rng: &mut StdRng) -> Model {
-    let mut w = tiny_writer(arch, shape, rng);
-    for t in w.tensors_mut() {
-        if t.dims.len() == 2 && t.ty == GgmlType::F32 && t.dims[0] % 32 == 0 {
-            let f: Vec<f32> = t
-                .data
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            let mut q = vec![0u8; quant::quantized_size(GgmlType::Q8_0, f.len()).unwrap()];
-            quant::quantize(GgmlType::Q8_0, &f, &mut q).unwrap();
-            t.ty = GgmlType::Q8_0;
-            t.data = Cow::Owned(q);
-        }
-    }
-    let mut bytes = Vec::new();
-    w.write_to(&mut bytes).unwrap();
-    Model::from_gguf(Arc::new(GgufFile::from_bytes(bytes).unwrap())).unwrap()
-}
 
 /// Rows per sequence.
 const SEQ: usize = 6;
@@ -95,7 +71,7 @@ fn params(rng: &mut StdRng, n: usize) -> Vec<f32> {
 fn check_arch(arch: &str, dropout: f32, keep: bool) {
     let name = format!("cpu_train_gradients_{arch}_{dropout}_{keep}");
     let mut rng = rng(&name);
-    let model = tiny_q8(arch, TINY, &mut rng);
+    let model = common::tiny_q8(arch, TINY, &mut rng);
     let reference = RefModel::new(&model).unwrap();
     let mut t = CpuTrainer::new(&model, &opts(dropout)).unwrap();
     t.set_keep_activations(keep);
@@ -130,41 +106,8 @@ fn check_arch(arch: &str, dropout: f32, keep: bool) {
             "{name}: accumulation"
         );
     }
-    // directional derivatives: each adapter's A and B alone, then everything at once
-    // small: some directions are sharply curved (one measured f' 0.0771 where eps 1e-4 gave
-    // 0.0770 and 1e-3 gave 0.062); f64 roundoff stays ~1e-11 at this step
-    let eps = 1e-5;
-    let tol = 5e-4;
-    let mut dirs: Vec<Vec<f64>> = Vec::new();
-    for e in &layout.entries {
-        for (from, to) in [(e.a, e.b), (e.b, e.b + e.n_out * layout.rank)] {
-            let mut u = vec![0.0; layout.n_params];
-            for v in &mut u[from..to] {
-                *v = rng.gen_range(-1.0..1.0);
-            }
-            dirs.push(u);
-        }
-    }
-    dirs.push(
-        (0..layout.n_params)
-            .map(|_| rng.gen_range(-1.0..1.0))
-            .collect(),
-    );
-    let mut worst = 0f64;
-    for (i, u) in dirs.iter().enumerate() {
-        let shifted = |s: f64| -> Vec<f64> { p64.iter().zip(u).map(|(p, d)| p + s * d).collect() };
-        let loss_at =
-            |s: f64| reference.loss_with_dropout(&layout, &shifted(s), &r, SEQ, dropout, seed);
-        let fd = (loss_at(eps) - loss_at(-eps)) / (2.0 * eps);
-        let gu: f64 = g.iter().zip(u).map(|(&a, b)| f64::from(a) * b).sum();
-        let scale: f64 = u.iter().map(|d| d * d).sum::<f64>().sqrt();
-        let err = (fd - gu).abs() / (fd.abs() + 1e-3 * scale);
-        worst = worst.max(err);
-        assert!(
-            err < tol,
-            "{name}: direction {i}: finite difference {fd:.6e}, CPU gradient {gu:.6e} (rel {err:.2e})"
-        );
-    }
+    let loss_at = |q: &[f64]| reference.loss_with_dropout(&layout, q, &r, SEQ, dropout, seed);
+    let worst = common::check_directions(&name, &layout, &p64, &g, loss_at, &mut rng);
     // evaluation is the loss without dropout and leaves the gradients alone
     let ev = t.eval(&r).unwrap();
     let want0 = reference.loss(&layout, &p64, &r, SEQ);
@@ -213,7 +156,7 @@ fn cpu_gradients_with_dropout_and_recomputed_activations_match() {
 #[test]
 fn the_optimizer_step_is_adamw_over_the_accumulated_gradients() {
     let mut rng = rng("cpu_train_adamw");
-    let model = tiny_q8("llama", TINY, &mut rng);
+    let model = common::tiny_q8("llama", TINY, &mut rng);
     let mut t = CpuTrainer::new(&model, &opts(0.0)).unwrap();
     let n = t.layout().n_params;
     let p = params(&mut rng, n);
@@ -261,7 +204,7 @@ fn the_optimizer_step_is_adamw_over_the_accumulated_gradients() {
 #[test]
 fn bad_rows_and_untrainable_models_are_clear_errors() {
     let mut r = rng("cpu_train_bad_rows");
-    let model = tiny_q8("llama", TINY, &mut r);
+    let model = common::tiny_q8("llama", TINY, &mut r);
     let mut t = CpuTrainer::new(&model, &opts(0.0)).unwrap();
     let mut rows = rows(&mut r, model.config.n_vocab as u32);
     rows.ids[3] = model.config.n_vocab as u32;

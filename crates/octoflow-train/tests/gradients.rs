@@ -3,40 +3,18 @@
 //! differences of the reference loss along random directions (every adapter separately, and
 //! all at once).
 
-use std::borrow::Cow;
+mod common;
+
 use std::sync::Arc;
 
-use octoflow_gguf::{quant, GgmlType, GgufFile};
 use octoflow_kernels::IGNORE;
 use octoflow_model::gpu::GpuModel;
-use octoflow_model::testing::{rng, tiny_writer, TINY};
-use octoflow_model::Model;
+use octoflow_model::testing::{rng, TINY};
 use octoflow_train::reference::RefModel;
 use octoflow_train::{LoraConfig, Rows, Target, Trainer, TrainerOptions};
 use octoflow_vk::testing::gpu_or_skip;
 use rand::rngs::StdRng;
 use rand::Rng;
-
-/// A tiny random model of `arch` with its matrices in Q8_0 (a quantized frozen base).
-fn tiny_q8(arch: &str, rng: &mut StdRng) -> Model {
-    let mut w = tiny_writer(arch, TINY, rng);
-    for t in w.tensors_mut() {
-        if t.dims.len() == 2 && t.ty == GgmlType::F32 && t.dims[0] % 32 == 0 {
-            let f: Vec<f32> = t
-                .data
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            let mut q = vec![0u8; quant::quantized_size(GgmlType::Q8_0, f.len()).unwrap()];
-            quant::quantize(GgmlType::Q8_0, &f, &mut q).unwrap();
-            t.ty = GgmlType::Q8_0;
-            t.data = Cow::Owned(q);
-        }
-    }
-    let mut bytes = Vec::new();
-    w.write_to(&mut bytes).unwrap();
-    Model::from_gguf(Arc::new(GgufFile::from_bytes(bytes).unwrap())).unwrap()
-}
 
 /// Rows per sequence: two sequences make 8 rows, kept below the row count where coopmat
 /// devices switch the frozen projections to f16 tensor cores (`check_arch` sets that count to
@@ -79,7 +57,7 @@ fn check_arch(arch: &str, dropout: f32) {
         return;
     };
     let mut rng = rng(&format!("train_gradients_{arch}"));
-    let model = tiny_q8(arch, &mut rng);
+    let model = common::tiny_q8(arch, TINY, &mut rng);
     let reference = RefModel::new(&model).unwrap();
     let gm = GpuModel::load(&ctx, &model).unwrap();
     assert!(
@@ -126,46 +104,8 @@ fn check_arch(arch: &str, dropout: f32) {
             "{arch}: accumulation"
         );
     }
-    // directional derivatives: each adapter's A and B alone, then everything at once
-    // small: some directions are sharply curved (one measured f' 0.0771 where eps 1e-4 gave
-    // 0.0770 and 1e-3 gave 0.062); f64 roundoff stays ~1e-11 at this step
-    let eps = 1e-5;
-    // measured worst on lavapipe: ~4e-5 (f32 accumulation against the f64 reference)
-    let tol = 5e-4;
-    let mut dirs: Vec<Vec<f64>> = Vec::new();
-    for e in &layout.entries {
-        for (from, to) in [(e.a, e.b), (e.b, e.b + e.n_out * layout.rank)] {
-            let mut u = vec![0.0; layout.n_params];
-            for v in &mut u[from..to] {
-                *v = rng.gen_range(-1.0..1.0);
-            }
-            dirs.push(u);
-        }
-    }
-    dirs.push(
-        (0..layout.n_params)
-            .map(|_| rng.gen_range(-1.0..1.0))
-            .collect(),
-    );
-    let mut worst = 0f64;
-    for (i, u) in dirs.iter().enumerate() {
-        let shifted = |s: f64| -> Vec<f64> { p64.iter().zip(u).map(|(p, d)| p + s * d).collect() };
-        let loss_at =
-            |s: f64| reference.loss_with_dropout(&layout, &shifted(s), &r, SEQ, dropout, seed);
-        let fd = (loss_at(eps) - loss_at(-eps)) / (2.0 * eps);
-        let gu: f64 = g.iter().zip(u).map(|(&a, b)| f64::from(a) * b).sum();
-        let scale: f64 = u.iter().map(|d| d * d).sum::<f64>().sqrt();
-        let err = (fd - gu).abs() / (fd.abs() + 1e-3 * scale);
-        worst = worst.max(err);
-        assert!(
-            err < tol,
-            "{arch}: direction {i} ({}): finite difference {fd:.6e}, GPU gradient {gu:.6e} (rel {err:.2e})",
-            layout
-                .entries
-                .get(i / 2)
-                .map_or("all".to_string(), |e| format!("blk.{} {} {}", e.layer, e.target, if i % 2 == 0 { "A" } else { "B" }))
-        );
-    }
+    let loss_at = |q: &[f64]| reference.loss_with_dropout(&layout, q, &r, SEQ, dropout, seed);
+    let worst = common::check_directions(&arch, &layout, &p64, &g, loss_at, &mut rng);
     // evaluation runs without dropout and leaves the gradients alone
     let ev = t.eval(&r).unwrap();
     let want0 = reference.loss(&layout, &p64, &r, SEQ);
@@ -245,7 +185,7 @@ fn gradients_through_transposed_copies_match_the_quantized_path() {
         return;
     };
     let mut rng = rng("train_gradients_transposed");
-    let model = tiny_q8("qwen2", &mut rng);
+    let model = common::tiny_q8("qwen2", TINY, &mut rng);
     let gm = Arc::new(GpuModel::load(&ctx, &model).unwrap());
     let opts = TrainerOptions {
         batch: 2,
@@ -291,7 +231,7 @@ fn long_batches_split_the_adapter_products_and_match_the_cpu_step() {
         return;
     };
     let mut rng = rng("train_gradients_split");
-    let model = tiny_q8("llama", &mut rng);
+    let model = common::tiny_q8("llama", TINY, &mut rng);
     let gm = GpuModel::load(&ctx, &model).unwrap();
     let (batch, seq) = (4, 128);
     let opts = TrainerOptions {
