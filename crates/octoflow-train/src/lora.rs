@@ -109,6 +109,17 @@ impl LoraLayout {
         }
     }
 
+    /// Checks that `n` values (of `what`: parameters, moments) fill this layout.
+    pub fn check_len(&self, what: &str, n: usize) -> Result<()> {
+        if n != self.n_params {
+            return Err(TrainError::Config(format!(
+                "{what}: {n} values given, the adapters have {}",
+                self.n_params
+            )));
+        }
+        Ok(())
+    }
+
     /// The adapter on `target` of `layer`, if the run has one.
     pub fn get(&self, layer: usize, target: Target) -> Option<&LoraEntry> {
         self.entries

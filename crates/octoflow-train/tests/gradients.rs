@@ -105,7 +105,7 @@ fn check_arch(arch: &str, dropout: f32) {
         );
     }
     let loss_at = |q: &[f64]| reference.loss_with_dropout(&layout, q, &r, SEQ, dropout, seed);
-    let worst = common::check_directions(&arch, &layout, &p64, &g, loss_at, &mut rng);
+    let worst = common::check_directions(arch, &layout, &p64, &g, loss_at, &mut rng);
     // evaluation runs without dropout and leaves the gradients alone
     let ev = t.eval(&r).unwrap();
     let want0 = reference.loss(&layout, &p64, &r, SEQ);

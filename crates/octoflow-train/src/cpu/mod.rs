@@ -129,39 +129,6 @@ impl CpuTrainer {
         self.keep_acts = keep;
     }
 
-    fn check_len(&self, what: &str, n: usize) -> Result<()> {
-        if n != self.layout.n_params {
-            return Err(TrainError::Config(format!(
-                "{what}: {n} values given, the adapters have {}",
-                self.layout.n_params
-            )));
-        }
-        Ok(())
-    }
-
-    fn check_rows(&self, r: &Rows) -> Result<()> {
-        for (what, len) in [
-            ("ids", r.ids.len()),
-            ("labels", r.labels.len()),
-            ("weights", r.weights.len()),
-            ("pos", r.pos.len()),
-        ] {
-            if len != self.rows {
-                return Err(TrainError::Config(format!(
-                    "micro-batch {what}: {len} rows, the trainer runs {}",
-                    self.rows
-                )));
-            }
-        }
-        if let Some(&id) = r.ids.iter().find(|&&id| id as usize >= self.c.n_vocab) {
-            return Err(TrainError::Config(format!(
-                "token id {id} is outside the vocabulary ({})",
-                self.c.n_vocab
-            )));
-        }
-        Ok(())
-    }
-
     /// `x0 = token_embd[ids] · embedding_scale`.
     fn embed(&self, r: &Rows) -> Result<Vec<f32>> {
         let d = self.c.n_embd;
@@ -179,7 +146,7 @@ impl CpuTrainer {
 
     /// Forward, loss and (with `train`) backward of one micro-batch; the weighted loss sum.
     fn step(&mut self, r: &Rows, seed: u32, train: bool) -> Result<f64> {
-        self.check_rows(r)?;
+        r.check(self.rows, self.c.n_vocab)?;
         let n_layer = self.c.n_layer;
         let keep = train && self.keep_acts;
         let mut xs = Vec::with_capacity(n_layer + 1);
@@ -226,7 +193,7 @@ impl Backend for CpuTrainer {
     }
 
     fn set_params(&mut self, p: &[f32]) -> Result<()> {
-        self.check_len("parameters", p.len())?;
+        self.layout.check_len("parameters", p.len())?;
         self.params.copy_from_slice(p);
         Ok(())
     }
@@ -244,8 +211,8 @@ impl Backend for CpuTrainer {
     }
 
     fn set_moments(&mut self, m: &[f32], v: &[f32]) -> Result<()> {
-        self.check_len("first moments", m.len())?;
-        self.check_len("second moments", v.len())?;
+        self.layout.check_len("first moments", m.len())?;
+        self.layout.check_len("second moments", v.len())?;
         self.m.copy_from_slice(m);
         self.v.copy_from_slice(v);
         Ok(())

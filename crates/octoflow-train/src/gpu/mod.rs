@@ -179,6 +179,30 @@ pub struct Rows {
     pub pos: Vec<u32>,
 }
 
+impl Rows {
+    /// Checks a micro-batch against a trainer of `n` rows over `n_vocab` tokens.
+    pub fn check(&self, n: usize, n_vocab: usize) -> Result<()> {
+        for (what, len) in [
+            ("ids", self.ids.len()),
+            ("labels", self.labels.len()),
+            ("weights", self.weights.len()),
+            ("pos", self.pos.len()),
+        ] {
+            if len != n {
+                return Err(TrainError::Config(format!(
+                    "micro-batch {what}: {len} rows, the trainer runs {n}"
+                )));
+            }
+        }
+        if let Some(&id) = self.ids.iter().find(|&&id| id as usize >= n_vocab) {
+            return Err(TrainError::Config(format!(
+                "token id {id} is outside the vocabulary ({n_vocab})"
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// A LoRA trainer over one GPU copy of the frozen model (shared: several trainers may hold
 /// the same `Arc<GpuModel>`).
 pub struct Trainer {
@@ -402,7 +426,7 @@ impl Trainer {
 
     /// Replaces the adapters' parameters (`[layout.n_params]`).
     pub fn set_params(&self, p: &[f32]) -> Result<()> {
-        self.check_len("parameters", p.len())?;
+        self.layout.check_len("parameters", p.len())?;
         Ok(self.context().upload(&self.b.params, 0, p)?)
     }
 
@@ -423,20 +447,10 @@ impl Trainer {
 
     /// Restores AdamW's moments (resume).
     pub fn set_moments(&self, m: &[f32], v: &[f32]) -> Result<()> {
-        self.check_len("first moments", m.len())?;
-        self.check_len("second moments", v.len())?;
+        self.layout.check_len("first moments", m.len())?;
+        self.layout.check_len("second moments", v.len())?;
         self.context().upload(&self.b.m, 0, m)?;
         Ok(self.context().upload(&self.b.v2, 0, v)?)
-    }
-
-    fn check_len(&self, what: &str, n: usize) -> Result<()> {
-        if n != self.layout.n_params {
-            return Err(TrainError::Config(format!(
-                "{what}: {n} values given, the adapters have {}",
-                self.layout.n_params
-            )));
-        }
-        Ok(())
     }
 
     fn read(&self, b: &Buffer) -> Result<Vec<f32>> {
@@ -447,25 +461,7 @@ impl Trainer {
 
     /// Writes a micro-batch's inputs into the upload buffer.
     fn write_rows(&self, r: &Rows, seed: u32) -> Result<()> {
-        let n = self.rows;
-        for (what, len) in [
-            ("ids", r.ids.len()),
-            ("labels", r.labels.len()),
-            ("weights", r.weights.len()),
-            ("pos", r.pos.len()),
-        ] {
-            if len != n {
-                return Err(TrainError::Config(format!(
-                    "micro-batch {what}: {len} rows, the trainer runs {n}"
-                )));
-            }
-        }
-        if let Some(&id) = r.ids.iter().find(|&&id| id as usize >= self.c.n_vocab) {
-            return Err(TrainError::Config(format!(
-                "token id {id} is outside the vocabulary ({})",
-                self.c.n_vocab
-            )));
-        }
+        r.check(self.rows, self.c.n_vocab)?;
         let mut words = Vec::with_capacity(self.io.words);
         words.extend_from_slice(&r.ids);
         words.extend_from_slice(&r.labels);
