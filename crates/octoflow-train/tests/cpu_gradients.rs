@@ -7,7 +7,7 @@
 
 mod common;
 
-use octoflow_kernels::{AdamWStep, IGNORE};
+use octoflow_kernels::AdamWStep;
 use octoflow_model::testing::{rng, TINY};
 use octoflow_train::reference::RefModel;
 use octoflow_train::{Backend, CpuTrainer, LoraConfig, Rows, Target, TrainerOptions};
@@ -20,30 +20,10 @@ const SEQ: usize = 6;
 /// Three sequences of 6 rows; the second holds two documents, the third three; some rows
 /// carry no loss, one a zero weight.
 fn rows(rng: &mut StdRng, n_vocab: u32) -> Rows {
-    let pos: Vec<u32> = [0, 1, 2, 3, 4, 5, 0, 1, 2, 0, 1, 2, 0, 1, 0, 1, 2, 3].to_vec();
-    let n = pos.len();
-    let ids: Vec<u32> = (0..n).map(|_| rng.gen_range(0..n_vocab)).collect();
-    let labels: Vec<u32> = (0..n)
-        .map(|i| {
-            if i % 5 == 3 {
-                IGNORE
-            } else {
-                rng.gen_range(0..n_vocab)
-            }
-        })
-        .collect();
-    let k = labels.iter().filter(|&&l| l != IGNORE).count() as f32;
-    let mut weights: Vec<f32> = labels
-        .iter()
-        .map(|&l| if l == IGNORE { 0.0 } else { 1.0 / k })
-        .collect();
-    weights[7] = 0.0;
-    Rows {
-        ids,
-        labels,
-        weights,
-        pos,
-    }
+    let pos = vec![0, 1, 2, 3, 4, 5, 0, 1, 2, 0, 1, 2, 0, 1, 0, 1, 2, 3];
+    let mut r = common::random_rows(rng, n_vocab, pos);
+    r.weights[7] = 0.0;
+    r
 }
 
 fn lora(dropout: f32) -> LoraConfig {

@@ -7,7 +7,6 @@ mod common;
 
 use std::sync::Arc;
 
-use octoflow_kernels::IGNORE;
 use octoflow_model::gpu::GpuModel;
 use octoflow_model::testing::{rng, TINY};
 use octoflow_train::reference::RefModel;
@@ -23,28 +22,7 @@ const SEQ: usize = 4;
 
 /// Two sequences of 4 rows; the second holds two documents; some rows carry no loss.
 fn rows(rng: &mut StdRng, n_vocab: u32) -> Rows {
-    let pos: Vec<u32> = [0, 1, 2, 3, 0, 1, 0, 1].to_vec();
-    let ids: Vec<u32> = (0..8).map(|_| rng.gen_range(0..n_vocab)).collect();
-    let labels: Vec<u32> = (0..8)
-        .map(|i| {
-            if i % 5 == 3 {
-                IGNORE
-            } else {
-                rng.gen_range(0..n_vocab)
-            }
-        })
-        .collect();
-    let n = labels.iter().filter(|&&l| l != IGNORE).count() as f32;
-    let weights = labels
-        .iter()
-        .map(|&l| if l == IGNORE { 0.0 } else { 1.0 / n })
-        .collect();
-    Rows {
-        ids,
-        labels,
-        weights,
-        pos,
-    }
+    common::random_rows(rng, n_vocab, vec![0, 1, 2, 3, 0, 1, 0, 1])
 }
 
 fn check_arch(arch: &str, dropout: f32) {
@@ -253,22 +231,8 @@ fn long_batches_split_the_adapter_products_and_match_the_cpu_step() {
     let t = batch * seq;
     let nv = model.config.n_vocab as u32;
     // documents of 40 rows, every fifth row without a loss
-    let r = Rows {
-        ids: (0..t).map(|_| rng.gen_range(0..nv)).collect(),
-        labels: (0..t)
-            .map(|i| {
-                if i % 5 == 3 {
-                    IGNORE
-                } else {
-                    rng.gen_range(0..nv)
-                }
-            })
-            .collect(),
-        weights: (0..t)
-            .map(|i| if i % 5 == 3 { 0.0 } else { 1.0 / 400.0 })
-            .collect(),
-        pos: (0..t).map(|i| ((i % seq) % 40) as u32).collect(),
-    };
+    let pos = (0..t).map(|i| ((i % seq) % 40) as u32).collect();
+    let r = common::random_rows(&mut rng, nv, pos);
     let lg = gpu.micro_step(&r, 9).unwrap();
     let lc = octoflow_train::Backend::micro_step(&mut cpu, &r, 9).unwrap();
     let (gg, gc) = (

@@ -150,7 +150,7 @@ impl Trainer {
         Ok(())
     }
 
-    /// `y (+)= W x` over the batch's `T` rows: x `[T, n_cols]`, y `[T, n_rows]`, every piece.
+    /// `y = W x (+ bias)` over the batch's `T` rows: x `[T, n_cols]`, y `[T, n_rows]`, every piece.
     pub(crate) fn linear(
         &self,
         chain: &mut Chain,
@@ -159,6 +159,21 @@ impl Trainer {
         y: &BufferSlice,
         rows: u32,
         bias: Option<&BufferSlice>,
+    ) -> Result<()> {
+        self.product(chain, m, x, y, rows, bias, false)
+    }
+
+    /// [`Trainer::linear`], adding into `y` with `accumulate`.
+    #[allow(clippy::too_many_arguments)]
+    fn product(
+        &self,
+        chain: &mut Chain,
+        m: &GpuMatrix,
+        x: &BufferSlice,
+        y: &BufferSlice,
+        rows: u32,
+        bias: Option<&BufferSlice>,
+        accumulate: bool,
     ) -> Result<()> {
         for p in &m.pieces {
             self.gm.kernels().linear.record(
@@ -176,7 +191,7 @@ impl Trainer {
                     y_stride: m.n_rows,
                     y_col: p.row_begin,
                     bias,
-                    accumulate: false,
+                    accumulate,
                     norm: None,
                     pending: None,
                 },
@@ -199,29 +214,7 @@ impl Trainer {
     ) -> Result<()> {
         if let Some(mt) = self.transposed.as_ref().and_then(|t| t.get(&m.name)) {
             // dx = dy · (Wᵀ)ᵀ: the forward product over the copy; its pieces split dx's columns
-            for p in &mt.pieces {
-                self.gm.kernels().linear.record(
-                    chain,
-                    &LinearArgs {
-                        w: QWeightRef {
-                            ty: mt.ty,
-                            data: &p.slice,
-                            n_rows: p.n_rows,
-                            n_cols: mt.n_cols,
-                        },
-                        x: dy,
-                        y: dx,
-                        n_tokens: rows,
-                        y_stride: mt.n_rows,
-                        y_col: p.row_begin,
-                        bias: None,
-                        accumulate,
-                        norm: None,
-                        pending: None,
-                    },
-                )?;
-            }
-            return Ok(());
+            return self.product(chain, mt, dy, dx, rows, None, accumulate);
         }
         for (i, p) in m.pieces.iter().enumerate() {
             if i > 0 {

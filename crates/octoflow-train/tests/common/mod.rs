@@ -142,3 +142,36 @@ pub fn check_directions(
     }
     worst
 }
+
+/// A micro-batch at positions `pos`: random ids and labels, every fifth row (from the fourth)
+/// without a loss, the others weighted 1 / (rows with a loss).
+pub fn random_rows(
+    rng: &mut rand::rngs::StdRng,
+    n_vocab: u32,
+    pos: Vec<u32>,
+) -> octoflow_train::Rows {
+    use octoflow_kernels::IGNORE;
+    use rand::Rng;
+    let n = pos.len();
+    let ids: Vec<u32> = (0..n).map(|_| rng.gen_range(0..n_vocab)).collect();
+    let labels: Vec<u32> = (0..n)
+        .map(|i| {
+            if i % 5 == 3 {
+                IGNORE
+            } else {
+                rng.gen_range(0..n_vocab)
+            }
+        })
+        .collect();
+    let k = labels.iter().filter(|&&l| l != IGNORE).count() as f32;
+    let weights = labels
+        .iter()
+        .map(|&l| if l == IGNORE { 0.0 } else { 1.0 / k })
+        .collect();
+    octoflow_train::Rows {
+        ids,
+        labels,
+        weights,
+        pos,
+    }
+}
