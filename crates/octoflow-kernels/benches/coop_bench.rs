@@ -8,7 +8,7 @@ use octoflow_vk::{Buffer, BufferSlice, Chain, Context, MemoryKind};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{gpu_ns, gpu_total_ns, print_statistics, verdict, wall_ns, warmed};
+use super::{gpu_ns, gpu_total_ns, print_statistics, verdict, wall_ns};
 use crate::linear::{Linear, LinearArgs, QWeightRef};
 use crate::matmul_coop::MatmulCoop;
 use crate::testkit::{buffer_with, random_weights};

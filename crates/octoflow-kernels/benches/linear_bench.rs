@@ -16,14 +16,12 @@
 
 use octoflow_gguf::GgmlType;
 use octoflow_vk::testing::gpu_or_skip;
-use octoflow_vk::{Buffer, BufferSlice, Chain, Context, MemoryKind};
+use octoflow_vk::{Buffer, Chain, Context, MemoryKind};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::linear::{Linear, LinearArgs, QWeightRef};
-use crate::matmul_coop::MatmulCoop;
 use crate::testkit::{buffer_with, random_weights};
-use crate::GluOp;
 
 /// utime + stime of this process (all threads), seconds.
 pub(super) fn cpu_seconds() -> f64 {

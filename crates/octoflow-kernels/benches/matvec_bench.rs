@@ -4,11 +4,11 @@
 
 use octoflow_gguf::GgmlType;
 use octoflow_vk::testing::gpu_or_skip;
-use octoflow_vk::{Buffer, BufferSlice, Chain, Context, MemoryKind};
+use octoflow_vk::{Buffer, Chain, MemoryKind};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{gpu_ns, verdict, wall_ns, warmed};
+use super::verdict;
 use crate::linear::{Linear, LinearArgs, QWeightRef};
 use crate::testkit::{buffer_with, random_weights};
 
@@ -86,7 +86,22 @@ fn matvec_layouts() {
             if wg >= tpr && (!quick || (64..=128).contains(&wg)) {
                 for (maxt, rpt) in [(1u32, 1u32), (1, 2), (1, 4), (8, 1), (4, 2)] {
                     if !quick || maxt == 1 {
-                        layouts.push(MatvecPlan { wg, tpr, maxt, rpt });
+                        layouts.push(MatvecPlan {
+                            wg,
+                            tpr,
+                            maxt,
+                            rpt,
+                            blocks: false,
+                        });
+                        if maxt == 1 && tpr <= 128 {
+                            layouts.push(MatvecPlan {
+                                wg,
+                                tpr,
+                                maxt,
+                                rpt,
+                                blocks: true,
+                            });
+                        }
                     }
                 }
             }
@@ -174,7 +189,9 @@ fn matvec_layouts() {
         };
         for n_tokens in [1u32, 4] {
             let reference = output(n_tokens, Some(MatvecPlan::DEFAULT));
-            let chosen = if glu {
+            let chosen = if MatvecPlan::blocks_fit(ty, n_cols, n_tokens, &[&ws]) {
+                MatvecPlan::blocks(n_rows, glu)
+            } else if glu {
                 MatvecPlan::choose_glu(n_rows, n_cols, n_tokens)
             } else {
                 MatvecPlan::choose(n_rows, n_cols, n_tokens)
@@ -184,6 +201,7 @@ fn matvec_layouts() {
                 .iter()
                 .copied()
                 .filter(|p| p.maxt >= n_tokens)
+                .filter(|p| !p.blocks || MatvecPlan::blocks_fit(ty, n_cols, n_tokens, &[&ws]))
                 .collect();
             // correctness and register counts first (pipeline builds stall the GPU)
             let mut info = vec![];
@@ -202,7 +220,14 @@ fn matvec_layouts() {
                     .fold(0f32, f32::max);
                 let op = if glu { QOp::MatvecGlu } else { QOp::Matvec };
                 let (bindings, push) = if glu { (9, 44) } else { (8, 40) };
-                let spec = [plan.wg, plan.tpr, plan.maxt, plan.rpt];
+                let spec = [
+                    plan.wg,
+                    plan.tpr,
+                    plan.maxt,
+                    plan.rpt,
+                    0,
+                    u32::from(plan.blocks),
+                ];
                 let desc =
                     PipelineDesc::new(op.variant(type_index("bench", ty).unwrap()), bindings, push)
                         .spec(&spec)
@@ -234,8 +259,9 @@ fn matvec_layouts() {
                 let (t, (err, regs)) = (times[i], &info[i]);
                 let mark = if plan == chosen { " <- chosen" } else { "" };
                 println!(
-                    "{name:<28} x{n_tokens} wg {:3} tpr {:3} maxt {} rpt {} {t:8.2} us {:6.0} GB/s regs {regs:>4} err {err:.1e}{mark}",
-                    plan.wg, plan.tpr, plan.maxt, plan.rpt, bytes as f64 / t / 1e3
+                    "{name:<28} x{n_tokens} wg {:3} tpr {:3} maxt {} rpt {}{} {t:8.2} us {:6.0} GB/s regs {regs:>4} err {err:.1e}{mark}",
+                    plan.wg, plan.tpr, plan.maxt, plan.rpt, if plan.blocks { " blocks" } else { "" },
+                    bytes as f64 / t / 1e3
                 );
                 if t < best.0 {
                     best = (t, plan);
@@ -396,6 +422,7 @@ fn matvec_anatomy() {
                     tpr,
                     maxt: 1,
                     rpt,
+                    blocks: false,
                 };
                 runs.push((format!("{wg}/{tpr}/{rpt}"), None, Some(plan)));
             }

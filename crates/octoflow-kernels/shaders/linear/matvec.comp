@@ -35,6 +35,7 @@
 #extension GL_KHR_shader_subgroup_arithmetic : require
 
 #define QWINDOW 1 // unrolled chunk fetch and decode: raw words in registers (quant.glsl)
+#define QPAIRS 1  // q4k_pair_dot, the block layout's Q4_K decode (quant.glsl)
 
 // Work layout (specialization constants, chosen per matrix shape by linear.rs): WG invocations
 // per workgroup; TPR invocations per group of RPT consecutive rows (TPR a multiple of the
@@ -50,6 +51,12 @@ layout(constant_id = 3) const uint RPT = 1u;
 // 1: the pipeline has the pending post-norm path (one token; shared memory and registers only
 // where it is used)
 layout(constant_id = 4) const uint PEND = 0u;
+// 1: the block layout (Q4_K only; one token, no pending post-norm, rows of whole pairs of
+// super-blocks at 16-byte aligned offsets, all checked by the host): each invocation takes 64
+// elements of a row at a time — a super-block's 16-byte head and 32 bytes of codes, three
+// 16-byte loads — with those 64 elements of x held in registers for its RPT rows, in place of
+// a 32-element chunk's twelve word loads (two lanes of a pair load the same code bytes).
+layout(constant_id = 5) const uint SB = 0u;
 const uint GROUPS = WG / TPR; // row groups per workgroup
 
 #include "common.glsl"
@@ -61,8 +68,10 @@ layout(std430, binding = 2) buffer Y { float y[]; };
 layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 4) readonly buffer G { float g[]; };
 layout(std430, binding = 4) readonly buffer G4 { vec4 g4[]; };
+layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 #ifdef GLU
 layout(std430, binding = 5) readonly buffer W2 { uint w2[]; };
+layout(std430, binding = 5) readonly buffer W24 { uvec4 w24[]; };
 #define PB 6
 #else
 #define PB 5
@@ -203,7 +212,38 @@ void main() {
     // the staging and its barriers, rows or not). The sums of squares are of the elements each
     // invocation staged: the whole workgroup's add up to each token's.
     bool staged = STAGED != 0u && (pc.n_cols & 31u) == 0u;
-    if (staged) {
+    if (SB != 0u) {
+#ifdef QTYPE_Q4_K
+        // the block layout: unit u is elements [64u, 64u + 64), pair u % 4 of super-block u / 4
+        uint nu = pc.n_cols >> 6;
+        uint rv = pc.row_bytes >> 4; // row stride in 16-byte words
+        for (uint u = lane; r0 < pc.n_rows && u < nu; u += TPR) {
+            vec4 xv[16];
+            vec2 sx = vec2(0.0);
+            [[unroll]] for (uint i = 0u; i < 16u; i++) {
+                xv[i] = x4[16u * u + i];
+                if (norm) {
+                    ssq[0] += dot(xv[i], xv[i]);
+                    xv[i] *= g4[16u * u + i];
+                }
+                sx[i >> 3] += (xv[i].x + xv[i].y) + (xv[i].z + xv[i].w);
+            }
+            uint p = u & 3u;
+            uint hb = (u >> 2) * 9u; // 144-byte super-blocks
+            [[unroll]] for (uint k = 0u; k < RPT; k++) {
+                uint r = r0 + k;
+                if (r >= pc.n_rows) {
+                    break;
+                }
+                uint b = r * rv + hb;
+                acc[k] += q4k_pair_dot(w4[b], w4[b + 1u + 2u * p], w4[b + 2u + 2u * p], p, xv, sx);
+#ifdef GLU
+                acc2[k] += q4k_pair_dot(w24[b], w24[b + 1u + 2u * p], w24[b + 2u + 2u * p], p, xv, sx);
+#endif
+            }
+        }
+#endif
+    } else if (staged) {
         uint nc = pc.n_cols >> 5;
         for (uint cb = 0u; cb < nc; cb += XS_CHUNKS) {
             uint tc = min(XS_CHUNKS, nc - cb);

@@ -34,6 +34,7 @@ fn gpu_pending_post_norm_matches_the_reference() {
                     tpr,
                     maxt: 1,
                     rpt,
+                    blocks: false,
                 });
             }
         }
@@ -249,6 +250,16 @@ fn gpu_matvec_bad_layouts_are_errors() {
         MatvecPlan { rpt: 0, ..base },
         MatvecPlan {
             wg: 1 << 20,
+            ..base
+        },
+        // the block layout: one token only, and not of this matrix's type
+        MatvecPlan {
+            blocks: true,
+            ..base
+        },
+        MatvecPlan {
+            maxt: 1,
+            blocks: true,
             ..base
         },
     ] {

@@ -6,7 +6,7 @@ use octoflow_vk::Chain;
 use super::args::{check_pending, glu_cost, Checked};
 use super::plan::MatvecPlan;
 use super::qweight::{check_words, row_bytes, word_slice};
-use super::{check_args, Linear, LinearArgs, LinearGluArgs, MATVEC_MAX_TOKENS, OP};
+use super::{check_args, check_blocks, Linear, LinearArgs, LinearGluArgs, MATVEC_MAX_TOKENS, OP};
 use crate::error::{KernelError, Result};
 
 impl Linear {
@@ -92,11 +92,16 @@ impl Linear {
             let (r, c, t) = (g.n_rows, g.n_cols, a.n_tokens);
             if a.pending.is_some() {
                 MatvecPlan::choose_glu_direct(r, c, t)
+            } else if MatvecPlan::blocks_fit(g.ty, c, t, &[g.data, u.data]) {
+                MatvecPlan::blocks(r, true)
             } else {
                 MatvecPlan::choose_glu(r, c, t)
             }
         });
         let (pend, pb) = check_pending(a.pending, g, a.x, a.y, a.n_tokens, plan)?;
+        if !self.cpu {
+            check_blocks(plan, g, a.n_tokens, &[g.data, u.data])?;
+        }
         let mut push = push
             .f32(norm.as_ref().map_or(0.0, |n| n.1))
             .u32(u32::from(norm.is_some()))

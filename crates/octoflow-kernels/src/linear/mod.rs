@@ -355,6 +355,8 @@ impl Linear {
             let (r, c, t) = (a.w.n_rows, a.w.n_cols, a.n_tokens);
             if a.pending.is_some() {
                 MatvecPlan::choose_direct(r, c, t)
+            } else if MatvecPlan::blocks_fit(a.w.ty, c, t, &[a.w.data]) {
+                MatvecPlan::blocks(r, false)
             } else {
                 MatvecPlan::choose(r, c, t)
             }
@@ -415,6 +417,7 @@ impl Linear {
         norm: Option<(&BufferSlice, f32)>,
     ) -> Result<()> {
         let (pend, pb) = check_pending(a.pending, &a.w, a.x, a.y, a.n_tokens, plan)?;
+        check_blocks(plan, &a.w, a.n_tokens, &[a.w.data])?;
         let (pipeline, groups) =
             self.matvec[ti].layout(chain, a.w.n_rows, a.n_tokens, plan, pb.is_some())?;
         let [wb, x, y, bias] = bindings.clone();
@@ -433,6 +436,26 @@ impl Linear {
         Ok(())
     }
 }
+/// Refuses the block layout for weights it cannot read ([`MatvecPlan::blocks_fit`]).
+fn check_blocks(
+    plan: MatvecPlan,
+    w: &QWeightRef,
+    n_tokens: u32,
+    data: &[&BufferSlice],
+) -> Result<()> {
+    if plan.blocks && !MatvecPlan::blocks_fit(w.ty, w.n_cols, n_tokens, data) {
+        return Err(KernelError::Shape {
+            op: OP,
+            detail: format!(
+                "the block matvec layout reads one token of Q4_K rows of 512-multiple columns at \
+                 16-byte aligned offsets, not {n_tokens} tokens of {} x {} {}",
+                w.n_rows, w.n_cols, w.ty
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Whether the CPU-driver variants can run here: subgroups are, or can be made, 8 wide.
 fn cpu_layout_runs(ctx: &Context) -> bool {
     let sg = &ctx.caps().subgroup;

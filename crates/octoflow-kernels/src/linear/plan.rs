@@ -1,7 +1,8 @@
 //! The work layout of the GPU matvec (`matvec.comp`'s specialization constants) per shape, and
 //! its pipelines per layout.
 
-use octoflow_vk::{Chain, Pipeline};
+use octoflow_gguf::GgmlType;
+use octoflow_vk::{BufferSlice, Chain, Pipeline};
 
 use super::{CPU_MATVEC_TN, CPU_ROWS, MATVEC_MAX_TOKENS, MATVEC_TPR, OP};
 use crate::error::{KernelError, Result};
@@ -18,6 +19,9 @@ pub(crate) struct MatvecPlan {
     pub maxt: u32,
     /// Consecutive rows per invocation (sharing its reads of x), at least 1.
     pub rpt: u32,
+    /// The block layout (`SB` in `matvec.comp`): 64 elements of a Q4_K row per invocation at a
+    /// time from three 16-byte loads; one token only, weights that [`MatvecPlan::blocks_fit`].
+    pub blocks: bool,
 }
 
 impl MatvecPlan {
@@ -28,6 +32,7 @@ impl MatvecPlan {
         tpr: MATVEC_TPR,
         maxt: MATVEC_MAX_TOKENS,
         rpt: 1,
+        blocks: false,
     };
 
     /// The layout for `n_tokens` (1 ..= [`MATVEC_MAX_TOKENS`]) tokens of an `n_rows` x `n_cols`
@@ -51,6 +56,7 @@ impl MatvecPlan {
                 tpr: MATVEC_TPR,
                 maxt: 4,
                 rpt: 2,
+                blocks: false,
             };
         }
         Self::choose_direct(n_rows, n_cols, n_tokens)
@@ -73,6 +79,7 @@ impl MatvecPlan {
                 tpr: MATVEC_TPR,
                 maxt,
                 rpt,
+                blocks: false,
             };
         }
         let (wg, tpr) = match (long, maxt) {
@@ -87,7 +94,35 @@ impl MatvecPlan {
             (1, false, true) => 2,
             _ => 1,
         };
-        MatvecPlan { wg, tpr, maxt, rpt }
+        MatvecPlan {
+            wg,
+            tpr,
+            maxt,
+            rpt,
+            blocks: false,
+        }
+    }
+
+    /// The block layout for one token of an `n_rows`-row matrix (`glu`: the fused gate/up).
+    pub(crate) fn blocks(n_rows: u32, glu: bool) -> MatvecPlan {
+        let _ = (n_rows, glu);
+        MatvecPlan {
+            wg: 4 * MATVEC_TPR,
+            tpr: MATVEC_TPR,
+            maxt: 1,
+            rpt: 2,
+            blocks: true,
+        }
+    }
+
+    /// Whether the block layout reads `n_tokens` tokens of these weights (every matrix of the
+    /// dispatch): Q4_K, one token, rows of an even number of super-blocks (16-byte multiples)
+    /// from 16-byte aligned offsets.
+    pub(crate) fn blocks_fit(ty: GgmlType, n_cols: u32, n_tokens: u32, w: &[&BufferSlice]) -> bool {
+        ty == GgmlType::Q4_K
+            && n_tokens == 1
+            && n_cols.is_multiple_of(512)
+            && w.iter().all(|s| s.offset.is_multiple_of(16))
     }
 
     /// [`MatvecPlan::choose`] for the gate/up/activation dispatch: two rows per invocation for
@@ -171,6 +206,7 @@ impl Matvec {
                     || p.rpt == 0
                     || p.shared_bytes(pend) > ctx.caps().max_shared_memory
                     || !(n_tokens..=MATVEC_MAX_TOKENS).contains(&p.maxt)
+                    || (p.blocks && (p.maxt != 1 || pend))
                 {
                     return Err(KernelError::Shape {
                         op: OP,
@@ -183,7 +219,7 @@ impl Matvec {
                     plan.maxt,
                     plan.rpt,
                     u32::from(pend),
-                    0,
+                    u32::from(plan.blocks),
                     0,
                 ];
                 let pl = s.get(ctx, spec)?;

@@ -188,7 +188,6 @@ type_tests!(
 /// too for the GLU).
 #[test]
 fn gpu_matvec_layouts_agree_with_the_references() {
-    use crate::testkit::{poisoned, read, with};
     let Some(ctx) = gpu_or_skip("matvec_layouts") else {
         return;
     };
@@ -198,7 +197,13 @@ fn gpu_matvec_layouts_agree_with_the_references() {
     for tpr in [32u32, 64, 128, 256] {
         for wg in [tpr, 2 * tpr] {
             for (maxt, rpt) in [(1u32, 1u32), (1, 4), (2, 2), (8, 1)] {
-                let plan = MatvecPlan { wg, tpr, maxt, rpt };
+                let plan = MatvecPlan {
+                    wg,
+                    tpr,
+                    maxt,
+                    rpt,
+                    blocks: false,
+                };
                 if wg <= 256 && plan.shared_bytes(false) <= ctx.caps().max_shared_memory {
                     plans.push(plan);
                 }
@@ -226,7 +231,6 @@ fn gpu_matvec_layouts_agree_with_the_references() {
             }
         }
     }
-    let eps = 1e-6f32;
     for plan in plans {
         let ty = TYPES[rng.gen_range(0..TYPES.len())];
         // pipelines for two or four tokens stage x 1024 columns at a time: half the cases
@@ -239,104 +243,204 @@ fn gpu_matvec_layouts_agree_with_the_references() {
             _ => (rng.gen_range(37..200usize), random_cols(&mut rng, ty)),
         };
         let n_tokens = rng.gen_range(1..=plan.maxt as usize);
-        let what = format!("{plan:?} {ty} {n_rows}x{n_cols}, {n_tokens} tokens, seed {seed}");
-        let wq = random_weights(&mut rng, ty, n_rows, n_cols);
-        let uq = random_weights(&mut rng, ty, n_rows, n_cols);
-        let (wb, ub) = (buffer_with(&ctx, "w", &wq), buffer_with(&ctx, "u", &uq));
-        let x: Vec<f32> = (0..n_tokens * n_cols)
-            .map(|_| rng.gen_range(-1.0..1.0))
-            .collect();
-        let g: Vec<f32> = (0..n_cols).map(|_| rng.gen_range(0.5..1.5)).collect();
-        let bias: Vec<f32> = (0..n_rows).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let (xb, gb, bb) = (
-            with(&ctx, "x", &x),
-            with(&ctx, "g", &g),
-            with(&ctx, "b", &bias),
-        );
-        let (gs, bs) = (gb.whole(), bb.whole());
-        let mut normed = vec![0f32; x.len()];
-        crate::rms_norm_ref(&x, &g, &mut normed, n_cols, eps);
-        let len = n_tokens * n_rows;
-        let w = |data| QWeightRef {
+        check_plan(
+            &ctx,
+            &lin,
+            plan,
             ty,
-            data,
-            n_rows: n_rows as u32,
-            n_cols: n_cols as u32,
-        };
-        let (ws, us) = (wb.whole(), ub.whole());
-        // plain (bias, accumulate) and with a fused norm
-        for fused in [false, true] {
-            let y0: Vec<f32> = (0..len).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let yb = with(&ctx, "y", &y0);
-            let args = LinearArgs {
-                w: w(&ws),
-                x: &xb.whole(),
-                y: &yb.whole(),
-                n_tokens: n_tokens as u32,
-                y_stride: n_rows as u32,
-                y_col: 0,
-                bias: (!fused).then_some(&bs),
-                accumulate: !fused,
-                norm: fused.then_some((&gs, eps)),
-                pending: None,
-            };
-            if fused {
-                let nan = vec![f32::NAN; len];
-                ctx.upload(&yb, 0, octoflow_vk::as_bytes(&nan)).unwrap();
-            }
-            let mut chain = Chain::new(&ctx).unwrap();
-            lin.record_with(&mut chain, &args, Some(plan)).unwrap();
-            chain.run().unwrap();
-            let got = read(&ctx, &yb, len);
-            let mut want = if fused { vec![0f32; len] } else { y0.clone() };
-            let input = if fused { &normed } else { &x };
-            let b = (!fused).then_some(&bias[..]);
-            linear_ref(
-                ty, &wq, n_rows, n_cols, input, n_tokens, &mut want, n_rows, 0, b, !fused,
-            )
-            .unwrap();
-            if let Err(e) = check_close(&got, &want, REL) {
-                panic!("{what} (fused norm {fused}): {e}");
-            }
-        }
-        // the fused GLU with the norm
-        let yb = poisoned(&ctx, "y", len + 5);
-        let args = LinearGluArgs {
-            gate: w(&ws),
-            up: w(&us),
-            x: &xb.whole(),
-            y: &yb.slice(0, 4 * len as u64).unwrap(),
-            n_tokens: n_tokens as u32,
-            op: GluOp::Silu,
-            norm: Some((&gs, eps)),
-            pending: None,
-        };
-        let mut chain = Chain::new(&ctx).unwrap();
-        lin.record_glu_with(&mut chain, &args, Some(plan)).unwrap();
-        chain.run().unwrap();
-        let got = read(&ctx, &yb, len + 5);
-        let mut want = vec![0f32; len];
-        linear_glu_ref(
-            ty,
-            &wq,
-            &uq,
-            n_rows,
-            n_cols,
-            &normed,
-            n_tokens,
-            &mut want,
-            GluOp::Silu,
-        )
-        .unwrap();
-        if let Err(e) = check_close(&got[..len], &want, REL) {
-            panic!("{what} (GLU): {e}");
-        }
-        assert!(
-            got[len..].iter().all(|v| v.is_nan()),
-            "{what}: written past y's end"
+            (n_rows, n_cols, n_tokens),
+            &mut rng,
+            seed,
         );
     }
     assert_no_validation_errors(&ctx);
+}
+
+/// The block layout (Q4_K, one token, 64 elements per invocation at a time) in every work
+/// layout shape against the CPU references, as [`gpu_matvec_layouts_agree_with_the_references`]
+/// (a random half per run, the chosen ones always), on rows of 512 to 2,560 columns; and the
+/// weights it takes (whole pairs of super-blocks, one token, Q4_K only).
+#[test]
+fn gpu_block_layout_agrees_with_the_references() {
+    let Some(ctx) = gpu_or_skip("matvec_blocks") else {
+        return;
+    };
+    let (seed, mut rng) = crate::testkit::seeded(module_path!());
+    let lin = Linear::with_layout(&ctx, false, Tuning::from_caps(ctx.caps())).unwrap();
+    let mut plans = vec![];
+    for tpr in [32u32, 64, 128] {
+        for wg in [tpr, 4 * tpr] {
+            for rpt in [1u32, 2, 4] {
+                plans.push(MatvecPlan {
+                    wg,
+                    tpr,
+                    maxt: 1,
+                    rpt,
+                    blocks: true,
+                });
+            }
+        }
+    }
+    use rand::seq::SliceRandom;
+    plans.shuffle(&mut rng);
+    plans.truncate(9);
+    for glu in [false, true] {
+        let chosen = MatvecPlan::blocks(4096, glu);
+        if !plans.contains(&chosen) {
+            plans.push(chosen);
+        }
+    }
+    for plan in plans {
+        let n_rows = rng.gen_range(37..200usize);
+        let n_cols = 512 * rng.gen_range(1..=5usize);
+        check_plan(
+            &ctx,
+            &lin,
+            plan,
+            GgmlType::Q4_K,
+            (n_rows, n_cols, 1),
+            &mut rng,
+            seed,
+        );
+    }
+    let w = buffer_with(&ctx, "w", &[0u8; 288]);
+    assert!(MatvecPlan::blocks_fit(
+        GgmlType::Q4_K,
+        512,
+        1,
+        &[&w.whole()]
+    ));
+    assert!(!MatvecPlan::blocks_fit(
+        GgmlType::Q4_K,
+        256,
+        1,
+        &[&w.whole()]
+    ));
+    assert!(!MatvecPlan::blocks_fit(
+        GgmlType::Q4_K,
+        512,
+        2,
+        &[&w.whole()]
+    ));
+    assert!(!MatvecPlan::blocks_fit(
+        GgmlType::Q5_K,
+        512,
+        1,
+        &[&w.whole()]
+    ));
+    assert_no_validation_errors(&ctx);
+}
+
+/// One matvec layout on random weights of `ty` (rows, columns, tokens): plain with bias and
+/// accumulate, with a fused norm, and the fused GLU with the norm, against the CPU references;
+/// y poisoned with NaN (past its end too for the GLU).
+fn check_plan(
+    ctx: &Context,
+    lin: &Linear,
+    plan: MatvecPlan,
+    ty: GgmlType,
+    (n_rows, n_cols, n_tokens): (usize, usize, usize),
+    rng: &mut rand::rngs::StdRng,
+    seed: u64,
+) {
+    use crate::testkit::{poisoned, read, with};
+    let eps = 1e-6f32;
+    let what = format!("{plan:?} {ty} {n_rows}x{n_cols}, {n_tokens} tokens, seed {seed}");
+    let wq = random_weights(rng, ty, n_rows, n_cols);
+    let uq = random_weights(rng, ty, n_rows, n_cols);
+    let (wb, ub) = (buffer_with(ctx, "w", &wq), buffer_with(ctx, "u", &uq));
+    let x: Vec<f32> = (0..n_tokens * n_cols)
+        .map(|_| rng.gen_range(-1.0..1.0))
+        .collect();
+    let g: Vec<f32> = (0..n_cols).map(|_| rng.gen_range(0.5..1.5)).collect();
+    let bias: Vec<f32> = (0..n_rows).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let (xb, gb, bb) = (
+        with(ctx, "x", &x),
+        with(ctx, "g", &g),
+        with(ctx, "b", &bias),
+    );
+    let (gs, bs) = (gb.whole(), bb.whole());
+    let mut normed = vec![0f32; x.len()];
+    crate::rms_norm_ref(&x, &g, &mut normed, n_cols, eps);
+    let len = n_tokens * n_rows;
+    let w = |data| QWeightRef {
+        ty,
+        data,
+        n_rows: n_rows as u32,
+        n_cols: n_cols as u32,
+    };
+    let (ws, us) = (wb.whole(), ub.whole());
+    // plain (bias, accumulate) and with a fused norm
+    for fused in [false, true] {
+        let y0: Vec<f32> = (0..len).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let yb = with(ctx, "y", &y0);
+        let args = LinearArgs {
+            w: w(&ws),
+            x: &xb.whole(),
+            y: &yb.whole(),
+            n_tokens: n_tokens as u32,
+            y_stride: n_rows as u32,
+            y_col: 0,
+            bias: (!fused).then_some(&bs),
+            accumulate: !fused,
+            norm: fused.then_some((&gs, eps)),
+            pending: None,
+        };
+        if fused {
+            let nan = vec![f32::NAN; len];
+            ctx.upload(&yb, 0, octoflow_vk::as_bytes(&nan)).unwrap();
+        }
+        let mut chain = Chain::new(ctx).unwrap();
+        lin.record_with(&mut chain, &args, Some(plan)).unwrap();
+        chain.run().unwrap();
+        let got = read(ctx, &yb, len);
+        let mut want = if fused { vec![0f32; len] } else { y0.clone() };
+        let input = if fused { &normed } else { &x };
+        let b = (!fused).then_some(&bias[..]);
+        linear_ref(
+            ty, &wq, n_rows, n_cols, input, n_tokens, &mut want, n_rows, 0, b, !fused,
+        )
+        .unwrap();
+        if let Err(e) = check_close(&got, &want, REL) {
+            panic!("{what} (fused norm {fused}): {e}");
+        }
+    }
+    // the fused GLU with the norm
+    let yb = poisoned(ctx, "y", len + 5);
+    let args = LinearGluArgs {
+        gate: w(&ws),
+        up: w(&us),
+        x: &xb.whole(),
+        y: &yb.slice(0, 4 * len as u64).unwrap(),
+        n_tokens: n_tokens as u32,
+        op: GluOp::Silu,
+        norm: Some((&gs, eps)),
+        pending: None,
+    };
+    let mut chain = Chain::new(ctx).unwrap();
+    lin.record_glu_with(&mut chain, &args, Some(plan)).unwrap();
+    chain.run().unwrap();
+    let got = read(ctx, &yb, len + 5);
+    let mut want = vec![0f32; len];
+    linear_glu_ref(
+        ty,
+        &wq,
+        &uq,
+        n_rows,
+        n_cols,
+        &normed,
+        n_tokens,
+        &mut want,
+        GluOp::Silu,
+    )
+    .unwrap();
+    if let Err(e) = check_close(&got[..len], &want, REL) {
+        panic!("{what} (GLU): {e}");
+    }
+    assert!(
+        got[len..].iter().all(|v| v.is_nan()),
+        "{what}: written past y's end"
+    );
 }
 
 #[test]
