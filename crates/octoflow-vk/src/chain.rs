@@ -48,6 +48,8 @@ pub struct Chain {
     lent: Option<crate::buffer::BufferSlice>,
     /// Index of the queue `submit` uses (modulo the context's queue count).
     queue: usize,
+    /// The host signal the last submit waits for ([`Chain::submit_after`]).
+    pub(crate) waits_for: Option<(crate::timeline::Timeline, u64)>,
     /// Last field: dropped after the pools and kept resources above, so the device outlives them.
     pub(crate) ctx: Context,
 }
@@ -96,6 +98,7 @@ impl Chain {
             gate: None,
             lent: None,
             queue: 0,
+            waits_for: None,
             ctx: ctx.clone(),
         };
         let alloc = vk::CommandBufferAllocateInfo::default()
@@ -193,6 +196,14 @@ impl Chain {
     /// still running, waits for it first. Host writes made before this call (control buffers)
     /// are visible to the chain.
     pub fn submit(&mut self) -> Result<()> {
+        self.submit_waiting(None)
+    }
+
+    /// [`Chain::submit`], its commands held until a host signal where one is given.
+    pub(crate) fn submit_waiting(
+        &mut self,
+        after: Option<(crate::timeline::Timeline, u64)>,
+    ) -> Result<()> {
         match self.state {
             State::Recording => self.finish()?,
             State::Pending => self.wait()?,
@@ -200,11 +211,24 @@ impl Chain {
         }
         let dev = &self.ctx.inner;
         let cmds = [self.cmd];
-        let submit = [vk::SubmitInfo::default().command_buffers(&cmds)];
+        let sems: Vec<vk::Semaphore> = after.iter().map(|(t, _)| t.raw()).collect();
+        let values: Vec<u64> = after.iter().map(|(_, v)| *v).collect();
+        let stages = vec![vk::PipelineStageFlags::ALL_COMMANDS; sems.len()];
+        let mut timeline =
+            vk::TimelineSemaphoreSubmitInfo::default().wait_semaphore_values(&values);
+        let mut info = vk::SubmitInfo::default().command_buffers(&cmds);
+        if !sems.is_empty() {
+            info = info
+                .wait_semaphores(&sems)
+                .wait_dst_stage_mask(&stages)
+                .push_next(&mut timeline);
+        }
         let queue = dev.queue_at(self.queue);
-        // SAFETY: the command buffer is executable and idle (state Ready); the queue is locked.
-        unsafe { dev.device.queue_submit(*queue, &submit, self.fence) }
+        // SAFETY: the command buffer is executable and idle (state Ready); the queue is locked;
+        // the semaphore (if any) is kept alive by `waits_for` until the chain is waited for.
+        unsafe { dev.device.queue_submit(*queue, &[info], self.fence) }
             .map_err(vk_err("vkQueueSubmit"))?;
+        self.waits_for = after;
         self.state = State::Pending;
         Ok(())
     }
@@ -213,6 +237,12 @@ impl Chain {
     pub fn wait(&mut self) -> Result<()> {
         if self.state != State::Pending {
             return Ok(());
+        }
+        if let Some((_, v)) = self.owed_signal()? {
+            return Err(VkError::BadDispatch {
+                pipeline: "chain".into(),
+                detail: format!("waiting for a chain that waits for host signal {v}, not given"),
+            });
         }
         let d = &self.ctx.inner.device;
         // SAFETY: the fence belongs to this chain and was submitted.
@@ -249,6 +279,16 @@ impl Chain {
 impl Drop for Chain {
     fn drop(&mut self) {
         if self.state == State::Pending {
+            // a chain still held for a host signal gets it, or the wait below never ends
+            match self.owed_signal() {
+                Ok(Some((t, v))) => {
+                    if let Err(e) = t.signal(v) {
+                        tracing::error!("releasing a chain held for a host signal: {e}");
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => tracing::error!("reading a timeline before dropping a chain: {e}"),
+            }
             if let Err(e) = self.wait() {
                 tracing::error!("waiting for a chain before dropping it: {e}");
                 let _ = self.ctx.wait_idle();

@@ -12,7 +12,8 @@
 //!   [`Chain::submit`]/[`Chain::wait`]; per-dispatch GPU times with [`Chain::with_profiling`].
 //!   A context opens up to [`MAX_QUEUES`] compute queues ([`Context::queue_count`]);
 //!   [`Chain::set_queue`] spreads independent chains over them so they can overlap (transfers
-//!   use queue 0).
+//!   use queue 0). [`Chain::submit_after`] holds a submitted chain until the host signals a
+//!   [`Timeline`], for work whose tail needs data the host computes while the head runs.
 //!
 //! Ownership: every object holds an `Arc` to the device, so the device is destroyed last;
 //! chains hold clones of the buffers and pipelines they use. Transfers are synchronous and must
@@ -37,6 +38,7 @@ mod push;
 mod record;
 mod span;
 pub mod testing;
+mod timeline;
 mod timestamps;
 mod transfer;
 
@@ -54,6 +56,7 @@ pub use pipeline::{Pipeline, PipelineDesc, Shader};
 pub use pipeline_cache::CacheLoad;
 pub use plain::{as_bytes, as_bytes_mut, Plain};
 pub use push::Push;
+pub use timeline::Timeline;
 pub use timestamps::{summarize, summarize_at, Cost, DispatchTime, LabelTime, FLOOR_RATES};
 
 /// Shaders used by this crate's own tests, built from `test_shaders/` by build.rs.

@@ -114,6 +114,29 @@ impl Chain {
         Ok(())
     }
 
+    /// A barrier after which later commands see what the host wrote to mapped memory while
+    /// the chain was already submitted, before the host signal it waits for
+    /// ([`Chain::submit_after`]); also a full [`Chain::barrier`].
+    pub fn host_barrier(&mut self) -> Result<()> {
+        self.check_recording()?;
+        let b = vk::MemoryBarrier::default()
+            .src_access_mask(WRITES | vk::AccessFlags::HOST_WRITE)
+            .dst_access_mask(ACCESSES);
+        // SAFETY: recording into this chain's command buffer.
+        unsafe {
+            self.ctx.inner.device.cmd_pipeline_barrier(
+                self.cmd,
+                STAGES | vk::PipelineStageFlags::HOST,
+                STAGES,
+                vk::DependencyFlags::empty(),
+                &[b],
+                &[],
+                &[],
+            )
+        };
+        Ok(())
+    }
+
     /// A barrier between compute dispatches only: every earlier shader write is visible to
     /// later shaders. Cheaper than [`Chain::barrier`] on drivers whose command front end must
     /// otherwise wait before it may read indirect arguments or start transfers; use the full

@@ -8,6 +8,7 @@ mod pipeline_cache;
 mod pipelines;
 mod profiling;
 mod subgroups;
+mod timelines;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
