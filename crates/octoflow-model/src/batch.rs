@@ -124,6 +124,39 @@ pub trait BatchForward {
         self.submit(rows)
     }
 
+    /// Whether [`BatchForward::submit_late`] takes rows whose masks come after the submit.
+    fn late_masks(&self) -> bool {
+        false
+    }
+
+    /// [`BatchForward::submit_masked`], except that the draws of the rows with `late[i]` set
+    /// wait for masks the caller gives with [`BatchForward::give_masks`] after this call, while
+    /// the step's forward pass runs (a grammar's next mask, known once the previous step's
+    /// token is read: such a row can take that token as [`TokenIn::Sampled`]). The masks are
+    /// due before the step is collected and before the next submit: collecting the step
+    /// without them is an error (its late rows then drew unconstrained).
+    fn submit_late(
+        &mut self,
+        rows: &[BatchRow],
+        masks: &[Option<&TokenMask>],
+        late: &[bool],
+    ) -> Result<()> {
+        if late.iter().any(|&l| l) {
+            return Err(crate::error::ModelError::Batch(
+                "this engine takes no masks after a submit".into(),
+            ));
+        }
+        self.submit_masked(rows, masks)
+    }
+
+    /// The masks of the last submitted step's late rows, one per late row in row order
+    /// (`None`: that row draws unconstrained).
+    fn give_masks(&mut self, _masks: &[Option<&TokenMask>]) -> Result<()> {
+        Err(crate::error::ModelError::Batch(
+            "no step waits for masks".into(),
+        ))
+    }
+
     /// Waits for the oldest pending step and returns one result per row, in row order.
     fn collect(&mut self) -> Result<Vec<RowResult>>;
 

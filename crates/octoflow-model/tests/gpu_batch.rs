@@ -6,12 +6,13 @@
 mod common;
 
 use common::*;
-use octoflow_core::Draw;
+use octoflow_core::{Draw, TokenMask};
 use octoflow_model::gpu::{GpuModel, KvType};
 use octoflow_model::{
     BatchForward, BatchRow, Forward, Logits, Model, RowOutput, RowResult, TokenIn,
 };
 use octoflow_vk::testing::gpu_or_skip;
+use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// Rows feeding `tokens` to `slot` from position `start`; the last one asks for `out`.
 fn rows(slot: u32, start: u32, tokens: &[u32], out: RowOutput) -> Vec<BatchRow> {
@@ -367,4 +368,135 @@ fn paged_caches_share_prefixes_copy_on_rewind_and_refuse_when_full() {
         .err()
         .expect("too small a pool");
     assert!(e.to_string().contains("cannot hold one context"), "{e}");
+}
+
+/// A mask allowing about an eighth of the vocabulary, a function of `seed` and the previous
+/// token: what a grammar's next mask is.
+fn mask_after(seed: u64, prev: u32, n_vocab: usize) -> TokenMask {
+    let mut r = StdRng::seed_from_u64(seed ^ (u64::from(prev) << 24));
+    TokenMask::from_allowed((0..n_vocab as u32).filter(|_| r.gen_ratio(1, 8)), n_vocab)
+}
+
+/// Masks given after the submit (the step's forward pass running meanwhile, its rows taking
+/// the previous step's tokens on the GPU) draw what the same masks given at the submit draw
+/// one step at a time; misuse is an error, never a hang.
+#[test]
+fn late_masks_draw_what_masks_given_at_the_submit_draw() {
+    let Some(ctx) = gpu_or_skip("gpu_batch_late_masks") else {
+        return;
+    };
+    let (model, golden) = load(SMOLLM2);
+    let gpu = GpuModel::load(&ctx, &model).unwrap();
+    let n_vocab = model.config.n_vocab;
+    let seed: u64 = rand::random();
+    let p: Vec<Vec<u32>> = (0..2)
+        .map(|i| {
+            golden.greedy[i]
+                .prompt_ids
+                .iter()
+                .take(10 - 3 * i)
+                .copied()
+                .collect()
+        })
+        .collect();
+    let draw = RowOutput::Sample(Draw::greedy(0));
+    let first: Vec<BatchRow> = [0, 1]
+        .into_iter()
+        .flat_map(|s| rows(s, 0, &p[s as usize], draw))
+        .collect();
+    let last_rows = [p[0].len() - 1, first.len() - 1];
+    let first_masks: Vec<TokenMask> = (0..2)
+        .map(|s| mask_after(seed, *p[s].last().unwrap(), n_vocab))
+        .collect();
+    let decode = |prev: [Option<u32>; 2], k: u32| -> Vec<BatchRow> {
+        (0..2u32)
+            .map(|s| BatchRow {
+                slot: s,
+                pos: p[s as usize].len() as u32 + k - 1,
+                token: prev[s as usize].map_or(TokenIn::Sampled, TokenIn::Id),
+                output: draw,
+                adapter: None,
+            })
+            .collect()
+    };
+    let steps = 6;
+
+    // masks at the submit, one step at a time
+    let mut b = gpu.batch(2, 64, 32).unwrap();
+    let mut masks: Vec<Option<&TokenMask>> = vec![None; first.len()];
+    masks[last_rows[0]] = Some(&first_masks[0]);
+    masks[last_rows[1]] = Some(&first_masks[1]);
+    b.submit_masked(&first, &masks).unwrap();
+    let r = b.collect().unwrap();
+    let mut want = vec![[token_of(&r[last_rows[0]]).0, token_of(&r[last_rows[1]]).0]];
+    for s in 0..2 {
+        assert!(first_masks[s].allows(want[0][s]), "seed {seed}");
+    }
+    for k in 1..steps {
+        let prev = want[k as usize - 1];
+        let m: Vec<TokenMask> = prev.iter().map(|&t| mask_after(seed, t, n_vocab)).collect();
+        b.submit_masked(&decode(prev.map(Some), k), &[Some(&m[0]), Some(&m[1])])
+            .unwrap();
+        let r = b.collect().unwrap();
+        let got = [token_of(&r[0]).0, token_of(&r[1]).0];
+        assert!(m[0].allows(got[0]) && m[1].allows(got[1]), "seed {seed}");
+        want.push(got);
+    }
+
+    // late masks, pipelined: step k + 1 is submitted before step k is read
+    let mut b = gpu.batch(2, 64, 32).unwrap();
+    assert!(
+        b.late_masks(),
+        "{} has timeline semaphores",
+        ctx.caps().name
+    );
+    let mut late = vec![false; first.len()];
+    late[last_rows[0]] = true;
+    late[last_rows[1]] = true;
+    b.submit_late(&first, &[], &late).unwrap();
+    b.give_masks(&[Some(&first_masks[0]), Some(&first_masks[1])])
+        .unwrap();
+    let mut got = Vec::new();
+    for k in 1..=steps {
+        if k < steps {
+            b.submit_late(&decode([None, None], k), &[], &[true, true])
+                .unwrap();
+        }
+        let r = b.collect().unwrap();
+        let at = if k == 1 { last_rows } else { [0, 1] };
+        let t = [token_of(&r[at[0]]).0, token_of(&r[at[1]]).0];
+        if k < steps {
+            let m: Vec<TokenMask> = t.iter().map(|&t| mask_after(seed, t, n_vocab)).collect();
+            b.give_masks(&[Some(&m[0]), Some(&m[1])]).unwrap();
+        }
+        got.push(t);
+    }
+    assert_eq!(got, want, "seed {seed}");
+
+    // misuse
+    let err = |r: Result<(), octoflow_model::error::ModelError>| r.unwrap_err().to_string();
+    assert!(err(b.give_masks(&[])).contains("no step waits"));
+    let at = p[0].len() as u32 + steps - 1;
+    let one = |pos: u32, token| BatchRow {
+        slot: 0,
+        pos,
+        token,
+        output: draw,
+        adapter: None,
+    };
+    b.submit_late(&[one(at, TokenIn::Sampled)], &[], &[true])
+        .unwrap();
+    assert!(err(b.submit_late(&[one(at + 1, TokenIn::Id(1))], &[], &[])).contains("not given"));
+    let e = b.collect().unwrap_err().to_string();
+    assert!(e.contains("before its late masks"), "{e}");
+    b.submit_late(&[one(at + 1, TokenIn::Id(1))], &[], &[true])
+        .unwrap();
+    assert!(err(b.give_masks(&[None, None])).contains("2 late masks for 1"));
+    // the draw went unconstrained; the engine goes on
+    b.collect().unwrap();
+    b.submit_late(&[one(at + 2, TokenIn::Sampled)], &[], &[true])
+        .unwrap();
+    b.give_masks(&[Some(&first_masks[0])]).unwrap();
+    let r = b.collect().unwrap();
+    assert!(first_masks[0].allows(token_of(&r[0]).0), "seed {seed}");
 }

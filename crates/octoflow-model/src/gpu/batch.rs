@@ -22,12 +22,17 @@
 //! some row draws under a grammar, the masked sampler with a per-row token mask, unconstrained
 //! rows flagged so it skips their masks) → (if any row wants logits) a copy of the logits to
 //! host memory.
+//!
+//! A step with late masks ([`BatchForward::submit_late`]) is two chains: everything up to the
+//! logits, then (held by a host-signalled [`Timeline`] until [`BatchForward::give_masks`]
+//! wrote the masks) the masked draw and the rest, so the host computes a grammar's next mask
+//! while the GPU runs the step's layers.
 
 use std::collections::{HashMap, VecDeque};
 
 use octoflow_core::{Draw, TokenMask};
 use octoflow_kernels::{mask_row_words, Positions, Sample, SamplerState, FROM_PREV};
-use octoflow_vk::{summarize, Buffer, BufferSlice, Chain, LabelTime, MemoryKind};
+use octoflow_vk::{summarize, Buffer, BufferSlice, Chain, LabelTime, MemoryKind, Timeline};
 
 use crate::batch::{BatchForward, BatchRow, KvRoom, RowOutput, RowResult, TokenIn, MAX_IN_FLIGHT};
 use crate::config::ModelConfig;
@@ -99,8 +104,15 @@ pub struct DeviceRows {
 }
 
 /// Chain cache key: (row bucket, output-row bucket, logits copied to the host, io set, masked
-/// sampler).
-type Key = (u32, u32, bool, usize, bool);
+/// sampler, masks given after the submit).
+type Key = (u32, u32, bool, usize, bool, bool);
+
+/// A step's recording: one chain, or (late masks) the forward pass and the draw held for the
+/// host's signal.
+struct StepChain {
+    head: Chain,
+    tail: Option<Chain>,
+}
 
 /// A step submitted and not yet collected.
 struct Pending {
@@ -108,6 +120,17 @@ struct Pending {
     /// Per row: `Some(i)` when the row asked for output `i` (index into the output rows).
     outputs: Vec<Option<(u32, bool)>>,
     n_out: u32,
+    /// The timeline value its draw waits for (late masks).
+    signal: Option<u64>,
+}
+
+/// The late masks the last submitted step still waits for.
+struct Owed {
+    /// The timeline value that releases the step's draw.
+    value: u64,
+    set: usize,
+    /// The late rows' output indices, in row order.
+    outs: Vec<u32>,
 }
 
 /// Many sequences on the GPU, run in batched, pipelined steps ([`BatchForward`]).
@@ -121,7 +144,12 @@ pub struct GpuBatch<'m> {
     sets: [IoSet; 2],
     next_set: usize,
     pending: VecDeque<Pending>,
-    chains: HashMap<Key, Chain>,
+    chains: HashMap<Key, StepChain>,
+    /// What holds late-masked draws (made at the first such step), the last value given out,
+    /// and the masks still due.
+    timeline: Option<Timeline>,
+    signals: u64,
+    owed: Option<Owed>,
     /// Positions cached per slot (after every submitted step).
     cached: Vec<u32>,
     /// Per slot: the output index of its sample in the last submitted step, if it sampled.
@@ -221,6 +249,9 @@ impl GpuModel {
             next_set: 0,
             pending: VecDeque::new(),
             chains: HashMap::new(),
+            timeline: None,
+            signals: 0,
+            owed: None,
             cached: vec![0; n_slots as usize],
             sampled: vec![None; n_slots as usize],
             pool: KvPool::new(n_blocks, n_slots as usize, true),
@@ -304,9 +335,9 @@ impl GpuBatch<'_> {
             let nb = bucket(n, t_max);
             if nb <= decode_max {
                 let ob = bucket(nb.min(out_max), self.max_out);
-                keys.extend([0, 1].map(|set| (nb, ob, false, set, false)));
+                keys.extend([0, 1].map(|set| (nb, ob, false, set, false, false)));
             } else {
-                keys.push((nb, 1, false, self.next_set, false));
+                keys.push((nb, 1, false, self.next_set, false, false));
             }
             n = nb + 1;
         }
@@ -322,17 +353,20 @@ impl GpuBatch<'_> {
     }
 
     /// Records the chain of a step with `n` rows (`n_out` of them with output) on set `set`,
-    /// its sampler masked or not.
-    fn record(&self, (n, n_out, logits, set, masked): Key) -> Result<Chain> {
+    /// its sampler masked or not; with `late`, as two chains split before the draw.
+    fn record(&self, (n, n_out, logits, set, masked, late): Key) -> Result<StepChain> {
         let m = self.model;
         let io = &self.sets[set];
         let prev = &self.sets[1 - set];
         let k = &m.kernels;
-        let mut chain = if self.profile {
-            Chain::with_profiling(&m.ctx)?
-        } else {
-            Chain::new(&m.ctx)?
+        let new_chain = || -> Result<Chain> {
+            Ok(if self.profile {
+                Chain::with_profiling(&m.ctx)?
+            } else {
+                Chain::new(&m.ctx)?
+            })
         };
+        let mut chain = new_chain()?;
         // orders this step after the previous submit (KV cache, scratch, the previous tokens)
         chain.barrier()?;
         let ids = self.ids.slice(0, 4 * u64::from(n))?;
@@ -361,7 +395,18 @@ impl GpuBatch<'_> {
                 }
             },
         };
-        let logits_rows = self.record_rows(&mut chain, &rows, n, n_out)?;
+        let logits_rows = self.record_forward(&mut chain, &rows, n, n_out)?;
+        let mut head = None;
+        if late {
+            chain.finish()?;
+            head = Some(chain);
+            chain = new_chain()?;
+            // the forward pass's writes and the masks the host wrote after the submit
+            chain.host_barrier()?;
+        }
+        if let Some(l) = &logits_rows {
+            self.record_draw(&mut chain, &rows, l, n_out)?;
+        }
         if let (true, Some(rows)) = (logits, logits_rows) {
             let dst = io.logits.as_ref().ok_or_else(|| {
                 ModelError::Gpu("the host logits buffer was not allocated".into())
@@ -370,7 +415,16 @@ impl GpuBatch<'_> {
             chain.copy(&rows, dst, 0)?;
         }
         chain.finish()?;
-        Ok(chain)
+        Ok(match head {
+            Some(head) => StepChain {
+                head,
+                tail: Some(chain),
+            },
+            None => StepChain {
+                head: chain,
+                tail: None,
+            },
+        })
     }
 
     /// Records one step's forward pass over `n` rows described by tables on the device (what
@@ -380,6 +434,21 @@ impl GpuBatch<'_> {
     /// Returns the logits rows when there are output rows. The caller orders it after whatever
     /// wrote the tables (a compute barrier) and after the previous step.
     pub fn record_rows(
+        &self,
+        chain: &mut Chain,
+        rows: &DeviceRows,
+        n: u32,
+        n_out: u32,
+    ) -> Result<Option<BufferSlice>> {
+        let logits = self.record_forward(chain, rows, n, n_out)?;
+        if let Some(l) = &logits {
+            self.record_draw(chain, rows, l, n_out)?;
+        }
+        Ok(logits)
+    }
+
+    /// [`Self::record_rows`] up to the output rows' logits.
+    fn record_forward(
         &self,
         chain: &mut Chain,
         rows: &DeviceRows,
@@ -410,14 +479,27 @@ impl GpuBatch<'_> {
         }
         graph.output_rows(chain, n_out, &rows.out_rows)?;
         let n_vocab = m.config.n_vocab as u32;
-        let logits = self
-            .s
-            .logits
-            .slice(0, 4 * u64::from(n_out) * u64::from(n_vocab))?;
+        Ok(Some(
+            self.s
+                .logits
+                .slice(0, 4 * u64::from(n_out) * u64::from(n_vocab))?,
+        ))
+    }
+
+    /// [`Self::record_rows`]' draw: one token per output row from `logits`.
+    fn record_draw(
+        &self,
+        chain: &mut Chain,
+        rows: &DeviceRows,
+        logits: &BufferSlice,
+        n_out: u32,
+    ) -> Result<()> {
+        let m = self.model;
+        let n_vocab = m.config.n_vocab as u32;
         match &rows.mask {
             None => m.kernels.sample.record_rows(
                 chain,
-                &logits,
+                logits,
                 n_vocab,
                 n_out,
                 &rows.states,
@@ -427,7 +509,7 @@ impl GpuBatch<'_> {
             )?,
             Some(mask) => m.kernels.sample.record_rows_masked(
                 chain,
-                &logits,
+                logits,
                 n_vocab,
                 n_out,
                 &rows.states,
@@ -437,7 +519,43 @@ impl GpuBatch<'_> {
                 mask,
             )?,
         }
-        Ok(Some(logits))
+        Ok(())
+    }
+
+    /// Writes the late rows' masks (flag word, then the bits; `None`: flag 0, unconstrained).
+    fn write_late_masks(&self, owed: &Owed, masks: &[Option<&TokenMask>]) -> Result<()> {
+        let n_vocab = self.model.config.n_vocab as u32;
+        let words = mask_row_words(n_vocab) as usize;
+        let buf = self.sets[owed.set]
+            .masks
+            .as_ref()
+            .ok_or_else(|| ModelError::Gpu("the mask buffer was not allocated".into()))?;
+        for (&o, m) in owed.outs.iter().zip(masks) {
+            let at = 4 * (o as usize * words) as u64;
+            match m {
+                Some(m) if m.words().len() + 1 == words => {
+                    buf.write(at, &[1u32])?;
+                    buf.write(at + 4, m.words())?;
+                }
+                Some(m) => {
+                    return Err(ModelError::Batch(format!(
+                        "a token mask of {} tokens for a vocabulary of {n_vocab}",
+                        m.n_vocab()
+                    )))
+                }
+                None => buf.write(at, &[0u32])?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets the draw held for `value` run.
+    fn release_draw(&self, value: u64) -> Result<()> {
+        let t = self
+            .timeline
+            .as_ref()
+            .ok_or_else(|| ModelError::Gpu("no timeline holds a draw".into()))?;
+        Ok(t.signal(value)?)
     }
 
     /// Checks a step against the slots' state; returns the slots' cached lengths after it.
@@ -619,10 +737,36 @@ impl BatchForward for GpuBatch<'_> {
     }
 
     fn submit_masked(&mut self, rows: &[BatchRow], masks: &[Option<&TokenMask>]) -> Result<()> {
+        self.submit_late(rows, masks, &[])
+    }
+
+    fn late_masks(&self) -> bool {
+        self.model.ctx.caps().timeline_semaphore
+    }
+
+    fn submit_late(
+        &mut self,
+        rows: &[BatchRow],
+        masks: &[Option<&TokenMask>],
+        late: &[bool],
+    ) -> Result<()> {
         if self.pending.len() >= MAX_IN_FLIGHT {
             return Err(ModelError::Batch(format!(
                 "{MAX_IN_FLIGHT} steps are already in flight: collect one first"
             )));
+        }
+        if self.owed.is_some() {
+            return Err(ModelError::Batch(
+                "the last step's late masks were not given".into(),
+            ));
+        }
+        let is_late = |i: usize| {
+            late.get(i).copied().unwrap_or(false)
+                && matches!(rows.get(i).map(|r| r.output), Some(RowOutput::Sample(_)))
+        };
+        let any_late = (0..rows.len()).any(is_late);
+        if any_late && self.timeline.is_none() {
+            self.timeline = Some(Timeline::new(&self.model.ctx)?);
         }
         let cached = self.validate(rows)?;
         let spans = kv::slot_spans(rows);
@@ -652,6 +796,7 @@ impl BatchForward for GpuBatch<'_> {
         let mut states = Vec::new();
         // Per output row: its mask, where it samples under one.
         let mut row_masks: Vec<Option<&TokenMask>> = Vec::new();
+        let mut late_outs: Vec<u32> = Vec::new();
         let mut outputs = Vec::with_capacity(rows.len());
         let mut want_logits = false;
         for (i, r) in rows.iter().enumerate() {
@@ -674,6 +819,9 @@ impl BatchForward for GpuBatch<'_> {
             };
             outputs.push(state.map(|(words, logits)| {
                 let o = out_rows.len() as u32;
+                if is_late(i) {
+                    late_outs.push(o);
+                }
                 out_rows.push(i as u32);
                 row_masks.push(mask);
                 states.extend(words);
@@ -710,7 +858,7 @@ impl BatchForward for GpuBatch<'_> {
             io.out_rows.write(0, &out_rows)?;
             io.states.write(0, &states)?;
         }
-        let masked = row_masks.iter().any(Option::is_some);
+        let masked = any_late || row_masks.iter().any(Option::is_some);
         if masked {
             let words = mask_row_words(n_vocab as u32) as usize;
             if io.masks.is_none() {
@@ -725,8 +873,9 @@ impl BatchForward for GpuBatch<'_> {
                 .masks
                 .as_ref()
                 .ok_or_else(|| ModelError::Gpu("the mask buffer was not allocated".into()))?;
-            // Unconstrained and padding rows get their flag only: the kernel skips their bits.
-            for o in 0..ob as usize {
+            // Unconstrained and padding rows get their flag only: the kernel skips their bits
+            // (late rows' are written by `give_masks`).
+            for o in (0..ob as usize).filter(|o| !late_outs.contains(&(*o as u32))) {
                 let at = 4 * (o * words) as u64;
                 match row_masks.get(o).copied().flatten() {
                     Some(m) if m.words().len() + 1 == words => {
@@ -743,7 +892,7 @@ impl BatchForward for GpuBatch<'_> {
                 }
             }
         }
-        let key = (nb, ob, want_logits, set, masked);
+        let key = (nb, ob, want_logits, set, masked, any_late);
         if !self.chains.contains_key(&key) {
             if self.chains.len() >= 64 && self.pending.is_empty() {
                 self.chains.clear();
@@ -755,7 +904,19 @@ impl BatchForward for GpuBatch<'_> {
             .chains
             .get_mut(&key)
             .ok_or_else(|| ModelError::Gpu("batch chain vanished".into()))?;
-        chain.submit()?;
+        chain.head.submit()?;
+        let mut signal = None;
+        if let (Some(tail), Some(timeline)) = (chain.tail.as_mut(), self.timeline.as_ref()) {
+            let value = self.signals + 1;
+            tail.submit_after(timeline, value)?;
+            self.signals = value;
+            signal = Some(value);
+            self.owed = Some(Owed {
+                value,
+                set,
+                outs: late_outs,
+            });
+        }
         // bookkeeping only once the step is on its way
         self.cached = cached;
         let mut sampled = vec![None; self.n_slots as usize];
@@ -770,8 +931,32 @@ impl BatchForward for GpuBatch<'_> {
             key,
             outputs,
             n_out,
+            signal,
         });
         Ok(())
+    }
+
+    fn give_masks(&mut self, masks: &[Option<&TokenMask>]) -> Result<()> {
+        let owed = self
+            .owed
+            .take()
+            .ok_or_else(|| ModelError::Batch("no step waits for masks".into()))?;
+        let written = if masks.len() == owed.outs.len() {
+            self.write_late_masks(&owed, masks)
+        } else {
+            Err(ModelError::Batch(format!(
+                "{} late masks for {} late rows",
+                masks.len(),
+                owed.outs.len()
+            )))
+        };
+        if written.is_err() {
+            // never half-written masks: the late rows draw unconstrained (the caller has the
+            // error)
+            self.write_late_masks(&owed, &vec![None; owed.outs.len()])?;
+        }
+        self.release_draw(owed.value)?;
+        written
     }
 
     fn collect(&mut self) -> Result<Vec<RowResult>> {
@@ -779,13 +964,32 @@ impl BatchForward for GpuBatch<'_> {
             .pending
             .pop_front()
             .ok_or_else(|| ModelError::Batch("no step in flight to collect".into()))?;
+        let mut missing = false;
+        if let Some(owed) = self.owed.take_if(|o| Some(o.value) == p.signal) {
+            // collected before its masks: release the draw unconstrained rather than hang
+            self.write_late_masks(&owed, &vec![None; owed.outs.len()])?;
+            self.release_draw(owed.value)?;
+            missing = true;
+        }
         let chain = self
             .chains
             .get_mut(&p.key)
             .ok_or_else(|| ModelError::Gpu("batch chain vanished".into()))?;
-        chain.wait()?;
+        chain.head.wait()?;
+        if let Some(tail) = chain.tail.as_mut() {
+            tail.wait()?;
+        }
         if self.profile {
-            self.last_profile = chain.timings()?.map(|t| summarize(&t));
+            let mut t = chain.head.timings()?.unwrap_or_default();
+            if let Some(tail) = chain.tail.as_mut() {
+                t.extend(tail.timings()?.unwrap_or_default());
+            }
+            self.last_profile = Some(summarize(&t));
+        }
+        if missing {
+            return Err(ModelError::Batch(
+                "a step was collected before its late masks were given".into(),
+            ));
         }
         let io = &self.sets[p.key.3];
         let mut tokens = vec![0u32; p.n_out as usize];
