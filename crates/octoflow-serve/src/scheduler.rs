@@ -20,10 +20,12 @@
 //! sequence that ends (end-of-generation, stop string) has usually already been given one more
 //! row, whose result is dropped; it wastes at most one step's row. Sequences sampled on the CPU
 //! (penalties, log-probabilities, parameters the device sampler lacks) get their logits back
-//! and take part in every other step at most. So do sequences under a grammar: the mask of
-//! their next token exists only once the previous token is known, so they wait for it while
-//! the unconstrained sequences around them stay pipelined; their draws stay on the device
-//! (the engine's masked sampler) with the masks computed on the host's cores in parallel.
+//! and take part in every other step at most. Sequences under a grammar stay pipelined too
+//! where the engine takes late masks ([`BatchForward::submit_late`]): the mask of their next
+//! token exists only once the previous token is known, so step N + 1 goes to the engine with
+//! their draws held, and once step N is collected their masks are computed on the host's cores
+//! in parallel and given while step N + 1's forward pass runs. Elsewhere they wait for their
+//! token and take part in every other step.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -92,6 +94,8 @@ struct StepMeta {
     agents: Vec<Planned>,
     n_rows: usize,
     submitted: Instant,
+    /// Its late rows' masks are still to be given (once the step before it is collected).
+    owes: bool,
 }
 
 struct RowMeta {
@@ -103,6 +107,9 @@ struct RowMeta {
     consumed: bool,
     /// The grammar gave no mask for this row's draw (the sequence fails when it returns).
     mask_error: Option<String>,
+    /// Its draw's mask is given after the submit (it takes the previous step's token on the
+    /// device, so its grammar has not seen that token yet).
+    late: bool,
 }
 
 impl Driver {
@@ -364,10 +371,9 @@ impl<'t> Loop<'_, 't> {
 
     /// Collects what is still in flight (results dropped), so the engine is idle.
     fn drain_inflight(&mut self) {
-        while self.engine.pending() > 0 {
+        for _ in 0..self.engine.pending() {
             if let Err(e) = self.engine.collect() {
-                tracing::error!("collecting a step at shutdown: {e}");
-                break;
+                tracing::error!("collecting a step that is dropped: {e}");
             }
         }
         self.inflight.clear();
@@ -500,15 +506,30 @@ impl<'t> Loop<'_, 't> {
         }
         self.pacer.before_submit();
         let submitted = Instant::now();
-        let masks = self.masks(&rows, &mut meta);
+        let sampling: Vec<bool> = rows
+            .iter()
+            .map(|r| matches!(r.output, RowOutput::Sample(_)))
+            .collect();
+        let masks = self.masks(rows.len(), &mut meta, |m| !m.late && sampling[m.row]);
         let mask_refs: Vec<Option<&TokenMask>> = masks.iter().map(Option::as_ref).collect();
-        match self.engine.submit_masked(&rows, &mask_refs) {
+        let mut late = vec![false; rows.len()];
+        for m in meta.iter().filter(|m| m.late) {
+            late[m.row] = true;
+        }
+        let owes = late.contains(&true);
+        let sent = if owes {
+            self.engine.submit_late(&rows, &mask_refs, &late)
+        } else {
+            self.engine.submit_masked(&rows, &mask_refs)
+        };
+        match sent {
             Ok(()) => {
                 self.inflight.push_back(StepMeta {
                     rows: meta,
                     agents,
                     n_rows: rows.len(),
                     submitted,
+                    owes,
                 });
                 (true, true)
             }
@@ -523,6 +544,7 @@ impl<'t> Loop<'_, 't> {
     /// step, rotating which sequences go first.
     fn decode_rows(&mut self, rows: &mut Vec<BatchRow>, meta: &mut Vec<RowMeta>, cap: usize) {
         let n_ctx = self.engine.n_ctx();
+        let late_masks = self.engine.late_masks();
         let n = self.slots.len();
         for k in 0..n {
             if rows.len() >= cap {
@@ -535,6 +557,7 @@ impl<'t> Loop<'_, 't> {
             if !seq.prefilled() || seq.requested >= seq.max_tokens || seq.next_pos >= n_ctx {
                 continue;
             }
+            let mut late = false;
             let token = if let Some(t) = seq.pending.take() {
                 TokenIn::Id(t)
             } else if let Some(prev) = self.inflight.back_mut().and_then(|step| {
@@ -542,7 +565,8 @@ impl<'t> Loop<'_, 't> {
                     .iter_mut()
                     .find(|r| r.seq == seq.id && !r.consumed)
             }) {
-                if !seq.device || seq.constrained() {
+                late = seq.constrained();
+                if !seq.device || (late && !late_masks) {
                     // the CPU draws it, or its mask needs the token first: wait for it
                     continue;
                 }
@@ -558,6 +582,7 @@ impl<'t> Loop<'_, 't> {
                 seq: seq.id,
                 consumed: false,
                 mask_error: None,
+                late: late && matches!(output, RowOutput::Sample(_)),
             });
             rows.push(BatchRow {
                 slot: slot as u32,
@@ -605,6 +630,7 @@ impl<'t> Loop<'_, 't> {
                         seq: seq.id,
                         consumed: false,
                         mask_error: None,
+                        late: false,
                     });
                     seq.requested += 1;
                     seq.next_draw().map_or(RowOutput::Logits, RowOutput::Sample)
@@ -729,6 +755,7 @@ impl<'t> Loop<'_, 't> {
                 self.release(rm.slot);
             }
         }
+        self.give_late_masks();
         for planned in meta.agents {
             // A run cancelled since is gone: its results are dropped.
             let Some(i) = self.runs.iter().position(|r| r.id == planned.run) else {
