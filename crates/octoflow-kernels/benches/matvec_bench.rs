@@ -189,12 +189,13 @@ fn matvec_layouts() {
         };
         for n_tokens in [1u32, 4] {
             let reference = output(n_tokens, Some(MatvecPlan::DEFAULT));
-            let chosen = if MatvecPlan::blocks_fit(ty, n_cols, n_tokens, &[&ws]) {
-                MatvecPlan::blocks(n_rows, glu)
-            } else if glu {
-                MatvecPlan::choose_glu(n_rows, n_cols, n_tokens)
-            } else {
-                MatvecPlan::choose(n_rows, n_cols, n_tokens)
+            let blocks = (!glu && MatvecPlan::blocks_fit(ty, n_cols, n_tokens, &[&ws]))
+                .then(|| MatvecPlan::blocks(n_rows, n_cols, norm))
+                .flatten();
+            let chosen = match blocks {
+                Some(p) => p,
+                None if glu => MatvecPlan::choose_glu(n_rows, n_cols, n_tokens),
+                None => MatvecPlan::choose(n_rows, n_cols, n_tokens),
             };
             let reps = if n_rows > 40_000 { n / 10 + 1 } else { n };
             let plans: Vec<MatvecPlan> = layouts

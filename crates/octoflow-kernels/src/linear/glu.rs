@@ -92,8 +92,6 @@ impl Linear {
             let (r, c, t) = (g.n_rows, g.n_cols, a.n_tokens);
             if a.pending.is_some() {
                 MatvecPlan::choose_glu_direct(r, c, t)
-            } else if MatvecPlan::blocks_fit(g.ty, c, t, &[g.data, u.data]) {
-                MatvecPlan::blocks(r, true)
             } else {
                 MatvecPlan::choose_glu(r, c, t)
             }

@@ -355,10 +355,11 @@ impl Linear {
             let (r, c, t) = (a.w.n_rows, a.w.n_cols, a.n_tokens);
             if a.pending.is_some() {
                 MatvecPlan::choose_direct(r, c, t)
-            } else if MatvecPlan::blocks_fit(a.w.ty, c, t, &[a.w.data]) {
-                MatvecPlan::blocks(r, false)
             } else {
-                MatvecPlan::choose(r, c, t)
+                MatvecPlan::blocks_fit(a.w.ty, c, t, &[a.w.data])
+                    .then(|| MatvecPlan::blocks(r, c, a.norm.is_some()))
+                    .flatten()
+                    .unwrap_or_else(|| MatvecPlan::choose(r, c, t))
             }
         });
         let w = &a.w;

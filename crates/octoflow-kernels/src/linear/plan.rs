@@ -103,16 +103,19 @@ impl MatvecPlan {
         }
     }
 
-    /// The block layout for one token of an `n_rows`-row matrix (`glu`: the fused gate/up).
-    pub(crate) fn blocks(n_rows: u32, glu: bool) -> MatvecPlan {
-        let _ = (n_rows, glu);
-        MatvecPlan {
+    /// The block layout for one token of an `n_rows` x `n_cols` matrix whose weights
+    /// [`MatvecPlan::blocks_fit`], where it beats the other layouts (`norm`: the RMS norm is
+    /// fused): rows of up to 8,192 columns, except 4,096+ rows under a fused norm, where the
+    /// staged layout of [`MatvecPlan::choose`] stays ahead. Longer rows and the gate/up pair
+    /// keep their layouts until a sweep says otherwise (docs/perf-log, session 26).
+    pub(crate) fn blocks(n_rows: u32, n_cols: u32, norm: bool) -> Option<MatvecPlan> {
+        (n_cols <= 8192 && !(norm && n_rows >= 4096)).then_some(MatvecPlan {
             wg: 4 * MATVEC_TPR,
-            tpr: MATVEC_TPR,
+            tpr: 2 * MATVEC_TPR,
             maxt: 1,
-            rpt: 2,
+            rpt: 4,
             blocks: true,
-        }
+        })
     }
 
     /// Whether the block layout reads `n_tokens` tokens of these weights (every matrix of the
