@@ -317,15 +317,20 @@ impl GpuBatch<'_> {
         self.max_out as usize
     }
 
-    /// Writes the late rows' masks (flag word, then the bits; `None`: flag 0, unconstrained).
-    fn write_late_masks(&self, owed: &Owed, masks: &[Option<&TokenMask>]) -> Result<()> {
+    /// Writes output rows' masks into set `set`'s mask buffer: per (output row, mask) its flag
+    /// word, then the bits (`None`: flag 0, unconstrained; the kernel skips its bits).
+    fn write_masks<'a>(
+        &self,
+        set: usize,
+        rows: impl IntoIterator<Item = (u32, Option<&'a TokenMask>)>,
+    ) -> Result<()> {
         let n_vocab = self.model.config.n_vocab as u32;
         let words = mask_row_words(n_vocab) as usize;
-        let buf = self.sets[owed.set]
+        let buf = self.sets[set]
             .masks
             .as_ref()
             .ok_or_else(|| ModelError::Gpu("the mask buffer was not allocated".into()))?;
-        for (&o, m) in owed.outs.iter().zip(masks) {
+        for (o, m) in rows {
             let at = 4 * (o as usize * words) as u64;
             match m {
                 Some(m) if m.words().len() + 1 == words => {
@@ -342,6 +347,14 @@ impl GpuBatch<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Writes the late rows' masks.
+    fn write_late_masks(&self, owed: &Owed, masks: &[Option<&TokenMask>]) -> Result<()> {
+        self.write_masks(
+            owed.set,
+            owed.outs.iter().copied().zip(masks.iter().copied()),
+        )
     }
 
     /// Lets the draw held for `value` run.
@@ -664,28 +677,14 @@ impl BatchForward for GpuBatch<'_> {
                     MemoryKind::Upload,
                 )?);
             }
-            let buf = io
-                .masks
-                .as_ref()
-                .ok_or_else(|| ModelError::Gpu("the mask buffer was not allocated".into()))?;
-            // Unconstrained and padding rows get their flag only: the kernel skips their bits
-            // (late rows' are written by `give_masks`).
-            for o in (0..ob as usize).filter(|o| !late_outs.contains(&(*o as u32))) {
-                let at = 4 * (o * words) as u64;
-                match row_masks.get(o).copied().flatten() {
-                    Some(m) if m.words().len() + 1 == words => {
-                        buf.write(at, &[1u32])?;
-                        buf.write(at + 4, m.words())?;
-                    }
-                    Some(m) => {
-                        return Err(ModelError::Batch(format!(
-                            "a token mask of {} tokens for a vocabulary of {n_vocab}",
-                            m.n_vocab()
-                        )))
-                    }
-                    None => buf.write(at, &[0u32])?,
-                }
-            }
+            // unconstrained and padding rows get their flag only; late rows' come with
+            // `give_masks`
+            self.write_masks(
+                set,
+                (0..ob)
+                    .filter(|o| !late_outs.contains(o))
+                    .map(|o| (o, row_masks.get(o as usize).copied().flatten())),
+            )?;
         }
         let key = (nb, ob, want_logits, set, masked, any_late);
         if !self.chains.contains_key(&key) {
