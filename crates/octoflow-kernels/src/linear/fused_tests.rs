@@ -25,20 +25,7 @@ fn gpu_pending_post_norm_matches_the_reference() {
     };
     let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let lin = Linear::with_layout(&ctx, false, Tuning::from_caps(ctx.caps())).unwrap();
-    let mut plans = vec![];
-    for tpr in [32u32, 64, 128] {
-        for wg in [tpr, 2 * tpr] {
-            for rpt in [1u32, 2, 4] {
-                plans.push(MatvecPlan {
-                    wg,
-                    tpr,
-                    maxt: 1,
-                    rpt,
-                    blocks: false,
-                });
-            }
-        }
-    }
+    let mut plans = super::tests::one_token_layouts(2, false);
     // a random few per run (pipelines compile slowly on lavapipe), the chosen ones always
     use rand::seq::SliceRandom;
     plans.shuffle(&mut rng);

@@ -107,7 +107,7 @@ impl MatvecPlan {
     /// [`MatvecPlan::blocks_fit`], where it beats the other layouts (`norm`: the RMS norm is
     /// fused): rows of up to 8,192 columns, except 4,096+ rows under a fused norm, where the
     /// staged layout of [`MatvecPlan::choose`] stays ahead. Longer rows and the gate/up pair
-    /// keep their layouts until a sweep says otherwise (docs/perf-log, session 26).
+    /// keep their layouts until a sweep says otherwise (the sweep in docs/perf-log).
     pub(crate) fn blocks(n_rows: u32, n_cols: u32, norm: bool) -> Option<MatvecPlan> {
         (n_cols <= 8192 && !(norm && n_rows >= 4096)).then_some(MatvecPlan {
             wg: 4 * MATVEC_TPR,

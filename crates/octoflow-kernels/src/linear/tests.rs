@@ -256,6 +256,26 @@ fn gpu_matvec_layouts_agree_with_the_references() {
     assert_no_validation_errors(&ctx);
 }
 
+/// The one-token layouts of 32, 64 and 128 lanes a row, workgroups of one row or `wide` rows,
+/// 1, 2 or 4 rows a lane; the block layout's or the others.
+pub(super) fn one_token_layouts(wide: u32, blocks: bool) -> Vec<MatvecPlan> {
+    let mut plans = vec![];
+    for tpr in [32u32, 64, 128] {
+        for wg in [tpr, wide * tpr] {
+            for rpt in [1u32, 2, 4] {
+                plans.push(MatvecPlan {
+                    wg,
+                    tpr,
+                    maxt: 1,
+                    rpt,
+                    blocks,
+                });
+            }
+        }
+    }
+    plans
+}
+
 /// The block layout (Q4_K, one token, 64 elements per invocation at a time) in every work
 /// layout shape against the CPU references, as [`gpu_matvec_layouts_agree_with_the_references`]
 /// (a random half per run, the chosen ones always), on rows of 512 to 2,560 columns; and the
@@ -267,20 +287,7 @@ fn gpu_block_layout_agrees_with_the_references() {
     };
     let (seed, mut rng) = crate::testkit::seeded(module_path!());
     let lin = Linear::with_layout(&ctx, false, Tuning::from_caps(ctx.caps())).unwrap();
-    let mut plans = vec![];
-    for tpr in [32u32, 64, 128] {
-        for wg in [tpr, 4 * tpr] {
-            for rpt in [1u32, 2, 4] {
-                plans.push(MatvecPlan {
-                    wg,
-                    tpr,
-                    maxt: 1,
-                    rpt,
-                    blocks: true,
-                });
-            }
-        }
-    }
+    let mut plans = one_token_layouts(4, true);
     use rand::seq::SliceRandom;
     plans.shuffle(&mut rng);
     plans.truncate(9);
