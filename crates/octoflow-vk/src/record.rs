@@ -95,46 +95,20 @@ impl Chain {
     /// A full barrier: every earlier shader/transfer write is visible to every later shader,
     /// transfer and indirect-argument read.
     pub fn barrier(&mut self) -> Result<()> {
-        self.check_recording()?;
-        let b = vk::MemoryBarrier::default()
-            .src_access_mask(WRITES)
-            .dst_access_mask(ACCESSES);
-        // SAFETY: recording into this chain's command buffer.
-        unsafe {
-            self.ctx.inner.device.cmd_pipeline_barrier(
-                self.cmd,
-                STAGES,
-                STAGES,
-                vk::DependencyFlags::empty(),
-                &[b],
-                &[],
-                &[],
-            )
-        };
-        Ok(())
+        self.memory_barrier((STAGES, WRITES), (STAGES, ACCESSES))
     }
 
     /// A barrier after which later commands see what the host wrote to mapped memory while
     /// the chain was already submitted, before the host signal it waits for
     /// ([`Chain::submit_after`]); also a full [`Chain::barrier`].
     pub fn host_barrier(&mut self) -> Result<()> {
-        self.check_recording()?;
-        let b = vk::MemoryBarrier::default()
-            .src_access_mask(WRITES | vk::AccessFlags::HOST_WRITE)
-            .dst_access_mask(ACCESSES);
-        // SAFETY: recording into this chain's command buffer.
-        unsafe {
-            self.ctx.inner.device.cmd_pipeline_barrier(
-                self.cmd,
+        self.memory_barrier(
+            (
                 STAGES | vk::PipelineStageFlags::HOST,
-                STAGES,
-                vk::DependencyFlags::empty(),
-                &[b],
-                &[],
-                &[],
-            )
-        };
-        Ok(())
+                WRITES | vk::AccessFlags::HOST_WRITE,
+            ),
+            (STAGES, ACCESSES),
+        )
     }
 
     /// A barrier between compute dispatches only: every earlier shader write is visible to
@@ -142,16 +116,32 @@ impl Chain {
     /// otherwise wait before it may read indirect arguments or start transfers; use the full
     /// barrier where a transfer, an indirect-argument read or a host read follows.
     pub fn compute_barrier(&mut self) -> Result<()> {
+        let compute = vk::PipelineStageFlags::COMPUTE_SHADER;
+        self.memory_barrier(
+            (compute, vk::AccessFlags::SHADER_WRITE),
+            (
+                compute,
+                vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE,
+            ),
+        )
+    }
+
+    /// One global memory barrier from (stages, accesses) `src` to `dst`.
+    fn memory_barrier(
+        &mut self,
+        src: (vk::PipelineStageFlags, vk::AccessFlags),
+        dst: (vk::PipelineStageFlags, vk::AccessFlags),
+    ) -> Result<()> {
         self.check_recording()?;
         let b = vk::MemoryBarrier::default()
-            .src_access_mask(vk::AccessFlags::SHADER_WRITE)
-            .dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE);
+            .src_access_mask(src.1)
+            .dst_access_mask(dst.1);
         // SAFETY: recording into this chain's command buffer.
         unsafe {
             self.ctx.inner.device.cmd_pipeline_barrier(
                 self.cmd,
-                vk::PipelineStageFlags::COMPUTE_SHADER,
-                vk::PipelineStageFlags::COMPUTE_SHADER,
+                src.0,
+                dst.0,
                 vk::DependencyFlags::empty(),
                 &[b],
                 &[],
