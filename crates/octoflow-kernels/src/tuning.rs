@@ -25,6 +25,7 @@ pub const FALLBACK_COMPUTE_UNITS: u32 = 128;
 /// | `OCTOFLOW_UNFUSED_GLU=1` | [`Tuning::unfused_glu`] | cooperative-matrix batches record gate and up as two products, a barrier and the GLU kernel |
 /// | `OCTOFLOW_UNFUSED_POST=1` | [`Tuning::unfused_post`] | single-token steps of post-norm models (gemma3) record each post-norm and its add as a stage |
 /// | `OCTOFLOW_MOE_COOP=1` | [`Tuning::moe_coop`] | batches' expert products run on cooperative matrices (the MOE variants of `matmul_coop.comp`) |
+/// | `OCTOFLOW_MATVEC_DOT=0` or `1` | [`Tuning::matvec_dot`] | one-token Q4_K products on 8-bit dot products of a quantized x (`matvec_dot.comp`), off or on |
 ///
 /// The switches exist to measure what each fusion gains; results are the same either way
 /// (within each path's rounding).
@@ -51,13 +52,20 @@ pub struct Tuning {
     /// them. Off until the kernel has run on such a device (the kernel tests exercise it there
     /// whatever this says; lavapipe has no cooperative matrices).
     pub moe_coop: bool,
+    /// One-token Q4_K products take `matvec_dot.comp` (x quantized to 8 bits per block of 32,
+    /// integer dot products) where the shape fits it. On by default where the device
+    /// accelerates 4x8-bit dot products: elsewhere they are emulated and the f32 matvec stays.
+    pub matvec_dot: bool,
 }
 
 impl Tuning {
     /// The defaults for `caps`: every fusion on, split targets from the device's compute units
     /// ([`DeviceCaps::compute_units`], else [`FALLBACK_COMPUTE_UNITS`]).
     pub fn from_caps(caps: &DeviceCaps) -> Self {
-        Self::from_compute_units(caps.compute_units)
+        Tuning {
+            matvec_dot: caps.integer_dot_product && caps.int8_dot_accelerated,
+            ..Self::from_compute_units(caps.compute_units)
+        }
     }
 
     /// The defaults for a device of `units` compute units (unknown: `None`).
@@ -71,6 +79,7 @@ impl Tuning {
             unfused_glu: false,
             unfused_post: false,
             moe_coop: false,
+            matvec_dot: false,
         }
     }
 
@@ -99,6 +108,11 @@ impl Tuning {
         self.unfused_glu = on("OCTOFLOW_UNFUSED_GLU");
         self.unfused_post = on("OCTOFLOW_UNFUSED_POST");
         self.moe_coop = on("OCTOFLOW_MOE_COOP");
+        match var("OCTOFLOW_MATVEC_DOT").as_deref() {
+            Some("0") => self.matvec_dot = false,
+            Some("1") => self.matvec_dot = true,
+            _ => {}
+        }
         self
     }
 }
@@ -136,7 +150,15 @@ mod tests {
             ("OCTOFLOW_UNFUSED_GLU", "1"),
             ("OCTOFLOW_UNFUSED_ROPE", "0"),
             ("OCTOFLOW_MATMUL_TARGET_GROUPS", "1"),
+            ("OCTOFLOW_MATVEC_DOT", "1"),
         ]));
+        assert!(t.matvec_dot && !base.matvec_dot);
+        let on = Tuning {
+            matvec_dot: true,
+            ..base
+        };
+        assert!(!on.with_switches(env(&[("OCTOFLOW_MATVEC_DOT", "0")])).matvec_dot);
+        assert!(on.with_switches(env(&[("OCTOFLOW_MATVEC_DOT", "x")])).matvec_dot);
         assert_eq!(t.coop_min_tokens, 9);
         assert_eq!(t.matmul_target_groups, 1);
         for bad in ["0", "x"] {

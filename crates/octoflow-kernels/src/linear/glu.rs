@@ -80,6 +80,16 @@ impl Linear {
             }
             None => None,
         };
+        if let Some(dot) = self.dot_for(
+            g.ty,
+            g.n_cols,
+            a.n_tokens,
+            a.pending.is_some(),
+            &[g.data, u.data],
+            forced || plan.is_some(),
+        ) {
+            return dot.record_glu(chain, a, [wb, x, y, bias], up, push);
+        }
         if let Some(coop) = self
             .coop
             .as_ref()

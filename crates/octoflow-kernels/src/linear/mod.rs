@@ -33,6 +33,7 @@ pub mod get_rows;
 mod glu;
 pub mod lora;
 pub mod matmul_coop;
+mod matvec_dot;
 mod plan;
 pub(crate) mod qweight;
 mod reference;
@@ -43,6 +44,7 @@ mod tests;
 pub(crate) use args::{check_args, glu_cost, product_cost, Checked};
 pub use args::{LinearArgs, LinearGluArgs, PendingNorm, QWeightRef};
 pub(crate) use plan::MatvecPlan;
+pub use matvec_dot::{matvec_dot_glu_ref, matvec_dot_ref, q8_blocks, MATVEC_DOT_MAX_COLS};
 pub use reference::{linear_glu_ref, linear_ref};
 
 use octoflow_gguf::GgmlType;
@@ -53,6 +55,7 @@ use crate::spec::SpecPipelines;
 use crate::tuning::Tuning;
 use args::check_pending;
 use matmul_coop::MatmulCoop;
+use matvec_dot::MatvecDot;
 use plan::{cpu_groups, Matvec};
 use qweight::{check_words, QOp, TYPES};
 
@@ -109,6 +112,9 @@ pub struct Linear {
     cpu: bool,
     /// Batches of [`Tuning::coop_min_tokens`] or more go here when present.
     coop: Option<MatmulCoop>,
+    /// One-token Q4_K products on integer dot products (GPU layout, where the device has
+    /// them); taken where [`Tuning::matvec_dot`] and [`MatvecDot::fits`] say so.
+    dot: Option<MatvecDot>,
     /// Read once at construction; see [`Linear::tuning`].
     tuning: Tuning,
 }
@@ -175,6 +181,7 @@ impl Linear {
                 matmul,
                 cpu,
                 coop: None,
+                dot: None,
                 tuning,
             });
         }
@@ -217,6 +224,7 @@ impl Linear {
             matmul,
             cpu,
             coop,
+            dot: MatvecDot::new(ctx, required),
             tuning,
         })
     }
@@ -303,6 +311,22 @@ impl Linear {
         })
     }
 
+    /// The integer-dot kernel where it takes this product: the tuning asks for it, no matvec
+    /// layout was given (`forced`), and [`MatvecDot::fits`] the weights `w` of type `ty`.
+    fn dot_for(
+        &self,
+        ty: GgmlType,
+        n_cols: u32,
+        n_tokens: u32,
+        pending: bool,
+        w: &[&BufferSlice],
+        forced: bool,
+    ) -> Option<&MatvecDot> {
+        self.dot.as_ref().filter(|_| {
+            self.tuning.matvec_dot && !forced && MatvecDot::fits(ty, n_cols, n_tokens, pending, w)
+        })
+    }
+
     /// Whether the kernels read weights of type `ty`.
     pub fn supports(ty: GgmlType) -> bool {
         TYPES.contains(&ty)
@@ -369,9 +393,24 @@ impl Linear {
                 detail: "a pending post-norm needs the fused norm".into(),
             });
         }
-        if let Some((g, eps)) = a.norm {
+        if let Some((g, _)) = a.norm {
             self.check_norm_path(a.n_tokens, forced)?;
             check_words(OP, "norm", g, u64::from(w.n_cols), "floats")?;
+        }
+        // a given layout, and record_f32's products (of f32 x, not of its 8-bit codes), keep
+        // the matvec
+        let given = forced || !allow_coop;
+        if let Some(dot) = self.dot_for(
+            w.ty,
+            w.n_cols,
+            a.n_tokens,
+            a.pending.is_some(),
+            &[w.data],
+            given,
+        ) {
+            return dot.record(chain, a, &bindings, push);
+        }
+        if let Some((g, eps)) = a.norm {
             return self.record_matvec(chain, ti, a, &bindings, push, plan, Some((g, eps)));
         }
         if let Some(coop) = self

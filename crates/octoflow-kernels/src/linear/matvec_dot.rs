@@ -1,0 +1,222 @@
+//! One token of a Q4_K product on 8-bit integer dot products (`matvec_dot.comp`): x quantized
+//! per block of 32 values as llama.cpp's q8_1 inside each workgroup, the weights' nibbles
+//! dotted with its codes four at a time. What [`super::Linear::record`] and
+//! [`super::Linear::record_glu`] take for one-token Q4_K products where [`MatvecDot::fits`] and
+//! [`crate::Tuning::matvec_dot`] say so; [`matvec_dot_ref`] is its CPU reference.
+
+use octoflow_gguf::quant::QuantError;
+use octoflow_gguf::GgmlType;
+use octoflow_vk::{BufferSlice, Chain, Context, Push};
+
+use super::args::{glu_cost, product_cost};
+use super::{LinearArgs, LinearGluArgs, MATVEC_TPR, PUSH_BYTES};
+use crate::error::Result;
+use crate::glu::{glu_ref, GluOp};
+use crate::shaders;
+use crate::spec::SpecPipelines;
+
+/// Widest row the shader's shared memory holds (`MAX_COLS` in `matvec_dot.comp`).
+pub const MATVEC_DOT_MAX_COLS: u32 = 16384;
+/// Invocations per workgroup and rows a row group of 32 lanes takes at once (`WG`, `RPT`).
+const WG: u32 = 256;
+const RPT: u32 = 2;
+/// Values per quantized block of x.
+const QK: usize = 32;
+
+/// The shader's two pipelines (plain and GLU), for devices with integer dot products.
+pub(crate) struct MatvecDot {
+    plain: SpecPipelines,
+    glu: SpecPipelines,
+}
+
+impl MatvecDot {
+    /// The pipelines (built on first use), with the subgroup size the matvec requires, or `None`
+    /// where the device has no integer dot products.
+    pub(crate) fn new(ctx: &Context, subgroup: Option<u32>) -> Option<Self> {
+        ctx.caps().integer_dot_product.then(|| MatvecDot {
+            plain: SpecPipelines::new(shaders::MATVEC_DOT_Q4_K, 5, PUSH_BYTES + 8, "dot_q4_k")
+                .subgroup_size(subgroup),
+            glu: SpecPipelines::new(
+                shaders::MATVEC_DOT_GLU_Q4_K,
+                6,
+                PUSH_BYTES + 12,
+                "dot_glu_q4_k",
+            )
+            .subgroup_size(subgroup),
+        })
+    }
+
+    /// Whether the kernel reads this product: one token of Q4_K rows of whole super-blocks, at
+    /// most [`MATVEC_DOT_MAX_COLS`] wide, from 16-byte aligned offsets, no pending post-norm.
+    pub(crate) fn fits(
+        ty: GgmlType,
+        n_cols: u32,
+        n_tokens: u32,
+        pending: bool,
+        w: &[&BufferSlice],
+    ) -> bool {
+        ty == GgmlType::Q4_K
+            && n_tokens == 1
+            && !pending
+            && n_cols.is_multiple_of(256)
+            && n_cols <= MATVEC_DOT_MAX_COLS
+            && w.iter().all(|s| s.offset.is_multiple_of(16))
+    }
+
+    fn groups(chain: &Chain, n_rows: u32) -> Result<[u32; 3]> {
+        Ok(chain
+            .context()
+            .groups_1d(u64::from(n_rows), WG / MATVEC_TPR * RPT)?)
+    }
+
+    /// Records checked arguments (`push`: [`super::check_args`]' seven words; `bindings`: weights,
+    /// x, y, bias) that [`MatvecDot::fits`].
+    pub(crate) fn record(
+        &self,
+        chain: &mut Chain,
+        a: &LinearArgs,
+        bindings: &[BufferSlice; 4],
+        push: Push,
+    ) -> Result<()> {
+        let pl = self.plain.get(chain.context(), [WG, RPT, 0, 0, 0, 0, 0])?;
+        let [wb, x, y, bias] = bindings.clone();
+        let (g, eps) = a
+            .norm
+            .map_or_else(|| (x.clone(), 0.0), |(g, eps)| (g.clone(), eps));
+        let push = push.f32(eps).u32(u32::from(a.norm.is_some()));
+        let groups = Self::groups(chain, a.w.n_rows)?;
+        chain.dispatch(&pl, &[wb, x, y, bias, g], &push, groups)?;
+        let (bytes, flops) = product_cost(a);
+        chain.set_cost(bytes, flops);
+        Ok(())
+    }
+
+    /// Records the fused gate/up/activation of checked arguments (`push` as for
+    /// [`MatvecDot::record`]; `up` the up weights' binding) that [`MatvecDot::fits`].
+    pub(crate) fn record_glu(
+        &self,
+        chain: &mut Chain,
+        a: &LinearGluArgs,
+        bindings: [BufferSlice; 4],
+        up: BufferSlice,
+        push: Push,
+    ) -> Result<()> {
+        let pl = self.glu.get(chain.context(), [WG, RPT, 0, 0, 0, 0, 0])?;
+        let [wb, x, y, bias] = bindings;
+        let (g, eps) = a
+            .norm
+            .map_or_else(|| (x.clone(), 0.0), |(g, eps)| (g.clone(), eps));
+        let push = push
+            .f32(eps)
+            .u32(u32::from(a.norm.is_some()))
+            .u32(a.op.code());
+        let groups = Self::groups(chain, a.gate.n_rows)?;
+        chain.dispatch(&pl, &[wb, x, y, bias, g, up], &push, groups)?;
+        let (bytes, flops) = glu_cost(a);
+        chain.set_cost(bytes, flops);
+        Ok(())
+    }
+}
+
+/// x (times `g`) quantized as the shader does: per block of 32 values `d = max|v| / 127`, codes
+/// `round(v / d)` half away from zero (through `1 / d`, as the shader), returned dequantized
+/// (`d * code`), with, per value, how far `v / d` lies from a rounding boundary (a code the
+/// GPU's division may round the other way lies within a few ulps of one).
+pub fn q8_blocks(x: &[f32], g: Option<&[f32]>) -> (Vec<f64>, Vec<f32>) {
+    let mut deq = Vec::with_capacity(x.len());
+    let mut margin = Vec::with_capacity(x.len());
+    for (b, xb) in x.chunks(QK).enumerate() {
+        let v: Vec<f32> = xb
+            .iter()
+            .enumerate()
+            .map(|(i, &xv)| g.map_or(xv, |g| xv * g[b * QK + i]))
+            .collect();
+        let amax = v.iter().fold(0f32, |m, a| m.max(a.abs()));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        for &vv in &v {
+            let s = vv * id;
+            let code = s.signum() * (s.abs() + 0.5).floor();
+            deq.push(f64::from(d) * f64::from(code));
+            margin.push(((s.abs() - s.abs().floor()) - 0.5).abs());
+        }
+    }
+    (deq, margin)
+}
+
+/// CPU reference of one row set of [`MatvecDot`]: `y[y_col + r] (= | +=) dot(W row r, q8(x))
+/// (+ bias[r])`, times `1 / rms(x)` with the norm `(g, eps)`; dots in f64 over the f32 weights
+/// `octoflow_gguf` dequantizes. Returns, per row, the most the result may move where a code of
+/// x lies so close to a rounding boundary (within `1e-4`) that the device's division may round
+/// it the other way: one code step of each such value times its weight.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_dot_ref(
+    w: &[u8],
+    n_rows: usize,
+    n_cols: usize,
+    x: &[f32],
+    norm: Option<(&[f32], f32)>,
+    y: &mut [f32],
+    y_col: usize,
+    bias: Option<&[f32]>,
+    accumulate: bool,
+) -> std::result::Result<Vec<f64>, QuantError> {
+    let (xd, margin) = q8_blocks(&x[..n_cols], norm.map(|(g, _)| g));
+    let inv = norm.map_or(1.0, |(_, eps)| {
+        let ss: f64 = x[..n_cols].iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        1.0 / (ss / n_cols as f64 + f64::from(eps)).sqrt()
+    });
+    let rb = octoflow_gguf::quant::quantized_size(GgmlType::Q4_K, n_cols)?;
+    let mut row = vec![0f32; n_cols];
+    let mut slack = Vec::with_capacity(n_rows);
+    for r in 0..n_rows {
+        octoflow_gguf::quant::dequantize(GgmlType::Q4_K, &w[r * rb..(r + 1) * rb], &mut row)?;
+        let mut s: f64 = row.iter().zip(&xd).map(|(&a, &b)| f64::from(a) * b).sum();
+        let mut loose = 0.0;
+        for (i, &m) in margin.iter().enumerate() {
+            if m < 1e-4 {
+                let amax = x[i / QK * QK..][..QK]
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &v)| norm.map_or(v, |(g, _)| v * g[i / QK * QK + k]).abs())
+                    .fold(0f32, f32::max);
+                loose += f64::from(row[i].abs()) * f64::from(amax) / 127.0;
+            }
+        }
+        s *= inv;
+        if let Some(b) = bias {
+            s += f64::from(b[r]);
+        }
+        let o = &mut y[y_col + r];
+        if accumulate {
+            s += f64::from(*o);
+        }
+        *o = s as f32;
+        slack.push(loose * inv);
+    }
+    Ok(slack)
+}
+
+/// CPU reference of the GLU variant: gate and up as [`matvec_dot_ref`] (no bias), then
+/// [`glu_ref`]. Returns each row's slack of gate and of up.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_dot_glu_ref(
+    gate: &[u8],
+    up: &[u8],
+    n_rows: usize,
+    n_cols: usize,
+    x: &[f32],
+    norm: Option<(&[f32], f32)>,
+    y: &mut [f32],
+    op: GluOp,
+) -> std::result::Result<Vec<(f64, f64)>, QuantError> {
+    let (mut g, mut u) = (vec![0f32; n_rows], vec![0f32; n_rows]);
+    let sg = matvec_dot_ref(gate, n_rows, n_cols, x, norm, &mut g, 0, None, false)?;
+    let su = matvec_dot_ref(up, n_rows, n_cols, x, norm, &mut u, 0, None, false)?;
+    glu_ref(&g, &u, &mut y[..n_rows], op);
+    Ok(sg.into_iter().zip(su).collect())
+}
+
+#[cfg(test)]
+#[path = "matvec_dot_tests.rs"]
+mod tests;

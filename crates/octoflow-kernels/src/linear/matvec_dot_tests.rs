@@ -1,0 +1,325 @@
+use octoflow_gguf::GgmlType;
+use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
+use octoflow_vk::{Chain, Context};
+use rand::rngs::StdRng;
+use rand::Rng;
+
+use super::*;
+use crate::linear::{linear_ref, Linear, QWeightRef};
+use crate::testkit::{buffer_with, poisoned, random_weights, read, seeded, with};
+use crate::tuning::Tuning;
+
+/// Bound relative to the larger of |want| and 1% of the largest |want| (as `check_close`).
+const REL: f64 = 2e-4;
+
+/// `got[r]` within `REL` of `want[r]` plus the row's slack (codes of x at a rounding boundary).
+fn check_rows(got: &[f32], want: &[f32], slack: &[f64], what: &str) {
+    let scale = want.iter().fold(0f64, |m, &w| m.max(f64::from(w).abs()));
+    for (r, ((&g, &w), &s)) in got.iter().zip(want).zip(slack).enumerate() {
+        assert!(g.is_finite(), "{what}: row {r} is {g} (reference {w})");
+        let bound = REL * f64::from(w).abs().max(0.01 * scale) + 1.01 * s;
+        let err = (f64::from(g) - f64::from(w)).abs();
+        assert!(
+            err <= bound,
+            "{what}: row {r}: {g} vs reference {w} (error {err:.3e} > {bound:.3e})"
+        );
+    }
+}
+
+fn dot_linear(ctx: &Context, on: bool) -> Linear {
+    let tuning = Tuning {
+        matvec_dot: on,
+        ..Tuning::from_caps(ctx.caps())
+    };
+    Linear::with_layout(ctx, false, tuning).unwrap()
+}
+
+/// x of `n` values in -1 .. 1 with one block of 32 all zeros (its scale 0) where there are two
+/// or more blocks.
+fn random_x(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    let mut x: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    if n >= 64 {
+        let b = rng.gen_range(0..n / 32);
+        x[32 * b..32 * b + 32].fill(0.0);
+    }
+    x
+}
+
+/// One shape: the plain product (bias, accumulate, at a column offset of a wider y), the
+/// product of the fused norm, and the fused GLU with and without the norm, each against
+/// [`matvec_dot_ref`] / [`matvec_dot_glu_ref`] with y poisoned where it is written fresh; the
+/// norm's product also against the f32 reference: the 8-bit codes' noise (each code off by up
+/// to half a step, ~0.5% of the product's rms at these sizes) stays within 2% of it.
+fn check_shape(ctx: &Context, lin: &Linear, n_rows: usize, n_cols: usize, rng: &mut StdRng) {
+    let (seed, _) = seeded(module_path!());
+    let what = format!("{n_rows}x{n_cols}, seed {seed}");
+    let eps = 1e-5f32;
+    let wq = random_weights(rng, GgmlType::Q4_K, n_rows, n_cols);
+    let uq = random_weights(rng, GgmlType::Q4_K, n_rows, n_cols);
+    let (wb, ub) = (buffer_with(ctx, "w", &wq), buffer_with(ctx, "u", &uq));
+    let x = random_x(rng, n_cols);
+    let g: Vec<f32> = (0..n_cols).map(|_| rng.gen_range(0.5..1.5)).collect();
+    let bias: Vec<f32> = (0..n_rows).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let (xb, gb, bb) = (
+        with(ctx, "x", &x),
+        with(ctx, "g", &g),
+        with(ctx, "b", &bias),
+    );
+    let (ws, us, gs, bs) = (wb.whole(), ub.whole(), gb.whole(), bb.whole());
+    let weight = |data| QWeightRef {
+        ty: GgmlType::Q4_K,
+        data,
+        n_rows: n_rows as u32,
+        n_cols: n_cols as u32,
+    };
+    // plain: bias and accumulate into columns [3, 3 + n_rows) of a row of n_rows + 5
+    let stride = n_rows + 5;
+    let y0: Vec<f32> = (0..stride).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let yb = with(ctx, "y", &y0);
+    let mut chain = Chain::new(ctx).unwrap();
+    lin.record(
+        &mut chain,
+        &LinearArgs {
+            w: weight(&ws),
+            x: &xb.whole(),
+            y: &yb.whole(),
+            n_tokens: 1,
+            y_stride: stride as u32,
+            y_col: 3,
+            bias: Some(&bs),
+            accumulate: true,
+            norm: None,
+            pending: None,
+        },
+    )
+    .unwrap();
+    chain.run().unwrap();
+    let got = read(ctx, &yb, stride);
+    let mut want = y0.clone();
+    let slack =
+        matvec_dot_ref(&wq, n_rows, n_cols, &x, None, &mut want, 3, Some(&bias), true).unwrap();
+    assert_eq!(got[..3], y0[..3], "{what}: columns before y_col written");
+    assert_eq!(got[3 + n_rows..], y0[3 + n_rows..], "{what}: written past");
+    check_rows(&got[3..3 + n_rows], &want[3..3 + n_rows], &slack, &what);
+
+    // the fused norm, y poisoned
+    let yb = poisoned(ctx, "y", n_rows + 4);
+    let mut chain = Chain::new(ctx).unwrap();
+    lin.record(
+        &mut chain,
+        &LinearArgs {
+            w: weight(&ws),
+            x: &xb.whole(),
+            y: &yb.slice(0, 4 * n_rows as u64).unwrap(),
+            n_tokens: 1,
+            y_stride: n_rows as u32,
+            y_col: 0,
+            bias: None,
+            accumulate: false,
+            norm: Some((&gs, eps)),
+            pending: None,
+        },
+    )
+    .unwrap();
+    chain.run().unwrap();
+    let got = read(ctx, &yb, n_rows + 4);
+    assert!(got[n_rows..].iter().all(|v| v.is_nan()), "{what}: past y");
+    let mut want = vec![0f32; n_rows];
+    let slack = matvec_dot_ref(
+        &wq,
+        n_rows,
+        n_cols,
+        &x,
+        Some((&g, eps)),
+        &mut want,
+        0,
+        None,
+        false,
+    )
+    .unwrap();
+    check_rows(&got[..n_rows], &want, &slack, &format!("{what} (norm)"));
+    // the 8-bit codes move the f32 product by well under a percent of its scale
+    let mut normed = vec![0f32; n_cols];
+    crate::rms_norm_ref(&x, &g, &mut normed, n_cols, eps);
+    let mut exact = vec![0f32; n_rows];
+    linear_ref(
+        GgmlType::Q4_K,
+        &wq,
+        n_rows,
+        n_cols,
+        &normed,
+        1,
+        &mut exact,
+        n_rows,
+        0,
+        None,
+        false,
+    )
+    .unwrap();
+    let rms = |v: &mut dyn Iterator<Item = f64>| {
+        let (s, n) = v.fold((0.0, 0usize), |(s, n), e| (s + e * e, n + 1));
+        (s / n.max(1) as f64).sqrt()
+    };
+    let err = rms(&mut got[..n_rows]
+        .iter()
+        .zip(&exact)
+        .map(|(&a, &b)| f64::from(a) - f64::from(b)));
+    let size = rms(&mut exact.iter().map(|&b| f64::from(b)));
+    assert!(
+        err <= 2e-2 * size,
+        "{what} (norm): rms distance {err:.3e} from the f32 product of rms {size:.3e}"
+    );
+
+    // the fused GLU, with the norm (SiLU) and without (GELU)
+    for (norm, op) in [(true, GluOp::Silu), (false, GluOp::GeluTanh)] {
+        let yb = poisoned(ctx, "y", n_rows + 4);
+        let mut chain = Chain::new(ctx).unwrap();
+        lin.record_glu(
+            &mut chain,
+            &LinearGluArgs {
+                gate: weight(&ws),
+                up: weight(&us),
+                x: &xb.whole(),
+                y: &yb.slice(0, 4 * n_rows as u64).unwrap(),
+                n_tokens: 1,
+                op,
+                norm: norm.then_some((&gs, eps)),
+                pending: None,
+            },
+        )
+        .unwrap();
+        chain.run().unwrap();
+        let got = read(ctx, &yb, n_rows + 4);
+        assert!(got[n_rows..].iter().all(|v| v.is_nan()), "{what}: past y");
+        let mut want = vec![0f32; n_rows];
+        let nrm = norm.then_some((&g[..], eps));
+        let slack = matvec_dot_glu_ref(&wq, &uq, n_rows, n_cols, &x, nrm, &mut want, op).unwrap();
+        // a gate or up moved by its slack moves act(gate) * up by at most about this much
+        let (mut gate, mut up) = (vec![0f32; n_rows], vec![0f32; n_rows]);
+        matvec_dot_ref(&wq, n_rows, n_cols, &x, nrm, &mut gate, 0, None, false).unwrap();
+        matvec_dot_ref(&uq, n_rows, n_cols, &x, nrm, &mut up, 0, None, false).unwrap();
+        let glu_slack: Vec<f64> = slack
+            .iter()
+            .zip(gate.iter().zip(&up))
+            .map(|(&(sg, su), (&gv, &uv))| {
+                1.2 * sg * f64::from(uv).abs() + (f64::from(gv).abs() + sg) * su
+            })
+            .collect();
+        check_rows(
+            &got[..n_rows],
+            &want,
+            &glu_slack,
+            &format!("{what} (GLU, norm {norm})"),
+        );
+    }
+}
+
+/// The integer-dot kernel against its CPU reference on fresh random Q4_K weights and inputs:
+/// rows not a multiple of the workgroup's 16, one to twelve super-blocks a row, and one row
+/// as wide as an 8B model's down projection.
+#[test]
+fn gpu_matvec_dot_agrees_with_its_reference() {
+    let Some(ctx) = gpu_or_skip("matvec_dot") else {
+        return;
+    };
+    if !ctx.caps().integer_dot_product {
+        eprintln!("skipped: no integer dot products on {}", ctx.caps().name);
+        return;
+    }
+    let (_, mut rng) = seeded(module_path!());
+    let lin = dot_linear(&ctx, true);
+    for _ in 0..3 {
+        let n_rows = rng.gen_range(1..300usize);
+        let n_cols = 256 * rng.gen_range(1..=12usize);
+        check_shape(&ctx, &lin, n_rows, n_cols, &mut rng);
+    }
+    check_shape(&ctx, &lin, 19, 14336, &mut rng);
+    assert_no_validation_errors(&ctx);
+}
+
+/// What the kernel takes: one token of Q4_K rows of whole super-blocks up to its width, from
+/// 16-byte aligned offsets, without a pending post-norm; and with the tuning off the product
+/// is the f32 matvec's (equal to the f32 reference, which the 8-bit codes are not).
+#[test]
+fn gpu_matvec_dot_takes_only_what_it_reads() {
+    let Some(ctx) = gpu_or_skip("matvec_dot_fits") else {
+        return;
+    };
+    let w = buffer_with(&ctx, "w", &[0u8; 4096]);
+    let (a, b) = (w.whole(), w.slice(8, 1024).unwrap());
+    let fits = |ty, cols, tokens, pending, s: &BufferSlice| {
+        MatvecDot::fits(ty, cols, tokens, pending, &[s])
+    };
+    assert!(fits(GgmlType::Q4_K, 256, 1, false, &a));
+    assert!(fits(GgmlType::Q4_K, MATVEC_DOT_MAX_COLS, 1, false, &a));
+    assert!(!fits(GgmlType::Q4_K, MATVEC_DOT_MAX_COLS + 256, 1, false, &a));
+    assert!(!fits(GgmlType::Q4_K, 384, 1, false, &a));
+    assert!(!fits(GgmlType::Q4_K, 256, 2, false, &a));
+    assert!(!fits(GgmlType::Q4_K, 256, 1, true, &a));
+    assert!(!fits(GgmlType::Q4_K, 256, 1, false, &b));
+    assert!(!fits(GgmlType::Q5_K, 256, 1, false, &a));
+
+    let (seed, mut rng) = seeded(module_path!());
+    let (n_rows, n_cols) = (40, 512);
+    let wq = random_weights(&mut rng, GgmlType::Q4_K, n_rows, n_cols);
+    let wb = buffer_with(&ctx, "w", &wq);
+    let x = random_x(&mut rng, n_cols);
+    let xb = with(&ctx, "x", &x);
+    let mut exact = vec![0f32; n_rows];
+    linear_ref(
+        GgmlType::Q4_K,
+        &wq,
+        n_rows,
+        n_cols,
+        &x,
+        1,
+        &mut exact,
+        n_rows,
+        0,
+        None,
+        false,
+    )
+    .unwrap();
+    let run = |lin: &Linear| {
+        let yb = poisoned(&ctx, "y", n_rows);
+        let mut chain = Chain::new(&ctx).unwrap();
+        lin.record(
+            &mut chain,
+            &LinearArgs {
+                w: QWeightRef {
+                    ty: GgmlType::Q4_K,
+                    data: &wb.whole(),
+                    n_rows: n_rows as u32,
+                    n_cols: n_cols as u32,
+                },
+                x: &xb.whole(),
+                y: &yb.whole(),
+                n_tokens: 1,
+                y_stride: n_rows as u32,
+                y_col: 0,
+                bias: None,
+                accumulate: false,
+                norm: None,
+                pending: None,
+            },
+        )
+        .unwrap();
+        chain.run().unwrap();
+        read(&ctx, &yb, n_rows)
+    };
+    let off = run(&dot_linear(&ctx, false));
+    crate::check_close(&off, &exact, 5e-4)
+        .unwrap_or_else(|e| panic!("tuning off, seed {seed}: {e}"));
+    if ctx.caps().integer_dot_product {
+        let on = run(&dot_linear(&ctx, true));
+        let mut want = vec![0f32; n_rows];
+        let slack =
+            matvec_dot_ref(&wq, n_rows, n_cols, &x, None, &mut want, 0, None, false).unwrap();
+        check_rows(&on, &want, &slack, &format!("tuning on, seed {seed}"));
+        assert!(
+            on.iter().zip(&exact).any(|(a, b)| a != b),
+            "seed {seed}: the 8-bit path gave the f32 product exactly"
+        );
+    }
+    assert_no_validation_errors(&ctx);
+}
