@@ -1,6 +1,6 @@
 #version 450
-// One token of a Q4_K matrix-vector product on 8-bit integer dot products (the decode hot path
-// of large models):
+// One token of a Q4_K (DOT_Q4_K) or Q6_K (DOT_Q6_K) matrix-vector product on 8-bit integer dot
+// products (the decode hot path of large models):
 //   y[y_col + r] (= | +=) dot(W row r, q8(x)) (+ bias[r])
 // where q8(x) is x (times the norm weight g when the RMSNorm is fused) quantized per block of
 // 32 values as llama.cpp's q8_1: d = max|v| / 127, codes round(v / d) (half away from zero),
@@ -23,12 +23,19 @@
 // super-blocks go by per step of the row group. The min term (dmin * min * sum of x) of both
 // sub-blocks is added by the h = 0 lane from the blocks' sums.
 //
+// Q6_K: a super-block is 210 bytes — ql[128] (low 4 bits), qh[64] (high 2 bits), 16 int8
+// scales, the f16 d — so blocks sit at 2-byte alignment; words are read as two aligned words
+// and joined. Lane (n, c) of the eight takes bytes [8c, 8c + 8) of half n's ql windows and qh:
+// element 128n + 32g + 8c + i (g < 4) is code (ql[64n + 32(g % 2) + 8c + i] >> 4(g / 2)) |
+// ((qh[32n + 8c + i] >> 2g) & 3) << 4, minus 32, under scale 8n + 2g + c / 2. The codes enter
+// the dot unsigned (0..63) and 32 times the sum of x's codes (a dot with 0x01010101) comes off.
+//
 // GLU (matvec_dot_glu_q4_k): gate (binding 0) and up (binding 5) rows of the same shape, both
 // of the same q8(x); y[y_col + r] = act(gate) * up (glu.glsl), bias and accumulate ignored.
 //
 // The host checks: one token, n_cols a multiple of 256 and at most MAX_COLS, the weights'
-// binding offsets 16-byte aligned (rows are whole super-blocks of 144 = 9 * 16 bytes), the
-// subgroup size dividing 32.
+// binding offsets 16-byte aligned (Q4_K rows are whole super-blocks of 144 = 9 * 16 bytes;
+// Q6_K's are read a word at a time), the subgroup size dividing 32.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -51,6 +58,7 @@ const uint NM = 1u;
 #include "common.glsl"
 
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
+layout(std430, binding = 0) readonly buffer W1 { uint w1[]; };
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
 layout(std430, binding = 2) buffer Y { float y[]; };
 layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
@@ -91,6 +99,7 @@ uint byte_at(uint u, uint k) {
     return (u >> (8u * k)) & 0xFFu;
 }
 
+#ifdef DOT_Q4_K
 // the contribution of one lane's 32 weights of super-block sb (head hd, codes qs) of a row
 float lane_dot(uvec4 hd, uvec4 qs, uint sb, uint p, uint h) {
     // scales of sub-blocks j = 2p, 2p + 1 (bytes jb = j % 4 of each scale word): for j < 4 the
@@ -121,6 +130,48 @@ float lane_dot(uvec4 hd, uvec4 qs, uint sb, uint p, uint h) {
     }
     return r;
 }
+#endif
+
+#ifdef DOT_Q6_K
+// the word at byte b of the weights (b even: a block's bytes lie at 2-byte alignment)
+uint wd(uint b) {
+    uint i = b >> 2;
+    return (b & 2u) == 0u ? w1[i] : (w1[i] >> 16) | (w1[i + 1u] << 16);
+}
+
+// the contribution of lane (n, c)'s 32 weights of the super-block at byte `at` (its index sb)
+float q6_dot(uint at, uint sb, uint n, uint c) {
+    uint la = at + 64u * n + 8u * c; // ql, g = 0 and 2
+    uint lb = la + 32u;               // ql, g = 1 and 3
+    uint hb = at + 128u + 32u * n + 8u * c;
+    uvec2 qa = uvec2(wd(la), wd(la + 4u));
+    uvec2 qb = uvec2(wd(lb), wd(lb + 4u));
+    uvec2 qh = uvec2(wd(hb), wd(hb + 4u));
+    uvec2 sw = uvec2(wd(at + 192u + 8u * n), wd(at + 196u + 8u * n)); // scales 8n .. 8n + 8
+    uint dw = w1[(at + 208u) >> 2]; // d: a whole word of this block either way
+    float d = ((at + 208u) & 2u) == 0u ? unpackHalf2x16(dw).x : unpackHalf2x16(dw).y;
+    uint is = c / 2u;
+    float r = 0.0;
+    [[unroll]] for (uint g = 0u; g < 4u; g++) {
+        uint b = sb * 8u + 4u * n + g;   // q8 block of x
+        uint xw = b * 8u + 2u * c;       // its words of this lane's 8 values
+        int isum = 0;
+        int xsum = 0;
+        [[unroll]] for (uint k = 0u; k < 2u; k++) {
+            uint lo = g % 2u == 0u ? qa[k] : qb[k];
+            uint code = ((lo >> (4u * (g / 2u))) & 0x0F0F0F0Fu) |
+                        (((qh[k] >> (2u * g)) & 0x03030303u) << 4);
+            int xv = int(xq[xw + k]);
+            isum += dotPacked4x8EXT(int(code), xv);
+            xsum += dotPacked4x8EXT(0x01010101, xv);
+        }
+        uint si = is + 2u * g; // scale 8n + is + 2g: byte si of the two words
+        int sc = bitfieldExtract(int(sw[si / 4u]), int(8u * (si % 4u)), 8);
+        r += float(sc) * xs[b].x * float(isum - 32 * xsum);
+    }
+    return d * r;
+}
+#endif
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
@@ -182,6 +233,7 @@ void main() {
     [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
         acc[k] = 0.0;
     }
+#ifdef DOT_Q4_K
     for (uint sb = lane / 8u; sb < n_sb; sb += 4u) {
         uvec4 hd[NM * RPT];
         uvec4 qs[NM * RPT];
@@ -199,6 +251,17 @@ void main() {
             acc[k] += lane_dot(hd[k], qs[k], sb, p, h);
         }
     }
+#else
+    // lane (n, c) of the eight: n = half of the super-block, c = which 8 bytes of its windows
+    uint n6 = (lane % 8u) / 4u;
+    uint c6 = lane % 4u;
+    for (uint sb = lane / 8u; sb < n_sb; sb += 4u) {
+        [[unroll]] for (uint k = 0u; k < RPT; k++) {
+            uint r = min(r0 + k, pc.n_rows - 1u);
+            acc[k] += q6_dot(r * pc.row_bytes + sb * 210u, sb, n6, c6);
+        }
+    }
+#endif
     // a row's sum over its 32 lanes: subgroups, then the subgroups of a row group
     uint per = TPR / gl_SubgroupSize; // subgroups a row group (the host keeps it whole)
     [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {

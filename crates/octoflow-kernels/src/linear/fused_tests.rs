@@ -24,7 +24,7 @@ fn gpu_pending_post_norm_matches_the_reference() {
         return;
     };
     let (seed, mut rng) = crate::testkit::seeded(module_path!());
-    let lin = Linear::with_layout(&ctx, false, Tuning::from_caps(ctx.caps())).unwrap();
+    let lin = Linear::with_layout(&ctx, false, super::tests::f32_tuning(&ctx)).unwrap();
     let mut plans = super::tests::one_token_layouts(2, false);
     // a random few per run (pipelines compile slowly on lavapipe), the chosen ones always
     use rand::seq::SliceRandom;
@@ -151,7 +151,7 @@ fn pending_post_norm_misuse_is_a_clear_error() {
     let Some(ctx) = gpu_or_skip("matvec_pending_misuse") else {
         return;
     };
-    let lin = Linear::with_layout(&ctx, false, Tuning::from_caps(ctx.caps())).unwrap();
+    let lin = Linear::with_layout(&ctx, false, super::tests::f32_tuning(&ctx)).unwrap();
     let (n_rows, n_cols) = (64usize, 128usize);
     let mut rng = StdRng::seed_from_u64(7);
     let wq = random_weights(&mut rng, GgmlType::Q8_0, n_rows, n_cols);
@@ -204,7 +204,7 @@ fn gpu_matvec_bad_layouts_are_errors() {
     let Some(ctx) = gpu_or_skip("matvec_bad_layouts") else {
         return;
     };
-    let lin = Linear::with_layout(&ctx, false, Tuning::from_caps(ctx.caps())).unwrap();
+    let lin = Linear::with_layout(&ctx, false, super::tests::f32_tuning(&ctx)).unwrap();
     let wb = buffer_with(&ctx, "w", &vec![0u8; 4 * 64 * 64]);
     let xb = buffer_with(&ctx, "x", &[0u8; 4 * 64 * 4]);
     let yb = buffer_with(&ctx, "y", &[0u8; 4 * 64 * 4]);
@@ -291,7 +291,7 @@ fn check_glu_layout(ty: GgmlType, cpu: bool) {
         return;
     }
     let (seed, mut rng) = crate::testkit::seeded(module_path!());
-    let lin = Linear::with_layout(&ctx, cpu, Tuning::from_caps(ctx.caps())).unwrap();
+    let lin = Linear::with_layout(&ctx, cpu, super::tests::f32_tuning(&ctx)).unwrap();
     let n_rows = rng.gen_range(96..300usize);
     let n_cols = random_cols(&mut rng, ty);
     let gq = random_weights(&mut rng, ty, n_rows, n_cols);
@@ -414,7 +414,7 @@ fn fused_glu_mismatches_are_clear_errors() {
         vec![false]
     };
     for cpu in layouts {
-        let lin = Linear::with_layout(&ctx, cpu, Tuning::from_caps(ctx.caps())).unwrap();
+        let lin = Linear::with_layout(&ctx, cpu, super::tests::f32_tuning(&ctx)).unwrap();
         let run = |gate, up, n_tokens, norm| {
             let a = LinearGluArgs {
                 gate,

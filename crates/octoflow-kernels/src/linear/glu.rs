@@ -82,6 +82,7 @@ impl Linear {
         };
         if let Some(dot) = self.dot_for(
             g.ty,
+            true,
             g.n_cols,
             a.n_tokens,
             a.pending.is_some(),

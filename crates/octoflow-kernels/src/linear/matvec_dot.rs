@@ -1,8 +1,8 @@
-//! One token of a Q4_K product on 8-bit integer dot products (`matvec_dot.comp`): x quantized
-//! per block of 32 values as llama.cpp's q8_1 inside each workgroup, the weights' nibbles
-//! dotted with its codes four at a time. What [`super::Linear::record`] and
-//! [`super::Linear::record_glu`] take for one-token Q4_K products where [`MatvecDot::fits`] and
-//! [`crate::Tuning::matvec_dot`] say so; [`matvec_dot_ref`] is its CPU reference.
+//! One token of a Q4_K or Q6_K product on 8-bit integer dot products (`matvec_dot.comp`): x
+//! quantized per block of 32 values as llama.cpp's q8_1 inside each workgroup, the weights'
+//! codes dotted with its codes four at a time. What [`super::Linear::record`] (Q4_K, Q6_K) and
+//! [`super::Linear::record_glu`] (Q4_K) take for one-token products where [`MatvecDot::fits`]
+//! and [`crate::Tuning::matvec_dot`] say so; [`matvec_dot_ref`] is its CPU reference.
 
 use octoflow_gguf::quant::QuantError;
 use octoflow_gguf::GgmlType;
@@ -23,10 +23,12 @@ const RPT: u32 = 2;
 /// Values per quantized block of x.
 const QK: usize = 32;
 
-/// The shader's two pipelines (plain and GLU), for devices with integer dot products.
+/// The shader's pipelines (Q4_K plain and GLU, Q6_K plain), for devices with integer dot
+/// products.
 pub(crate) struct MatvecDot {
-    plain: SpecPipelines,
-    glu: SpecPipelines,
+    q4k: SpecPipelines,
+    q4k_glu: SpecPipelines,
+    q6k: SpecPipelines,
 }
 
 impl MatvecDot {
@@ -34,9 +36,11 @@ impl MatvecDot {
     /// where the device has no integer dot products.
     pub(crate) fn new(ctx: &Context, subgroup: Option<u32>) -> Option<Self> {
         ctx.caps().integer_dot_product.then(|| MatvecDot {
-            plain: SpecPipelines::new(shaders::MATVEC_DOT_Q4_K, 5, PUSH_BYTES + 8, "dot_q4_k")
+            q4k: SpecPipelines::new(shaders::MATVEC_DOT_Q4_K, 5, PUSH_BYTES + 8, "dot_q4_k")
                 .subgroup_size(subgroup),
-            glu: SpecPipelines::new(
+            q6k: SpecPipelines::new(shaders::MATVEC_DOT_Q6_K, 5, PUSH_BYTES + 8, "dot_q6_k")
+                .subgroup_size(subgroup),
+            q4k_glu: SpecPipelines::new(
                 shaders::MATVEC_DOT_GLU_Q4_K,
                 6,
                 PUSH_BYTES + 12,
@@ -46,16 +50,18 @@ impl MatvecDot {
         })
     }
 
-    /// Whether the kernel reads this product: one token of Q4_K rows of whole super-blocks, at
-    /// most [`MATVEC_DOT_MAX_COLS`] wide, from 16-byte aligned offsets, no pending post-norm.
+    /// Whether the kernel reads this product (`glu`: the fused gate/up, Q4_K only): one token
+    /// of Q4_K or Q6_K rows of whole super-blocks, at most [`MATVEC_DOT_MAX_COLS`] wide, from
+    /// 16-byte aligned offsets, no pending post-norm.
     pub(crate) fn fits(
         ty: GgmlType,
+        glu: bool,
         n_cols: u32,
         n_tokens: u32,
         pending: bool,
         w: &[&BufferSlice],
     ) -> bool {
-        ty == GgmlType::Q4_K
+        (ty == GgmlType::Q4_K || (ty == GgmlType::Q6_K && !glu))
             && n_tokens == 1
             && !pending
             && n_cols.is_multiple_of(256)
@@ -78,7 +84,11 @@ impl MatvecDot {
         bindings: &[BufferSlice; 4],
         push: Push,
     ) -> Result<()> {
-        let pl = self.plain.get(chain.context(), [WG, RPT, 0, 0, 0, 0, 0])?;
+        let pipelines = match a.w.ty {
+            GgmlType::Q6_K => &self.q6k,
+            _ => &self.q4k,
+        };
+        let pl = pipelines.get(chain.context(), [WG, RPT, 0, 0, 0, 0, 0])?;
         let [wb, x, y, bias] = bindings.clone();
         let (g, eps) = a
             .norm
@@ -101,7 +111,9 @@ impl MatvecDot {
         up: BufferSlice,
         push: Push,
     ) -> Result<()> {
-        let pl = self.glu.get(chain.context(), [WG, RPT, 0, 0, 0, 0, 0])?;
+        let pl = self
+            .q4k_glu
+            .get(chain.context(), [WG, RPT, 0, 0, 0, 0, 0])?;
         let [wb, x, y, bias] = bindings;
         let (g, eps) = a
             .norm
@@ -144,13 +156,14 @@ pub fn q8_blocks(x: &[f32], g: Option<&[f32]>) -> (Vec<f64>, Vec<f32>) {
     (deq, margin)
 }
 
-/// CPU reference of one row set of [`MatvecDot`]: `y[y_col + r] (= | +=) dot(W row r, q8(x))
+/// CPU reference of one row set of [`MatvecDot`] (`ty`: Q4_K or Q6_K rows): `y[y_col + r] (= | +=) dot(W row r, q8(x))
 /// (+ bias[r])`, times `1 / rms(x)` with the norm `(g, eps)`; dots in f64 over the f32 weights
 /// `octoflow_gguf` dequantizes. Returns, per row, the most the result may move where a code of
 /// x lies so close to a rounding boundary (within `1e-4`) that the device's division may round
 /// it the other way: one code step of each such value times its weight.
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_dot_ref(
+    ty: GgmlType,
     w: &[u8],
     n_rows: usize,
     n_cols: usize,
@@ -163,14 +176,17 @@ pub fn matvec_dot_ref(
 ) -> std::result::Result<Vec<f64>, QuantError> {
     let (xd, margin) = q8_blocks(&x[..n_cols], norm.map(|(g, _)| g));
     let inv = norm.map_or(1.0, |(_, eps)| {
-        let ss: f64 = x[..n_cols].iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        let ss: f64 = x[..n_cols]
+            .iter()
+            .map(|&v| f64::from(v) * f64::from(v))
+            .sum();
         1.0 / (ss / n_cols as f64 + f64::from(eps)).sqrt()
     });
-    let rb = octoflow_gguf::quant::quantized_size(GgmlType::Q4_K, n_cols)?;
+    let rb = octoflow_gguf::quant::quantized_size(ty, n_cols)?;
     let mut row = vec![0f32; n_cols];
     let mut slack = Vec::with_capacity(n_rows);
     for r in 0..n_rows {
-        octoflow_gguf::quant::dequantize(GgmlType::Q4_K, &w[r * rb..(r + 1) * rb], &mut row)?;
+        octoflow_gguf::quant::dequantize(ty, &w[r * rb..(r + 1) * rb], &mut row)?;
         let mut s: f64 = row.iter().zip(&xd).map(|(&a, &b)| f64::from(a) * b).sum();
         let mut loose = 0.0;
         for (i, &m) in margin.iter().enumerate() {
@@ -197,7 +213,7 @@ pub fn matvec_dot_ref(
     Ok(slack)
 }
 
-/// CPU reference of the GLU variant: gate and up as [`matvec_dot_ref`] (no bias), then
+/// CPU reference of the GLU variant (Q4_K): gate and up as [`matvec_dot_ref`] (no bias), then
 /// [`glu_ref`]. Returns each row's slack of gate and of up.
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_dot_glu_ref(
@@ -211,8 +227,9 @@ pub fn matvec_dot_glu_ref(
     op: GluOp,
 ) -> std::result::Result<Vec<(f64, f64)>, QuantError> {
     let (mut g, mut u) = (vec![0f32; n_rows], vec![0f32; n_rows]);
-    let sg = matvec_dot_ref(gate, n_rows, n_cols, x, norm, &mut g, 0, None, false)?;
-    let su = matvec_dot_ref(up, n_rows, n_cols, x, norm, &mut u, 0, None, false)?;
+    let q4k = GgmlType::Q4_K;
+    let sg = matvec_dot_ref(q4k, gate, n_rows, n_cols, x, norm, &mut g, 0, None, false)?;
+    let su = matvec_dot_ref(q4k, up, n_rows, n_cols, x, norm, &mut u, 0, None, false)?;
     glu_ref(&g, &u, &mut y[..n_rows], op);
     Ok(sg.into_iter().zip(su).collect())
 }

@@ -50,11 +50,17 @@ fn random_x(rng: &mut StdRng, n: usize) -> Vec<f32> {
 /// [`matvec_dot_ref`] / [`matvec_dot_glu_ref`] with y poisoned where it is written fresh; the
 /// norm's product also against the f32 reference: the 8-bit codes' noise (each code off by up
 /// to half a step, ~0.5% of the product's rms at these sizes) stays within 2% of it.
-fn check_shape(ctx: &Context, lin: &Linear, n_rows: usize, n_cols: usize, rng: &mut StdRng) {
-    let (seed, _) = seeded(module_path!());
-    let what = format!("{n_rows}x{n_cols}, seed {seed}");
+fn check_shape(
+    ctx: &Context,
+    lin: &Linear,
+    ty: GgmlType,
+    (n_rows, n_cols): (usize, usize),
+    rng: &mut StdRng,
+    seed: u64,
+) {
+    let what = format!("{ty} {n_rows}x{n_cols}, seed {seed}");
     let eps = 1e-5f32;
-    let wq = random_weights(rng, GgmlType::Q4_K, n_rows, n_cols);
+    let wq = random_weights(rng, ty, n_rows, n_cols);
     let uq = random_weights(rng, GgmlType::Q4_K, n_rows, n_cols);
     let (wb, ub) = (buffer_with(ctx, "w", &wq), buffer_with(ctx, "u", &uq));
     let x = random_x(rng, n_cols);
@@ -66,8 +72,8 @@ fn check_shape(ctx: &Context, lin: &Linear, n_rows: usize, n_cols: usize, rng: &
         with(ctx, "b", &bias),
     );
     let (ws, us, gs, bs) = (wb.whole(), ub.whole(), gb.whole(), bb.whole());
-    let weight = |data| QWeightRef {
-        ty: GgmlType::Q4_K,
+    let weight = |ty, data| QWeightRef {
+        ty,
         data,
         n_rows: n_rows as u32,
         n_cols: n_cols as u32,
@@ -80,7 +86,7 @@ fn check_shape(ctx: &Context, lin: &Linear, n_rows: usize, n_cols: usize, rng: &
     lin.record(
         &mut chain,
         &LinearArgs {
-            w: weight(&ws),
+            w: weight(ty, &ws),
             x: &xb.whole(),
             y: &yb.whole(),
             n_tokens: 1,
@@ -96,8 +102,19 @@ fn check_shape(ctx: &Context, lin: &Linear, n_rows: usize, n_cols: usize, rng: &
     chain.run().unwrap();
     let got = read(ctx, &yb, stride);
     let mut want = y0.clone();
-    let slack =
-        matvec_dot_ref(&wq, n_rows, n_cols, &x, None, &mut want, 3, Some(&bias), true).unwrap();
+    let slack = matvec_dot_ref(
+        ty,
+        &wq,
+        n_rows,
+        n_cols,
+        &x,
+        None,
+        &mut want,
+        3,
+        Some(&bias),
+        true,
+    )
+    .unwrap();
     assert_eq!(got[..3], y0[..3], "{what}: columns before y_col written");
     assert_eq!(got[3 + n_rows..], y0[3 + n_rows..], "{what}: written past");
     check_rows(&got[3..3 + n_rows], &want[3..3 + n_rows], &slack, &what);
@@ -108,7 +125,7 @@ fn check_shape(ctx: &Context, lin: &Linear, n_rows: usize, n_cols: usize, rng: &
     lin.record(
         &mut chain,
         &LinearArgs {
-            w: weight(&ws),
+            w: weight(ty, &ws),
             x: &xb.whole(),
             y: &yb.slice(0, 4 * n_rows as u64).unwrap(),
             n_tokens: 1,
@@ -126,6 +143,7 @@ fn check_shape(ctx: &Context, lin: &Linear, n_rows: usize, n_cols: usize, rng: &
     assert!(got[n_rows..].iter().all(|v| v.is_nan()), "{what}: past y");
     let mut want = vec![0f32; n_rows];
     let slack = matvec_dot_ref(
+        ty,
         &wq,
         n_rows,
         n_cols,
@@ -143,17 +161,7 @@ fn check_shape(ctx: &Context, lin: &Linear, n_rows: usize, n_cols: usize, rng: &
     crate::rms_norm_ref(&x, &g, &mut normed, n_cols, eps);
     let mut exact = vec![0f32; n_rows];
     linear_ref(
-        GgmlType::Q4_K,
-        &wq,
-        n_rows,
-        n_cols,
-        &normed,
-        1,
-        &mut exact,
-        n_rows,
-        0,
-        None,
-        false,
+        ty, &wq, n_rows, n_cols, &normed, 1, &mut exact, n_rows, 0, None, false,
     )
     .unwrap();
     let rms = |v: &mut dyn Iterator<Item = f64>| {
@@ -170,15 +178,18 @@ fn check_shape(ctx: &Context, lin: &Linear, n_rows: usize, n_cols: usize, rng: &
         "{what} (norm): rms distance {err:.3e} from the f32 product of rms {size:.3e}"
     );
 
-    // the fused GLU, with the norm (SiLU) and without (GELU)
+    // the fused GLU (Q4_K), with the norm (SiLU) and without (GELU)
+    if ty != GgmlType::Q4_K {
+        return;
+    }
     for (norm, op) in [(true, GluOp::Silu), (false, GluOp::GeluTanh)] {
         let yb = poisoned(ctx, "y", n_rows + 4);
         let mut chain = Chain::new(ctx).unwrap();
         lin.record_glu(
             &mut chain,
             &LinearGluArgs {
-                gate: weight(&ws),
-                up: weight(&us),
+                gate: weight(ty, &ws),
+                up: weight(ty, &us),
                 x: &xb.whole(),
                 y: &yb.slice(0, 4 * n_rows as u64).unwrap(),
                 n_tokens: 1,
@@ -196,8 +207,8 @@ fn check_shape(ctx: &Context, lin: &Linear, n_rows: usize, n_cols: usize, rng: &
         let slack = matvec_dot_glu_ref(&wq, &uq, n_rows, n_cols, &x, nrm, &mut want, op).unwrap();
         // a gate or up moved by its slack moves act(gate) * up by at most about this much
         let (mut gate, mut up) = (vec![0f32; n_rows], vec![0f32; n_rows]);
-        matvec_dot_ref(&wq, n_rows, n_cols, &x, nrm, &mut gate, 0, None, false).unwrap();
-        matvec_dot_ref(&uq, n_rows, n_cols, &x, nrm, &mut up, 0, None, false).unwrap();
+        matvec_dot_ref(ty, &wq, n_rows, n_cols, &x, nrm, &mut gate, 0, None, false).unwrap();
+        matvec_dot_ref(ty, &uq, n_rows, n_cols, &x, nrm, &mut up, 0, None, false).unwrap();
         let glu_slack: Vec<f64> = slack
             .iter()
             .zip(gate.iter().zip(&up))
@@ -214,9 +225,10 @@ fn check_shape(ctx: &Context, lin: &Linear, n_rows: usize, n_cols: usize, rng: &
     }
 }
 
-/// The integer-dot kernel against its CPU reference on fresh random Q4_K weights and inputs:
-/// rows not a multiple of the workgroup's 16, one to twelve super-blocks a row, and one row
-/// as wide as an 8B model's down projection.
+/// The integer-dot kernel against its CPU reference on fresh random Q4_K and Q6_K weights and
+/// inputs: rows not a multiple of the workgroup's 16, one to twelve super-blocks a row (odd
+/// counts put Q6_K's 210-byte rows at 2-byte alignment every other row), and rows as wide as
+/// an 8B model's down projection.
 #[test]
 fn gpu_matvec_dot_agrees_with_its_reference() {
     let Some(ctx) = gpu_or_skip("matvec_dot") else {
@@ -226,14 +238,16 @@ fn gpu_matvec_dot_agrees_with_its_reference() {
         eprintln!("skipped: no integer dot products on {}", ctx.caps().name);
         return;
     }
-    let (_, mut rng) = seeded(module_path!());
+    let (seed, mut rng) = seeded(module_path!());
     let lin = dot_linear(&ctx, true);
-    for _ in 0..3 {
-        let n_rows = rng.gen_range(1..300usize);
-        let n_cols = 256 * rng.gen_range(1..=12usize);
-        check_shape(&ctx, &lin, n_rows, n_cols, &mut rng);
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        for _ in 0..3 {
+            let n_rows = rng.gen_range(1..300usize);
+            let n_cols = 256 * rng.gen_range(1..=12usize);
+            check_shape(&ctx, &lin, ty, (n_rows, n_cols), &mut rng, seed);
+        }
+        check_shape(&ctx, &lin, ty, (19, 14336), &mut rng, seed);
     }
-    check_shape(&ctx, &lin, 19, 14336, &mut rng);
     assert_no_validation_errors(&ctx);
 }
 
@@ -248,16 +262,25 @@ fn gpu_matvec_dot_takes_only_what_it_reads() {
     let w = buffer_with(&ctx, "w", &[0u8; 4096]);
     let (a, b) = (w.whole(), w.slice(8, 1024).unwrap());
     let fits = |ty, cols, tokens, pending, s: &BufferSlice| {
-        MatvecDot::fits(ty, cols, tokens, pending, &[s])
+        MatvecDot::fits(ty, false, cols, tokens, pending, &[s])
     };
     assert!(fits(GgmlType::Q4_K, 256, 1, false, &a));
     assert!(fits(GgmlType::Q4_K, MATVEC_DOT_MAX_COLS, 1, false, &a));
-    assert!(!fits(GgmlType::Q4_K, MATVEC_DOT_MAX_COLS + 256, 1, false, &a));
+    assert!(!fits(
+        GgmlType::Q4_K,
+        MATVEC_DOT_MAX_COLS + 256,
+        1,
+        false,
+        &a
+    ));
     assert!(!fits(GgmlType::Q4_K, 384, 1, false, &a));
     assert!(!fits(GgmlType::Q4_K, 256, 2, false, &a));
     assert!(!fits(GgmlType::Q4_K, 256, 1, true, &a));
     assert!(!fits(GgmlType::Q4_K, 256, 1, false, &b));
     assert!(!fits(GgmlType::Q5_K, 256, 1, false, &a));
+    assert!(fits(GgmlType::Q6_K, 256, 1, false, &a));
+    assert!(!MatvecDot::fits(GgmlType::Q6_K, true, 256, 1, false, &[&a]));
+    assert!(MatvecDot::fits(GgmlType::Q4_K, true, 256, 1, false, &[&a]));
 
     let (seed, mut rng) = seeded(module_path!());
     let (n_rows, n_cols) = (40, 512);
@@ -313,8 +336,19 @@ fn gpu_matvec_dot_takes_only_what_it_reads() {
     if ctx.caps().integer_dot_product {
         let on = run(&dot_linear(&ctx, true));
         let mut want = vec![0f32; n_rows];
-        let slack =
-            matvec_dot_ref(&wq, n_rows, n_cols, &x, None, &mut want, 0, None, false).unwrap();
+        let slack = matvec_dot_ref(
+            GgmlType::Q4_K,
+            &wq,
+            n_rows,
+            n_cols,
+            &x,
+            None,
+            &mut want,
+            0,
+            None,
+            false,
+        )
+        .unwrap();
         check_rows(&on, &want, &slack, &format!("tuning on, seed {seed}"));
         assert!(
             on.iter().zip(&exact).any(|(a, b)| a != b),

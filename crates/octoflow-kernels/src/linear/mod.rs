@@ -43,8 +43,8 @@ mod tests;
 
 pub(crate) use args::{check_args, glu_cost, product_cost, Checked};
 pub use args::{LinearArgs, LinearGluArgs, PendingNorm, QWeightRef};
-pub(crate) use plan::MatvecPlan;
 pub use matvec_dot::{matvec_dot_glu_ref, matvec_dot_ref, q8_blocks, MATVEC_DOT_MAX_COLS};
+pub(crate) use plan::MatvecPlan;
 pub use reference::{linear_glu_ref, linear_ref};
 
 use octoflow_gguf::GgmlType;
@@ -141,6 +141,12 @@ impl Linear {
     /// tests of the GPU-only paths (fused norms, the fused GLU with its norm) on lavapipe.
     pub fn with_gpu_layout(ctx: &Context) -> Result<Self> {
         Self::with_layout(ctx, false, Tuning::for_device(ctx.caps()))
+    }
+
+    /// [`Linear::with_gpu_layout`] with a given tuning (tests of a tuning's paths, such as
+    /// [`Tuning::matvec_dot`], on a CPU driver).
+    pub fn with_gpu_layout_tuned(ctx: &Context, tuning: Tuning) -> Result<Self> {
+        Self::with_layout(ctx, false, tuning)
     }
 
     /// What this instance was built with: where batches take the cooperative-matrix kernel,
@@ -311,11 +317,14 @@ impl Linear {
         })
     }
 
-    /// The integer-dot kernel where it takes this product: the tuning asks for it, no matvec
-    /// layout was given (`forced`), and [`MatvecDot::fits`] the weights `w` of type `ty`.
+    /// The integer-dot kernel where it takes this product (`glu`: the fused gate/up): the
+    /// tuning asks for it, no matvec layout was given (`forced`), and [`MatvecDot::fits`] the
+    /// weights `w` of type `ty`.
+    #[allow(clippy::too_many_arguments)]
     fn dot_for(
         &self,
         ty: GgmlType,
+        glu: bool,
         n_cols: u32,
         n_tokens: u32,
         pending: bool,
@@ -323,7 +332,9 @@ impl Linear {
         forced: bool,
     ) -> Option<&MatvecDot> {
         self.dot.as_ref().filter(|_| {
-            self.tuning.matvec_dot && !forced && MatvecDot::fits(ty, n_cols, n_tokens, pending, w)
+            self.tuning.matvec_dot
+                && !forced
+                && MatvecDot::fits(ty, glu, n_cols, n_tokens, pending, w)
         })
     }
 
@@ -402,6 +413,7 @@ impl Linear {
         let given = forced || !allow_coop;
         if let Some(dot) = self.dot_for(
             w.ty,
+            false,
             w.n_cols,
             a.n_tokens,
             a.pending.is_some(),

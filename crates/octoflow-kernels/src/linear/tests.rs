@@ -19,6 +19,15 @@ use crate::testkit::{buffer_with, random_cols, random_weights};
 /// at the floor).
 pub(super) const REL: f32 = 5e-4;
 
+/// The device's tuning with the products of f32 x ([`Tuning::matvec_dot`] off): what the
+/// matvec tests hold to the f32 references (the 8-bit path has its own, `matvec_dot_tests.rs`).
+pub(super) fn f32_tuning(ctx: &Context) -> Tuning {
+    Tuning {
+        matvec_dot: false,
+        ..Tuning::from_caps(ctx.caps())
+    }
+}
+
 /// The signature shared by [`linear_ref`] and [`crate::matmul_coop_ref`].
 pub(super) type RefFn = fn(
     GgmlType,
@@ -51,7 +60,7 @@ fn check_layout(ty: GgmlType, cpu: bool) {
         return;
     }
     let (seed, mut rng) = crate::testkit::seeded(module_path!());
-    let lin = Linear::with_layout(&ctx, cpu, Tuning::from_caps(ctx.caps())).unwrap();
+    let lin = Linear::with_layout(&ctx, cpu, f32_tuning(&ctx)).unwrap();
     let n_rows = rng.gen_range(96..300usize);
     let n_cols = random_cols(&mut rng, ty);
     let wq = random_weights(&mut rng, ty, n_rows, n_cols);
@@ -192,7 +201,7 @@ fn gpu_matvec_layouts_agree_with_the_references() {
         return;
     };
     let (seed, mut rng) = crate::testkit::seeded(module_path!());
-    let lin = Linear::with_layout(&ctx, false, Tuning::from_caps(ctx.caps())).unwrap();
+    let lin = Linear::with_layout(&ctx, false, f32_tuning(&ctx)).unwrap();
     let mut plans = vec![];
     for tpr in [32u32, 64, 128, 256] {
         for wg in [tpr, 2 * tpr] {
@@ -286,7 +295,7 @@ fn gpu_block_layout_agrees_with_the_references() {
         return;
     };
     let (seed, mut rng) = crate::testkit::seeded(module_path!());
-    let lin = Linear::with_layout(&ctx, false, Tuning::from_caps(ctx.caps())).unwrap();
+    let lin = Linear::with_layout(&ctx, false, f32_tuning(&ctx)).unwrap();
     let mut plans = one_token_layouts(4, true);
     use rand::seq::SliceRandom;
     plans.shuffle(&mut rng);

@@ -64,6 +64,13 @@ impl GpuModel {
         })
     }
 
+    /// Replaces the product kernels (tests of the GPU layout and its tunings on a CPU driver,
+    /// [`octoflow_kernels::Linear::with_gpu_layout_tuned`]); sessions made before keep theirs.
+    pub fn with_linear(mut self, linear: octoflow_kernels::Linear) -> Self {
+        self.kernels.linear = linear;
+        self
+    }
+
     /// [`GpuModel::load`] with the GPU kernels even on a CPU driver (tests of the GPU-only paths
     /// on lavapipe: norms fused into the projections).
     #[cfg(test)]

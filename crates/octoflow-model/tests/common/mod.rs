@@ -251,12 +251,16 @@ pub const GEMMA3: &str = "gemma-3-270m-q4_k_m";
 /// Both compute in f32 over the same dequantized weights; only the summation order differs
 /// (~1e-5 seen), so 1e-3 — except where batch products run on cooperative matrices, whose
 /// operands (weights and activations) are rounded to f16 (2^-11 relative each) in every layer:
-/// 2e-2 there.
+/// 2e-2 there; and 1e-2 for single tokens where the device's default takes one-token Q4_K
+/// products on 8-bit codes of x (`Tuning::matvec_dot`: ~0.3% of the largest logit seen).
 pub fn gpu_logit_bound(ctx: &octoflow_vk::Context, n_tokens: usize) -> f32 {
     let coop = octoflow_kernels::MatmulCoop::supported(ctx.caps())
         && n_tokens as u32 >= octoflow_kernels::linear::COOP_MIN_TOKENS;
+    let dot = octoflow_kernels::Tuning::from_caps(ctx.caps()).matvec_dot && n_tokens == 1;
     if coop {
         2e-2
+    } else if dot {
+        1e-2
     } else {
         1e-3
     }
