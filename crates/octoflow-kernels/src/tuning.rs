@@ -25,7 +25,7 @@ pub const FALLBACK_COMPUTE_UNITS: u32 = 128;
 /// | `OCTOFLOW_UNFUSED_GLU=1` | [`Tuning::unfused_glu`] | cooperative-matrix batches record gate and up as two products, a barrier and the GLU kernel |
 /// | `OCTOFLOW_UNFUSED_POST=1` | [`Tuning::unfused_post`] | single-token steps of post-norm models (gemma3) record each post-norm and its add as a stage |
 /// | `OCTOFLOW_MOE_COOP=1` | [`Tuning::moe_coop`] | batches' expert products run on cooperative matrices (the MOE variants of `matmul_coop.comp`) |
-/// | `OCTOFLOW_MATVEC_DOT=0` or `1` | [`Tuning::matvec_dot`] | one-token Q4_K and Q6_K products on 8-bit dot products of a quantized x (`matvec_dot.comp`), off or on |
+/// | `OCTOFLOW_MATVEC_DOT=0` or `1` | [`Tuning::matvec_dot`] | one-token Q4_K, Q5_K and Q6_K products on 8-bit dot products of a quantized x (`matvec_dot.comp`), off or on |
 ///
 /// The switches exist to measure what each fusion gains; results are the same either way
 /// (within each path's rounding).
@@ -52,7 +52,7 @@ pub struct Tuning {
     /// them. Off until the kernel has run on such a device (the kernel tests exercise it there
     /// whatever this says; lavapipe has no cooperative matrices).
     pub moe_coop: bool,
-    /// One-token Q4_K and Q6_K products take `matvec_dot.comp` (x quantized to 8 bits per block of 32,
+    /// One-token Q4_K, Q5_K and Q6_K products take `matvec_dot.comp` (x quantized to 8 bits per block of 32,
     /// integer dot products) where the shape fits it. On by default where the device
     /// accelerates 4x8-bit dot products: elsewhere they are emulated and the f32 matvec stays.
     pub matvec_dot: bool,

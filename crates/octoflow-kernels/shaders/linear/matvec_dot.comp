@@ -1,6 +1,6 @@
 #version 450
-// One token of a Q4_K (DOT_Q4_K) or Q6_K (DOT_Q6_K) matrix-vector product on 8-bit integer dot
-// products (the decode hot path of large models):
+// One token of a Q4_K (DOT_Q4_K), Q5_K (DOT_Q5_K) or Q6_K (DOT_Q6_K) matrix-vector product on
+// 8-bit integer dot products (the decode hot path of large models):
 //   y[y_col + r] (= | +=) dot(W row r, q8(x)) (+ bias[r])
 // where q8(x) is x (times the norm weight g when the RMSNorm is fused) quantized per block of
 // 32 values as llama.cpp's q8_1: d = max|v| / 127, codes round(v / d) (half away from zero),
@@ -23,6 +23,10 @@
 // super-blocks go by per step of the row group. The min term (dmin * min * sum of x) of both
 // sub-blocks is added by the h = 0 lane from the blocks' sums.
 //
+// Q5_K: the same lanes and head as Q4_K (176-byte super-blocks: head, qh[32], then the codes
+// at byte 48); each code's fifth bit is bit 2p (low nibbles) or 2p + 1 (high) of qh[i] for the
+// code's byte i of its 32-byte window, so a lane also reads qh's 16 bytes [16h, 16h + 16).
+//
 // Q6_K: a super-block is 210 bytes — ql[128] (low 4 bits), qh[64] (high 2 bits), 16 int8
 // scales, the f16 d — so blocks sit at 2-byte alignment; words are read as two aligned words
 // and joined. Lane (n, c) of the eight takes bytes [8c, 8c + 8) of half n's ql windows and qh:
@@ -30,12 +34,12 @@
 // ((qh[32n + 8c + i] >> 2g) & 3) << 4, minus 32, under scale 8n + 2g + c / 2. The codes enter
 // the dot unsigned (0..63) and 32 times the sum of x's codes (a dot with 0x01010101) comes off.
 //
-// GLU (matvec_dot_glu_q4_k): gate (binding 0) and up (binding 5) rows of the same shape, both
+// GLU (matvec_dot_glu_q4_k, _q5_k): gate (binding 0) and up (binding 5) rows of the same shape, both
 // of the same q8(x); y[y_col + r] = act(gate) * up (glu.glsl), bias and accumulate ignored.
 //
 // The host checks: one token, n_cols a multiple of 256 and at most MAX_COLS, the weights'
-// binding offsets 16-byte aligned (Q4_K rows are whole super-blocks of 144 = 9 * 16 bytes;
-// Q6_K's are read a word at a time), the subgroup size dividing 32.
+// binding offsets 16-byte aligned (Q4_K and Q5_K rows are whole super-blocks of 144 = 9 * 16
+// and 176 = 11 * 16 bytes; Q6_K's are read a word at a time), the subgroup size dividing 32.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -99,9 +103,18 @@ uint byte_at(uint u, uint k) {
     return (u >> (8u * k)) & 0xFFu;
 }
 
-#ifdef DOT_Q4_K
-// the contribution of one lane's 32 weights of super-block sb (head hd, codes qs) of a row
-float lane_dot(uvec4 hd, uvec4 qs, uint sb, uint p, uint h) {
+#if defined(DOT_Q4_K) || defined(DOT_Q5_K)
+#ifdef DOT_Q5_K
+const uint SB_VECS = 11u; // uvec4s a super-block
+const uint QS_VEC = 3u;   // where its codes start
+#else
+const uint SB_VECS = 9u;
+const uint QS_VEC = 1u;
+#endif
+
+// the contribution of one lane's 32 weights of super-block sb (head hd, codes qs, and for
+// Q5_K the high bits qh) of a row
+float lane_dot(uvec4 hd, uvec4 qs, uvec4 qh, uint sb, uint p, uint h) {
     // scales of sub-blocks j = 2p, 2p + 1 (bytes jb = j % 4 of each scale word): for j < 4 the
     // low 6 bits of bytes j (scale) and j + 4 (min); else the nibbles of byte j + 4 with the
     // top 2 bits of bytes j - 4 and j
@@ -119,8 +132,14 @@ float lane_dot(uvec4 hd, uvec4 qs, uint sb, uint p, uint h) {
     int il = 0;
     int ih = 0;
     [[unroll]] for (uint m = 0u; m < 4u; m++) {
-        il += dotPacked4x8EXT(int(qs[m] & 0x0F0F0F0Fu), int(xq[wlo + m]));
-        ih += dotPacked4x8EXT(int((qs[m] >> 4) & 0x0F0F0F0Fu), int(xq[whi + m]));
+        uint lo = qs[m] & 0x0F0F0F0Fu;
+        uint hi = (qs[m] >> 4) & 0x0F0F0F0Fu;
+#ifdef DOT_Q5_K
+        lo |= ((qh[m] >> (2u * p)) & 0x01010101u) << 4;
+        hi |= ((qh[m] >> (2u * p + 1u)) & 0x01010101u) << 4;
+#endif
+        il += dotPacked4x8EXT(int(lo), int(xq[wlo + m]));
+        ih += dotPacked4x8EXT(int(hi), int(xq[whi + m]));
     }
     vec2 xl = xs[blo];
     vec2 xh = xs[blo + 1u];
@@ -233,22 +252,33 @@ void main() {
     [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
         acc[k] = 0.0;
     }
-#ifdef DOT_Q4_K
+#if defined(DOT_Q4_K) || defined(DOT_Q5_K)
     for (uint sb = lane / 8u; sb < n_sb; sb += 4u) {
         uvec4 hd[NM * RPT];
         uvec4 qs[NM * RPT];
+        uvec4 qh[NM * RPT];
         [[unroll]] for (uint k = 0u; k < RPT; k++) {
             uint r = min(r0 + k, pc.n_rows - 1u); // rows past the end read the last (not written)
-            uint at = r * rw + sb * 9u;
+            uint at = r * rw + sb * SB_VECS;
             hd[k] = w4[at];
-            qs[k] = w4[at + 1u + 2u * p + h];
+            qs[k] = w4[at + QS_VEC + 2u * p + h];
+#ifdef DOT_Q5_K
+            qh[k] = w4[at + 1u + h];
+#else
+            qh[k] = uvec4(0u);
+#endif
 #ifdef GLU
             hd[RPT + k] = u4[at];
-            qs[RPT + k] = u4[at + 1u + 2u * p + h];
+            qs[RPT + k] = u4[at + QS_VEC + 2u * p + h];
+#ifdef DOT_Q5_K
+            qh[RPT + k] = u4[at + 1u + h];
+#else
+            qh[RPT + k] = uvec4(0u);
+#endif
 #endif
         }
         [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
-            acc[k] += lane_dot(hd[k], qs[k], sb, p, h);
+            acc[k] += lane_dot(hd[k], qs[k], qh[k], sb, p, h);
         }
     }
 #else

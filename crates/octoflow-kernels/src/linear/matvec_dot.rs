@@ -1,7 +1,7 @@
-//! One token of a Q4_K or Q6_K product on 8-bit integer dot products (`matvec_dot.comp`): x
-//! quantized per block of 32 values as llama.cpp's q8_1 inside each workgroup, the weights'
-//! codes dotted with its codes four at a time. What [`super::Linear::record`] (Q4_K, Q6_K) and
-//! [`super::Linear::record_glu`] (Q4_K) take for one-token products where [`MatvecDot::fits`]
+//! One token of a Q4_K, Q5_K or Q6_K product on 8-bit integer dot products (`matvec_dot.comp`):
+//! x quantized per block of 32 values as llama.cpp's q8_1 inside each workgroup, the weights'
+//! codes dotted with its codes four at a time. What [`super::Linear::record`] (all three) and
+//! [`super::Linear::record_glu`] (Q4_K, Q5_K) take for one-token products where [`MatvecDot::fits`]
 //! and [`crate::Tuning::matvec_dot`] say so; [`matvec_dot_ref`] is its CPU reference.
 
 use octoflow_gguf::quant::QuantError;
@@ -23,11 +23,13 @@ const RPT: u32 = 2;
 /// Values per quantized block of x.
 const QK: usize = 32;
 
-/// The shader's pipelines (Q4_K plain and GLU, Q6_K plain), for devices with integer dot
-/// products.
+/// The shader's pipelines (Q4_K and Q5_K plain and GLU, Q6_K plain), for devices with integer
+/// dot products.
 pub(crate) struct MatvecDot {
     q4k: SpecPipelines,
     q4k_glu: SpecPipelines,
+    q5k: SpecPipelines,
+    q5k_glu: SpecPipelines,
     q6k: SpecPipelines,
 }
 
@@ -38,8 +40,17 @@ impl MatvecDot {
         ctx.caps().integer_dot_product.then(|| MatvecDot {
             q4k: SpecPipelines::new(shaders::MATVEC_DOT_Q4_K, 5, PUSH_BYTES + 8, "dot_q4_k")
                 .subgroup_size(subgroup),
+            q5k: SpecPipelines::new(shaders::MATVEC_DOT_Q5_K, 5, PUSH_BYTES + 8, "dot_q5_k")
+                .subgroup_size(subgroup),
             q6k: SpecPipelines::new(shaders::MATVEC_DOT_Q6_K, 5, PUSH_BYTES + 8, "dot_q6_k")
                 .subgroup_size(subgroup),
+            q5k_glu: SpecPipelines::new(
+                shaders::MATVEC_DOT_GLU_Q5_K,
+                6,
+                PUSH_BYTES + 12,
+                "dot_glu_q5_k",
+            )
+            .subgroup_size(subgroup),
             q4k_glu: SpecPipelines::new(
                 shaders::MATVEC_DOT_GLU_Q4_K,
                 6,
@@ -50,8 +61,8 @@ impl MatvecDot {
         })
     }
 
-    /// Whether the kernel reads this product (`glu`: the fused gate/up, Q4_K only): one token
-    /// of Q4_K or Q6_K rows of whole super-blocks, at most [`MATVEC_DOT_MAX_COLS`] wide, from
+    /// Whether the kernel reads this product (`glu`: the fused gate/up, not Q6_K): one token
+    /// of Q4_K, Q5_K or Q6_K rows of whole super-blocks, at most [`MATVEC_DOT_MAX_COLS`] wide, from
     /// 16-byte aligned offsets, no pending post-norm.
     pub(crate) fn fits(
         ty: GgmlType,
@@ -61,7 +72,7 @@ impl MatvecDot {
         pending: bool,
         w: &[&BufferSlice],
     ) -> bool {
-        (ty == GgmlType::Q4_K || (ty == GgmlType::Q6_K && !glu))
+        (matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) || (ty == GgmlType::Q6_K && !glu))
             && n_tokens == 1
             && !pending
             && n_cols.is_multiple_of(256)
@@ -85,6 +96,7 @@ impl MatvecDot {
         push: Push,
     ) -> Result<()> {
         let pipelines = match a.w.ty {
+            GgmlType::Q5_K => &self.q5k,
             GgmlType::Q6_K => &self.q6k,
             _ => &self.q4k,
         };
@@ -111,9 +123,11 @@ impl MatvecDot {
         up: BufferSlice,
         push: Push,
     ) -> Result<()> {
-        let pl = self
-            .q4k_glu
-            .get(chain.context(), [WG, RPT, 0, 0, 0, 0, 0])?;
+        let pipelines = match a.gate.ty {
+            GgmlType::Q5_K => &self.q5k_glu,
+            _ => &self.q4k_glu,
+        };
+        let pl = pipelines.get(chain.context(), [WG, RPT, 0, 0, 0, 0, 0])?;
         let [wb, x, y, bias] = bindings;
         let (g, eps) = a
             .norm
@@ -156,7 +170,7 @@ pub fn q8_blocks(x: &[f32], g: Option<&[f32]>) -> (Vec<f64>, Vec<f32>) {
     (deq, margin)
 }
 
-/// CPU reference of one row set of [`MatvecDot`] (`ty`: Q4_K or Q6_K rows): `y[y_col + r] (= | +=) dot(W row r, q8(x))
+/// CPU reference of one row set of [`MatvecDot`] (`ty`: Q4_K, Q5_K or Q6_K rows): `y[y_col + r] (= | +=) dot(W row r, q8(x))
 /// (+ bias[r])`, times `1 / rms(x)` with the norm `(g, eps)`; dots in f64 over the f32 weights
 /// `octoflow_gguf` dequantizes. Returns, per row, the most the result may move where a code of
 /// x lies so close to a rounding boundary (within `1e-4`) that the device's division may round
@@ -213,10 +227,11 @@ pub fn matvec_dot_ref(
     Ok(slack)
 }
 
-/// CPU reference of the GLU variant (Q4_K): gate and up as [`matvec_dot_ref`] (no bias), then
-/// [`glu_ref`]. Returns each row's slack of gate and of up.
+/// CPU reference of the GLU variant (`ty` Q4_K or Q5_K): gate and up as [`matvec_dot_ref`] (no
+/// bias), then [`glu_ref`]. Returns each row's slack of gate and of up.
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_dot_glu_ref(
+    ty: GgmlType,
     gate: &[u8],
     up: &[u8],
     n_rows: usize,
@@ -227,9 +242,8 @@ pub fn matvec_dot_glu_ref(
     op: GluOp,
 ) -> std::result::Result<Vec<(f64, f64)>, QuantError> {
     let (mut g, mut u) = (vec![0f32; n_rows], vec![0f32; n_rows]);
-    let q4k = GgmlType::Q4_K;
-    let sg = matvec_dot_ref(q4k, gate, n_rows, n_cols, x, norm, &mut g, 0, None, false)?;
-    let su = matvec_dot_ref(q4k, up, n_rows, n_cols, x, norm, &mut u, 0, None, false)?;
+    let sg = matvec_dot_ref(ty, gate, n_rows, n_cols, x, norm, &mut g, 0, None, false)?;
+    let su = matvec_dot_ref(ty, up, n_rows, n_cols, x, norm, &mut u, 0, None, false)?;
     glu_ref(&g, &u, &mut y[..n_rows], op);
     Ok(sg.into_iter().zip(su).collect())
 }

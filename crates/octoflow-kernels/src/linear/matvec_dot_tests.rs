@@ -61,7 +61,7 @@ fn check_shape(
     let what = format!("{ty} {n_rows}x{n_cols}, seed {seed}");
     let eps = 1e-5f32;
     let wq = random_weights(rng, ty, n_rows, n_cols);
-    let uq = random_weights(rng, GgmlType::Q4_K, n_rows, n_cols);
+    let uq = random_weights(rng, ty, n_rows, n_cols);
     let (wb, ub) = (buffer_with(ctx, "w", &wq), buffer_with(ctx, "u", &uq));
     let x = random_x(rng, n_cols);
     let g: Vec<f32> = (0..n_cols).map(|_| rng.gen_range(0.5..1.5)).collect();
@@ -178,8 +178,8 @@ fn check_shape(
         "{what} (norm): rms distance {err:.3e} from the f32 product of rms {size:.3e}"
     );
 
-    // the fused GLU (Q4_K), with the norm (SiLU) and without (GELU)
-    if ty != GgmlType::Q4_K {
+    // the fused GLU (not Q6_K), with the norm (SiLU) and without (GELU)
+    if ty == GgmlType::Q6_K {
         return;
     }
     for (norm, op) in [(true, GluOp::Silu), (false, GluOp::GeluTanh)] {
@@ -204,7 +204,8 @@ fn check_shape(
         assert!(got[n_rows..].iter().all(|v| v.is_nan()), "{what}: past y");
         let mut want = vec![0f32; n_rows];
         let nrm = norm.then_some((&g[..], eps));
-        let slack = matvec_dot_glu_ref(&wq, &uq, n_rows, n_cols, &x, nrm, &mut want, op).unwrap();
+        let slack =
+            matvec_dot_glu_ref(ty, &wq, &uq, n_rows, n_cols, &x, nrm, &mut want, op).unwrap();
         // a gate or up moved by its slack moves act(gate) * up by at most about this much
         let (mut gate, mut up) = (vec![0f32; n_rows], vec![0f32; n_rows]);
         matvec_dot_ref(ty, &wq, n_rows, n_cols, &x, nrm, &mut gate, 0, None, false).unwrap();
@@ -225,7 +226,7 @@ fn check_shape(
     }
 }
 
-/// The integer-dot kernel against its CPU reference on fresh random Q4_K and Q6_K weights and
+/// The integer-dot kernel against its CPU reference on fresh random Q4_K, Q5_K and Q6_K weights and
 /// inputs: rows not a multiple of the workgroup's 16, one to twelve super-blocks a row (odd
 /// counts put Q6_K's 210-byte rows at 2-byte alignment every other row), and rows as wide as
 /// an 8B model's down projection.
@@ -240,7 +241,7 @@ fn gpu_matvec_dot_agrees_with_its_reference() {
     }
     let (seed, mut rng) = seeded(module_path!());
     let lin = dot_linear(&ctx, true);
-    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
         for _ in 0..3 {
             let n_rows = rng.gen_range(1..300usize);
             let n_cols = 256 * rng.gen_range(1..=12usize);
@@ -277,10 +278,13 @@ fn gpu_matvec_dot_takes_only_what_it_reads() {
     assert!(!fits(GgmlType::Q4_K, 256, 2, false, &a));
     assert!(!fits(GgmlType::Q4_K, 256, 1, true, &a));
     assert!(!fits(GgmlType::Q4_K, 256, 1, false, &b));
-    assert!(!fits(GgmlType::Q5_K, 256, 1, false, &a));
+    assert!(fits(GgmlType::Q5_K, 256, 1, false, &a));
+    assert!(!fits(GgmlType::Q4_0, 256, 1, false, &a));
+    assert!(!fits(GgmlType::Q8_0, 256, 1, false, &a));
     assert!(fits(GgmlType::Q6_K, 256, 1, false, &a));
     assert!(!MatvecDot::fits(GgmlType::Q6_K, true, 256, 1, false, &[&a]));
     assert!(MatvecDot::fits(GgmlType::Q4_K, true, 256, 1, false, &[&a]));
+    assert!(MatvecDot::fits(GgmlType::Q5_K, true, 256, 1, false, &[&a]));
 
     let (seed, mut rng) = seeded(module_path!());
     let (n_rows, n_cols) = (40, 512);
