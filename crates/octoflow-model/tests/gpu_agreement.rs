@@ -68,10 +68,9 @@ fn gpu_gemma3_mean_nll_agrees_with_llama_cpp() {
 }
 
 /// One-token Q4_K and Q6_K products on 8-bit dot products of a quantized x (the default where
-/// a GPU accelerates them; forced here, in the GPU layout, wherever the driver has integer dot
-/// products): qwen2.5's Q4_K and Q6_K down projections take them in every decode step, and the
-/// model still agrees with llama.cpp as the f32 products do. (gemma3, whose Q4_K output
-/// projections take them too, runs the GPU layout too slowly on lavapipe for CI.)
+/// a GPU accelerates them; forced here wherever the driver has integer dot products):
+/// qwen2.5's Q4_K and Q6_K down projections take them in every decode step, and the model
+/// still agrees with llama.cpp as the f32 products do.
 #[test]
 fn gpu_decode_on_8bit_dot_products_agrees_with_llama_cpp() {
     let Some(ctx) = gpu_or_skip("matvec_dot_models") else {
@@ -87,7 +86,7 @@ fn gpu_decode_on_8bit_dot_products_agrees_with_llama_cpp() {
         matvec_dot: true,
         ..octoflow_kernels::Tuning::from_caps(ctx.caps())
     };
-    let linear = octoflow_kernels::Linear::with_gpu_layout_tuned(&ctx, tuning).unwrap();
+    let linear = octoflow_kernels::Linear::with_tuning(&ctx, tuning).unwrap();
     let gpu = GpuModel::load(&ctx, &model).unwrap().with_linear(linear);
     // decode against the f32 batch: the 8-bit codes of x move a logit by up to ~0.3% of
     // the largest (measured 0.32% on qwen2.5), as f16 operands do the batches' on
@@ -98,6 +97,25 @@ fn gpu_decode_on_8bit_dot_products_agrees_with_llama_cpp() {
         &golden,
         &mut |n| Box::new(gpu.session(n, 4).unwrap()) as Box<dyn Forward>,
         &rel,
+    );
+    // the path was taken: a decode step's logits are not the f32 products'
+    let case = &golden.greedy[0];
+    let step = |m: &GpuModel| {
+        let mut s = m.session(case.prompt_ids.len() + 1, 4).unwrap();
+        s.prefill(&case.prompt_ids, 256).unwrap();
+        s.decode(case.greedy_ids[0]).unwrap()
+    };
+    let f32_products = octoflow_kernels::Tuning {
+        matvec_dot: false,
+        ..tuning
+    };
+    let plain = GpuModel::load(&ctx, &model)
+        .unwrap()
+        .with_linear(octoflow_kernels::Linear::with_tuning(&ctx, f32_products).unwrap());
+    assert_ne!(
+        step(&gpu),
+        step(&plain),
+        "the 8-bit products were not taken"
     );
 }
 

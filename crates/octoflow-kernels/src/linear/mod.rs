@@ -112,8 +112,8 @@ pub struct Linear {
     cpu: bool,
     /// Batches of [`Tuning::coop_min_tokens`] or more go here when present.
     coop: Option<MatmulCoop>,
-    /// One-token Q4_K products on integer dot products (GPU layout, where the device has
-    /// them); taken where [`Tuning::matvec_dot`] and [`MatvecDot::fits`] say so.
+    /// One-token K-quant products on integer dot products (either layout, where the device
+    /// has them); taken where [`Tuning::matvec_dot`] and [`MatvecDot::fits`] say so.
     dot: Option<MatvecDot>,
     /// Read once at construction; see [`Linear::tuning`].
     tuning: Tuning,
@@ -141,12 +141,6 @@ impl Linear {
     /// tests of the GPU-only paths (fused norms, the fused GLU with its norm) on lavapipe.
     pub fn with_gpu_layout(ctx: &Context) -> Result<Self> {
         Self::with_layout(ctx, false, Tuning::for_device(ctx.caps()))
-    }
-
-    /// [`Linear::with_gpu_layout`] with a given tuning (tests of a tuning's paths, such as
-    /// [`Tuning::matvec_dot`], on a CPU driver).
-    pub fn with_gpu_layout_tuned(ctx: &Context, tuning: Tuning) -> Result<Self> {
-        Self::with_layout(ctx, false, tuning)
     }
 
     /// What this instance was built with: where batches take the cooperative-matrix kernel,
@@ -187,7 +181,9 @@ impl Linear {
                 matmul,
                 cpu,
                 coop: None,
-                dot: None,
+                // off by default here (not accelerated on CPU drivers), built for tunings that
+                // ask for it
+                dot: MatvecDot::new(ctx, required),
                 tuning,
             });
         }

@@ -64,8 +64,8 @@ impl GpuModel {
         })
     }
 
-    /// Replaces the product kernels (tests of the GPU layout and its tunings on a CPU driver,
-    /// [`octoflow_kernels::Linear::with_gpu_layout_tuned`]); sessions made before keep theirs.
+    /// Replaces the product kernels (tests of a tuning's paths, built with
+    /// [`octoflow_kernels::Linear::with_tuning`]); sessions made before keep theirs.
     pub fn with_linear(mut self, linear: octoflow_kernels::Linear) -> Self {
         self.kernels.linear = linear;
         self
