@@ -88,9 +88,8 @@ fn gpu_decode_on_8bit_dot_products_agrees_with_llama_cpp() {
     };
     let linear = octoflow_kernels::Linear::with_tuning(&ctx, tuning).unwrap();
     let gpu = GpuModel::load(&ctx, &model).unwrap().with_linear(linear);
-    // decode against the f32 batch: the 8-bit codes of x move a logit by up to ~0.3% of
-    // the largest (measured 0.32% on qwen2.5), as f16 operands do the batches' on
-    // cooperative matrices
+    // decode against the f32 batch: the 8-bit codes of x move a logit by a fraction of a
+    // percent of the largest, as f16 operands move the batches' on cooperative matrices
     let rel = |n: usize| gpu_logit_bound(&ctx, n).max(1e-2) + gpu_logit_bound(&ctx, 1);
     check_prompts_within(
         name,

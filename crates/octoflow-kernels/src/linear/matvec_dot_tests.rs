@@ -49,7 +49,7 @@ fn random_x(rng: &mut StdRng, n: usize) -> Vec<f32> {
 /// product of the fused norm, and the fused GLU with and without the norm, each against
 /// [`matvec_dot_ref`] / [`matvec_dot_glu_ref`] with y poisoned where it is written fresh; the
 /// norm's product also against the f32 reference: the 8-bit codes' noise (each code off by up
-/// to half a step, ~0.5% of the product's rms at these sizes) stays within 2% of it.
+/// to half a step: a fraction of a percent of the product's rms at these sizes) stays within 2% of it.
 fn check_shape(
     ctx: &Context,
     lin: &Linear,

@@ -252,7 +252,7 @@ pub const GEMMA3: &str = "gemma-3-270m-q4_k_m";
 /// (~1e-5 seen), so 1e-3 — except where batch products run on cooperative matrices, whose
 /// operands (weights and activations) are rounded to f16 (2^-11 relative each) in every layer:
 /// 2e-2 there; and 1e-2 for single tokens where the device's default takes one-token Q4_K
-/// products on 8-bit codes of x (`Tuning::matvec_dot`: ~0.3% of the largest logit seen).
+/// products on 8-bit codes of x (`Tuning::matvec_dot`: each code is off by up to half a step).
 pub fn gpu_logit_bound(ctx: &octoflow_vk::Context, n_tokens: usize) -> f32 {
     let coop = octoflow_kernels::MatmulCoop::supported(ctx.caps())
         && n_tokens as u32 >= octoflow_kernels::linear::COOP_MIN_TOKENS;
