@@ -146,11 +146,12 @@ impl MatvecDot {
 
 /// x (times `g`) quantized as the shader does: per block of 32 values `d = max|v| / 127`, codes
 /// `round(v / d)` half away from zero (through `1 / d`, as the shader), returned dequantized
-/// (`d * code`), with, per value, how far `v / d` lies from a rounding boundary (a code the
-/// GPU's division may round the other way lies within a few ulps of one).
-pub fn q8_blocks(x: &[f32], g: Option<&[f32]>) -> (Vec<f64>, Vec<f32>) {
+/// (`d * code`), with, per value, the step its code may move on the device: `d` where `v / d`
+/// lies within `1e-4` of a rounding boundary (the device's division, a few ulps off, may round
+/// it the other way), else 0.
+pub fn q8_blocks(x: &[f32], g: Option<&[f32]>) -> (Vec<f64>, Vec<f64>) {
     let mut deq = Vec::with_capacity(x.len());
-    let mut margin = Vec::with_capacity(x.len());
+    let mut steps = Vec::with_capacity(x.len());
     for (b, xb) in x.chunks(QK).enumerate() {
         let v: Vec<f32> = xb
             .iter()
@@ -164,17 +165,18 @@ pub fn q8_blocks(x: &[f32], g: Option<&[f32]>) -> (Vec<f64>, Vec<f32>) {
             let s = vv * id;
             let code = s.signum() * (s.abs() + 0.5).floor();
             deq.push(f64::from(d) * f64::from(code));
-            margin.push(((s.abs() - s.abs().floor()) - 0.5).abs());
+            let near = ((s.abs() - s.abs().floor()) - 0.5).abs() < 1e-4;
+            steps.push(if near { f64::from(d) } else { 0.0 });
         }
     }
-    (deq, margin)
+    (deq, steps)
 }
 
-/// CPU reference of one row set of [`MatvecDot`] (`ty`: Q4_K, Q5_K or Q6_K rows): `y[y_col + r] (= | +=) dot(W row r, q8(x))
-/// (+ bias[r])`, times `1 / rms(x)` with the norm `(g, eps)`; dots in f64 over the f32 weights
-/// `octoflow_gguf` dequantizes. Returns, per row, the most the result may move where a code of
-/// x lies so close to a rounding boundary (within `1e-4`) that the device's division may round
-/// it the other way: one code step of each such value times its weight.
+/// CPU reference of one row set of [`MatvecDot`] (`ty`: Q4_K, Q5_K or Q6_K rows):
+/// `y[y_col + r] (= | +=) dot(W row r, q8(x)) (+ bias[r])`, times `1 / rms(x)` with the norm
+/// `(g, eps)`; dots in f64 over the f32 weights
+/// `octoflow_gguf` dequantizes. Returns, per row, the most the result may move where codes of x
+/// lie at a rounding boundary ([`q8_blocks`]' steps times the weights).
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_dot_ref(
     ty: GgmlType,
@@ -188,7 +190,7 @@ pub fn matvec_dot_ref(
     bias: Option<&[f32]>,
     accumulate: bool,
 ) -> std::result::Result<Vec<f64>, QuantError> {
-    let (xd, margin) = q8_blocks(&x[..n_cols], norm.map(|(g, _)| g));
+    let (xd, steps) = q8_blocks(&x[..n_cols], norm.map(|(g, _)| g));
     let inv = norm.map_or(1.0, |(_, eps)| {
         let ss: f64 = x[..n_cols]
             .iter()
@@ -202,17 +204,11 @@ pub fn matvec_dot_ref(
     for r in 0..n_rows {
         octoflow_gguf::quant::dequantize(ty, &w[r * rb..(r + 1) * rb], &mut row)?;
         let mut s: f64 = row.iter().zip(&xd).map(|(&a, &b)| f64::from(a) * b).sum();
-        let mut loose = 0.0;
-        for (i, &m) in margin.iter().enumerate() {
-            if m < 1e-4 {
-                let amax = x[i / QK * QK..][..QK]
-                    .iter()
-                    .enumerate()
-                    .map(|(k, &v)| norm.map_or(v, |(g, _)| v * g[i / QK * QK + k]).abs())
-                    .fold(0f32, f32::max);
-                loose += f64::from(row[i].abs()) * f64::from(amax) / 127.0;
-            }
-        }
+        let loose: f64 = row
+            .iter()
+            .zip(&steps)
+            .map(|(&w, &st)| f64::from(w.abs()) * st)
+            .sum();
         s *= inv;
         if let Some(b) = bias {
             s += f64::from(b[r]);
