@@ -174,7 +174,7 @@ fn check_shape(
                 .iter()
                 .zip(gb)
                 .fold(0f32, |m, (&a, &b)| m.max((a * b).abs()));
-            std::iter::repeat(f64::from(amax) / 127.0 / 2.0).take(xb.len())
+            vec![f64::from(amax) / 127.0 / 2.0; xb.len()]
         })
         .collect();
     let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
