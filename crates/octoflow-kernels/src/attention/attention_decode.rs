@@ -41,8 +41,6 @@ const MAX_SPLIT: u32 = 64;
 const HEAD_TARGET: u32 = 32;
 /// On a GPU, caches of at least this many rows take the long-context layout.
 const LONG_ROWS: u32 = 4096;
-/// Workgroups the long-context layout aims at.
-const LONG_TARGET: u32 = 1024;
 
 /// Whether [`crate::Attention::record`] takes the decode kernel for `a`.
 pub(crate) fn applies(a: &AttentionArgs) -> bool {
@@ -108,10 +106,11 @@ fn floor_pow2(x: u32) -> u32 {
 /// - GPU, one sequence (run mode): workgroups of 256 and at most 4 vec4s of a key row per lane
 ///   (lanes per key >= head_dim / 16), so that wide heads (256) do not spill q and the K tiles
 ///   out of registers. Batches of many streams (position tables) keep 128.
-/// - GPU, caches of `LONG_ROWS` rows or more: the keys are split first, into up to
-///   `MAX_SPLIT` pieces, and the group is cut only as far as ~`LONG_TARGET` workgroups need:
-///   a deep context has keys enough to fill the device, and a workgroup holding several heads
-///   of a group reads each K/V row once for all of them.
+/// - GPU, caches of `LONG_ROWS` rows or more: whole GQA groups (a workgroup holding every
+///   head of a group reads each K/V row once for all of them), the keys split into about one
+///   workgroup per compute unit (at most `MAX_SPLIT` pieces): a workgroup's registers hold one
+///   per unit, and more pieces than that wait for a second round and lengthen the merge,
+///   whose loads grow with the pieces.
 /// - CPU (lavapipe): whole groups, a few pieces: SIMD lanes are not free there.
 ///
 /// The split is fixed when the chain is recorded (positions change between replays), from the
@@ -123,12 +122,12 @@ pub(crate) fn plan(caps: &DeviceCaps, a: &AttentionArgs) -> DecodePlan {
     let group = a.n_head / a.n_head_kv;
     let pairs = a.n_tokens.saturating_mul(a.n_head_kv);
     let long = !cpu && a.n_kv_rows >= LONG_ROWS;
-    let n_hc = if cpu {
+    let units = caps
+        .compute_units
+        .unwrap_or(crate::tuning::FALLBACK_COMPUTE_UNITS)
+        .max(1);
+    let n_hc = if cpu || long {
         1
-    } else if long {
-        LONG_TARGET
-            .div_ceil(pairs.max(1).saturating_mul(MAX_SPLIT))
-            .clamp(1, group)
     } else {
         HEAD_TARGET.div_ceil(pairs.max(1)).clamp(1, group)
     };
@@ -153,7 +152,7 @@ pub(crate) fn plan(caps: &DeviceCaps, a: &AttentionArgs) -> DecodePlan {
     let target: u32 = if cpu {
         8
     } else if long {
-        LONG_TARGET
+        units
     } else {
         256
     };

@@ -607,6 +607,12 @@ fn the_decode_kernel_takes_decode_steps_and_bad_layouts_are_errors() {
     args.n_kv_rows = 8192;
     let p = plan(ctx.caps(), &args);
     assert!(p.split > 1 && p.min_chunk >= p.wg / p.lpk, "{p:?}");
+    if ctx.caps().kind != octoflow_vk::DeviceKind::Cpu {
+        assert_eq!(
+            p.hb, 7,
+            "a long cache: whole groups, each K/V row read once"
+        );
+    }
     // a layout whose key groups exceed the subgroup (or the workgroup) is refused
     let k = Attention::new(&ctx).unwrap().without_coop();
     let mut chain = Chain::new(&ctx).unwrap();
