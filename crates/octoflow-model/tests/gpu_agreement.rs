@@ -67,10 +67,10 @@ fn gpu_gemma3_mean_nll_agrees_with_llama_cpp() {
     nll_on_gpu(GEMMA3);
 }
 
-/// One-token products on 8-bit dot products of a quantized x (the default where a GPU
-/// accelerates them; forced here wherever the driver has integer dot products): every product
-/// of qwen2.5's decode steps takes them (its Q4_K and Q6_K down projections, the Q5_0 and Q8_0
-/// ones of its 896-wide rows), and the model still agrees with llama.cpp as the f32 products do.
+/// One-token Q4_K and Q6_K products on 8-bit dot products of a quantized x (the default where
+/// a GPU accelerates them; forced here wherever the driver has integer dot products):
+/// qwen2.5's Q4_K and Q6_K down projections take them in every decode step, and the model
+/// still agrees with llama.cpp as the f32 products do.
 #[test]
 fn gpu_decode_on_8bit_dot_products_agrees_with_llama_cpp() {
     let Some(ctx) = gpu_or_skip("matvec_dot_models") else {
@@ -88,10 +88,9 @@ fn gpu_decode_on_8bit_dot_products_agrees_with_llama_cpp() {
     };
     let linear = octoflow_kernels::Linear::with_tuning(&ctx, tuning).unwrap();
     let gpu = GpuModel::load(&ctx, &model).unwrap().with_linear(linear);
-    // decode against the f32 batch: every product of a step rounds its input to 8-bit codes
-    // (the small model's Q5_0 and Q8_0 ones too), which together move a logit by a percent or
-    // two of the largest, as llama.cpp's own q8 dot products do
-    let rel = |n: usize| gpu_logit_bound(&ctx, n) + DOT_LOGIT_BOUND;
+    // decode against the f32 batch: the 8-bit codes of x move a logit by a fraction of a
+    // percent of the largest, as f16 operands move the batches' on cooperative matrices
+    let rel = |n: usize| gpu_logit_bound(&ctx, n).max(1e-2) + gpu_logit_bound(&ctx, 1);
     check_prompts_within(
         name,
         &golden,

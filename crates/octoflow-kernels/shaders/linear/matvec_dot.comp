@@ -1,6 +1,6 @@
 #version 450
-// One token of a Q4_K (DOT_Q4_K), Q5_K (DOT_Q5_K), Q6_K (DOT_Q6_K), Q8_0 (DOT_Q8_0) or Q5_0
-// (DOT_Q5_0) matrix-vector product on 8-bit integer dot products (the decode hot path):
+// One token of a Q4_K (DOT_Q4_K), Q5_K (DOT_Q5_K) or Q6_K (DOT_Q6_K) matrix-vector product on
+// 8-bit integer dot products (the decode hot path of large models):
 //   y[y_col + r] (= | +=) dot(W row r, q8(x)) (+ bias[r])
 // where q8(x) is x (times the norm weight g when the RMSNorm is fused) quantized per block of
 // 32 values as llama.cpp's q8_1: d = max|v| / 127, codes round(v / d) (half away from zero),
@@ -34,22 +34,12 @@
 // ((qh[32n + 8c + i] >> 2g) & 3) << 4, minus 32, under scale 8n + 2g + c / 2. The codes enter
 // the dot unsigned (0..63) and 32 times the sum of x's codes (a dot with 0x01010101) comes off.
 //
-// Q8_0 and Q5_0: blocks of 32 weights (34 bytes: the f16 d, 32 int8 codes; 22 bytes: d, the
-// 32 fifth bits qh, 16 bytes of nibbles), at 2-byte alignment (read as Q6_K's, joined words).
-// Four lanes share a block, eight blocks go by per step of the row group. Q8_0: lane c dots
-// codes 8c .. 8c + 8 with x's. Q5_0: lane c takes nibble bytes 4c .. 4c + 4 — low nibbles are
-// elements 4c + i, high ones 16 + 4c + i — with their qh bits moved to bit 4 of each byte; the
-// codes (0..31) enter the dot unsigned and the c = 0 lane takes 16 d sum(x) off (the block's
-// x sum from the q8_1 block).
+// GLU (matvec_dot_glu_q4_k, _q5_k): gate (binding 0) and up (binding 5) rows of the same shape, both
+// of the same q8(x); y[y_col + r] = act(gate) * up (glu.glsl), bias and accumulate ignored.
 //
-// GLU (matvec_dot_glu_<type>, all but Q6_K): gate (binding 0) and up (binding 5) rows of the
-// same shape, both of the same q8(x); y[y_col + r] = act(gate) * up (glu.glsl), bias and
-// accumulate ignored.
-//
-// The host checks: one token, n_cols a multiple of 256 (the K-quants) or 32 (Q8_0, Q5_0) and
-// at most MAX_COLS, the weights' binding offsets 16-byte aligned (Q4_K and Q5_K rows are whole
-// super-blocks of 144 = 9 * 16 and 176 = 11 * 16 bytes; the others are read a word at a time),
-// the subgroup size dividing 32.
+// The host checks: one token, n_cols a multiple of 256 and at most MAX_COLS, the weights'
+// binding offsets 16-byte aligned (Q4_K and Q5_K rows are whole super-blocks of 144 = 9 * 16
+// and 176 = 11 * 16 bytes; Q6_K's are read a word at a time), the subgroup size dividing 32.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -79,7 +69,6 @@ layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 4) readonly buffer G4 { vec4 g4[]; };
 #ifdef GLU
 layout(std430, binding = 5) readonly buffer U4 { uvec4 u4[]; };
-layout(std430, binding = 5) readonly buffer U1 { uint u1[]; };
 #endif
 
 layout(push_constant) uniform Push {
@@ -162,49 +151,12 @@ float lane_dot(uvec4 hd, uvec4 qs, uvec4 qh, uint sb, uint p, uint h) {
 }
 #endif
 
-// the word at byte b (even: Q6_K, Q8_0 and Q5_0 blocks lie at 2-byte alignment) of words arr
-#define WORD_AT(arr, b) \
-    (((b) & 2u) == 0u ? arr[(b) >> 2] : (arr[(b) >> 2] >> 16) | (arr[((b) >> 2) + 1u] << 16))
-
-uint wd(uint b) {
-    return WORD_AT(w1, b);
-}
-
-#if defined(DOT_Q8_0) || defined(DOT_Q5_0)
-#ifdef DOT_Q8_0
-const uint BLK_BYTES = 34u;
-#else
-const uint BLK_BYTES = 22u;
-#endif
-
-// bits 0..3 of v to bit 4 of bytes 0..3
-uint spread4(uint v) {
-    return ((v & 1u) << 4) | ((v & 2u) << 11) | ((v & 4u) << 18) | ((v & 8u) << 25);
-}
-
-// lane c's share of block b (its words d, qs, qh as read from the weights) of a row
-float blk_dot(uint w0, uint q0, uint q1, uint b, uint c) {
-    float d = unpackHalf2x16(w0).x;
-#ifdef DOT_Q8_0
-    int s = dotPacked4x8EXT(int(q0), int(xq[b * 8u + 2u * c])) +
-            dotPacked4x8EXT(int(q1), int(xq[b * 8u + 2u * c + 1u]));
-    return d * xs[b].x * float(s);
-#else
-    // w0: d and the low half of qh; q1: qh; q0: the nibble bytes 4c .. 4c + 4
-    uint lo = (q0 & 0x0F0F0F0Fu) | spread4(q1 >> (4u * c));
-    uint hi = ((q0 >> 4) & 0x0F0F0F0Fu) | spread4(q1 >> (16u + 4u * c));
-    int s = dotPacked4x8EXT(int(lo), int(xq[b * 8u + c])) +
-            dotPacked4x8EXT(int(hi), int(xq[b * 8u + 4u + c]));
-    float r = d * xs[b].x * float(s);
-    if (c == 0u) {
-        r -= 16.0 * d * xs[b].y;
-    }
-    return r;
-#endif
-}
-#endif
-
 #ifdef DOT_Q6_K
+// the word at byte b of the weights (b even: a block's bytes lie at 2-byte alignment)
+uint wd(uint b) {
+    uint i = b >> 2;
+    return (b & 2u) == 0u ? w1[i] : (w1[i] >> 16) | (w1[i + 1u] << 16);
+}
 
 // the contribution of lane (n, c)'s 32 weights of the super-block at byte `at` (its index sb)
 float q6_dot(uint at, uint sb, uint n, uint c) {
@@ -327,35 +279,6 @@ void main() {
         }
         [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
             acc[k] += lane_dot(hd[k], qs[k], qh[k], sb, p, h);
-        }
-    }
-#elif defined(DOT_Q8_0) || defined(DOT_Q5_0)
-    uint c4 = lane % 4u;
-    for (uint b = lane / 4u; b < nb; b += TPR / 4u) {
-        uint wd0[NM * RPT];
-        uint wq0[NM * RPT];
-        uint wq1[NM * RPT];
-        [[unroll]] for (uint k = 0u; k < RPT; k++) {
-            uint r = min(r0 + k, pc.n_rows - 1u); // rows past the end read the last (not written)
-            uint at = r * pc.row_bytes + b * BLK_BYTES;
-#ifdef DOT_Q8_0
-            uint qa = at + 2u + 8u * c4;
-            uint qb = qa + 4u;
-#else
-            uint qa = at + 6u + 4u * c4;
-            uint qb = at + 2u;
-#endif
-            wd0[k] = WORD_AT(w1, at);
-            wq0[k] = WORD_AT(w1, qa);
-            wq1[k] = WORD_AT(w1, qb);
-#ifdef GLU
-            wd0[RPT + k] = WORD_AT(u1, at);
-            wq0[RPT + k] = WORD_AT(u1, qa);
-            wq1[RPT + k] = WORD_AT(u1, qb);
-#endif
-        }
-        [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
-            acc[k] += blk_dot(wd0[k], wq0[k], wq1[k], b, c4);
         }
     }
 #else

@@ -1,13 +1,12 @@
-//! One token of a Q4_K, Q5_K, Q6_K, Q8_0 or Q5_0 product on 8-bit integer dot products
-//! (`matvec_dot.comp`): x quantized per block of 32 values as llama.cpp's q8_1 inside each
-//! workgroup, the weights' codes dotted with its codes four at a time. What
-//! [`super::Linear::record`] (all five) and [`super::Linear::record_glu`] (all but Q6_K) take
-//! for one-token products where [`MatvecDot::fits`] and [`crate::Tuning::matvec_dot`] say so;
-//! [`matvec_dot_ref`] is its CPU reference.
+//! One token of a Q4_K, Q5_K or Q6_K product on 8-bit integer dot products (`matvec_dot.comp`):
+//! x quantized per block of 32 values as llama.cpp's q8_1 inside each workgroup, the weights'
+//! codes dotted with its codes four at a time. What [`super::Linear::record`] (all three) and
+//! [`super::Linear::record_glu`] (Q4_K, Q5_K) take for one-token products where [`MatvecDot::fits`]
+//! and [`crate::Tuning::matvec_dot`] say so; [`matvec_dot_ref`] is its CPU reference.
 
 use octoflow_gguf::quant::QuantError;
 use octoflow_gguf::GgmlType;
-use octoflow_vk::{BufferSlice, Chain, Context, Push, Shader};
+use octoflow_vk::{BufferSlice, Chain, Context, Push};
 
 use super::args::{glu_cost, product_cost};
 use super::{LinearArgs, LinearGluArgs, MATVEC_TPR, PUSH_BYTES};
@@ -24,7 +23,7 @@ const RPT: u32 = 2;
 /// Values per quantized block of x.
 const QK: usize = 32;
 
-/// The shader's pipelines (plain and GLU per type; Q6_K plain only), for devices with integer
+/// The shader's pipelines (Q4_K and Q5_K plain and GLU, Q6_K plain), for devices with integer
 /// dot products.
 pub(crate) struct MatvecDot {
     q4k: SpecPipelines,
@@ -32,20 +31,6 @@ pub(crate) struct MatvecDot {
     q5k: SpecPipelines,
     q5k_glu: SpecPipelines,
     q6k: SpecPipelines,
-    q8_0: SpecPipelines,
-    q8_0_glu: SpecPipelines,
-    q5_0: SpecPipelines,
-    q5_0_glu: SpecPipelines,
-}
-
-/// A plain pipeline of the shader (`label`: its profile name).
-fn plain(spv: Shader, label: &'static str, subgroup: Option<u32>) -> SpecPipelines {
-    SpecPipelines::new(spv, 5, PUSH_BYTES + 8, label).subgroup_size(subgroup)
-}
-
-/// A GLU pipeline of the shader.
-fn glu(spv: Shader, label: &'static str, subgroup: Option<u32>) -> SpecPipelines {
-    SpecPipelines::new(spv, 6, PUSH_BYTES + 12, label).subgroup_size(subgroup)
 }
 
 impl MatvecDot {
@@ -53,21 +38,32 @@ impl MatvecDot {
     /// where the device has no integer dot products.
     pub(crate) fn new(ctx: &Context, subgroup: Option<u32>) -> Option<Self> {
         ctx.caps().integer_dot_product.then(|| MatvecDot {
-            q4k: plain(shaders::MATVEC_DOT_Q4_K, "dot_q4_k", subgroup),
-            q4k_glu: glu(shaders::MATVEC_DOT_GLU_Q4_K, "dot_glu_q4_k", subgroup),
-            q5k: plain(shaders::MATVEC_DOT_Q5_K, "dot_q5_k", subgroup),
-            q5k_glu: glu(shaders::MATVEC_DOT_GLU_Q5_K, "dot_glu_q5_k", subgroup),
-            q6k: plain(shaders::MATVEC_DOT_Q6_K, "dot_q6_k", subgroup),
-            q8_0: plain(shaders::MATVEC_DOT_Q8_0, "dot_q8_0", subgroup),
-            q8_0_glu: glu(shaders::MATVEC_DOT_GLU_Q8_0, "dot_glu_q8_0", subgroup),
-            q5_0: plain(shaders::MATVEC_DOT_Q5_0, "dot_q5_0", subgroup),
-            q5_0_glu: glu(shaders::MATVEC_DOT_GLU_Q5_0, "dot_glu_q5_0", subgroup),
+            q4k: SpecPipelines::new(shaders::MATVEC_DOT_Q4_K, 5, PUSH_BYTES + 8, "dot_q4_k")
+                .subgroup_size(subgroup),
+            q5k: SpecPipelines::new(shaders::MATVEC_DOT_Q5_K, 5, PUSH_BYTES + 8, "dot_q5_k")
+                .subgroup_size(subgroup),
+            q6k: SpecPipelines::new(shaders::MATVEC_DOT_Q6_K, 5, PUSH_BYTES + 8, "dot_q6_k")
+                .subgroup_size(subgroup),
+            q5k_glu: SpecPipelines::new(
+                shaders::MATVEC_DOT_GLU_Q5_K,
+                6,
+                PUSH_BYTES + 12,
+                "dot_glu_q5_k",
+            )
+            .subgroup_size(subgroup),
+            q4k_glu: SpecPipelines::new(
+                shaders::MATVEC_DOT_GLU_Q4_K,
+                6,
+                PUSH_BYTES + 12,
+                "dot_glu_q4_k",
+            )
+            .subgroup_size(subgroup),
         })
     }
 
     /// Whether the kernel reads this product (`glu`: the fused gate/up, not Q6_K): one token
-    /// of Q4_K, Q5_K, Q6_K, Q8_0 or Q5_0 rows of whole blocks, at most [`MATVEC_DOT_MAX_COLS`]
-    /// wide, from 16-byte aligned offsets, no pending post-norm.
+    /// of Q4_K, Q5_K or Q6_K rows of whole super-blocks, at most [`MATVEC_DOT_MAX_COLS`] wide, from
+    /// 16-byte aligned offsets, no pending post-norm.
     pub(crate) fn fits(
         ty: GgmlType,
         glu: bool,
@@ -76,15 +72,10 @@ impl MatvecDot {
         pending: bool,
         w: &[&BufferSlice],
     ) -> bool {
-        let block = match ty {
-            GgmlType::Q4_K | GgmlType::Q5_K => 256,
-            GgmlType::Q6_K if !glu => 256,
-            GgmlType::Q8_0 | GgmlType::Q5_0 => 32,
-            _ => return false,
-        };
-        n_tokens == 1
+        (matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) || (ty == GgmlType::Q6_K && !glu))
+            && n_tokens == 1
             && !pending
-            && n_cols.is_multiple_of(block)
+            && n_cols.is_multiple_of(256)
             && n_cols <= MATVEC_DOT_MAX_COLS
             && w.iter().all(|s| s.offset.is_multiple_of(16))
     }
@@ -107,8 +98,6 @@ impl MatvecDot {
         let pipelines = match a.w.ty {
             GgmlType::Q5_K => &self.q5k,
             GgmlType::Q6_K => &self.q6k,
-            GgmlType::Q8_0 => &self.q8_0,
-            GgmlType::Q5_0 => &self.q5_0,
             _ => &self.q4k,
         };
         let pl = pipelines.get(chain.context(), [WG, RPT, 0, 0, 0, 0, 0])?;
@@ -136,8 +125,6 @@ impl MatvecDot {
     ) -> Result<()> {
         let pipelines = match a.gate.ty {
             GgmlType::Q5_K => &self.q5k_glu,
-            GgmlType::Q8_0 => &self.q8_0_glu,
-            GgmlType::Q5_0 => &self.q5_0_glu,
             _ => &self.q4k_glu,
         };
         let pl = pipelines.get(chain.context(), [WG, RPT, 0, 0, 0, 0, 0])?;
@@ -185,7 +172,7 @@ pub fn q8_blocks(x: &[f32], g: Option<&[f32]>) -> (Vec<f64>, Vec<f64>) {
     (deq, steps)
 }
 
-/// CPU reference of one row set of [`MatvecDot`] (`ty`: any type it takes):
+/// CPU reference of one row set of [`MatvecDot`] (`ty`: Q4_K, Q5_K or Q6_K rows):
 /// `y[y_col + r] (= | +=) dot(W row r, q8(x)) (+ bias[r])`, times `1 / rms(x)` with the norm
 /// `(g, eps)`; dots in f64 over the f32 weights
 /// `octoflow_gguf` dequantizes. Returns, per row, the most the result may move where codes of x
@@ -236,7 +223,7 @@ pub fn matvec_dot_ref(
     Ok(slack)
 }
 
-/// CPU reference of the GLU variant (`ty`: any type it takes but Q6_K): gate and up as [`matvec_dot_ref`] (no
+/// CPU reference of the GLU variant (`ty` Q4_K or Q5_K): gate and up as [`matvec_dot_ref`] (no
 /// bias), then [`glu_ref`]. Returns each row's slack of gate and of up.
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_dot_glu_ref(
