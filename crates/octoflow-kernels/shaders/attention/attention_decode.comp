@@ -61,7 +61,7 @@ layout(constant_id = 6) const bool ALIGNED = true; // head_dim and head_dim_v mu
 const uint WG = gl_WorkGroupSize.x;
 const uint T = WG / LPK;              // keys per tile
 const uint KPL = (T + KG - 1u) / KG;  // keys per P.V lane per tile
-const uint PB = 16;                   // pieces merged per batch of loads
+const uint PB = 8;                    // pieces merged per batch of loads
 const float NEG_BIG = -1.0e30;        // "nothing seen yet": finite, so exp(NEG_BIG - NEG_BIG) = 1
 
 layout(std430, binding = 0) readonly buffer Q { float q[]; };
@@ -129,9 +129,9 @@ layout(push_constant) uniform Push {
 
 shared float sc[2 * HB * T]; // scaled scores of a tile, two tiles in turn
 shared uint last;            // this workgroup merges
-shared vec4 red[WG];         // merge: the piece sets' accumulators,
-shared float red_m[WG];      // ... their maxima
-shared float red_l[WG];      // ... and their sums
+shared float m_sh[HB];       // merge: each head's max over the pieces
+shared float l_sh[HB];       // ... and its denominator
+shared vec4 red[WG];         // merge: the piece sets' sums
 
 vec4 ld_q(uint base, uint e) {
     if (ALIGNED) {
@@ -602,64 +602,60 @@ void main() {
     if (tid == 0u) {
         atomicExchange(cnt[ci], 0u); // every piece has counted: ready for the next replay
     }
-    // lane (set, x): vec4 x % NVL of head x / NVL over the pieces set, set + sets, ... (every
-    // lane of the workgroup busy), PB pieces' loads issued at once (clamped indices: no branch)
-    // and merged with a running max; then the sets' (max, sum, acc) are combined through shared
-    // memory. No pass over the pieces before it: one round of loads per PB pieces in all.
+    // per head, the common max M and the denominator over the pieces: a subgroup per head
+    for (uint h = gl_SubgroupID; h < n_h; h += gl_NumSubgroups) {
+        uint slot0 = (t * pc.n_head + h0 + h) * pc.n_split;
+        float mx = NEG_BIG;
+        for (uint s = gl_SubgroupInvocationID; s < n_live; s += gl_SubgroupSize) {
+            mx = max(mx, part[ml0 + 2u * (slot0 + s)]);
+        }
+        mx = subgroupMax(mx);
+        float ls = 0.0;
+        for (uint s = gl_SubgroupInvocationID; s < n_live; s += gl_SubgroupSize) {
+            ls += exp(part[ml0 + 2u * (slot0 + s)] - mx) * part[ml0 + 2u * (slot0 + s) + 1u];
+        }
+        ls = subgroupAdd(ls);
+        if (subgroupElect()) {
+            m_sh[h] = mx;
+            l_sh[h] = ls;
+        }
+    }
+    barrier();
+    // lane (set, x): vec4 x % NVL of head x / NVL summed over the pieces set, set + sets, ...
+    // (every lane of the workgroup busy), PB loads issued at once (clamped indices: no
+    // branch); then the sets are added in shared memory
     uint lanes = n_h * NVL;
     uint sets = max(WG / lanes, 1u);
     for (uint x0 = 0u; x0 < lanes; x0 += WG) { // several passes only when lanes > WG (sets = 1)
         uint set = tid / lanes;
         uint x = x0 + tid % lanes;
-        uint h = min(x / NVL, n_h - 1u);
-        float mx = NEG_BIG;
-        float ls = 0.0;
         vec4 a = vec4(0.0);
         if (set < sets && x < lanes) {
+            uint h = x / NVL;
+            uint dv = x % NVL;
             uint slot0 = (t * pc.n_head + h0 + h) * pc.n_split;
+            float mx = m_sh[h];
             for (uint s0 = set; s0 < n_live; s0 += sets * PB) {
                 vec4 av[PB];
                 float mv[PB];
-                float lv[PB];
                 [[unroll]] for (uint i = 0; i < PB; i++) {
                     uint slot = slot0 + min(s0 + i * sets, n_live - 1u);
-                    av[i] = part4[slot * NVL + x % NVL];
+                    av[i] = part4[slot * NVL + dv];
                     mv[i] = part[ml0 + 2u * slot];
-                    lv[i] = part[ml0 + 2u * slot + 1u];
                 }
-                float mb = mx;
                 [[unroll]] for (uint i = 0; i < PB; i++) {
-                    mb = max(mb, mv[i]); // a clamped duplicate is a real piece: a valid max
-                }
-                float f = exp(mx - mb);
-                mx = mb;
-                ls *= f;
-                a *= f;
-                [[unroll]] for (uint i = 0; i < PB; i++) {
-                    float w = s0 + i * sets < n_live ? exp(mv[i] - mx) : 0.0;
-                    ls += w * lv[i];
-                    a += w * av[i];
+                    a += s0 + i * sets < n_live ? exp(mv[i] - mx) * av[i] : vec4(0.0);
                 }
             }
         }
         red[tid] = a;
-        red_m[tid] = mx;
-        red_l[tid] = ls;
         barrier();
         if (x < lanes && set == 0u) {
-            float mt = mx;
+            uint h = x / NVL;
             for (uint i = 1u; i < sets; i++) {
-                mt = max(mt, red_m[tid + i * lanes]);
+                a += red[tid + i * lanes];
             }
-            float f = exp(mx - mt);
-            ls *= f;
-            a *= f;
-            for (uint i = 1u; i < sets; i++) {
-                float w = exp(red_m[tid + i * lanes] - mt);
-                ls += w * red_l[tid + i * lanes];
-                a += w * red[tid + i * lanes];
-            }
-            st_o((t * pc.n_head + h0 + h) * hv, (x % NVL) * 4u, a * inv_norm(ls, mt, h0 + h));
+            st_o((t * pc.n_head + h0 + h) * hv, (x % NVL) * 4u, a * inv_norm(l_sh[h], m_sh[h], h0 + h));
         }
         barrier();
     }

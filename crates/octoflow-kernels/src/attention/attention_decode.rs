@@ -156,8 +156,14 @@ pub(crate) fn plan(caps: &DeviceCaps, a: &AttentionArgs) -> DecodePlan {
     } else {
         256
     };
-    let split = target
-        .div_ceil(groups.max(1))
+    // long contexts: at most one workgroup per unit (a second round costs more than it
+    // spreads); otherwise at least the target
+    let per_group = if long {
+        (target / groups.max(1)).max(1)
+    } else {
+        target.div_ceil(groups.max(1))
+    };
+    let split = per_group
         .min(a.n_kv_rows.div_ceil(min_chunk))
         .clamp(1, MAX_SPLIT);
     DecodePlan {
