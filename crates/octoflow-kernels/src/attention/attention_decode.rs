@@ -149,19 +149,15 @@ pub(crate) fn plan(caps: &DeviceCaps, a: &AttentionArgs) -> DecodePlan {
     let tile = wg / lpk;
     let min_chunk = if cpu { tile } else { tile.max(64) };
     let groups = pairs.saturating_mul(group.div_ceil(hb));
-    let target: u32 = if cpu {
-        8
+    // pieces per (token, KV head, head chunk): long contexts at most one workgroup per unit in
+    // all (a second round costs more than it spreads), others at least ~256 workgroups (8 on a
+    // CPU)
+    let per_group = if cpu {
+        8u32.div_ceil(groups.max(1))
     } else if long {
-        units
+        (units / groups.max(1)).max(1)
     } else {
-        256
-    };
-    // long contexts: at most one workgroup per unit (a second round costs more than it
-    // spreads); otherwise at least the target
-    let per_group = if long {
-        (target / groups.max(1)).max(1)
-    } else {
-        target.div_ceil(groups.max(1))
+        256u32.div_ceil(groups.max(1))
     };
     let split = per_group
         .min(a.n_kv_rows.div_ceil(min_chunk))
