@@ -81,9 +81,6 @@ uint byte_of(uint u, uint k) {
     : ((q) < 12u ? (t2) : (t3))), int(8u * ((q) & 3u)), 8)
 // ggml's kvalues_iq4nl {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
 #define IQ4NL_VALUE(q) QKV_PICK(0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u, q)
-// ggml's kvalues_mxfp4: E2M1 values doubled {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, ..., -12} (the
-// code of -0 reads 0)
-#define MXFP4_VALUE(q) QKV_PICK(0x03020100u, 0x0C080604u, 0xFDFEFF00u, 0xF4F8FAFCu, q)
 
 // a * b + c rounded twice, as the CPU codecs compute it: `precise` forbids the fused
 // multiply-add, so decoded weights agree bit for bit with `octoflow_gguf::quant::dequantize`
@@ -359,18 +356,34 @@ void chunk_decode(uint raw[QRAW], uint row_byte, uint c, uint n, out float v[32]
     // The block starts at byte o = b & 3 of raw[0]: e is byte o, qs word k the four bytes from
     // o + 1 + 4k, i.e. raw[k + 1] itself when o = 3, else the funnel of raw[k] and raw[k + 1]
     // (sh is clamped so that the unused funnel at o = 3 shifts by less than 32).
+    //
+    // An E2M1 code (sign, two exponent bits, one mantissa bit) moved to bits 15 and 9..11 of
+    // an f16 is its value times 2^-14, the code 0.5 as an f16 subnormal (the layouts agree down
+    // to the subnormal), so two codes a word decode with a few bit operations and one
+    // conversion instead of a table lookup each; the value times 2^15 is ggml's doubled code,
+    // so the weight is the f16 times 2^(e - 113). That factor is a normal f32 for e <= 240;
+    // above it (weights past 2^112) the rest, 2^(e - 240), is applied after (both products of
+    // powers of two, exact as the CPU's). Code 8 (negative zero) decodes to -0.
     uint o = (row_byte + c * QBYTES) & 3u;
     uint e8 = byte_of(raw[0], o);
-    // 2^(e - 128), half the E8M0 scale (ggml halves the scale, its code book is doubled);
-    // e = 0 and 1 give f32 subnormals, as on the CPU.
-    float d = uintBitsToFloat(e8 < 2u ? 0x00200000u << e8 : (e8 - 1u) << 23);
+    float d = uintBitsToFloat((min(e8, 240u) + 14u) << 23);
     uint sh = 8u * min(o + 1u, 3u);
     QUNROLL for (uint k = 0u; k < 4u; k++) {
         uint u = o == 3u ? raw[k + 1u] : (raw[k] >> sh) | (raw[k + 1u] << (32u - sh));
-        QUNROLL for (uint i = 0u; i < 4u; i++) {
-            uint e = 4u * k + i;
-            v[e] = float(MXFP4_VALUE(byte_of(u, i) & 0xFu)) * d;
-            v[e + 16u] = float(MXFP4_VALUE(byte_of(u, i) >> 4)) * d;
+        // nibble pairs: the low nibbles of bytes 0 and 2, then 1 and 3 (elements 4k, 4k + 2
+        // and 4k + 1, 4k + 3), then the high nibbles (the same elements + 16)
+        QUNROLL for (uint j = 0u; j < 4u; j++) {
+            uint t = (u >> (2u * (j & 2u) + 8u * (j & 1u))) & 0x000F000Fu;
+            vec2 f = unpackHalf2x16(((t << 12) & 0x80008000u) | ((t << 9) & 0x0E000E00u)) * d;
+            uint e = 4u * k + (j & 1u) + 8u * (j & 2u);
+            v[e] = f.x;
+            v[e + 2u] = f.y;
+        }
+    }
+    if (e8 > 240u) {
+        float big = uintBitsToFloat((e8 - 240u + 127u) << 23);
+        QUNROLL for (uint i = 0u; i < 32u; i++) {
+            v[i] *= big;
         }
     }
 #elif defined(QTYPE_Q2_K)

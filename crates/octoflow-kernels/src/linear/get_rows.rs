@@ -232,6 +232,62 @@ mod tests {
         assert_no_validation_errors(&ctx);
     }
 
+    /// MXFP4 decodes every scale byte and every code as the CPU does: blocks at each of the
+    /// four byte offsets (17-byte blocks), scales 0 ..= 255 — past 240 the shaders apply the
+    /// scale in two factors — and random codes, negative zero included. Equal values (the two
+    /// zeros alike); where the CPU's value is an f32 subnormal (scales 0 and 1) the device may
+    /// flush it to zero.
+    #[test]
+    fn gpu_get_rows_decodes_every_mxfp4_scale_exactly() {
+        let Some(ctx) = gpu_or_skip("get_rows_mxfp4_scales") else {
+            return;
+        };
+        let (seed, mut rng) = crate::testkit::seeded(module_path!());
+        let gr = GetRows::new(&ctx).unwrap();
+        let ty = GgmlType::MXFP4;
+        // 4 rows of 64 blocks: block b of row r has scale 64r + b
+        let (n_rows, n_cols) = (4u32, 64 * 32);
+        let mut table = vec![0u8; n_rows as usize * 64 * 17];
+        rng.fill(&mut table[..]);
+        for (i, b) in table.chunks_exact_mut(17).enumerate() {
+            b[0] = i as u8;
+        }
+        let tb = buffer_with(&ctx, "table", &table);
+        let ids: Vec<u32> = (0..n_rows).collect();
+        let idb = buffer_with(&ctx, "ids", as_bytes(&ids));
+        let out_len = (n_rows * n_cols) as usize;
+        let ob = Buffer::new(&ctx, "out", 4 * out_len as u64, MemoryKind::DeviceLocal).unwrap();
+        ctx.fill(&ob, 0, ob.size(), f32::NAN.to_bits()).unwrap();
+        let args = GetRowsArgs {
+            ty,
+            table: &tb.whole(),
+            n_cols,
+            row_begin: 0,
+            row_end: n_rows,
+            ids: &idb.whole(),
+            ids_offset: 0,
+            n_ids: n_rows,
+            out: &ob.whole(),
+            scale: 1.0,
+        };
+        let mut chain = Chain::new(&ctx).unwrap();
+        gr.record(&mut chain, &args).unwrap();
+        chain.run().unwrap();
+        let mut got = vec![0f32; out_len];
+        ctx.download(&ob, 0, &mut got).unwrap();
+        let mut want = vec![f32::NAN; out_len];
+        get_rows_ref(ty, &table, n_cols as usize, 0, n_rows, &ids, &mut want, 1.0).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let flushed = w.is_subnormal() && *g == 0.0;
+            assert!(
+                g == w || flushed,
+                "element {i} (scale byte {}): {g:e}, the CPU {w:e}, seed {seed}",
+                i / 32
+            );
+        }
+        assert_no_validation_errors(&ctx);
+    }
+
     #[test]
     fn bad_lookups_are_clear_errors() {
         let Some(ctx) = gpu_or_skip("get_rows_bad_lookups") else {
