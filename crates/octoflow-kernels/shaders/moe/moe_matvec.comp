@@ -9,6 +9,13 @@
 // the token's normed input (gate, up), 1 where each pair has its own (down).
 // GLU variants (GLU defined): the gate (binding 0) and up (binding 5, same type and shape)
 // products of the same rows, each with its bias (3, 6), and y = moe_act(gate, up) (moe_act.glsl).
+// COMBINE variants (plain products of one input row per pair, the down projection): the pairs
+// of a token t go into the residual stream at once, as moe_combine.comp adds them —
+//   y[t * n_rows + r] += sum_j wt[p] * (dot(W_e row r, x[p]) (+ bias)),  p = t * n_used + j,
+// j in increasing order — with y (binding 2) the stream and the pairs' weights at binding 5;
+// the host binds the whole tensor as one piece. Workgroup (x, y) = (ROWS rows, token t); each
+// invocation keeps a partial sum per pair (at most MAX_USED), so every pair's loads are in
+// flight together.
 // Workgroup (x, y) = (ROWS rows, pair p). TPR invocations per row stride over its 32-element
 // chunks (consecutive invocations, consecutive blocks), each chunk of x read once for both
 // matrices; the row's partial sums meet in shared memory (no assumption on the subgroup size).
@@ -28,7 +35,13 @@ layout(local_size_x = 128) in;
 layout(std430, binding = 0) readonly buffer W { uint w[]; };
 layout(std430, binding = 1) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
+#ifdef COMBINE
+layout(std430, binding = 2) buffer Y { float y[]; };
+layout(std430, binding = 5) readonly buffer Wt { float wt[]; };
+#define MAX_USED 8u
+#else
 layout(std430, binding = 2) writeonly buffer Y { float y[]; };
+#endif
 layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 4) readonly buffer Ids { uint ids[]; };
 #ifdef GLU
@@ -48,6 +61,7 @@ layout(push_constant) uniform Push {
     uint act;   // GLU: moe_act.glsl's op
     float alpha;
     float limit;
+    uint n_used; // COMBINE: pairs per token
 } pc;
 
 #include "quant.glsl"
@@ -61,6 +75,68 @@ layout(push_constant) uniform Push {
 #define NMAT 1u
 #endif
 
+#ifdef COMBINE
+shared float part[MAX_USED * WG];
+
+void main() {
+    uint t = gl_WorkGroupID.y;
+    uint tid = gl_LocalInvocationID.x;
+    uint lr = tid / TPR;
+    uint lane = tid % TPR;
+    uint r = gl_WorkGroupID.x * ROWS + lr;
+    uint nu = pc.n_used;
+    bool xvec = (pc.n_cols & 3u) == 0u;
+    float acc[MAX_USED];
+    uint rb[MAX_USED];
+    [[unroll]] for (uint j = 0u; j < MAX_USED; j++) {
+        acc[j] = 0.0;
+        // rows past the end and slots past n_used read row 0 of the first pair (not summed)
+        uint p = t * nu + min(j, nu - 1u);
+        uint e = ids[p] - pc.e_begin;
+        rb[j] = (e * pc.n_rows + min(r, pc.n_rows - 1u)) * pc.row_bytes;
+    }
+    uint nc = chunk_count(pc.n_cols);
+    for (uint c = lane; c < nc; c += TPR) {
+        uint len = chunk_len(c, pc.n_cols);
+        [[unroll]] for (uint j = 0u; j < MAX_USED; j++) {
+            if (j < nu) {
+                uint xb = (t * nu + j) * pc.n_cols;
+                float v[32];
+                dequant_chunk(rb[j], c, pc.n_cols, v);
+                if (len == 32u && xvec) {
+                    [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                        vec4 xv = x4[((xb + 32u * c) >> 2) + i];
+                        acc[j] += dot(vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]), xv);
+                    }
+                } else {
+                    for (uint i = 0u; i < len; i++) {
+                        acc[j] += v[i] * x[xb + 32u * c + i];
+                    }
+                }
+            }
+        }
+    }
+    [[unroll]] for (uint j = 0u; j < MAX_USED; j++) {
+        part[j * WG + tid] = acc[j];
+    }
+    barrier();
+    if (lane == 0u && r < pc.n_rows) {
+        float tot = 0.0;
+        for (uint j = 0u; j < nu; j++) {
+            uint p = t * nu + j;
+            float s = 0.0;
+            for (uint k = 0u; k < TPR; k++) {
+                s += part[j * WG + tid + k];
+            }
+            if ((pc.flags & 1u) != 0u) {
+                s += bias[ids[p] * pc.n_rows + r];
+            }
+            tot += wt[p] * s;
+        }
+        y[t * pc.n_rows + r] += tot;
+    }
+}
+#else
 shared float part[NMAT * WG];
 
 void main() {
@@ -140,3 +216,4 @@ void main() {
 #endif
     }
 }
+#endif

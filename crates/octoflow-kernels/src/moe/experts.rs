@@ -32,8 +32,10 @@ const COOP_TILE: [u32; 2] = [128, 64];
 const COOP_TILE_GLU: [u32; 2] = [64, 64];
 /// The subgroup size the cooperative-matrix variants are laid out for.
 const COOP_SUBGROUP: u32 = 32;
-/// Push-constant bytes of every variant (11 words).
-const PUSH_BYTES: u32 = 44;
+/// Push-constant bytes of every variant (12 words).
+const PUSH_BYTES: u32 = 48;
+/// Most pairs per token the COMBINE variants take (`MAX_USED` in `moe_matvec.comp`).
+pub const COMBINE_MAX_USED: u32 = 8;
 
 /// Some experts of a stacked GGUF tensor on the device (`[n_cols, n_rows, n_expert]` in GGUF
 /// order): experts `e_begin .. e_begin + n_experts`, each `n_rows` rows of `n_cols` elements of
@@ -62,6 +64,19 @@ pub struct Groups<'a> {
     pub max_group: u32,
 }
 
+/// The down products of a few tokens added straight into the residual stream (the COMBINE
+/// variants of `moe_matvec.comp`): `x[t] += Σ_j weights[t, j] · y[t, j]`, j in increasing
+/// order, as [`super::MoeCombine`] adds them, with no `y` written.
+#[derive(Clone, Copy)]
+pub struct Combine<'a> {
+    /// `[n_pairs]` f32: each pair's routing weight.
+    pub weights: &'a BufferSlice,
+    /// `[n_pairs / n_used, n_rows]` f32: the residual stream.
+    pub x: &'a BufferSlice,
+    /// Pairs per token (at most [`COMBINE_MAX_USED`]).
+    pub n_used: u32,
+}
+
 /// One expert product over every pair of a batch (see the module doc).
 pub struct ExpertsArgs<'a> {
     /// The (gate) matrix.
@@ -86,6 +101,9 @@ pub struct ExpertsArgs<'a> {
     pub n_pairs: u32,
     /// Grouped (the matmul) where given, else the matvec.
     pub groups: Option<Groups<'a>>,
+    /// The matvec's products weighted and added to the stream instead of written to `y` (a
+    /// plain product of one input row per pair over the whole tensor in one piece).
+    pub combine: Option<Combine<'a>>,
 }
 
 /// The expert-product kernels, a matvec and a grouped matmul (and their GLU variants) per
@@ -93,6 +111,7 @@ pub struct ExpertsArgs<'a> {
 pub struct MoeExperts {
     matvec: Vec<SpecPipelines>,
     matvec_glu: Vec<SpecPipelines>,
+    matvec_combine: Vec<SpecPipelines>,
     matmul: Vec<SpecPipelines>,
     matmul_glu: Vec<SpecPipelines>,
     matmul_coop: Vec<SpecPipelines>,
@@ -127,6 +146,7 @@ impl MoeExperts {
         MoeExperts {
             matvec: per(QOp::MoeMatvec, 5),
             matvec_glu: per(QOp::MoeMatvecGlu, 7),
+            matvec_combine: per(QOp::MoeMatvecCombine, 6),
             matmul: per(QOp::MoeMatmul, 6),
             matmul_glu: per(QOp::MoeMatmulGlu, 8),
             matmul_coop: coop(QOp::MoeMatmulCoop, 6),
@@ -183,7 +203,39 @@ impl MoeExperts {
             a.x,
             u128::from(a.n_pairs / a.x_div) * u128::from(w.n_cols),
         )?;
-        need(OP, "y", a.y, u128::from(a.n_pairs) * u128::from(w.n_rows))?;
+        if let Some(cb) = a.combine {
+            if a.glu.is_some() || a.groups.is_some() || a.x_div != 1 {
+                return Err(shape(
+                    "the combined down product is a plain matvec of one input row per pair".into(),
+                ));
+            }
+            if cb.n_used == 0
+                || cb.n_used > COMBINE_MAX_USED
+                || !a.n_pairs.is_multiple_of(cb.n_used)
+            {
+                return Err(shape(format!(
+                    "{} pairs of {} per token: the combined product takes whole tokens of 1..={COMBINE_MAX_USED} pairs",
+                    a.n_pairs, cb.n_used
+                )));
+            }
+            if w.e_begin != 0 || w.n_experts != a.n_expert {
+                return Err(shape(format!(
+                    "the combined product binds experts {}..{} of {}: it needs the whole tensor",
+                    w.e_begin,
+                    w.e_begin + w.n_experts,
+                    a.n_expert
+                )));
+            }
+            need(OP, "weights", cb.weights, u128::from(a.n_pairs))?;
+            need(
+                OP,
+                "stream",
+                cb.x,
+                u128::from(a.n_pairs / cb.n_used) * u128::from(w.n_rows),
+            )?;
+        } else {
+            need(OP, "y", a.y, u128::from(a.n_pairs) * u128::from(w.n_rows))?;
+        }
         need(OP, "ids", a.ids, u128::from(a.n_pairs))?;
         let bias_len = u128::from(a.n_expert) * u128::from(w.n_rows);
         for (name, b) in [("bias", a.bias), ("up bias", a.bias_up)] {
@@ -229,13 +281,22 @@ impl MoeExperts {
             .u32(u32::from(a.bias.is_some()) | (u32::from(x_vec) << 1))
             .u32(act)
             .f32(alpha)
-            .f32(limit);
+            .f32(limit)
+            .u32(a.combine.map_or(0, |cb| cb.n_used));
         // absent biases: x stands in for their bindings (never read)
         let bias = a.bias.unwrap_or(a.x).clone();
         let bias_up = a.bias_up.unwrap_or(a.x).clone();
-        let mut bind = vec![data, a.x.clone(), a.y.clone(), bias];
+        let y = a.combine.map_or(a.y, |cb| cb.x).clone();
+        let mut bind = vec![data, a.x.clone(), y, bias];
         let max = ctx.caps().max_workgroup_count;
         let (pipeline, groups) = match a.groups {
+            None if a.combine.is_some() => {
+                let cb = a.combine.expect("checked above");
+                bind.push(a.ids.clone());
+                bind.push(cb.weights.clone());
+                let groups = [w.n_rows.div_ceil(MATVEC_ROWS), a.n_pairs / cb.n_used, 1];
+                (self.matvec_combine[ti].get(ctx, [0; 7])?, groups)
+            }
             None => {
                 bind.push(a.ids.clone());
                 let groups = [w.n_rows.div_ceil(MATVEC_ROWS), a.n_pairs, 1];

@@ -166,6 +166,7 @@ fn check_experts_type(ty: GgmlType) {
                                     ids: &ib.whole(),
                                     n_pairs: n_pairs as u32,
                                     groups,
+                                    combine: None,
                                 },
                             )
                             .unwrap();
@@ -181,12 +182,108 @@ fn check_experts_type(ty: GgmlType) {
                         }
                     }
                 }
+                if glu.is_none() {
+                    let p = Plain {
+                        ty,
+                        w: &gp[0].2,
+                        n_expert,
+                        n_rows,
+                        n_cols,
+                        ids: &ib,
+                        n_used,
+                        bias: biased.then_some(&bgb),
+                        x: &xb,
+                        want: &plain,
+                    };
+                    check_combined(&ctx, &k, &p, seed, &mut rng);
+                }
             }
         }
     }
     assert_no_validation_errors(&ctx);
 }
 
+/// The operands of one plain product, for [`check_combined`].
+struct Plain<'a> {
+    ty: GgmlType,
+    w: &'a Buffer,
+    n_expert: usize,
+    n_rows: usize,
+    n_cols: usize,
+    ids: &'a Buffer,
+    n_used: usize,
+    bias: Option<&'a Buffer>,
+    /// `[n_pairs, n_cols]`: each pair's input.
+    x: &'a Buffer,
+    /// The reference products, `[n_pairs, n_rows]`.
+    want: &'a [f32],
+}
+
+/// The COMBINE variant of the plain products `p` (the whole tensor bound): each token's pairs
+/// weighted and added to a random stream, against [`moe_combine_ref`] of the reference
+/// products; `y` is not written.
+fn check_combined(
+    ctx: &octoflow_vk::Context,
+    k: &MoeExperts,
+    p: &Plain,
+    seed: u64,
+    rng: &mut StdRng,
+) {
+    let n_pairs = p.want.len() / p.n_rows;
+    let n_tokens = n_pairs / p.n_used;
+    let wts = random(rng, n_pairs);
+    let x0 = random(rng, n_tokens * p.n_rows);
+    let mut want = x0.clone();
+    moe_combine_ref(p.want, &wts, &mut want, p.n_used);
+    let (wb, sb) = (with(ctx, "weights", &wts), with(ctx, "stream", &x0));
+    let yb = poisoned(ctx, "y", 4);
+    let (wd, bd, sw) = (p.w.whole(), wb.whole(), sb.whole());
+    let bias = p.bias.map(|b| b.whole());
+    let mut chain = Chain::new(ctx).unwrap();
+    k.record(
+        &mut chain,
+        &ExpertsArgs {
+            w: ExpertWeights {
+                ty: p.ty,
+                data: &wd,
+                e_begin: 0,
+                n_experts: p.n_expert as u32,
+                n_rows: p.n_rows as u32,
+                n_cols: p.n_cols as u32,
+            },
+            glu: None,
+            bias: bias.as_ref(),
+            bias_up: None,
+            n_expert: p.n_expert as u32,
+            x: &p.x.whole(),
+            x_div: 1,
+            y: &yb.whole(),
+            ids: &p.ids.whole(),
+            n_pairs: n_pairs as u32,
+            groups: None,
+            combine: Some(Combine {
+                weights: &bd,
+                x: &sw,
+                n_used: p.n_used as u32,
+            }),
+        },
+    )
+    .unwrap();
+    chain.run().unwrap();
+    let got = read(ctx, &sb, want.len());
+    if let Err(e) = check_close(&got, &want, REL) {
+        panic!(
+            "moe experts {} combined, {n_tokens}x{} of {}, {}x{}, bias {}, seed {seed}: {e}",
+            p.ty,
+            p.n_used,
+            p.n_expert,
+            p.n_rows,
+            p.n_cols,
+            p.bias.is_some()
+        );
+    }
+    assert!(read(ctx, &yb, 1)[0].is_nan(), "{}: y was written", p.ty);
+}
 macro_rules! experts_type_tests {
     ($($name:ident => $ty:ident),*) => {$(
         #[test]
@@ -239,6 +336,7 @@ fn mismatched_operands_are_clear_errors() {
             ids: bd,
             n_pairs: 4,
             groups: None,
+            combine: None,
         }
     }
     let mut chain = Chain::new(&ctx).unwrap();
@@ -269,5 +367,29 @@ fn mismatched_operands_are_clear_errors() {
         &bd,
     ));
     assert!(e.contains("not supported"), "{e}");
+    let cb = |n_used| {
+        Some(Combine {
+            weights: &bd,
+            x: &bd,
+            n_used,
+        })
+    };
+    let e = err(&ExpertsArgs {
+        combine: cb(2),
+        ..args(w, None, &bd)
+    });
+    assert!(e.contains("one input row per pair"), "{e}");
+    let e = err(&ExpertsArgs {
+        x_div: 1,
+        combine: cb(9),
+        ..args(w, None, &bd)
+    });
+    assert!(e.contains("whole tokens of 1..=8 pairs"), "{e}");
+    let e = err(&ExpertsArgs {
+        x_div: 1,
+        combine: cb(2),
+        ..args(ExpertWeights { n_experts: 3, ..w }, None, &bd)
+    });
+    assert!(e.contains("needs the whole tensor"), "{e}");
     k.record(&mut chain, &args(w, None, &bd)).unwrap();
 }

@@ -26,7 +26,8 @@ mod route;
 
 pub use combine::{moe_combine_ref, MoeCombine};
 pub use experts::{
-    moe_experts_coop_ref, moe_experts_ref, ExpertWeights, ExpertsArgs, Groups, MoeExperts,
+    moe_experts_coop_ref, moe_experts_ref, Combine, ExpertWeights, ExpertsArgs, Groups, MoeExperts,
+    COMBINE_MAX_USED,
 };
 pub use group::{moe_group_ref, MoeGroup};
 pub use route::{moe_route_ref, MoeRoute, MAX_EXPERTS, MAX_USED};

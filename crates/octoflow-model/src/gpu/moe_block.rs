@@ -13,7 +13,8 @@
 //! experts' rows); larger ones group the pairs and take the grouped matmul.
 
 use octoflow_kernels::linear::MATVEC_MAX_TOKENS;
-use octoflow_kernels::{ExpertWeights, ExpertsArgs, Groups, LinearArgs, QWeightRef};
+use octoflow_kernels::moe::COMBINE_MAX_USED;
+use octoflow_kernels::{Combine, ExpertWeights, ExpertsArgs, Groups, LinearArgs, QWeightRef};
 use octoflow_vk::{BufferSlice, Chain};
 
 use super::{f32s, Graph, Stream};
@@ -150,11 +151,16 @@ impl Graph<'_> {
                     ids: &ids,
                     n_pairs: pairs,
                     groups,
+                    combine: None,
                 },
             )?;
         }
         chain.compute_barrier()?;
         let d = &mw.down;
+        // a few tokens whose down tensor is bound whole: the products go into the stream in
+        // the same dispatch (one barrier phase fewer a layer)
+        let fused = groups.is_none() && d.pieces.len() == 1 && n_used <= COMBINE_MAX_USED;
+        let x = st.base.clone();
         for dp in &d.pieces {
             k.moe.experts.record(
                 chain,
@@ -170,10 +176,18 @@ impl Graph<'_> {
                     ids: &ids,
                     n_pairs: pairs,
                     groups,
+                    combine: fused.then_some(Combine {
+                        weights: &weights,
+                        x: &x,
+                        n_used,
+                    }),
                 },
             )?;
         }
         chain.compute_barrier()?;
+        if fused {
+            return Ok(());
+        }
         self.combine(chain, &y, &weights, n, n_used, st)
     }
 
