@@ -14,6 +14,10 @@
 //! 5. [`MoeCombine`] (`combine.rs`): the weighted sum of each token's expert outputs, added to
 //!    the residual stream.
 //!
+//! A few tokens (decode) take two fusions: [`MoeRouter`] (`router.rs`) does the block's norm,
+//! the router product and step 1 in one dispatch, and the down products' COMBINE variant
+//! ([`Combine`]) does steps 4 and 5 in one — three barrier phases a layer instead of six.
+//!
 //! Stacked expert tensors (GGUF's 3-D `*_exps`) are bound whole, or in pieces of whole experts
 //! where one binding is too small: each piece is one dispatch that skips pairs routed elsewhere.
 
@@ -23,6 +27,7 @@ mod experts;
 mod experts_tests;
 mod group;
 mod route;
+mod router;
 
 pub use combine::{moe_combine_ref, MoeCombine};
 pub use experts::{
@@ -31,6 +36,7 @@ pub use experts::{
 };
 pub use group::{moe_group_ref, MoeGroup};
 pub use route::{moe_route_ref, MoeRoute, MAX_EXPERTS, MAX_USED};
+pub use router::{moe_router_ref, MoeRouter, RouterArgs, ROUTER_MAX_TOKENS};
 
 use octoflow_vk::Context;
 
@@ -93,6 +99,7 @@ impl MoeAct {
 /// weight type on first use).
 pub struct Moe {
     pub route: MoeRoute,
+    pub router: MoeRouter,
     pub group: MoeGroup,
     pub experts: MoeExperts,
     pub combine: MoeCombine,
@@ -103,6 +110,7 @@ impl Moe {
     pub fn new(ctx: &Context) -> Result<Self> {
         Ok(Moe {
             route: MoeRoute::new(ctx)?,
+            router: MoeRouter::new(),
             group: MoeGroup::new(ctx)?,
             experts: MoeExperts::new().with_coop(crate::Tuning::for_device(ctx.caps()).moe_coop),
             combine: MoeCombine::new(ctx)?,

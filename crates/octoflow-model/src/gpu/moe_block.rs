@@ -13,7 +13,7 @@
 //! experts' rows); larger ones group the pairs and take the grouped matmul.
 
 use octoflow_kernels::linear::MATVEC_MAX_TOKENS;
-use octoflow_kernels::moe::COMBINE_MAX_USED;
+use octoflow_kernels::moe::{RouterArgs, COMBINE_MAX_USED, ROUTER_MAX_TOKENS};
 use octoflow_kernels::{Combine, ExpertWeights, ExpertsArgs, Groups, LinearArgs, QWeightRef};
 use octoflow_vk::{BufferSlice, Chain};
 
@@ -64,55 +64,39 @@ impl Graph<'_> {
         let act = f32s(&ms.act, pairs as usize * plan.n_ff)?;
         let y = f32s(&ms.y, pairs as usize * c.n_embd)?;
 
-        // the router reads the normed stream (a pending post-norm is settled first)
-        let (input, _, _) = self.block_input(chain, n, st, &lw.ffn_norm, false)?;
-        if mw.router_bias.is_some() && mw.router.pieces.len() > 1 {
-            return Err(ModelError::Gpu(format!(
-                "{}: a bias on a router split into pieces is not supported",
-                mw.router.name
-            )));
-        }
-        // the router in f32 whatever the batch: its top-k must not flip where f16-rounded
-        // operands (the cooperative-matrix kernel) would move two close logits
-        for p in &mw.router.pieces {
-            k.linear.record_f32(
+        let gating = moe_gating(plan.gating);
+        let fused_router = n <= MATVEC_MAX_TOKENS.min(ROUTER_MAX_TOKENS)
+            && st.pending.is_none()
+            && mw.router.pieces.len() == 1;
+        let input = if fused_router {
+            // the norm, the router and the routing in one dispatch
+            let h = f32s(&s.h, rows * c.n_embd)?;
+            k.moe.router.record(
                 chain,
-                &LinearArgs {
-                    w: QWeightRef {
-                        ty: mw.router.ty,
-                        data: &p.slice,
-                        n_rows: p.n_rows,
-                        n_cols: mw.router.n_cols,
-                    },
-                    x: &input,
-                    y: &logits,
+                &RouterArgs {
+                    x: &st.base,
+                    norm: &lw.ffn_norm,
+                    eps: c.rms_eps,
+                    ty: mw.router.ty,
+                    w: &mw.router.pieces[0].slice,
+                    bias: mw.router_bias.as_ref(),
+                    n_expert,
+                    n_cols: mw.router.n_cols,
                     n_tokens: n,
-                    y_stride: mw.router.n_rows,
-                    y_col: p.row_begin,
-                    bias: mw
-                        .router_bias
-                        .as_ref()
-                        .filter(|_| mw.router.pieces.len() == 1),
-                    accumulate: false,
-                    norm: None,
-                    pending: None,
+                    n_used,
+                    gating,
+                    scale: plan.weights_scale,
+                    h: &h,
+                    logits: &logits,
+                    ids: &ids,
+                    weights: &weights,
                 },
             )?;
-        }
-        chain.compute_barrier()?;
-        let gating = moe_gating(plan.gating);
-        k.moe.route.record(
-            chain,
-            &logits,
-            &ids,
-            &weights,
-            n,
-            n_expert,
-            n_used,
-            gating,
-            plan.weights_scale,
-        )?;
-        chain.compute_barrier()?;
+            chain.compute_barrier()?;
+            h
+        } else {
+            self.router_and_route(chain, il, plan, n, st, &logits, &ids, &weights)?
+        };
         let (offsets, list) = (u32s(&ms.offsets, n_expert + 1)?, u32s(&ms.list, pairs)?);
         let groups = if n > MATVEC_MAX_TOKENS {
             k.moe
@@ -189,6 +173,78 @@ impl Graph<'_> {
             return Ok(());
         }
         self.combine(chain, &y, &weights, n, n_used, st)
+    }
+
+    /// The unfused front of [`Graph::moe_block`]: the norm (a pending post-norm settled
+    /// first), the router in f32, then the routing; returns the normed input.
+    #[allow(clippy::too_many_arguments)]
+    fn router_and_route(
+        &self,
+        chain: &mut Chain,
+        il: usize,
+        plan: &MoePlan,
+        n: u32,
+        st: &mut Stream,
+        logits: &BufferSlice,
+        ids: &BufferSlice,
+        weights: &BufferSlice,
+    ) -> Result<BufferSlice> {
+        let k = self.k;
+        let lw = &self.w.blk[il];
+        let GpuFfn::Moe(mw) = &lw.ffn else {
+            return Err(ModelError::PlanWithoutTensor {
+                name: format!("blk.{il}.ffn_gate_inp.weight"),
+            });
+        };
+        let (n_expert, n_used) = (plan.n_expert as u32, plan.n_used as u32);
+        let (input, _, _) = self.block_input(chain, n, st, &lw.ffn_norm, false)?;
+        if mw.router_bias.is_some() && mw.router.pieces.len() > 1 {
+            return Err(ModelError::Gpu(format!(
+                "{}: a bias on a router split into pieces is not supported",
+                mw.router.name
+            )));
+        }
+        // the router in f32 whatever the batch: its top-k must not flip where f16-rounded
+        // operands (the cooperative-matrix kernel) would move two close logits
+        for p in &mw.router.pieces {
+            k.linear.record_f32(
+                chain,
+                &LinearArgs {
+                    w: QWeightRef {
+                        ty: mw.router.ty,
+                        data: &p.slice,
+                        n_rows: p.n_rows,
+                        n_cols: mw.router.n_cols,
+                    },
+                    x: &input,
+                    y: logits,
+                    n_tokens: n,
+                    y_stride: mw.router.n_rows,
+                    y_col: p.row_begin,
+                    bias: mw
+                        .router_bias
+                        .as_ref()
+                        .filter(|_| mw.router.pieces.len() == 1),
+                    accumulate: false,
+                    norm: None,
+                    pending: None,
+                },
+            )?;
+        }
+        chain.compute_barrier()?;
+        k.moe.route.record(
+            chain,
+            logits,
+            ids,
+            weights,
+            n,
+            n_expert,
+            n_used,
+            moe_gating(plan.gating),
+            plan.weights_scale,
+        )?;
+        chain.compute_barrier()?;
+        Ok(input)
     }
 
     /// `x += Σ_j weights[t, j] · y[t, j]` on the stream.

@@ -1,0 +1,153 @@
+#version 450
+// A mixture of experts' front for a few tokens in one dispatch: the block's RMSNorm, the router
+// product and the top-k routing that moe_route.comp does, without a barrier phase between them.
+// For token t (workgroup y) and rows [ROWS * x, ROWS * x + ROWS) of the router (workgroup x):
+//   h[t]          = x[t] * inv * g,  inv = 1 / sqrt(mean(x[t]^2) + eps)   (written by x = 0)
+//   logits[t, r]  = inv * dot(W row r, x[t] * g) (+ bias[r])
+// then the last of the token's workgroups to finish runs moe_topk.glsl's selection and gating
+// over the token's logits into ids and wt. Every workgroup writes its logits, makes them visible
+// device-wide (memoryBarrierBuffer, barrier) and bumps the token's counter in `cnt`
+// (zero-initialized, per queue); the one that sees n_wg - 1 reads every logit (coherent) and
+// puts the counter back to 0 for the next replay. No workgroup waits for another.
+// W: n_expert rows of row_bytes bytes of the GGUF type (quant.glsl). The reference is
+// `moe_router_ref` (moe/router.rs): rms_norm_ref, linear_ref and moe_route_ref in a row.
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+
+#define QWINDOW 1 // unrolled chunk fetch and decode (quant.glsl)
+
+#define WG 256u
+#define ROWS 2u
+#define TPR (WG / ROWS)
+#define TOPK_WG WG
+
+layout(local_size_x = 256) in;
+
+#include "common.glsl"
+
+layout(std430, binding = 0) readonly buffer W { uint w[]; };
+layout(std430, binding = 1) readonly buffer X { float x[]; };
+layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
+layout(std430, binding = 2) readonly buffer G { float g[]; };
+layout(std430, binding = 2) readonly buffer G4 { vec4 g4[]; };
+layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
+layout(std430, binding = 4) writeonly buffer H { float h[]; };
+layout(std430, binding = 5) coherent buffer L { float logits[]; };
+layout(std430, binding = 6) writeonly buffer Ids { uint ids[]; };
+layout(std430, binding = 7) writeonly buffer Wt { float wt[]; };
+layout(std430, binding = 8) coherent buffer Cnt { uint cnt[]; };
+
+layout(push_constant) uniform Push {
+    uint n_expert;
+    uint n_cols;
+    uint row_bytes;
+    uint n_used;
+    uint gating;
+    float scale;
+    float eps;
+    uint flags; // bit 0: add the bias
+} pc;
+
+#include "quant.glsl"
+#include "moe_topk.glsl"
+
+shared float red[WG];
+shared uint last;
+
+void main() {
+    uint t = gl_WorkGroupID.y;
+    uint tid = gl_LocalInvocationID.x;
+    uint xb = t * pc.n_cols;
+    bool xvec = (pc.n_cols & 3u) == 0u;
+
+    // 1. the norm's scale (each workgroup its own; x is small and in cache)
+    float ss = 0.0;
+    if (xvec) {
+        for (uint i = tid; i < pc.n_cols / 4u; i += WG) {
+            vec4 v = x4[(xb >> 2) + i];
+            ss += dot(v, v);
+        }
+    } else {
+        for (uint i = tid; i < pc.n_cols; i += WG) {
+            float v = x[xb + i];
+            ss += v * v;
+        }
+    }
+    red[tid] = ss;
+    barrier();
+    for (uint s = WG / 2u; s > 0u; s >>= 1) {
+        if (tid < s) {
+            red[tid] += red[tid + s];
+        }
+        barrier();
+    }
+    float inv = 1.0 / sqrt(red[0] / float(pc.n_cols) + pc.eps);
+    barrier(); // every read of red[0] before the rows reuse red
+    if (gl_WorkGroupID.x == 0u) {
+        for (uint i = tid; i < pc.n_cols; i += WG) {
+            h[xb + i] = x[xb + i] * inv * g[i];
+        }
+    }
+
+    // 2. this workgroup's rows of the router, on x * g (inv applied to the sum)
+    uint lr = tid / TPR;
+    uint lane = tid % TPR;
+    uint r = gl_WorkGroupID.x * ROWS + lr;
+    float acc = 0.0;
+    if (r < pc.n_expert) {
+        uint rb = r * pc.row_bytes;
+        uint nc = chunk_count(pc.n_cols);
+        for (uint c = lane; c < nc; c += TPR) {
+            uint len = chunk_len(c, pc.n_cols);
+            float v[32];
+            dequant_chunk(rb, c, pc.n_cols, v);
+            if (len == 32u && xvec) {
+                [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                    uint q = ((xb + 32u * c) >> 2) + i;
+                    vec4 xv = x4[q] * g4[8u * c + i];
+                    acc += dot(vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]), xv);
+                }
+            } else {
+                for (uint i = 0u; i < len; i++) {
+                    uint k = 32u * c + i;
+                    acc += v[i] * (x[xb + k] * g[k]);
+                }
+            }
+        }
+    }
+    red[tid] = acc;
+    barrier();
+    for (uint s = TPR / 2u; s > 0u; s >>= 1) {
+        if (lane < s) {
+            red[tid] += red[tid + s];
+        }
+        barrier();
+    }
+    if (lane == 0u && r < pc.n_expert) {
+        float o = red[tid] * inv;
+        if ((pc.flags & 1u) != 0u) {
+            o += bias[r];
+        }
+        logits[t * pc.n_expert + r] = o;
+    }
+
+    // 3. the last workgroup of the token routes it
+    memoryBarrierBuffer();
+    barrier();
+    if (tid == 0u) {
+        last = atomicAdd(cnt[t], 1u) == gl_NumWorkGroups.x - 1u ? 1u : 0u;
+    }
+    barrier();
+    if (last == 0u) {
+        return; // whole workgroup
+    }
+    memoryBarrierBuffer();
+    if (tid == 0u) {
+        atomicExchange(cnt[t], 0u); // every workgroup has counted: ready for the next replay
+    }
+    for (uint e = tid; e < pc.n_expert; e += WG) {
+        lg[e] = logits[t * pc.n_expert + e];
+    }
+    barrier();
+    route_token(t, pc.n_expert, pc.n_used, pc.gating, pc.scale);
+}
