@@ -36,7 +36,7 @@ pub use experts::{
 };
 pub use group::{moe_group_ref, MoeGroup};
 pub use route::{moe_route_ref, MoeRoute, MAX_EXPERTS, MAX_USED};
-pub use router::{moe_router_ref, MoeRouter, RouterArgs, ROUTER_MAX_TOKENS};
+pub use router::{moe_router_ref, MoeRouter, RouterArgs, RouterRef, ROUTER_MAX_TOKENS};
 
 use octoflow_vk::Context;
 

@@ -141,8 +141,16 @@ impl MoeRouter {
     }
 }
 
-/// CPU reference of [`MoeRouter::record`]: `(h, logits, ids, weights)` from [`rms_norm_ref`],
-/// [`linear_ref`] (the router on h, dotted in f64) and [`moe_route_ref`].
+/// What [`moe_router_ref`] computes: [`RouterArgs`]' outputs.
+pub struct RouterRef {
+    pub h: Vec<f32>,
+    pub logits: Vec<f32>,
+    pub ids: Vec<u32>,
+    pub weights: Vec<f32>,
+}
+
+/// CPU reference of [`MoeRouter::record`]: [`rms_norm_ref`], [`linear_ref`] (the router on h,
+/// dotted in f64) and [`moe_route_ref`].
 #[allow(clippy::too_many_arguments)]
 pub fn moe_router_ref(
     ty: GgmlType,
@@ -156,8 +164,7 @@ pub fn moe_router_ref(
     n_used: usize,
     gating: MoeGating,
     scale: f32,
-) -> std::result::Result<(Vec<f32>, Vec<f32>, Vec<u32>, Vec<f32>), octoflow_gguf::quant::QuantError>
-{
+) -> std::result::Result<RouterRef, octoflow_gguf::quant::QuantError> {
     let n = x.len() / n_cols;
     let mut h = vec![0f32; x.len()];
     rms_norm_ref(x, norm, &mut h, n_cols, eps);
@@ -176,7 +183,12 @@ pub fn moe_router_ref(
         false,
     )?;
     let (ids, weights) = moe_route_ref(&logits, n_expert, n_used, gating, scale);
-    Ok((h, logits, ids, weights))
+    Ok(RouterRef {
+        h,
+        logits,
+        ids,
+        weights,
+    })
 }
 
 #[cfg(test)]
@@ -261,7 +273,12 @@ mod tests {
             };
             let mut chain = Chain::new(&ctx).unwrap();
             k.record(&mut chain, &args).unwrap();
-            let (h, logits, ids, wts) = moe_router_ref(
+            let RouterRef {
+                h,
+                logits,
+                ids,
+                weights: wts,
+            } = moe_router_ref(
                 ty,
                 &w,
                 biased.then_some(&bias),
