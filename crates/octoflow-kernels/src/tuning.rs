@@ -24,6 +24,7 @@ pub const FALLBACK_COMPUTE_UNITS: u32 = 128;
 /// | `OCTOFLOW_UNFUSED_ROPE=1` | [`Tuning::unfused_rope`] | decode steps record head norms, RoPE, the KV write and attention as separate stages |
 /// | `OCTOFLOW_UNFUSED_GLU=1` | [`Tuning::unfused_glu`] | cooperative-matrix batches record gate and up as two products, a barrier and the GLU kernel |
 /// | `OCTOFLOW_UNFUSED_POST=1` | [`Tuning::unfused_post`] | single-token steps of post-norm models (gemma3) record each post-norm and its add as a stage |
+/// | `OCTOFLOW_UNFUSED_MOE=1` | [`Tuning::unfused_moe`] | steps of a few tokens record a mixture of experts' norm, router, routing, down products and combine as separate stages |
 /// | `OCTOFLOW_MOE_COOP=1` | [`Tuning::moe_coop`] | batches' expert products run on cooperative matrices (the MOE variants of `matmul_coop.comp`) |
 /// | `OCTOFLOW_MATVEC_DOT=0` or `1` | [`Tuning::matvec_dot`] | one-token Q4_K, Q5_K and Q6_K products on 8-bit dot products of a quantized x (`matvec_dot.comp`), off or on |
 ///
@@ -48,6 +49,9 @@ pub struct Tuning {
     pub unfused_glu: bool,
     /// Record single-token steps without leaving post-norms to the next block's input.
     pub unfused_post: bool,
+    /// Record steps of a few tokens without the fused mixture-of-experts front (`moe_router`)
+    /// and the down products' fused combine.
+    pub unfused_moe: bool,
     /// Run batches' mixture-of-experts products on cooperative matrices where the device has
     /// them. Off until the kernel has run on such a device (the kernel tests exercise it there
     /// whatever this says; lavapipe has no cooperative matrices).
@@ -78,6 +82,7 @@ impl Tuning {
             unfused_rope: false,
             unfused_glu: false,
             unfused_post: false,
+            unfused_moe: false,
             moe_coop: false,
             matvec_dot: false,
         }
@@ -107,6 +112,7 @@ impl Tuning {
         self.unfused_rope = on("OCTOFLOW_UNFUSED_ROPE");
         self.unfused_glu = on("OCTOFLOW_UNFUSED_GLU");
         self.unfused_post = on("OCTOFLOW_UNFUSED_POST");
+        self.unfused_moe = on("OCTOFLOW_UNFUSED_MOE");
         self.moe_coop = on("OCTOFLOW_MOE_COOP");
         match var("OCTOFLOW_MATVEC_DOT").as_deref() {
             Some("0") => self.matvec_dot = false,
@@ -131,7 +137,7 @@ mod tests {
         let t = Tuning::from_compute_units(None);
         assert_eq!(t.matmul_target_groups, FALLBACK_COMPUTE_UNITS);
         assert_eq!(t.coop_min_tokens, COOP_MIN_TOKENS);
-        assert!(!(t.unfused_rope || t.unfused_glu || t.unfused_post));
+        assert!(!(t.unfused_rope || t.unfused_glu || t.unfused_post || t.unfused_moe));
     }
 
     #[test]
@@ -151,6 +157,7 @@ mod tests {
             ("OCTOFLOW_UNFUSED_ROPE", "0"),
             ("OCTOFLOW_MATMUL_TARGET_GROUPS", "1"),
             ("OCTOFLOW_MATVEC_DOT", "1"),
+            ("OCTOFLOW_UNFUSED_MOE", "1"),
         ]));
         assert!(t.matvec_dot && !base.matvec_dot);
         let on = Tuning {
@@ -175,7 +182,7 @@ mod tests {
             }));
             assert_eq!(t.matmul_target_groups, base.matmul_target_groups);
         }
-        assert!(t.unfused_glu && !t.unfused_rope && !t.unfused_post);
+        assert!(t.unfused_glu && t.unfused_moe && !t.unfused_rope && !t.unfused_post);
         let bad: [&'static [(&str, &str)]; 3] = [
             &[("OCTOFLOW_COOP_MIN_TOKENS", "1")],
             &[("OCTOFLOW_COOP_MIN_TOKENS", "10")],

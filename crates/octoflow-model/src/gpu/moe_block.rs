@@ -65,7 +65,9 @@ impl Graph<'_> {
         let y = f32s(&ms.y, pairs as usize * c.n_embd)?;
 
         let gating = moe_gating(plan.gating);
-        let fused_router = n <= MATVEC_MAX_TOKENS.min(ROUTER_MAX_TOKENS)
+        let unfused = k.linear.tuning().unfused_moe;
+        let fused_router = !unfused
+            && n <= MATVEC_MAX_TOKENS.min(ROUTER_MAX_TOKENS)
             && st.pending.is_none()
             && mw.router.pieces.len() == 1;
         let input = if fused_router {
@@ -143,7 +145,8 @@ impl Graph<'_> {
         let d = &mw.down;
         // a few tokens whose down tensor is bound whole: the products go into the stream in
         // the same dispatch (one barrier phase fewer a layer)
-        let fused = groups.is_none() && d.pieces.len() == 1 && n_used <= COMBINE_MAX_USED;
+        let fused =
+            !unfused && groups.is_none() && d.pieces.len() == 1 && n_used <= COMBINE_MAX_USED;
         let x = st.base.clone();
         for dp in &d.pieces {
             k.moe.experts.record(
