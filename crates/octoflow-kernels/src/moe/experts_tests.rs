@@ -393,3 +393,8 @@ fn mismatched_operands_are_clear_errors() {
     assert!(e.contains("needs the whole tensor"), "{e}");
     k.record(&mut chain, &args(w, None, &bd)).unwrap();
 }
+
+// Timing of a one-token mixture-of-experts step (benchmarks, with the `bench` feature).
+#[cfg(feature = "bench")]
+#[path = "../../benches/moe_bench.rs"]
+mod bench;

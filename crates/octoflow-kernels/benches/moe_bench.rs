@@ -1,0 +1,303 @@
+//! Timing of a mixture of experts' one-token step (ignored tests, not correctness tests): a
+//! module of the expert kernels' device tests, compiled only with the `bench` feature. Run on
+//! the device with `cargo test -p octoflow-kernels --release --features bench --lib
+//! moe_decode_timing -- --ignored --nocapture --test-threads=1`.
+//!
+//! For each model shape it records the feed-forward of `LAYERS` layers (cycling through
+//! `SETS` sets of random weights, so that no layer finds its experts in the L2 cache of the
+//! one before) both ways: unfused (norm, router, routing, gate/up, down, combine: six barrier
+//! phases) and fused (`moe_router`, gate/up, down with COMBINE: three). It prints the host wall
+//! time of a replay per layer, and the GPU time per kernel of a profiled replay against the
+//! time to read the routed experts' weights at 3 TB/s.
+
+use std::time::Instant;
+
+use octoflow_gguf::GgmlType;
+use octoflow_vk::testing::gpu_or_skip;
+use octoflow_vk::{Buffer, Chain, Context};
+use rand::{Rng, SeedableRng};
+
+use super::super::*;
+use crate::elementwise::rms_norm::RmsNorm;
+use crate::linear::Linear;
+use crate::testkit::{poisoned, random, with};
+use crate::{LinearArgs, QWeightRef};
+
+const LAYERS: usize = 24;
+const SETS: usize = 4;
+
+/// (label, n_embd, n_ff, experts, used, expert type)
+type Shape = (&'static str, u32, u32, u32, u32, GgmlType);
+
+/// One layer's weights: the router (F32), its bias, gate, up and down.
+struct LayerWeights {
+    router: Buffer,
+    bias: Buffer,
+    norm: Buffer,
+    gate: Buffer,
+    up: Buffer,
+    down: Buffer,
+}
+
+/// Random bytes in `ty`'s encoding whose scales keep values finite: every block's first byte
+/// (MXFP4's exponent) or first f16 (the other types' d) set to a moderate value.
+fn weight_bytes(rng: &mut impl Rng, ty: GgmlType, n_rows: usize, n_cols: usize) -> Vec<u8> {
+    let size = octoflow_gguf::quant::quantized_size(ty, n_rows * n_cols).unwrap();
+    let mut b = vec![0u8; size];
+    rng.fill(&mut b[..]);
+    for blk in b.chunks_exact_mut(ty.type_size()) {
+        if ty == GgmlType::MXFP4 {
+            blk[0] = 120;
+        } else {
+            blk[..2].copy_from_slice(&half::f16::from_f32(0.01).to_bits().to_le_bytes());
+        }
+    }
+    b
+}
+
+/// Host wall time (µs) of one replay of `chain`: the mean of 20 after two warm-ups.
+fn wall_us(chain: &mut Chain) -> f64 {
+    chain.run().unwrap();
+    chain.run().unwrap();
+    let t = Instant::now();
+    for _ in 0..20 {
+        chain.run().unwrap();
+    }
+    t.elapsed().as_secs_f64() * 1e6 / 20.0
+}
+
+#[test]
+#[ignore]
+fn moe_decode_timing() {
+    let Some(ctx) = gpu_or_skip("moe_decode_timing") else {
+        return;
+    };
+    let shapes: [Shape; 2] = [
+        ("gpt-oss-20b", 2880, 2880, 32, 4, GgmlType::MXFP4),
+        ("qwen3moe-30b-a3b", 2048, 768, 128, 8, GgmlType::Q4_K),
+    ];
+    for (label, n_embd, n_ff, n_expert, n_used, ty) in shapes {
+        run_shape(&ctx, label, n_embd, n_ff, n_expert, n_used, ty);
+    }
+}
+
+fn run_shape(
+    ctx: &Context,
+    label: &str,
+    n_embd: u32,
+    n_ff: u32,
+    n_expert: u32,
+    n_used: u32,
+    ty: GgmlType,
+) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let (e, d, f) = (n_expert as usize, n_embd as usize, n_ff as usize);
+    let expert_bytes = |rows: usize, cols: usize| {
+        octoflow_gguf::quant::quantized_size(ty, rows * cols).unwrap() as u64
+    };
+    let whole = expert_bytes(e * f, d).max(expert_bytes(e * d, f));
+    if whole > ctx.caps().max_buffer_bytes() {
+        println!("{label}: an expert tensor of {whole} bytes is over this device's binding limit; skipped");
+        return;
+    }
+    let sets: Vec<LayerWeights> = (0..SETS)
+        .map(|_| LayerWeights {
+            router: with(ctx, "router", &random(&mut rng, e * d)),
+            bias: with(ctx, "router_bias", &random(&mut rng, e)),
+            norm: with(ctx, "norm", &random(&mut rng, d)),
+            gate: crate::testkit::buffer_with(ctx, "gate", &weight_bytes(&mut rng, ty, e * f, d)),
+            up: crate::testkit::buffer_with(ctx, "up", &weight_bytes(&mut rng, ty, e * f, d)),
+            down: crate::testkit::buffer_with(ctx, "down", &weight_bytes(&mut rng, ty, e * d, f)),
+        })
+        .collect();
+    let pairs = n_used as usize;
+    let x = with(ctx, "x", &random(&mut rng, d));
+    let h = poisoned(ctx, "h", d);
+    let logits = poisoned(ctx, "logits", e);
+    let ids = poisoned(ctx, "ids", pairs);
+    let wts = poisoned(ctx, "weights", pairs);
+    let act = poisoned(ctx, "act", pairs * f);
+    let y = poisoned(ctx, "y", pairs * d);
+    let lin = Linear::new(ctx).unwrap();
+    let norm = RmsNorm::new(ctx).unwrap();
+    let moe = Moe::new(ctx).unwrap();
+    let swiglu = MoeAct::SwigluOai {
+        alpha: 1.702,
+        limit: 7.0,
+    };
+    let record = |chain: &mut Chain, fused: bool| {
+        let (xw, hw, lw, iw, ww, aw, yw) = (
+            x.whole(),
+            h.whole(),
+            logits.whole(),
+            ids.whole(),
+            wts.whole(),
+            act.whole(),
+            y.whole(),
+        );
+        for l in 0..LAYERS {
+            let s = &sets[l % SETS];
+            let (rw, bw, nw) = (s.router.whole(), s.bias.whole(), s.norm.whole());
+            if fused {
+                moe.router
+                    .record(
+                        chain,
+                        &RouterArgs {
+                            x: &xw,
+                            norm: &nw,
+                            eps: 1e-5,
+                            ty: GgmlType::F32,
+                            w: &rw,
+                            bias: Some(&bw),
+                            n_expert,
+                            n_cols: n_embd,
+                            n_tokens: 1,
+                            n_used,
+                            gating: MoeGating::SoftmaxOfSelected,
+                            scale: 1.0,
+                            h: &hw,
+                            logits: &lw,
+                            ids: &iw,
+                            weights: &ww,
+                        },
+                    )
+                    .unwrap();
+            } else {
+                norm.record(chain, &xw, &nw, &hw, 1, n_embd, 1e-5).unwrap();
+                chain.compute_barrier().unwrap();
+                lin.record_f32(
+                    chain,
+                    &LinearArgs {
+                        w: QWeightRef {
+                            ty: GgmlType::F32,
+                            data: &rw,
+                            n_rows: n_expert,
+                            n_cols: n_embd,
+                        },
+                        x: &hw,
+                        y: &lw,
+                        n_tokens: 1,
+                        y_stride: n_expert,
+                        y_col: 0,
+                        bias: Some(&bw),
+                        accumulate: false,
+                        norm: None,
+                        pending: None,
+                    },
+                )
+                .unwrap();
+                chain.compute_barrier().unwrap();
+                moe.route
+                    .record(
+                        chain,
+                        &lw,
+                        &iw,
+                        &ww,
+                        1,
+                        n_expert,
+                        n_used,
+                        MoeGating::SoftmaxOfSelected,
+                        1.0,
+                    )
+                    .unwrap();
+            }
+            chain.compute_barrier().unwrap();
+            let (gw, uw, dw) = (s.gate.whole(), s.up.whole(), s.down.whole());
+            let ew = |data, rows, cols| ExpertWeights {
+                ty,
+                data,
+                e_begin: 0,
+                n_experts: n_expert,
+                n_rows: rows,
+                n_cols: cols,
+            };
+            moe.experts
+                .record(
+                    chain,
+                    &ExpertsArgs {
+                        w: ew(&gw, n_ff, n_embd),
+                        glu: Some((ew(&uw, n_ff, n_embd), swiglu)),
+                        bias: None,
+                        bias_up: None,
+                        n_expert,
+                        x: &hw,
+                        x_div: n_used,
+                        y: &aw,
+                        ids: &iw,
+                        n_pairs: n_used,
+                        groups: None,
+                        combine: None,
+                    },
+                )
+                .unwrap();
+            chain.compute_barrier().unwrap();
+            moe.experts
+                .record(
+                    chain,
+                    &ExpertsArgs {
+                        w: ew(&dw, n_embd, n_ff),
+                        glu: None,
+                        bias: None,
+                        bias_up: None,
+                        n_expert,
+                        x: &aw,
+                        x_div: 1,
+                        y: &yw,
+                        ids: &iw,
+                        n_pairs: n_used,
+                        groups: None,
+                        combine: fused.then_some(Combine {
+                            weights: &ww,
+                            x: &xw,
+                            n_used,
+                        }),
+                    },
+                )
+                .unwrap();
+            chain.compute_barrier().unwrap();
+            if !fused {
+                moe.combine
+                    .record(chain, &yw, &ww, &xw, 1, n_used, n_embd)
+                    .unwrap();
+                chain.compute_barrier().unwrap();
+            }
+        }
+    };
+    // the routed experts' bytes a layer: gate, up and down of n_used experts
+    let per_layer = n_used as f64 * (2.0 * expert_bytes(f, d) as f64 + expert_bytes(d, f) as f64)
+        + (e * d * 4) as f64;
+    let floor_us = per_layer / 3.0e12 * 1e6;
+    println!(
+        "{label} ({ty}, {n_used} of {n_expert} experts, {n_embd} x {n_ff}): {:.2} MB a layer, floor {floor_us:.2} us at 3 TB/s",
+        per_layer / 1e6
+    );
+    for fused in [false, true] {
+        let mut chain = Chain::new(ctx).unwrap();
+        record(&mut chain, fused);
+        let wall = wall_us(&mut chain) / LAYERS as f64;
+        let mut prof = Chain::with_profiling(ctx).unwrap();
+        record(&mut prof, fused);
+        prof.run().unwrap();
+        prof.run().unwrap();
+        let t = prof.timings().unwrap().unwrap();
+        let mut per: Vec<(String, f64, usize)> = Vec::new();
+        for dsp in &t {
+            match per.iter_mut().find(|(n, ..)| *n == dsp.label) {
+                Some(p) => {
+                    p.1 += dsp.ns;
+                    p.2 += 1;
+                }
+                None => per.push((dsp.label.to_string(), dsp.ns, 1)),
+            }
+        }
+        let way = if fused { "fused" } else { "unfused" };
+        println!("  {way}: {wall:.2} us a layer (host wall time of a replay of {LAYERS} layers)");
+        for (name, ns, count) in per {
+            println!(
+                "    {name:<28} {:>8.2} us a layer ({} dispatches)",
+                ns * 1e-3 / LAYERS as f64,
+                count / LAYERS
+            );
+        }
+    }
+}
