@@ -10,7 +10,11 @@
 //! x += Σ_j weights[t, j] · y[t, j]              moe_combine
 //! ```
 //! Steps of at most [`MATVEC_MAX_TOKENS`] tokens take the expert matvec (reads only the routed
-//! experts' rows); larger ones group the pairs and take the grouped matmul.
+//! experts' rows); larger ones group the pairs and take the grouped matmul. Those few-token
+//! steps also fuse the first three lines into one dispatch (`moe_router`, where the router is
+//! bound whole and no post-norm is pending) and the last two into one (the down products'
+//! COMBINE variant, where the down tensor is bound whole): three barrier phases instead of six,
+//! which is most of what a decode step's small products cost.
 
 use octoflow_kernels::linear::MATVEC_MAX_TOKENS;
 use octoflow_kernels::moe::{RouterArgs, COMBINE_MAX_USED, ROUTER_MAX_TOKENS};
