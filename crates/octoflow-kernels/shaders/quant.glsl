@@ -357,16 +357,16 @@ void chunk_decode(uint raw[QRAW], uint row_byte, uint c, uint n, out float v[32]
     // o + 1 + 4k, i.e. raw[k + 1] itself when o = 3, else the funnel of raw[k] and raw[k + 1]
     // (sh is clamped so that the unused funnel at o = 3 shifts by less than 32).
     //
-    // An E2M1 code (sign, two exponent bits, one mantissa bit) moved to bits 15 and 9..11 of
-    // an f16 is its value times 2^-14, the code 0.5 as an f16 subnormal (the layouts agree down
-    // to the subnormal), so two codes a word decode with a few bit operations and one
-    // conversion instead of a table lookup each; the value times 2^15 is ggml's doubled code,
-    // so the weight is the f16 times 2^(e - 113). That factor is a normal f32 for e <= 240;
-    // above it (weights past 2^112) the rest, 2^(e - 240), is applied after (both products of
-    // powers of two, exact as the CPU's). Code 8 (negative zero) decodes to -0.
+    // Codes decode two at a time, one per 16-bit half, as f16 bit patterns of ggml's doubled
+    // code book: an E2M1 code's exponent and mantissa bits (em) moved to bits 9..11 with 15
+    // added to the exponent read 2, 3, 4, 6, 8, 12 for em = 2..7 (E2M1's normals); em = 0 and 1
+    // (zero and E2M1's one subnormal) would read 1.0 and 1.5, so those halves are corrected to
+    // em * 1.0. No f16 subnormal occurs (a device may flush those); the sign is bit 15.
     uint o = (row_byte + c * QBYTES) & 3u;
     uint e8 = byte_of(raw[0], o);
-    float d = uintBitsToFloat((min(e8, 240u) + 14u) << 23);
+    // 2^(e - 128), half the E8M0 scale (ggml halves the scale, its code book is doubled);
+    // e = 0 and 1 give f32 subnormals, as on the CPU.
+    float d = uintBitsToFloat(e8 < 2u ? 0x00200000u << e8 : (e8 - 1u) << 23);
     uint sh = 8u * min(o + 1u, 3u);
     QUNROLL for (uint k = 0u; k < 4u; k++) {
         uint u = o == 3u ? raw[k + 1u] : (raw[k] >> sh) | (raw[k + 1u] << (32u - sh));
@@ -374,16 +374,13 @@ void chunk_decode(uint raw[QRAW], uint row_byte, uint c, uint n, out float v[32]
         // and 4k + 1, 4k + 3), then the high nibbles (the same elements + 16)
         QUNROLL for (uint j = 0u; j < 4u; j++) {
             uint t = (u >> (2u * (j & 2u) + 8u * (j & 1u))) & 0x000F000Fu;
-            vec2 f = unpackHalf2x16(((t << 12) & 0x80008000u) | ((t << 9) & 0x0E000E00u)) * d;
+            uint em = t & 0x00070007u;
+            uint lt2 = ~((em >> 1) | (em >> 2)) & 0x00010001u; // 1 in the halves where em < 2
+            uint bits = (em << 9) + 0x3C003C00u - lt2 * 0x3C00u + (em & lt2) * 0x3A00u;
+            vec2 f = unpackHalf2x16(bits | ((t << 12) & 0x80008000u)) * d;
             uint e = 4u * k + (j & 1u) + 8u * (j & 2u);
             v[e] = f.x;
             v[e + 2u] = f.y;
-        }
-    }
-    if (e8 > 240u) {
-        float big = uintBitsToFloat((e8 - 240u + 127u) << 23);
-        QUNROLL for (uint i = 0u; i < 32u; i++) {
-            v[i] *= big;
         }
     }
 #elif defined(QTYPE_Q2_K)

@@ -233,10 +233,10 @@ mod tests {
     }
 
     /// MXFP4 decodes every scale byte and every code as the CPU does: blocks at each of the
-    /// four byte offsets (17-byte blocks), scales 0 ..= 255 — past 240 the shaders apply the
-    /// scale in two factors — and random codes, negative zero included. Equal values (the two
-    /// zeros alike); where the CPU's value is an f32 subnormal (scales 0 and 1) the device may
-    /// flush it to zero.
+    /// four byte offsets (17-byte blocks), scales 0 ..= 255 and random codes (the shaders build
+    /// the codes as f16 bit patterns, zero, 0.5 and negative zero by a correction). Equal values
+    /// (the two zeros alike); where the CPU's value is an f32 subnormal (scales 0 and 1) the
+    /// device may flush it to zero.
     #[test]
     fn gpu_get_rows_decodes_every_mxfp4_scale_exactly() {
         let Some(ctx) = gpu_or_skip("get_rows_mxfp4_scales") else {
