@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# On the device: gpt-oss-20b's mixture of experts (issue #25), from the checkout after ~/dev is
+# set up (`.pk/dev.tar.xz` unpacked, `.gl` in `.dev`). Output under $OUT.
+#   moe.sh [BENCH_BINARY]
+# 1. with BENCH_BINARY (the kernels' test binary built with `--features bench`): the one-token
+#    feed-forward at gpt-oss-20b's and qwen3moe's shapes, fused against unfused, each kernel
+#    against the time to read its weights (`moe_decode_timing`, benches/moe_bench.rs)
+# 2. the kernels' MoE and MXFP4 tests (the grouped products' cooperative-matrix variants run
+#    there whatever OCTOFLOW_MOE_COOP says)
+# 3. `octoflow bench` on the gpt-oss-20b shaped file (written once into ~/models, ~20 s): the
+#    grouped products plain and on cooperative matrices, the few-token fusions off, and the
+#    decode profile
+set -uo pipefail
+repo=$PWD
+cd ~/dev/.dev && source ./setup.sh >/dev/null 2>&1
+m=~/models/gpt-oss-20b-shaped.gguf
+[ -s $m ] || PYTHONPATH=${GGUF_PY:-~/py} python3 "$repo/scripts/models/shaped_gguf.py" gpt-oss-20b $m \
+  > "$OUT/shape.log" 2>&1 &
+if [ -n "${1:-}" ]; then
+  timeout 240 "$1" moe_decode_timing --ignored --nocapture --test-threads 1 > "$OUT/moe_timing.log" 2>&1
+fi
+timeout 120 ./octoflow_kernels moe mxfp4 --test-threads 1 > "$OUT/kernels_moe.log" 2>&1
+echo "rc=$?" >> "$OUT/kernels_moe.log"
+wait
+{
+  for coop in 0 1; do
+    echo "== OCTOFLOW_MOE_COOP=$coop"
+    OCTOFLOW_MOE_COOP=$coop timeout 120 ./octoflow bench -m $m -p 512 -n 128 -r 2 2>&1 |
+      grep -E "error|device memory|\| *(pp|tg)"
+  done
+  echo "== OCTOFLOW_UNFUSED_MOE=1"
+  OCTOFLOW_UNFUSED_MOE=1 timeout 60 ./octoflow bench -m $m -p 0 -n 128 -r 2 2>&1 | grep -E "error|\| *tg"
+} > "$OUT/moe_bench.log" 2>&1
+timeout 60 ./octoflow bench -m $m -p 0 -n 64 -r 1 --profile > "$OUT/moe_profile.log" 2>&1
