@@ -13,6 +13,8 @@
 // `moe_router_ref` (moe/router.rs): rms_norm_ref, linear_ref and moe_route_ref in a row.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
 
 #define QWINDOW 1 // unrolled chunk fetch and decode (quant.glsl)
 
@@ -24,6 +26,7 @@
 layout(local_size_x = 256) in;
 
 #include "common.glsl"
+#include "reduce.glsl"
 
 layout(std430, binding = 0) readonly buffer W { uint w[]; };
 layout(std430, binding = 1) readonly buffer X { float x[]; };
@@ -73,16 +76,7 @@ void main() {
             ss += v * v;
         }
     }
-    red[tid] = ss;
-    barrier();
-    for (uint s = WG / 2u; s > 0u; s >>= 1) {
-        if (tid < s) {
-            red[tid] += red[tid + s];
-        }
-        barrier();
-    }
-    float inv = 1.0 / sqrt(red[0] / float(pc.n_cols) + pc.eps);
-    barrier(); // every read of red[0] before the rows reuse red
+    float inv = 1.0 / sqrt(wg_sum(ss) / float(pc.n_cols) + pc.eps);
     if (gl_WorkGroupID.x == 0u) {
         for (uint i = tid; i < pc.n_cols; i += WG) {
             h[xb + i] = x[xb + i] * inv * g[i];

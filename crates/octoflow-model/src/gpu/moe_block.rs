@@ -24,7 +24,7 @@ use octoflow_vk::{BufferSlice, Chain};
 use super::{f32s, Graph, Stream};
 use crate::error::{ModelError, Result};
 use crate::gpu::kernels::{moe_act, moe_gating};
-use crate::gpu::weights::{ExpertPiece, GpuExperts, GpuFfn};
+use crate::gpu::weights::{ExpertPiece, GpuExperts, GpuFfn, GpuMoe};
 use crate::plan::MoePlan;
 
 /// A piece of a stacked tensor as the expert kernels take it.
@@ -101,7 +101,7 @@ impl Graph<'_> {
             chain.compute_barrier()?;
             h
         } else {
-            self.router_and_route(chain, il, plan, n, st, &logits, &ids, &weights)?
+            self.router_and_route(chain, il, mw, plan, n, st, &logits, &ids, &weights)?
         };
         let (offsets, list) = (u32s(&ms.offsets, n_expert + 1)?, u32s(&ms.list, pairs)?);
         let groups = if n > MATVEC_MAX_TOKENS {
@@ -189,6 +189,7 @@ impl Graph<'_> {
         &self,
         chain: &mut Chain,
         il: usize,
+        mw: &GpuMoe,
         plan: &MoePlan,
         n: u32,
         st: &mut Stream,
@@ -198,11 +199,6 @@ impl Graph<'_> {
     ) -> Result<BufferSlice> {
         let k = self.k;
         let lw = &self.w.blk[il];
-        let GpuFfn::Moe(mw) = &lw.ffn else {
-            return Err(ModelError::PlanWithoutTensor {
-                name: format!("blk.{il}.ffn_gate_inp.weight"),
-            });
-        };
         let (n_expert, n_used) = (plan.n_expert as u32, plan.n_used as u32);
         let (input, _, _) = self.block_input(chain, n, st, &lw.ffn_norm, false)?;
         if mw.router_bias.is_some() && mw.router.pieces.len() > 1 {
