@@ -289,15 +289,14 @@ impl MoeExperts {
         let y = a.combine.map_or(a.y, |cb| cb.x).clone();
         let mut bind = vec![data, a.x.clone(), y, bias];
         let max = ctx.caps().max_workgroup_count;
-        let (pipeline, groups) = match a.groups {
-            None if a.combine.is_some() => {
-                let cb = a.combine.expect("checked above");
+        let (pipeline, groups) = match (a.groups, a.combine) {
+            (None, Some(cb)) => {
                 bind.push(a.ids.clone());
                 bind.push(cb.weights.clone());
                 let groups = [w.n_rows.div_ceil(MATVEC_ROWS), a.n_pairs / cb.n_used, 1];
                 (self.matvec_combine[ti].get(ctx, [0; 7])?, groups)
             }
-            None => {
+            (None, None) => {
                 bind.push(a.ids.clone());
                 let groups = [w.n_rows.div_ceil(MATVEC_ROWS), a.n_pairs, 1];
                 let set = if up.is_some() {
@@ -307,7 +306,7 @@ impl MoeExperts {
                 };
                 (set[ti].get(ctx, [0; 7])?, groups)
             }
-            Some(g) => {
+            (Some(g), _) => {
                 need(OP, "offsets", g.offsets, u128::from(a.n_expert) + 1)?;
                 need(OP, "list", g.list, u128::from(a.n_pairs))?;
                 bind.push(g.offsets.clone());
