@@ -54,6 +54,11 @@ impl std::fmt::Display for Targets {
     }
 }
 
+/// The largest idle fraction by default. A board draws well above its resting power between
+/// submits (its clocks stay up), so a low power target needs the GPU idle most of the time:
+/// docs/HOMEOSTASIS.md has the H100's figures.
+pub const MAX_IDLE: f64 = 0.98;
+
 /// Pacer settings.
 #[derive(Debug, Clone)]
 pub struct PacerOptions {
@@ -71,7 +76,7 @@ impl Default for PacerOptions {
         PacerOptions {
             targets: Targets::default(),
             period: Duration::from_millis(100),
-            max_idle: 0.9,
+            max_idle: MAX_IDLE,
             log: None,
         }
     }

@@ -364,9 +364,11 @@ void chunk_decode(uint raw[QRAW], uint row_byte, uint c, uint n, out float v[32]
     // em * 1.0. No f16 subnormal occurs (a device may flush those); the sign is bit 15.
     uint o = (row_byte + c * QBYTES) & 3u;
     uint e8 = byte_of(raw[0], o);
-    // 2^(e - 128), half the E8M0 scale (ggml halves the scale, its code book is doubled);
-    // e = 0 and 1 give f32 subnormals, as on the CPU.
-    float d = uintBitsToFloat(e8 < 2u ? 0x00200000u << e8 : (e8 - 1u) << 23);
+    // 2^(e - 128), half the E8M0 scale (ggml halves the scale, its code book is doubled).
+    // For e = 0 and 1 that is an f32 subnormal, which a device may flush to zero as an operand
+    // (the H100 does): d is 2^-64 then and the rest, 2^(e - 64), is applied after, so products
+    // that are normal come out exact (products of powers of two, as on the CPU).
+    float d = uintBitsToFloat(e8 < 2u ? 63u << 23 : (e8 - 1u) << 23);
     uint sh = 8u * min(o + 1u, 3u);
     QUNROLL for (uint k = 0u; k < 4u; k++) {
         uint u = o == 3u ? raw[k + 1u] : (raw[k] >> sh) | (raw[k + 1u] << (32u - sh));
@@ -381,6 +383,12 @@ void chunk_decode(uint raw[QRAW], uint row_byte, uint c, uint n, out float v[32]
             uint e = 4u * k + (j & 1u) + 8u * (j & 2u);
             v[e] = f.x;
             v[e + 2u] = f.y;
+        }
+    }
+    if (e8 < 2u) {
+        float tiny = uintBitsToFloat((e8 + 63u) << 23);
+        QUNROLL for (uint i = 0u; i < 32u; i++) {
+            v[i] *= tiny;
         }
     }
 #elif defined(QTYPE_Q2_K)

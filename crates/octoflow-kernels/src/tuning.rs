@@ -25,7 +25,7 @@ pub const FALLBACK_COMPUTE_UNITS: u32 = 128;
 /// | `OCTOFLOW_UNFUSED_GLU=1` | [`Tuning::unfused_glu`] | cooperative-matrix batches record gate and up as two products, a barrier and the GLU kernel |
 /// | `OCTOFLOW_UNFUSED_POST=1` | [`Tuning::unfused_post`] | single-token steps of post-norm models (gemma3) record each post-norm and its add as a stage |
 /// | `OCTOFLOW_UNFUSED_MOE=1` | [`Tuning::unfused_moe`] | steps of a few tokens record a mixture of experts' norm, router, routing, down products and combine as separate stages |
-/// | `OCTOFLOW_MOE_COOP=1` | [`Tuning::moe_coop`] | batches' expert products run on cooperative matrices (the MOE variants of `matmul_coop.comp`) |
+/// | `OCTOFLOW_MOE_COOP=0` or `1` | [`Tuning::moe_coop`] | batches' expert products on cooperative matrices (the MOE variants of `matmul_coop.comp`) off or on |
 /// | `OCTOFLOW_MATVEC_DOT=0` or `1` | [`Tuning::matvec_dot`] | one-token Q4_K, Q5_K and Q6_K products on 8-bit dot products of a quantized x (`matvec_dot.comp`), off or on |
 ///
 /// The switches exist to measure what each fusion gains; results are the same either way
@@ -53,8 +53,8 @@ pub struct Tuning {
     /// and the down products' fused combine.
     pub unfused_moe: bool,
     /// Run batches' mixture-of-experts products on cooperative matrices where the device has
-    /// them. Off until the kernel has run on such a device (the kernel tests exercise it there
-    /// whatever this says; lavapipe has no cooperative matrices).
+    /// them (by default; the kernel tests exercise them there whatever this says, lavapipe has
+    /// none).
     pub moe_coop: bool,
     /// One-token Q4_K, Q5_K and Q6_K products take `matvec_dot.comp` (x quantized to 8 bits per block of 32,
     /// integer dot products) where the shape fits it. On by default where the device
@@ -68,6 +68,7 @@ impl Tuning {
     pub fn from_caps(caps: &DeviceCaps) -> Self {
         Tuning {
             matvec_dot: caps.integer_dot_product && caps.int8_dot_accelerated,
+            moe_coop: true,
             ..Self::from_compute_units(caps.compute_units)
         }
     }
@@ -113,7 +114,11 @@ impl Tuning {
         self.unfused_glu = on("OCTOFLOW_UNFUSED_GLU");
         self.unfused_post = on("OCTOFLOW_UNFUSED_POST");
         self.unfused_moe = on("OCTOFLOW_UNFUSED_MOE");
-        self.moe_coop = on("OCTOFLOW_MOE_COOP");
+        match var("OCTOFLOW_MOE_COOP").as_deref() {
+            Some("0") => self.moe_coop = false,
+            Some("1") => self.moe_coop = true,
+            _ => {}
+        }
         match var("OCTOFLOW_MATVEC_DOT").as_deref() {
             Some("0") => self.matvec_dot = false,
             Some("1") => self.matvec_dot = true,

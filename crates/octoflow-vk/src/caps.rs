@@ -125,6 +125,11 @@ pub struct DeviceCaps {
     pub pipeline_statistics: bool,
     pub buffer_device_address: bool,
     pub timeline_semaphore: bool,
+    /// The Vulkan memory model (`vulkanMemoryModel`): shaders that enable
+    /// GL_KHR_memory_scope_semantics (the cooperative-matrix kernels) are compiled to it.
+    /// Absent from device descriptions recorded before it existed.
+    #[serde(default)]
+    pub vulkan_memory_model: bool,
     /// Compute units (NVIDIA SMs from `VK_NV_shader_sm_builtins`, AMD compute units from
     /// `VK_AMD_shader_core_properties`); `None` where the driver reports no count. Absent from
     /// device descriptions recorded before it existed.

@@ -11,7 +11,7 @@ use crate::probe::{COOPMAT_EXT, PIPELINE_EXEC_EXT};
 
 /// Creates a device with `queue_count` (≥ 1) compute queues from `family`, enabling (when `caps` says they exist)
 /// 8/16-bit storage, float16/int8/int16 arithmetic, subgroup size control, integer dot product,
-/// buffer device address, timeline semaphores and cooperative matrices.
+/// buffer device address, timeline semaphores, the Vulkan memory model and cooperative matrices.
 pub(crate) fn create_device(
     instance: &Instance,
     pdev: vk::PhysicalDevice,
@@ -31,7 +31,8 @@ pub(crate) fn create_device(
         .shader_int8(caps.shader_int8)
         .storage_buffer8_bit_access(caps.storage_8bit)
         .buffer_device_address(caps.buffer_device_address)
-        .timeline_semaphore(caps.timeline_semaphore);
+        .timeline_semaphore(caps.timeline_semaphore)
+        .vulkan_memory_model(caps.vulkan_memory_model);
     let mut f13 = vk::PhysicalDeviceVulkan13Features::default()
         .subgroup_size_control(caps.subgroup.size_control)
         .compute_full_subgroups(caps.subgroup.full_subgroups)

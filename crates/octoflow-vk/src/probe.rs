@@ -122,6 +122,7 @@ pub(crate) fn probe(instance: &Instance, pdev: vk::PhysicalDevice, index: usize)
         pipeline_statistics: has_exec && fpe.pipeline_executable_info == vk::TRUE,
         buffer_device_address: f12.buffer_device_address == vk::TRUE,
         timeline_semaphore: f12.timeline_semaphore == vk::TRUE,
+        vulkan_memory_model: f12.vulkan_memory_model == vk::TRUE,
         compute_units: compute_units(has_sm.then_some(&psm), has_amd.then_some(&pamd)),
         max_shared_memory: limits.max_compute_shared_memory_size,
         max_allocation: if api >= vk::API_VERSION_1_2 {
