@@ -114,16 +114,14 @@ impl Tuning {
         self.unfused_glu = on("OCTOFLOW_UNFUSED_GLU");
         self.unfused_post = on("OCTOFLOW_UNFUSED_POST");
         self.unfused_moe = on("OCTOFLOW_UNFUSED_MOE");
-        match var("OCTOFLOW_MOE_COOP").as_deref() {
-            Some("0") => self.moe_coop = false,
-            Some("1") => self.moe_coop = true,
+        // switches with a device-dependent default: "0" off, "1" on, anything else the default
+        let either = |name: &str, v: &mut bool| match var(name).as_deref() {
+            Some("0") => *v = false,
+            Some("1") => *v = true,
             _ => {}
-        }
-        match var("OCTOFLOW_MATVEC_DOT").as_deref() {
-            Some("0") => self.matvec_dot = false,
-            Some("1") => self.matvec_dot = true,
-            _ => {}
-        }
+        };
+        either("OCTOFLOW_MOE_COOP", &mut self.moe_coop);
+        either("OCTOFLOW_MATVEC_DOT", &mut self.matvec_dot);
         self
     }
 }
