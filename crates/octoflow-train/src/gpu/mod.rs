@@ -7,10 +7,11 @@
 //! optimizer step (global gradient norm, clipping, AdamW) is a second, three-dispatch chain
 //! recorded per optimizer step because its learning rate is a push constant.
 //!
-//! Several trainers can share one upload of the base: each holds an `Arc<GpuModel>` (read
-//! only) next to its own adapters, optimizer state and scratch, and submits to its own queue
-//! ([`Trainer::set_queue`]); [`Trainer::submit_micro`] / [`Trainer::finish_micro`] let a
-//! scheduler keep several trainers' micro-steps in flight at once.
+//! One trainer may run several fine-tunes at once, its members (`member.rs`): one chain per
+//! micro-step over their stacked rows ([`Trainer::stage`], [`Trainer::submit_staged`],
+//! [`Trainer::take_loss`]). Separate trainers can also share one upload of the base: each
+//! holds an `Arc<GpuModel>` (read only) and may submit to its own queue
+//! ([`Trainer::set_queue`]).
 //!
 //! Memory: the residual stream entering every layer is kept (`(n_layer + 1) × T × n_embd`); the
 //! rest of a layer's activations are recomputed from it during the backward (one layer at a
@@ -20,6 +21,7 @@
 
 mod block;
 mod layer;
+mod member;
 mod ops;
 mod transposed;
 
@@ -36,7 +38,8 @@ use octoflow_model::ModelConfig;
 use octoflow_vk::{summarize, Buffer, Chain, Context, LabelTime, MemoryKind};
 
 use crate::error::{Result, TrainError};
-use crate::lora::{LoraConfig, LoraLayout, Target};
+use crate::lora::{LoraConfig, LoraLayout};
+use member::{check_members, Member, Scratch};
 
 /// Distinct dropout salts per layer (one per target kind): the mask of `target` in `layer` has
 /// salt `layer * TARGET_SLOTS + target as usize`.
@@ -87,19 +90,20 @@ pub(crate) struct IoLayout {
     pub weights: usize,
     /// `(position, 0)` pairs (the `Positions::Table` layout rope reads).
     pub pos: usize,
+    /// One dropout seed per member.
     pub seed: usize,
     pub words: usize,
 }
 
 impl IoLayout {
-    fn new(rows: usize) -> Self {
+    fn new(rows: usize, members: usize) -> Self {
         IoLayout {
             ids: 0,
             labels: rows,
             weights: 2 * rows,
             pos: 3 * rows,
             seed: 5 * rows,
-            words: 5 * rows + 1,
+            words: 5 * rows + members,
         }
     }
 }
@@ -130,7 +134,7 @@ pub(crate) struct Bufs {
     pub hg: Buffer,
     pub f_raw: Buffer,
     pub f: Buffer,
-    /// `[TARGETS][T, rank]`: each adapter's `x Aᵀ`.
+    /// Per member, `[TARGETS][rows, rank]`: each adapter's `x Aᵀ`.
     pub h: Buffer,
     /// `[T, max n_in]`: dropout-masked adapter inputs / masked input gradients.
     pub xd: Buffer,
@@ -147,12 +151,6 @@ pub(crate) struct Bufs {
     pub logits: Buffer,
     pub nf: Buffer,
     pub dnf: Buffer,
-    pub params: Buffer,
-    pub grads: Buffer,
-    pub m: Buffer,
-    pub v2: Buffer,
-    /// `[0]`: the sum of squared gradients of the last optimizer step.
-    pub stats: Buffer,
     /// Partial sums of products split along k (`ops.rs`, `split_k`).
     pub part: Buffer,
 }
@@ -204,20 +202,21 @@ impl Rows {
 }
 
 /// A LoRA trainer over one GPU copy of the frozen model (shared: several trainers may hold
-/// the same `Arc<GpuModel>`).
+/// the same `Arc<GpuModel>`). It trains one fine-tune ([`Trainer::new`]) or several at once
+/// whose rows share every frozen product ([`Trainer::joint`], `member.rs`); the methods without
+/// a member index act on member 0.
 pub struct Trainer {
     pub(crate) gm: Arc<GpuModel>,
     pub(crate) c: ModelConfig,
     pub(crate) tk: TrainKernels,
-    pub(crate) layout: LoraLayout,
-    pub(crate) dropout: f32,
+    pub(crate) members: Vec<Member>,
+    /// Sequences per stacked micro-batch (all members').
     pub(crate) batch: usize,
+    /// Rows per sequence (the longest member's).
     pub(crate) seq_len: usize,
     /// `batch × seq_len`.
     pub(crate) rows: usize,
     pub(crate) logit_rows: usize,
-    /// Floats of `part`.
-    pub(crate) part_floats: usize,
     pub(crate) io: IoLayout,
     pub(crate) b: Bufs,
     step_chain: Option<Chain>,
@@ -226,8 +225,14 @@ pub struct Trainer {
     pub(crate) transposed: Option<Arc<TransposedWeights>>,
     /// The queue every chain of this trainer submits to.
     queue: usize,
-    /// A micro-step was submitted and not yet finished.
+    /// Each member's micro-batch (in the stacked layout) and seed for the next submit.
+    staged: Vec<Option<(Rows, u32)>>,
+    /// The members that had rows in the micro-step in flight.
+    in_flight: Vec<bool>,
+    /// A micro-step was submitted and not yet waited for.
     pending: bool,
+    /// Each member's per-row losses of its last finished micro-step, until taken.
+    losses: Vec<Option<Vec<f32>>>,
     state_bytes: u64,
 }
 
@@ -244,8 +249,16 @@ impl Trainer {
     /// Allocates every buffer for `opts` and builds the training pipelines. `gm` is a
     /// `GpuModel` or an `Arc` of one that other trainers share (the weights are only read).
     pub fn new(gm: impl Into<Arc<GpuModel>>, opts: &TrainerOptions) -> Result<Self> {
+        Self::joint(gm, std::slice::from_ref(opts))
+    }
+
+    /// A trainer of several fine-tunes at once over the same base, member `i` per
+    /// `members[i]` (rank, targets, dropout, batch and sequence length may all differ): one
+    /// chain per micro-step runs them all, their rows stacked in the frozen products
+    /// (`member.rs`). Each member has its own adapters, gradients and AdamW moments.
+    pub fn joint(gm: impl Into<Arc<GpuModel>>, members: &[TrainerOptions]) -> Result<Self> {
         let gm: Arc<GpuModel> = gm.into();
-        opts.lora.validate()?;
+        check_members(members)?;
         let c = gm.config.clone();
         if let Some(missing) = c.blocks.iter().find_map(|b| b.train_missing()) {
             // the inference graph runs these; the training step's forward and backward do not
@@ -255,33 +268,39 @@ impl Trainer {
             ))
             .into());
         }
-        if opts.batch == 0 || opts.seq_len < 2 {
-            return Err(TrainError::Config(format!(
-                "batch {} × seq-len {}: need at least one sequence of two tokens",
-                opts.batch, opts.seq_len
-            )));
-        }
         let ctx = gm.context().clone();
-        let layout = LoraLayout::new(&opts.lora, &c);
-        let rows = opts.batch * opts.seq_len;
+        let seq_len = members.iter().map(|o| o.seq_len).max().unwrap_or(2);
+        let batch: usize = members.iter().map(|o| o.batch).sum();
+        let rows = batch * seq_len;
         // a multiple of 4 rows, so every chunk's slice of the per-row losses starts 16-byte
         // aligned (the last chunk may be shorter)
         let logit_rows = (LOGITS_BYTES / (4 * c.n_vocab)).clamp(4, LOGITS_ROWS) / 4 * 4;
-        let io = IoLayout::new(rows);
+        let io = IoLayout::new(rows, members.len());
         let (d, ff) = (c.n_embd, c.n_ff);
         let (qd, kd, vd) = (c.q_dim(), c.k_dim(), c.v_dim());
         let att_w = c.n_head * c.head_dim_v;
         let max_in = d.max(ff).max(att_w);
-        let sc = opts.batch * c.n_head * opts.seq_len * opts.seq_len;
-        let r = opts.lora.rank;
-        // the adapters' split products: pieces × rank × the widest projection side
-        let part_floats = 16 * r * max_in.max(qd).max(kd).max(vd);
+        let max_side = max_in.max(qd).max(kd).max(vd);
+        let sc = batch * c.n_head * seq_len * seq_len;
+        let before = ctx.memory_usage().0;
+        let mut at = Scratch {
+            h: 0,
+            dh: 0,
+            part: 0,
+        };
+        let mut row0 = 0;
+        let mut ms = Vec::with_capacity(members.len());
+        for (i, o) in members.iter().enumerate() {
+            let layout = LoraLayout::new(&o.lora, &c);
+            let m = Member::new(&ctx, i, o, layout, row0, seq_len, max_side, &mut at)?;
+            row0 += m.rows;
+            ms.push(m);
+        }
         let bf = |name: &str, n: usize| buffer(&ctx, name, n);
         // the raw projections the backward reads exist only where some block's plan norms them
         let qk_norm = c.blocks.iter().any(|b| b.attn.qk_norm);
         let post_attn = c.blocks.iter().any(|b| b.attn.post_norm);
         let post_ffw = c.blocks.iter().any(|b| b.glu().is_ok_and(|g| g.post_norm));
-        let before = ctx.memory_usage().0;
         let b = Bufs {
             io: Buffer::new(&ctx, "train.io", 4 * io.words as u64, MemoryKind::Upload)?,
             loss: Buffer::new(&ctx, "train.loss", 4 * rows as u64, MemoryKind::Readback)?,
@@ -305,9 +324,9 @@ impl Trainer {
             hg: bf("train.hg", rows * ff)?,
             f_raw: bf("train.f_raw", if post_ffw { rows * d } else { 1 })?,
             f: bf("train.f", rows * d)?,
-            h: bf("train.h", Target::ALL.len() * rows * r)?,
+            h: bf("train.h", at.h)?,
             xd: bf("train.xd", rows * max_in)?,
-            dh: bf("train.dh", rows * r)?,
+            dh: bf("train.dh", at.dh)?,
             dx: bf("train.dx", rows * d)?,
             dtmp: bf("train.dtmp", rows * d)?,
             dn: bf("train.dn", rows * d)?,
@@ -320,41 +339,36 @@ impl Trainer {
             logits: bf("train.logits", logit_rows * c.n_vocab)?,
             nf: bf("train.nf", rows * d)?,
             dnf: bf("train.dnf", rows * d)?,
-            params: bf("train.params", layout.n_params)?,
-            grads: bf("train.grads", layout.n_params)?,
-            m: bf("train.adam_m", layout.n_params)?,
-            v2: bf("train.adam_v", layout.n_params)?,
-            stats: Buffer::new(&ctx, "train.stats", 16, MemoryKind::Readback)?,
-            part: bf("train.part", part_floats)?,
+            part: bf("train.part", at.part)?,
         };
-        let n = 4 * layout.n_params as u64;
-        for buf in [&b.grads, &b.m, &b.v2] {
-            ctx.fill(buf, 0, n, 0)?;
-        }
         let state_bytes = ctx.memory_usage().0.saturating_sub(before);
         let tk = TrainKernels::new(&ctx)?;
+        let n = ms.len();
         let mut t = Trainer {
             gm,
             c,
             tk,
-            layout,
-            dropout: opts.lora.dropout,
-            batch: opts.batch,
-            seq_len: opts.seq_len,
+            members: ms,
+            batch,
+            seq_len,
             rows,
             logit_rows,
-            part_floats,
             io,
             b,
             step_chain: None,
             eval_chain: None,
             transposed: None,
             queue: 0,
+            staged: vec![None; n],
+            in_flight: vec![false; n],
             pending: false,
+            losses: vec![None; n],
             state_bytes,
         };
-        let init = t.layout.init(0);
-        t.set_params(&init)?;
+        for g in 0..n {
+            let init = t.members[g].layout.init(0);
+            t.set_params_of(g, &init)?;
+        }
         t.step_chain = Some(t.record(true)?);
         t.eval_chain = Some(t.record(false)?);
         Ok(t)
@@ -377,11 +391,7 @@ impl Trainer {
     pub fn set_queue(&mut self, i: usize) -> Result<()> {
         self.finish_pending()?;
         self.queue = i % self.context().queue_count();
-        self.step_chain = None;
-        self.eval_chain = None;
-        self.step_chain = Some(self.record(true)?);
-        self.eval_chain = Some(self.record(false)?);
-        Ok(())
+        self.rerecord()
     }
 
     /// Takes the input gradients `dX = dY·W` through `t`'s f16 copies of `Wᵀ` (the forward's
@@ -391,6 +401,10 @@ impl Trainer {
     pub fn set_transposed(&mut self, t: Option<Arc<TransposedWeights>>) -> Result<()> {
         self.finish_pending()?;
         self.transposed = t;
+        self.rerecord()
+    }
+
+    fn rerecord(&mut self) -> Result<()> {
         self.step_chain = None;
         self.eval_chain = None;
         self.step_chain = Some(self.record(true)?);
@@ -409,74 +423,151 @@ impl Trainer {
     }
 
     /// Device bytes this trainer allocated itself: activations, adapters, gradients, optimizer
-    /// state and I/O (not the shared weights).
+    /// state and I/O of every member (not the shared weights).
     pub fn state_bytes(&self) -> u64 {
         self.state_bytes
     }
 
-    /// The adapters' layout.
-    pub fn layout(&self) -> &LoraLayout {
-        &self.layout
+    /// How many fine-tunes this trainer runs.
+    pub fn members(&self) -> usize {
+        self.members.len()
     }
 
-    /// Rows per micro-batch (`batch × seq_len`).
+    fn member(&self, g: usize) -> Result<&Member> {
+        self.members.get(g).ok_or_else(|| {
+            TrainError::Config(format!(
+                "member {g}: the trainer has {}",
+                self.members.len()
+            ))
+        })
+    }
+
+    /// Member 0's adapters' layout.
+    pub fn layout(&self) -> &LoraLayout {
+        &self.members[0].layout
+    }
+
+    /// Member `g`'s adapters' layout.
+    pub fn layout_of(&self, g: usize) -> Result<&LoraLayout> {
+        Ok(&self.member(g)?.layout)
+    }
+
+    /// Rows per micro-batch of member 0 (`batch × seq_len`).
     pub fn rows(&self) -> usize {
+        self.members[0].batch * self.members[0].seq_len
+    }
+
+    /// Rows of one stacked micro-step (all members', padding included).
+    pub fn stacked_rows(&self) -> usize {
         self.rows
     }
 
-    /// Replaces the adapters' parameters (`[layout.n_params]`).
+    /// Replaces member 0's adapters' parameters (`[layout.n_params]`).
     pub fn set_params(&self, p: &[f32]) -> Result<()> {
-        self.layout.check_len("parameters", p.len())?;
-        Ok(self.context().upload(&self.b.params, 0, p)?)
+        self.set_params_of(0, p)
     }
 
-    /// The adapters' parameters.
+    /// Replaces member `g`'s adapters' parameters.
+    pub fn set_params_of(&self, g: usize, p: &[f32]) -> Result<()> {
+        let m = self.member(g)?;
+        m.check_len("parameters", p.len())?;
+        Ok(self.context().upload(&m.params, 0, p)?)
+    }
+
+    /// Member 0's adapters' parameters.
     pub fn params(&self) -> Result<Vec<f32>> {
-        self.read(&self.b.params)
+        self.params_of(0)
     }
 
-    /// The accumulated gradients (since the last optimizer step).
+    /// Member `g`'s adapters' parameters.
+    pub fn params_of(&self, g: usize) -> Result<Vec<f32>> {
+        let m = self.member(g)?;
+        self.read(m, &m.params)
+    }
+
+    /// Member 0's accumulated gradients (since its last optimizer step).
     pub fn grads(&self) -> Result<Vec<f32>> {
-        self.read(&self.b.grads)
+        self.grads_of(0)
     }
 
-    /// AdamW's first and second moments.
+    /// Member `g`'s accumulated gradients.
+    pub fn grads_of(&self, g: usize) -> Result<Vec<f32>> {
+        let m = self.member(g)?;
+        self.read(m, &m.grads)
+    }
+
+    /// Member 0's AdamW first and second moments.
     pub fn moments(&self) -> Result<(Vec<f32>, Vec<f32>)> {
-        Ok((self.read(&self.b.m)?, self.read(&self.b.v2)?))
+        self.moments_of(0)
     }
 
-    /// Restores AdamW's moments (resume).
+    /// Restores member 0's AdamW moments (resume).
     pub fn set_moments(&self, m: &[f32], v: &[f32]) -> Result<()> {
-        self.layout.check_len("first moments", m.len())?;
-        self.layout.check_len("second moments", v.len())?;
-        self.context().upload(&self.b.m, 0, m)?;
-        Ok(self.context().upload(&self.b.v2, 0, v)?)
+        self.set_moments_of(0, m, v)
     }
 
-    fn read(&self, b: &Buffer) -> Result<Vec<f32>> {
-        let mut out = vec![0f32; self.layout.n_params];
+    /// Member `g`'s AdamW first and second moments.
+    pub fn moments_of(&self, g: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+        let m = self.member(g)?;
+        Ok((self.read(m, &m.m)?, self.read(m, &m.v2)?))
+    }
+
+    /// Restores member `g`'s AdamW moments (resume).
+    pub fn set_moments_of(&self, g: usize, mo: &[f32], v: &[f32]) -> Result<()> {
+        let m = self.member(g)?;
+        m.check_len("first moments", mo.len())?;
+        m.check_len("second moments", v.len())?;
+        self.context().upload(&m.m, 0, mo)?;
+        Ok(self.context().upload(&m.v2, 0, v)?)
+    }
+
+    fn read(&self, m: &Member, b: &Buffer) -> Result<Vec<f32>> {
+        let mut out = vec![0f32; m.layout.n_params];
         self.context().download(b, 0, &mut out)?;
         Ok(out)
     }
 
-    /// Writes a micro-batch's inputs into the upload buffer.
-    fn write_rows(&self, r: &Rows, seed: u32) -> Result<()> {
-        r.check(self.rows, self.c.n_vocab)?;
-        let mut words = Vec::with_capacity(self.io.words);
-        words.extend_from_slice(&r.ids);
-        words.extend_from_slice(&r.labels);
-        words.extend(r.weights.iter().map(|w| w.to_bits()));
-        for &p in &r.pos {
-            words.extend_from_slice(&[p, 0]);
+    /// Writes the staged micro-batches (idle rows for members without one) into the upload
+    /// buffer; returns which members had rows.
+    fn write_staged(&mut self) -> Result<Vec<bool>> {
+        let mut words = vec![0u32; self.io.words];
+        let mut had = vec![false; self.members.len()];
+        for (g, m) in self.members.iter().enumerate() {
+            let (r, seed) = match self.staged[g].take() {
+                Some(s) => {
+                    had[g] = true;
+                    s
+                }
+                None => (m.idle(), 0),
+            };
+            let at = m.row0;
+            words[self.io.ids + at..][..m.rows].copy_from_slice(&r.ids);
+            words[self.io.labels + at..][..m.rows].copy_from_slice(&r.labels);
+            for (w, x) in words[self.io.weights + at..][..m.rows]
+                .iter_mut()
+                .zip(&r.weights)
+            {
+                *w = x.to_bits();
+            }
+            for (i, &p) in r.pos.iter().enumerate() {
+                words[self.io.pos + 2 * (at + i)] = p;
+            }
+            words[self.io.seed + g] = seed;
         }
-        words.push(seed);
         self.b.io.write(0, &words)?;
-        Ok(())
+        Ok(had)
     }
 
-    fn loss_sum(&self) -> Result<f64> {
-        let mut loss = vec![0f32; self.rows];
-        self.b.loss.read(0, &mut loss)?;
+    /// Member `g`'s slice of the per-row losses.
+    fn member_losses(&self, g: usize) -> Result<Vec<f32>> {
+        let m = self.member(g)?;
+        let mut loss = vec![0f32; m.rows];
+        self.b.loss.read(4 * m.row0 as u64, &mut loss)?;
+        Ok(loss)
+    }
+
+    /// Σ of per-row losses, refusing a non-finite one.
+    fn loss_sum(loss: &[f32]) -> Result<f64> {
         if let Some(i) = loss.iter().position(|l| !l.is_finite()) {
             return Err(TrainError::NonFinite(format!(
                 "the loss of row {i} is {}",
@@ -494,74 +585,135 @@ impl Trainer {
         self.finish_micro()
     }
 
-    /// Writes a micro-batch and submits its forward and backward without waiting. Finish it
-    /// with [`Trainer::finish_micro`] before touching this trainer's buffers (parameters,
+    /// Writes a micro-batch of member 0 and submits its forward and backward without waiting
+    /// (the other members, if any, sit the step out). Finish it with
+    /// [`Trainer::finish_micro`] before touching this trainer's buffers (parameters,
     /// moments); `eval`, `optimizer_step` and `set_queue` wait for it themselves.
     pub fn submit_micro(&mut self, r: &Rows, seed: u32) -> Result<()> {
+        self.stage(0, r, seed)?;
+        self.submit_staged()
+    }
+
+    /// Stages member `g`'s next micro-batch (its own shape); [`Trainer::submit_staged`] runs
+    /// every staged member's in one micro-step.
+    pub fn stage(&mut self, g: usize, r: &Rows, seed: u32) -> Result<()> {
         if self.pending {
             return Err(TrainError::Config(
                 "submit_micro: the previous micro-step was not finished".into(),
             ));
         }
-        self.write_rows(r, seed)?;
+        let placed = self.member(g)?.place(r, self.seq_len, self.c.n_vocab)?;
+        self.staged[g] = Some((placed, seed));
+        // an untaken loss of an earlier micro-step is dropped
+        self.losses[g] = None;
+        Ok(())
+    }
+
+    /// Submits one micro-step over every staged member's rows without waiting.
+    pub fn submit_staged(&mut self) -> Result<()> {
+        if self.pending {
+            return Err(TrainError::Config(
+                "submit_micro: the previous micro-step was not finished".into(),
+            ));
+        }
+        if self.staged.iter().all(Option::is_none) {
+            return Err(TrainError::Config(
+                "submit: no micro-batch was staged".into(),
+            ));
+        }
+        let had = self.write_staged()?;
         let chain = self.step_chain.as_mut().ok_or(TrainError::NoChain)?;
         chain.submit()?;
+        self.in_flight = had;
         self.pending = true;
+        Ok(())
+    }
+
+    /// Waits for the micro-step in flight and keeps each of its members' losses until
+    /// [`Trainer::take_loss`].
+    fn wait_micro(&mut self) -> Result<()> {
+        if !self.pending {
+            return Ok(());
+        }
+        self.pending = false;
+        let chain = self.step_chain.as_mut().ok_or(TrainError::NoChain)?;
+        chain.wait()?;
+        for g in 0..self.members.len() {
+            if std::mem::take(&mut self.in_flight[g]) {
+                self.losses[g] = Some(self.member_losses(g)?);
+            }
+        }
         Ok(())
     }
 
     /// Waits for the micro-step [`Trainer::submit_micro`] started and returns its weighted
     /// loss sum.
     pub fn finish_micro(&mut self) -> Result<f64> {
-        if !self.pending {
-            return Err(TrainError::Config(
-                "finish_micro: no micro-step was submitted".into(),
-            ));
-        }
-        let chain = self.step_chain.as_mut().ok_or(TrainError::NoChain)?;
-        self.pending = false;
-        chain.wait()?;
-        self.loss_sum()
+        self.take_loss(0)
     }
 
-    /// Whether a submitted micro-step awaits [`Trainer::finish_micro`].
+    /// Member `g`'s weighted loss sum of the micro-step it was last submitted in, waiting for
+    /// that step if it is still running.
+    pub fn take_loss(&mut self, g: usize) -> Result<f64> {
+        self.member(g)?;
+        if self.pending && self.in_flight[g] {
+            self.wait_micro()?;
+        }
+        let loss = self.losses[g].take().ok_or_else(|| {
+            TrainError::Config("finish_micro: no micro-step was submitted".into())
+        })?;
+        Self::loss_sum(&loss)
+    }
+
+    /// Whether a submitted micro-step has not been waited for.
     pub fn is_pending(&self) -> bool {
         self.pending
     }
 
-    /// Waits for (and discards) an unfinished micro-step, so the buffers are idle.
+    /// Waits for an unfinished micro-step (keeping its losses), so the buffers are idle.
     fn finish_pending(&mut self) -> Result<()> {
-        if self.pending {
-            self.pending = false;
-            if let Some(c) = self.step_chain.as_mut() {
-                c.wait()?;
-            }
-        }
-        Ok(())
+        self.wait_micro()
     }
 
-    /// The weighted loss sum of a micro-batch without touching the gradients (evaluation; no
-    /// dropout).
+    /// The weighted loss sum of a micro-batch of member 0 without touching the gradients.
     pub fn eval(&mut self, r: &Rows) -> Result<f64> {
+        self.eval_of(0, r)
+    }
+
+    /// The weighted loss sum of member `g`'s micro-batch `r` without touching any gradient
+    /// (evaluation; no dropout).
+    pub fn eval_of(&mut self, g: usize, r: &Rows) -> Result<f64> {
         self.finish_pending()?;
-        self.write_rows(r, 0)?;
+        let placed = self.member(g)?.place(r, self.seq_len, self.c.n_vocab)?;
+        // rows staged for the next micro-step wait while the evaluation uses the buffer
+        let staged = std::mem::replace(&mut self.staged, vec![None; self.members.len()]);
+        self.staged[g] = Some((placed, 0));
+        let written = self.write_staged();
+        self.staged = staged;
+        written?;
         let chain = self.eval_chain.as_mut().ok_or(TrainError::NoChain)?;
         chain.run()?;
-        self.loss_sum()
+        Self::loss_sum(&self.member_losses(g)?)
     }
 
-    /// One AdamW step over the accumulated gradients (which it zeroes); returns the global
-    /// gradient norm before clipping.
+    /// One AdamW step over member 0's accumulated gradients.
     pub fn optimizer_step(&mut self, step: &AdamWStep) -> Result<f32> {
+        self.optimizer_step_of(0, step)
+    }
+
+    /// One AdamW step over member `g`'s accumulated gradients (which it zeroes); returns the
+    /// global gradient norm before clipping.
+    pub fn optimizer_step_of(&mut self, g: usize, step: &AdamWStep) -> Result<f32> {
         self.finish_pending()?;
         let ctx = self.context().clone();
-        let n = self.layout.n_params as u32;
+        let m = self.member(g)?;
+        let n = m.layout.n_params as u32;
         let mut chain = Chain::new(&ctx)?;
         chain.set_queue(self.queue)?;
-        let stats = self.b.stats.whole();
+        let stats = m.stats.whole();
         self.tk
             .sum_squares
-            .record(&mut chain, &self.b.grads.whole(), n, &stats, 0)?;
+            .record(&mut chain, &m.grads.whole(), n, &stats, 0)?;
         chain.compute_barrier()?;
         let step = AdamWStep {
             zero_grads: true,
@@ -569,10 +721,10 @@ impl Trainer {
         };
         self.tk.adamw.record(
             &mut chain,
-            &self.b.params.whole(),
-            &self.b.grads.whole(),
-            &self.b.m.whole(),
-            &self.b.v2.whole(),
+            &m.params.whole(),
+            &m.grads.whole(),
+            &m.m.whole(),
+            &m.v2.whole(),
             &stats,
             0,
             n,
@@ -580,7 +732,7 @@ impl Trainer {
         )?;
         chain.run()?;
         let mut ss = [0f32; 1];
-        self.b.stats.read(0, &mut ss)?;
+        m.stats.read(0, &mut ss)?;
         Ok(ss[0].sqrt())
     }
 
@@ -589,8 +741,9 @@ impl Trainer {
         self.context().memory_usage().0
     }
 
-    /// Runs one micro-step on a chain that times every dispatch (GPU timestamps) and returns
-    /// the time per kernel, largest first. Gradients accumulate as in [`Trainer::micro_step`].
+    /// Runs one micro-step of member 0 on a chain that times every dispatch (GPU timestamps)
+    /// and returns the time per kernel, largest first. Gradients accumulate as in
+    /// [`Trainer::micro_step`].
     pub fn profile_step(&mut self, r: &Rows, seed: u32) -> Result<Vec<LabelTime>> {
         if !self.context().caps().timestamps {
             return Err(TrainError::Config(format!(
@@ -599,7 +752,12 @@ impl Trainer {
             )));
         }
         self.finish_pending()?;
-        self.write_rows(r, seed)?;
+        let placed = self.members[0].place(r, self.seq_len, self.c.n_vocab)?;
+        let staged = std::mem::replace(&mut self.staged, vec![None; self.members.len()]);
+        self.staged[0] = Some((placed, seed));
+        let written = self.write_staged();
+        self.staged = staged;
+        written?;
         let mut chain = Chain::with_profiling(self.context())?;
         chain.set_queue(self.queue)?;
         let mut chain = self.record_with(true, chain)?;
@@ -637,7 +795,7 @@ impl Trainer {
 
 impl crate::backend::Backend for Trainer {
     fn layout(&self) -> &LoraLayout {
-        &self.layout
+        Trainer::layout(self)
     }
     fn set_params(&mut self, p: &[f32]) -> Result<()> {
         Trainer::set_params(self, p)

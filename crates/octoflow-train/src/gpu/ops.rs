@@ -6,6 +6,7 @@ use octoflow_kernels::{GemmArgs, LinearArgs, LinearTArgs, QWeightRef, Strides, S
 use octoflow_model::gpu::weights::GpuMatrix;
 use octoflow_vk::{BufferSlice, Chain};
 
+use super::member::Member;
 use super::{Trainer, TARGET_SLOTS};
 use crate::error::Result;
 use crate::lora::{LoraEntry, Target};
@@ -66,29 +67,54 @@ pub(crate) fn salt(e: &LoraEntry) -> u32 {
     (e.layer * TARGET_SLOTS + e.target as usize) as u32
 }
 
+/// One product of [`Trainer::mm_many`]: `C = alpha · op(A) · op(B) + beta · C` of
+/// `[m, k] × [k, n]` (`beta` 0 or 1 where it may be split), with the scratch its split pieces
+/// may use.
+pub(crate) struct Mm {
+    pub a: (BufferSlice, Strides),
+    pub b: (BufferSlice, Strides),
+    pub c: (BufferSlice, usize),
+    pub mnk: [usize; 3],
+    pub alpha: f32,
+    pub beta: f32,
+    pub part: BufferSlice,
+}
+
 impl Trainer {
-    /// `C = alpha · op(A) · op(B) + beta · C` for one (unbatched) product of `[m, k] × [k, n]`,
-    /// `beta` 0 or 1. A product with few output tiles and a long sum (the adapters' `x Aᵀ`,
-    /// `dy B` and their gradients `dyᵀ h`, `dhᵀ x`: one side is the rank, the sum runs over
-    /// the batch's rows) is split along k into pieces computed side by side (the batch index of
-    /// the GEMM) and summed into C by a second pass, so it fills the GPU.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn mm(
-        &self,
-        chain: &mut Chain,
-        a: (&BufferSlice, Strides),
-        b: (&BufferSlice, Strides),
-        c: (&BufferSlice, usize),
-        [m, n, k]: [usize; 3],
-        alpha: f32,
-        beta: f32,
-    ) -> Result<()> {
-        let split = split_k(m, n, k, self.part_floats);
-        if split > 1 && (beta == 0.0 || beta == 1.0) {
-            let ks = k / split;
-            let part = self.b.part.slice(0, 4 * (split * m * n) as u64)?;
-            // the previous split product's sum may still be reading the pieces
+    /// Records independent products side by side (distinct outputs, one barrier phase). A
+    /// product with few output tiles and a long sum (the adapters' `x Aᵀ`, `dy B` and their
+    /// gradients `dyᵀ h`, `dhᵀ x`: one side is the rank, the sum runs over the batch's rows)
+    /// is split along k into pieces computed side by side (the batch index of the GEMM) in its
+    /// own scratch and summed into C by a second pass, so it fills the GPU.
+    pub(crate) fn mm_many(&self, chain: &mut Chain, jobs: &[Mm]) -> Result<()> {
+        let splits: Vec<usize> = jobs
+            .iter()
+            .map(|j| {
+                let [m, n, k] = j.mnk;
+                if j.beta == 0.0 || j.beta == 1.0 {
+                    split_k(m, n, k, (j.part.size / 4) as usize)
+                } else {
+                    1
+                }
+            })
+            .collect();
+        let any_split = splits.iter().any(|&s| s > 1);
+        if any_split {
+            // an earlier split product's sum may still be reading the pieces
             chain.compute_barrier()?;
+        }
+        for (j, &split) in jobs.iter().zip(&splits) {
+            let [m, n, k] = j.mnk;
+            let (part, c_row, c_batch, beta, k, batch) = if split > 1 {
+                let part = j
+                    .part
+                    .buffer
+                    .slice(j.part.offset, 4 * (split * m * n) as u64)?;
+                (part, n, [(m * n) as u32, 0], 0.0, k / split, split)
+            } else {
+                (j.c.0.clone(), j.c.1, [0, 0], j.beta, k, 1)
+            };
+            let ks = (k as u32) * (split > 1) as u32;
             let batched = |s: Strides, step: u32| Strides {
                 batch: [step, 0],
                 ..s
@@ -96,57 +122,49 @@ impl Trainer {
             self.tk.gemm.record(
                 chain,
                 &GemmArgs {
-                    a: a.0,
-                    a_s: batched(a.1, (ks as u32) * a.1.col),
-                    b: b.0,
-                    b_s: batched(b.1, (ks as u32) * b.1.row),
+                    a: &j.a.0,
+                    a_s: batched(j.a.1, ks * j.a.1.col),
+                    b: &j.b.0,
+                    b_s: batched(j.b.1, ks * j.b.1.row),
                     b_div: 1,
                     c: &part,
-                    c_row: n as u32,
-                    c_batch: [(m * n) as u32, 0],
+                    c_row: c_row as u32,
+                    c_batch,
                     m: m as u32,
                     n: n as u32,
-                    k: ks as u32,
+                    k: k as u32,
                     groups: 1,
-                    batch: [split as u32, 1],
-                    alpha,
-                    beta: 0.0,
+                    batch: [batch as u32, 1],
+                    alpha: j.alpha,
+                    beta,
                 },
             )?;
-            chain.compute_barrier()?;
+        }
+        if !any_split {
+            return Ok(());
+        }
+        chain.compute_barrier()?;
+        for (j, &split) in jobs.iter().zip(&splits) {
+            if split == 1 {
+                continue;
+            }
+            let [m, n, _] = j.mnk;
+            let part = j
+                .part
+                .buffer
+                .slice(j.part.offset, 4 * (split * m * n) as u64)?;
             let target = SumTarget {
                 n_rows: n as u32,
                 n_tokens: m as u32,
-                y_stride: c.1 as u32,
+                y_stride: j.c.1 as u32,
                 y_col: 0,
                 bias: false,
-                accumulate: beta == 1.0,
+                accumulate: j.beta == 1.0,
             };
             self.tk
                 .split_sum
-                .record(chain, &part, split as u32, c.0, &part, &target)?;
-            return Ok(());
+                .record(chain, &part, split as u32, &j.c.0, &part, &target)?;
         }
-        self.tk.gemm.record(
-            chain,
-            &GemmArgs {
-                a: a.0,
-                a_s: a.1,
-                b: b.0,
-                b_s: b.1,
-                b_div: 1,
-                c: c.0,
-                c_row: c.1 as u32,
-                c_batch: [0, 0],
-                m: m as u32,
-                n: n as u32,
-                k: k as u32,
-                groups: 1,
-                batch: [1, 1],
-                alpha,
-                beta,
-            },
-        )?;
         Ok(())
     }
 
@@ -241,40 +259,59 @@ impl Trainer {
         Ok(())
     }
 
-    /// The adapter's input: `x`, or while training (`train`) `dropout(x)` into the `xd`
-    /// scratch (same mask in the forward and the backward: the seed word and the salt are the
-    /// same).
-    fn lora_input(
-        &self,
-        chain: &mut Chain,
-        e: &LoraEntry,
-        x: &BufferSlice,
-        train: bool,
-    ) -> Result<BufferSlice> {
-        if self.dropout == 0.0 || !train {
-            return Ok(x.clone());
-        }
-        let n = self.rows * e.n_in;
-        let xd = self.b.xd.slice(0, 4 * n as u64)?;
-        // the scratch may still be read by the previous adapter's products
-        chain.compute_barrier()?;
-        self.tk.dropout.record(
-            chain,
-            x,
-            &xd,
-            n as u32,
-            self.dropout,
-            &self.b.io.whole(),
-            self.io.seed as u32,
-            salt(e),
-        )?;
-        chain.compute_barrier()?;
-        Ok(xd)
+    /// The members with an adapter on `target` of `layer`, with its entry.
+    fn adapted(&self, layer: usize, target: Target) -> Vec<(&Member, LoraEntry)> {
+        self.members
+            .iter()
+            .filter_map(|m| m.layout.get(layer, target).map(|e| (m, *e)))
+            .collect()
     }
 
-    /// `h = x Aᵀ` (kept for the backward) and `y += scale · h Bᵀ` for the adapter on `target`
-    /// of `layer`, if the run has one. x `[T, n_in]`, y `[T, n_out]`; `train`: x through
-    /// dropout.
+    /// Each adapter's input, a member's rows of `x`, or while training (`train`) those rows
+    /// through dropout into the member's rows of the `xd` scratch (same mask in the forward
+    /// and the backward: the member's seed word and the salt are the same).
+    fn lora_inputs(
+        &self,
+        chain: &mut Chain,
+        ms: &[(&Member, LoraEntry)],
+        x: &BufferSlice,
+        train: bool,
+    ) -> Result<Vec<BufferSlice>> {
+        let mut out = Vec::with_capacity(ms.len());
+        let mut masked = false;
+        for (m, e) in ms {
+            let xs = m.rows_of(x, e.n_in)?;
+            if m.dropout == 0.0 || !train {
+                out.push(xs);
+                continue;
+            }
+            if !masked {
+                // the scratch may still be read by the previous adapter's products
+                chain.compute_barrier()?;
+                masked = true;
+            }
+            let xd = m.rows_of(&self.b.xd.whole(), e.n_in)?;
+            self.tk.dropout.record(
+                chain,
+                &xs,
+                &xd,
+                (m.rows * e.n_in) as u32,
+                m.dropout,
+                &self.b.io.whole(),
+                (self.io.seed + m.index) as u32,
+                salt(e),
+            )?;
+            out.push(xd);
+        }
+        if masked {
+            chain.compute_barrier()?;
+        }
+        Ok(out)
+    }
+
+    /// `h = x Aᵀ` (kept for the backward) and `y += scale · h Bᵀ` for every member's adapter
+    /// on `target` of `layer`, each over its rows. x `[T, n_in]`, y `[T, n_out]`; `train`: x
+    /// through dropout.
     pub(crate) fn lora_forward(
         &self,
         chain: &mut Chain,
@@ -284,41 +321,45 @@ impl Trainer {
         y: &BufferSlice,
         train: bool,
     ) -> Result<()> {
-        let Some(e) = self.layout.get(layer, target).copied() else {
+        let ms = self.adapted(layer, target);
+        if ms.is_empty() {
             return Ok(());
-        };
-        let (t, r) = (self.rows, self.layout.rank);
-        let p = self.b.params.whole();
-        let xin = self.lora_input(chain, &e, x, train)?;
-        let h = self.h_slot(target)?;
-        let a = at(&p, e.a, r * e.n_in)?;
-        let b = at(&p, e.b, e.n_out * r)?;
-        self.mm(
-            chain,
-            (&xin, rm(e.n_in)),
-            (&a, tr(e.n_in)),
-            (&h, r),
-            [t, r, e.n_in],
-            1.0,
-            0.0,
-        )?;
+        }
+        let xin = self.lora_inputs(chain, &ms, x, train)?;
+        let (mut shrink, mut expand) = (Vec::new(), Vec::new());
+        for ((m, e), xin) in ms.iter().zip(xin) {
+            let (t, r) = (m.rows, m.layout.rank);
+            let p = m.params.whole();
+            let h = m.h_slot(&self.b.h, target)?;
+            let part = m.part(&self.b.part)?;
+            shrink.push(Mm {
+                a: (xin, rm(e.n_in)),
+                b: (at(&p, e.a, r * e.n_in)?, tr(e.n_in)),
+                c: (h.clone(), r),
+                mnk: [t, r, e.n_in],
+                alpha: 1.0,
+                beta: 0.0,
+                part: part.clone(),
+            });
+            expand.push(Mm {
+                a: (h, rm(r)),
+                b: (at(&p, e.b, e.n_out * r)?, tr(r)),
+                c: (m.rows_of(y, e.n_out)?, e.n_out),
+                mnk: [t, e.n_out, r],
+                alpha: m.layout.scale,
+                beta: 1.0,
+                part,
+            });
+        }
+        self.mm_many(chain, &shrink)?;
         chain.compute_barrier()?;
-        let s = self.layout.scale;
-        self.mm(
-            chain,
-            (&h, rm(r)),
-            (&b, tr(r)),
-            (y, e.n_out),
-            [t, e.n_out, r],
-            s,
-            1.0,
-        )?;
-        Ok(())
+        self.mm_many(chain, &expand)
     }
 
-    /// The adapter's backward given `dy = ∂L/∂y` `[T, n_out]`: accumulates ∂L/∂A and ∂L/∂B into
-    /// the gradient buffer and adds its share of ∂L/∂x into `dx` `[T, n_in]`. `x` is the
-    /// projection's input (as in the forward); `h` is still in its slot from the forward.
+    /// The adapters' backward given `dy = ∂L/∂y` `[T, n_out]`: accumulates each member's
+    /// ∂L/∂A and ∂L/∂B into its gradients and adds its share of ∂L/∂x into its rows of `dx`
+    /// `[T, n_in]`. `x` is the projection's input (as in the forward); `h` is still in its
+    /// slots from the forward.
     pub(crate) fn lora_backward(
         &self,
         chain: &mut Chain,
@@ -328,94 +369,119 @@ impl Trainer {
         dy: &BufferSlice,
         dx: &BufferSlice,
     ) -> Result<()> {
-        let Some(e) = self.layout.get(layer, target).copied() else {
+        let ms = self.adapted(layer, target);
+        if ms.is_empty() {
             return Ok(());
-        };
-        let (t, r, s) = (self.rows, self.layout.rank, self.layout.scale);
-        let (p, g) = (self.b.params.whole(), self.b.grads.whole());
-        let (a, b) = (at(&p, e.a, r * e.n_in)?, at(&p, e.b, e.n_out * r)?);
-        let (ga, gb) = (at(&g, e.a, r * e.n_in)?, at(&g, e.b, e.n_out * r)?);
-        let h = self.h_slot(target)?;
-        let dh = self.b.dh.slice(0, 4 * (t * r) as u64)?;
-        // dB += s · dyᵀ h ; dh = s · dy B
-        self.mm(
-            chain,
-            (dy, tr(e.n_out)),
-            (&h, rm(r)),
-            (&gb, r),
-            [e.n_out, r, t],
-            s,
-            1.0,
-        )?;
-        self.mm(
-            chain,
-            (dy, rm(e.n_out)),
-            (&b, rm(r)),
-            (&dh, r),
-            [t, r, e.n_out],
-            s,
-            0.0,
-        )?;
-        let xin = self.lora_input(chain, &e, x, true)?;
+        }
+        struct Side {
+            a: BufferSlice,
+            ga: BufferSlice,
+            dh: BufferSlice,
+            dx: BufferSlice,
+            part: BufferSlice,
+        }
+        let mut sides = Vec::with_capacity(ms.len());
+        let (mut db, mut dhs) = (Vec::new(), Vec::new());
+        for (m, e) in &ms {
+            let (t, r, s) = (m.rows, m.layout.rank, m.layout.scale);
+            let (p, g) = (m.params.whole(), m.grads.whole());
+            let (a, b) = (at(&p, e.a, r * e.n_in)?, at(&p, e.b, e.n_out * r)?);
+            let (ga, gb) = (at(&g, e.a, r * e.n_in)?, at(&g, e.b, e.n_out * r)?);
+            let h = m.h_slot(&self.b.h, target)?;
+            let dh = m.dh(&self.b.dh)?;
+            let dy = m.rows_of(dy, e.n_out)?;
+            let part = m.part(&self.b.part)?;
+            // dB += s · dyᵀ h ; dh = s · dy B
+            db.push(Mm {
+                a: (dy.clone(), tr(e.n_out)),
+                b: (h, rm(r)),
+                c: (gb, r),
+                mnk: [e.n_out, r, t],
+                alpha: s,
+                beta: 1.0,
+                part: part.clone(),
+            });
+            dhs.push(Mm {
+                a: (dy, rm(e.n_out)),
+                b: (b, rm(r)),
+                c: (dh.clone(), r),
+                mnk: [t, r, e.n_out],
+                alpha: s,
+                beta: 0.0,
+                part: part.clone(),
+            });
+            let dx = m.rows_of(dx, e.n_in)?;
+            sides.push(Side {
+                a,
+                ga,
+                dh,
+                dx,
+                part,
+            });
+        }
+        self.mm_many(chain, &db)?;
+        self.mm_many(chain, &dhs)?;
+        let xin = self.lora_inputs(chain, &ms, x, true)?;
         chain.compute_barrier()?;
-        // dA += dhᵀ x_in
-        self.mm(
-            chain,
-            (&dh, tr(r)),
-            (&xin, rm(e.n_in)),
-            (&ga, e.n_in),
-            [r, e.n_in, t],
-            1.0,
-            1.0,
-        )?;
-        if self.dropout == 0.0 {
-            // dx += dh A
-            self.mm(
-                chain,
-                (&dh, rm(r)),
-                (&a, rm(e.n_in)),
-                (dx, e.n_in),
-                [t, e.n_in, r],
-                1.0,
-                1.0,
-            )?;
-        } else {
-            // dx += dropout_mask(dh A): the mask's derivative, same seed and salt
-            let n = t * e.n_in;
-            let tmp = self.b.xd.slice(0, 4 * n as u64)?;
-            chain.compute_barrier()?;
-            self.mm(
-                chain,
-                (&dh, rm(r)),
-                (&a, rm(e.n_in)),
-                (&tmp, e.n_in),
-                [t, e.n_in, r],
-                1.0,
-                0.0,
-            )?;
-            chain.compute_barrier()?;
+        // dA += dhᵀ x_in ; without dropout, dx += dh A
+        let mut da = Vec::with_capacity(ms.len());
+        let (mut plain, mut masked_dh_a) = (Vec::new(), Vec::new());
+        let mut masked = Vec::new();
+        for (((m, e), xin), sd) in ms.iter().zip(xin).zip(&sides) {
+            let (t, r) = (m.rows, m.layout.rank);
+            da.push(Mm {
+                a: (sd.dh.clone(), tr(r)),
+                b: (xin, rm(e.n_in)),
+                c: (sd.ga.clone(), e.n_in),
+                mnk: [r, e.n_in, t],
+                alpha: 1.0,
+                beta: 1.0,
+                part: sd.part.clone(),
+            });
+            let dh_a = |c: BufferSlice, beta: f32| Mm {
+                a: (sd.dh.clone(), rm(r)),
+                b: (sd.a.clone(), rm(e.n_in)),
+                c: (c, e.n_in),
+                mnk: [t, e.n_in, r],
+                alpha: 1.0,
+                beta,
+                part: sd.part.clone(),
+            };
+            if m.dropout == 0.0 {
+                plain.push(dh_a(sd.dx.clone(), 1.0));
+            } else {
+                let tmp = m.rows_of(&self.b.xd.whole(), e.n_in)?;
+                masked_dh_a.push(dh_a(tmp.clone(), 0.0));
+                masked.push((*m, *e, tmp, sd.dx.clone()));
+            }
+        }
+        self.mm_many(chain, &da)?;
+        self.mm_many(chain, &plain)?;
+        if masked.is_empty() {
+            return Ok(());
+        }
+        // dx += dropout_mask(dh A) for the members with dropout: the mask's derivative, same
+        // seed and salt; dh A lands in the xd scratch once dA has read the inputs there
+        chain.compute_barrier()?;
+        self.mm_many(chain, &masked_dh_a)?;
+        chain.compute_barrier()?;
+        for (m, e, tmp, _) in &masked {
             self.tk.dropout.record(
                 chain,
-                &tmp,
-                &tmp,
-                n as u32,
-                self.dropout,
+                tmp,
+                tmp,
+                (m.rows * e.n_in) as u32,
+                m.dropout,
                 &self.b.io.whole(),
-                self.io.seed as u32,
-                salt(&e),
+                (self.io.seed + m.index) as u32,
+                salt(e),
             )?;
-            chain.compute_barrier()?;
-            self.gm
-                .kernels()
-                .add
-                .record(chain, dx, &tmp, dx, n as u32)?;
+        }
+        chain.compute_barrier()?;
+        for (m, e, tmp, dx) in &masked {
+            let n = (m.rows * e.n_in) as u32;
+            self.gm.kernels().add.record(chain, dx, tmp, dx, n)?;
         }
         Ok(())
-    }
-
-    /// The scratch holding `h = x Aᵀ` `[T, rank]` of `target`.
-    fn h_slot(&self, target: Target) -> Result<BufferSlice> {
-        let n = (self.rows * self.layout.rank) as u64;
-        Ok(self.b.h.slice(4 * n * target as u64, 4 * n)?)
     }
 }

@@ -310,20 +310,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let pacer = args.homeo.start(Some(ctx.caps()), "octoflow train")?;
     let gm = Arc::new(GpuModel::load(&ctx, &model).context("loading the model onto the GPU")?);
     let weights = gm.weight_bytes();
-    let mut trainers = Vec::with_capacity(prepared.len());
-    for p in &prepared {
-        let opts = TrainerOptions {
+    let opts: Vec<TrainerOptions> = prepared
+        .iter()
+        .map(|p| TrainerOptions {
             batch: p.cfg.batch,
             seq_len: p.cfg.seq_len,
             lora: p.cfg.lora.clone(),
-        };
-        let t = Trainer::new(gm.clone(), &opts)
-            .with_context(|| format!("building the training chain of run {}", p.opts.name))?;
-        trainers.push(t);
-    }
+        })
+        .collect();
+    // several runs are the members of one trainer: one chain per micro-step over all of them
+    let mut trainer = Trainer::joint(gm.clone(), &opts).context("building the training chain")?;
     // on tensor cores the input gradients go through f16 copies of Wᵀ (the forward's product
     // kernel) instead of the plain kernel over the quantized weights
-    if trainers.iter().any(Trainer::uses_coop) {
+    if trainer.uses_coop() {
         let t0 = Instant::now();
         match octoflow_train::TransposedWeights::build(&ctx, &model) {
             Ok(t) => {
@@ -332,10 +331,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     mib(t.bytes()),
                     t0.elapsed().as_secs_f64()
                 );
-                let t = Arc::new(t);
-                for tr in trainers.iter_mut().filter(|t| t.uses_coop()) {
-                    tr.set_transposed(Some(t.clone()))?;
-                }
+                trainer.set_transposed(Some(Arc::new(t)))?;
             }
             Err(e) => eprintln!(
                 "octoflow: input gradients through the quantized weights (no room for f16 copies: {e})"
@@ -345,33 +341,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     super::warm::save_pipelines(&ctx); // the training chains are recorded: every pipeline is built
     let caps = ctx.caps();
     if multi {
-        let state: u64 = trainers.iter().map(Trainer::state_bytes).sum();
         eprintln!(
-            "octoflow: train {} on {} ({}) | {} runs over one copy of the weights, {} queue(s) | weights {:.1} MiB + runs {:.1} MiB",
+            "octoflow: train {} on {} ({}) | {} runs over one copy of the weights, one chain, {} rows a micro-step | weights {:.1} MiB + runs {:.1} MiB",
             path.display(),
             caps.name,
             caps.driver_name,
             prepared.len(),
-            ctx.queue_count(),
+            trainer.stacked_rows(),
             mib(weights),
-            mib(state),
+            mib(trainer.state_bytes()),
         );
-        for (p, t) in prepared.iter().zip(&trainers) {
+        for (g, p) in prepared.iter().enumerate() {
             eprintln!(
-                "  {}: {} examples{} | rank {} | {} parameters | {:.1} MiB | {}",
+                "  {}: {} examples{} | rank {} | {} parameters | {}",
                 p.opts.name,
                 p.train.len(),
                 p.eval
                     .as_ref()
                     .map_or(String::new(), |e| format!(" (+{} eval)", e.len())),
                 p.cfg.lora.rank,
-                t.layout().n_params,
-                mib(t.state_bytes()),
+                trainer.layout_of(g)?.n_params,
                 p.opts.output()?.display()
             );
         }
     } else {
-        let (p, trainer) = (&prepared[0], &trainers[0]);
+        let p = &prepared[0];
         eprintln!(
             "octoflow: train {} on {} ({}) | {} examples{} | {} adapters, {} parameters | weights {:.1} MiB, total {:.1} MiB",
             path.display(),
@@ -386,7 +380,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     if args.profile {
-        let (p, trainer) = (&prepared[0], &mut trainers[0]);
+        let p = &prepared[0];
         let rows = octoflow_train::run::first_rows(&p.cfg, &p.train, pad)?;
         trainer.micro_step(&rows, 1)?; // warm-up
         let t0 = Instant::now();
@@ -426,8 +420,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<_>>()?;
     if !multi {
-        let (t, p) = (&mut trainers[0], &prepared[0]);
-        return train_one(t, p, &inputs[0], args.quiet, pacer, "peak device memory");
+        let p = &prepared[0];
+        return train_one(
+            &mut trainer,
+            p,
+            &inputs[0],
+            args.quiet,
+            pacer,
+            "peak device memory",
+        );
     }
     let mp = MultiProgress::new();
     let mut observers: Vec<Bar> = prepared
@@ -451,20 +452,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         })
         .collect();
-    let slots: Vec<RunSlot> = trainers
-        .iter_mut()
-        .zip(&prepared)
+    let slots: Vec<RunSlot> = prepared
+        .iter()
         .zip(&inputs)
         .zip(observers.iter_mut())
-        .map(|(((trainer, p), inputs), observer)| RunSlot {
-            trainer,
+        .map(|((p, inputs), observer)| RunSlot {
             cfg: &p.cfg,
             inputs,
             observer,
         })
         .collect();
     let t0 = Instant::now();
-    let sums = train_many(slots)?;
+    let sums = train_many(&mut trainer, slots)?;
     let wall = t0.elapsed().as_secs_f64();
     for o in &observers {
         if let Some(b) = &o.bar {
@@ -480,7 +479,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let tokens: u64 = observers.iter().map(|o| o.tokens).sum();
-    let state: u64 = trainers.iter().map(Trainer::state_bytes).sum();
+    let state = trainer.state_bytes();
     let measured = sums.iter().map(|s| s.peak_device_bytes).max().unwrap_or(0);
     eprintln!(
         "octoflow: {} runs | {tokens} tokens in {wall:.1} s: {:.0} tok/s together | peak device memory {:.1} MiB = weights {:.1} MiB (once) + runs {:.1} MiB (measured {:.1} MiB)",
