@@ -242,5 +242,12 @@ const uint SAMPLER_WORDS = 8u;
 const uint MIX_BASE = 0u;
 
 // ---- workgroups ----
+const uint O_EVENTS_N = 32u;
+const uint O_TOKENS_N = 33u;
+const uint O_OVERFLOW = 34u;
+const uint O_GEN_LO = 35u;
+const uint O_GEN_HI = 36u;
+const uint O_BAD = 37u;
+const uint O_EVENTS = 40u;
 const uint VM_LOCAL = 64u;
 const uint PLAN_LOCAL = 256u;

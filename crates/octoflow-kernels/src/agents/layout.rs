@@ -368,6 +368,21 @@ layout! {
     /// A row's adapter mix: the base model (`GpuAdapters::mix_of(None)` in octoflow-model).
     MIX_BASE = 0;
 
+    // ---- a chain's outbox (vm_drain): the header's words first (`H_WORDS`) ----
+    /// Events copied (the ring's unread ones, in ring order, from `O_EVENTS`).
+    O_EVENTS_N = 32;
+    /// Tokens of the outputs among them (copied from `O_EVENTS + H_EV_CAP * EVENT_WORDS`
+    /// unless `O_OVERFLOW`).
+    O_TOKENS_N = 33;
+    /// 1: the tokens did not fit; the events keep their arena offsets.
+    O_OVERFLOW = 34;
+    /// Σ generated tokens over the instances, low and high word.
+    O_GEN_LO = 35;
+    O_GEN_HI = 36;
+    /// 1: an output's span reaches past the arena (a corrupt state).
+    O_BAD = 37;
+    O_EVENTS = 40;
+
     // ---- workgroups ----
     /// Invocations per workgroup of `vm_interpret` and `vm_advance` (one instance each).
     VM_LOCAL = 64;

@@ -7,6 +7,8 @@
 //! - [`vm_advance`]: one invocation per instance takes its rows' sampled tokens.
 //! - [`vm_select`]: one invocation picks the row bucket whose recorded forward the step runs
 //!   (skip flags for the gated spans).
+//! - [`vm_drain`]: at the end of a chain, one workgroup moves the header, the unread events
+//!   and their outputs' tokens into the chain's host-visible outbox and empties the ring.
 //! - [`vm_end_step`]: one workgroup counts the live instances, flags a stall and moves to the
 //!   next step, so one chain holds many steps.
 //!
@@ -21,12 +23,14 @@ use crate::operand::need;
 
 pub mod layout;
 pub mod vm_advance;
+pub mod vm_drain;
 pub mod vm_end_step;
 pub mod vm_interpret;
 pub mod vm_plan;
 pub mod vm_select;
 
 pub use vm_advance::VmAdvance;
+pub use vm_drain::VmDrain;
 pub use vm_end_step::VmEndStep;
 pub use vm_interpret::VmInterpret;
 pub use vm_plan::VmPlan;
