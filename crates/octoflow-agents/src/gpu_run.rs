@@ -1,20 +1,26 @@
 //! A run on the GPU: the VM's state lives on the device and one chain holds `K` whole steps —
 //! interpret, plan, the batched forward over the rows the plan wrote, advance, end of step —
-//! so the host submits once per `K` steps and in between only reads the state back (the
-//! events, whether the run is over) and resets the event ring.
+//! then `vm_drain` moves the chain's events, their outputs' tokens and the header into the
+//! chain's host-visible outbox and empties the event ring. There are two such chains with an
+//! outbox each: while the GPU runs one, the host reads the other's outbox (and the next chain
+//! is already queued behind it), so the GPU never waits for the host between chains and the
+//! state is never downloaded mid-run.
 //!
-//! The host [`Run`] is kept as the mirror the state is unpacked into after each submit: its
-//! events, its instances' statuses and its deadlock report are the GPU's. The sampler writes
-//! each token's log-probability beside it, so spans carry scores and `best` runs here too.
+//! The host [`Run`] is the mirror the whole state is unpacked into when the run ends (or
+//! deadlocks): its instances' statuses, spans and deadlock report are the GPU's. The sampler
+//! writes each token's log-probability beside it, so spans carry scores and `best` runs here
+//! too.
 
 use octoflow_kernels::agents::layout::{
-    H_EV_HEAD, H_EV_LOST, H_EV_READ, H_LIVE, H_N, H_N_BOXES, H_N_QUEUES, H_STALLED, H_WORDS,
-    SAMPLER_WORDS,
+    EVENT_WORDS, H_ARENA_USED, H_LIVE, H_N, H_N_BOXES, H_N_QUEUES, H_STALLED, H_STEP_HI, H_STEP_LO,
+    H_WORDS, O_EVENTS, O_EVENTS_N, O_GEN_HI, O_GEN_LO, O_OVERFLOW, O_TOKENS_N, SAMPLER_WORDS,
 };
+use octoflow_kernels::agents::vm_drain::outbox_words;
 use octoflow_kernels::agents::vm_plan::RowShape;
 use octoflow_kernels::agents::vm_select::row_buckets;
 use octoflow_kernels::agents::{
-    step_words, VmAdvance, VmBuffers, VmDims, VmEndStep, VmInterpret, VmPlan, VmRows, VmSelect,
+    step_words, VmAdvance, VmBuffers, VmDims, VmDrain, VmEndStep, VmInterpret, VmPlan, VmRows,
+    VmSelect,
 };
 use octoflow_kernels::gate::Gate;
 use octoflow_model::gpu::{DeviceRows, GpuBatch, GpuModel};
@@ -23,7 +29,7 @@ use octoflow_vk::{gate_words, summarize, Buffer, Chain, Context, LabelTime, Memo
 
 use crate::error::AgentError;
 use crate::event::Event;
-use crate::gpu_state::{pack, unpack, VmImage};
+use crate::gpu_state::{outbox_events, pack, unpack, VmImage};
 use crate::program::Program;
 use crate::run::{Run, RunConfig};
 
@@ -32,11 +38,19 @@ use crate::run::{Run, RunConfig};
 /// an output silently).
 const EVENTS_PER_INSTANCE_STEP: u32 = 2;
 
-/// What one submit did.
+/// Tokens an outbox gathers at most per chain: more (many long outputs in one chain) leave
+/// them in the arena, which the host then reads whole.
+const OUTBOX_TOKENS_PER_INSTANCE: u32 = 256;
+
+/// What one chain did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SubmitReport {
     /// Steps the chain ran.
     pub steps: u32,
+    /// Steps the run has run so far.
+    pub step: u64,
+    /// Tokens generated so far, over all instances.
+    pub generated: u64,
     /// Instances neither halted nor failed afterwards.
     pub live: u32,
     /// The outputs and errors of those steps, in ring order.
@@ -46,6 +60,10 @@ pub struct SubmitReport {
     pub gpu_ns: Option<f64>,
 }
 
+fn vk(e: octoflow_vk::VkError) -> AgentError {
+    AgentError::Gpu(e.to_string())
+}
+
 /// The VM's kernels, built once per device.
 struct Kernels {
     interpret: VmInterpret,
@@ -53,6 +71,7 @@ struct Kernels {
     advance: VmAdvance,
     end: VmEndStep,
     select: VmSelect,
+    drain: VmDrain,
     gate: Gate,
 }
 
@@ -84,9 +103,21 @@ pub struct GpuRun<'m> {
     kernels: Kernels,
     dims: VmDims,
     shape: RowShape,
-    chain: Chain,
+    /// The two chains (identical but for their outboxes) and their outboxes.
+    chains: Vec<Chain>,
+    outboxes: Vec<Buffer>,
+    /// Events the ring holds, tokens an outbox holds.
+    ev_cap: u32,
+    token_cap: u32,
+    /// Chains submitted and not yet read, oldest first; the chain to submit next.
+    in_flight: std::collections::VecDeque<usize>,
+    next: usize,
     steps: u32,
     done: bool,
+    /// The last chain read found the run stalled.
+    stalled: bool,
+    /// Chains submitted so far.
+    submits: u64,
     /// Per-kernel GPU time summed over the submits since profiling was turned on (`None`:
     /// off). Labels are scoped: `vm/…` for the VM's phases, `rows{N}/…` for the forward of
     /// the bucket of `N` rows, skipped or not.
@@ -132,6 +163,7 @@ impl<'m> GpuRun<'m> {
             advance: VmAdvance::new(&ctx).map_err(kernel)?,
             end: VmEndStep::new(&ctx).map_err(kernel)?,
             select: VmSelect::new(&ctx).map_err(kernel)?,
+            drain: VmDrain::new(&ctx).map_err(kernel)?,
             gate: Gate::new(&ctx).map_err(kernel)?,
         };
         let cap = (n as u32)
@@ -199,6 +231,14 @@ impl<'m> GpuRun<'m> {
             MemoryKind::DeviceLocal,
         )
         .map_err(vk)?;
+        let token_cap = (n as u32)
+            .saturating_mul(OUTBOX_TOKENS_PER_INSTANCE)
+            .clamp(4096, 1 << 22);
+        let mut outboxes = Vec::with_capacity(2);
+        for _ in 0..2 {
+            let bytes = 4 * outbox_words(cap, token_cap);
+            outboxes.push(Buffer::new(&ctx, "vm_outbox", bytes, MemoryKind::Readback).map_err(vk)?);
+        }
         let dims = VmDims {
             instances: img.hdr[H_N as usize],
             queues: img.hdr[H_N_QUEUES as usize],
@@ -217,16 +257,23 @@ impl<'m> GpuRun<'m> {
             kernels,
             dims,
             shape,
-            chain: Chain::new(&ctx).map_err(vk)?,
+            chains: Vec::new(),
+            outboxes,
+            ev_cap: cap,
+            token_cap,
+            in_flight: Default::default(),
+            next: 0,
             steps,
             done: false,
+            stalled: false,
+            submits: 0,
             profile: None,
         };
         for rows in bounds {
             let bucket = me.bucket(rows, shape)?;
             me.buckets.push(bucket);
         }
-        me.chain = me.record()?;
+        me.chains = vec![me.record(0)?, me.record(1)?];
         Ok(me)
     }
 
@@ -239,10 +286,34 @@ impl<'m> GpuRun<'m> {
                 self.ctx.caps().name
             )));
         }
+        if !self.in_flight.is_empty() || self.submits > 0 {
+            return Err(AgentError::Gpu(
+                "profiling is switched before the first submit".into(),
+            ));
+        }
         if on != self.profile.is_some() {
             self.profile = on.then(Vec::new);
-            self.chain = self.record()?;
+            self.chains = vec![self.record(0)?, self.record(1)?];
         }
+        Ok(())
+    }
+
+    /// Sets how many tokens a chain's outbox gathers (chains are recorded again; before the
+    /// first submit). A chain whose outputs hold more leaves them in the arena, and the host
+    /// downloads its used part instead: correct, but a transfer that waits for the GPU.
+    pub fn set_outbox_tokens(&mut self, tokens: u32) -> Result<(), AgentError> {
+        if !self.in_flight.is_empty() || self.submits > 0 {
+            return Err(AgentError::Gpu(
+                "the outbox is sized before the first submit".into(),
+            ));
+        }
+        let bytes = 4 * outbox_words(self.ev_cap, tokens);
+        self.outboxes = (0..2)
+            .map(|_| Buffer::new(&self.ctx, "vm_outbox", bytes, MemoryKind::Readback))
+            .collect::<Result<_, _>>()
+            .map_err(vk)?;
+        self.token_cap = tokens;
+        self.chains = vec![self.record(0)?, self.record(1)?];
         Ok(())
     }
 
@@ -278,8 +349,8 @@ impl<'m> GpuRun<'m> {
         }
     }
 
-    /// The chain of `self.steps` steps.
-    fn record(&self) -> Result<Chain, AgentError> {
+    /// The chain of `self.steps` steps draining into outbox `which`.
+    fn record(&self, which: usize) -> Result<Chain, AgentError> {
         let (k, dims, shape) = (&self.kernels, self.dims, self.shape);
         let vk = |e: octoflow_vk::VkError| AgentError::Gpu(e.to_string());
         let kernel = |e: octoflow_kernels::KernelError| AgentError::Gpu(e.to_string());
@@ -302,7 +373,7 @@ impl<'m> GpuRun<'m> {
             Chain::new(&self.ctx)
         }
         .map_err(vk)?;
-        // after the host's writes of the header (the ring reset) and the previous submit
+        // after the previous chain's work (it may still run when this one is submitted)
         chain.barrier().map_err(vk)?;
         for _ in 0..self.steps {
             chain.set_scope(Some("vm"));
@@ -367,6 +438,16 @@ impl<'m> GpuRun<'m> {
                 .map_err(kernel)?;
             chain.compute_barrier().map_err(vk)?;
         }
+        k.drain
+            .record(
+                &mut chain,
+                &state,
+                dims.instances,
+                self.ev_cap,
+                &self.outboxes[which].whole(),
+                self.token_cap,
+            )
+            .map_err(kernel)?;
         chain.set_scope(None);
         chain.finish().map_err(vk)?;
         Ok(chain)
@@ -434,21 +515,53 @@ impl<'m> GpuRun<'m> {
         })
     }
 
-    /// Runs one submit of `steps` steps and reads the state back into the host mirror.
+    /// Waits for the oldest chain in flight and returns what it did; before waiting, keeps
+    /// two chains submitted, so the GPU runs the next while the host reads this one's outbox.
+    /// When a chain ends the run (no instance live) or finds it stalled, the chains still in
+    /// flight are waited for, the whole state is read back into the host mirror
+    /// ([`GpuRun::run`]) and the run is over ([`GpuRun::finished`]; a stall is
+    /// [`AgentError::Deadlock`]).
     pub fn submit(&mut self) -> Result<SubmitReport, AgentError> {
-        let vk = |e: octoflow_vk::VkError| AgentError::Gpu(e.to_string());
         if self.done {
             return Err(AgentError::Gpu("the run is over".into()));
         }
-        let hdr = &self.state[0];
-        self.ctx
-            .upload(hdr, 4 * u64::from(H_EV_HEAD), &[0u32, 0, 0])
-            .map_err(vk)?;
-        debug_assert_eq!((H_EV_READ, H_EV_LOST), (H_EV_HEAD + 1, H_EV_HEAD + 2));
-        self.chain.run().map_err(vk)?;
+        while self.in_flight.len() < 2 {
+            let c = self.next;
+            self.chains[c].submit().map_err(vk)?;
+            self.submits += 1;
+            self.in_flight.push_back(c);
+            self.next = 1 - c;
+        }
+        let mut report = self.read_next()?;
+        let stalled = self.stalled;
+        if report.live == 0 || stalled {
+            // the chains behind it ran on a finished or stalled state: nothing more happens
+            while !self.in_flight.is_empty() {
+                let more = self.read_next()?;
+                report.events.extend(more.events);
+                report.gpu_ns = report.gpu_ns.zip(more.gpu_ns).map(|(a, b)| a + b);
+            }
+            self.done = true;
+            let image = self.download()?;
+            unpack(&mut self.run, &image).map_err(|e| AgentError::Gpu(e.to_string()))?;
+            if stalled {
+                return Err(AgentError::Deadlock(self.run.deadlock_report()));
+            }
+        }
+        Ok(report)
+    }
+
+    /// Waits for the oldest chain in flight and decodes its outbox.
+    fn read_next(&mut self) -> Result<SubmitReport, AgentError> {
+        let c = self
+            .in_flight
+            .pop_front()
+            .ok_or_else(|| AgentError::Gpu("no chain in flight".into()))?;
+        let chain = &mut self.chains[c];
+        chain.wait().map_err(vk)?;
         let gpu_ns = match self.profile.as_mut() {
             Some(total) => {
-                let times = self.chain.timings().map_err(vk)?.unwrap_or_default();
+                let times = chain.timings().map_err(vk)?.unwrap_or_default();
                 let ns = times.iter().map(|t| t.ns).sum::<f64>();
                 for t in summarize(&times) {
                     match total.iter_mut().find(|l| l.label == t.label) {
@@ -463,24 +576,53 @@ impl<'m> GpuRun<'m> {
                 total.sort_by(|a, b| b.total_ns.total_cmp(&a.total_ns));
                 Some(ns)
             }
-            None => self.chain.span_ns().map_err(vk)?,
+            None => chain.span_ns().map_err(vk)?,
         };
-        let image = self.download()?;
-        let h = |at: u32| image.hdr[at as usize];
-        let stalled = h(H_STALLED) != 0;
-        let live = h(H_LIVE);
-        let events = unpack(&mut self.run, &image).map_err(|e| AgentError::Gpu(e.to_string()))?;
-        if stalled {
-            self.done = true;
-            return Err(AgentError::Deadlock(self.run.deadlock_report()));
-        }
-        self.done = live == 0;
+        let outbox = &self.outboxes[c];
+        let mut counts = vec![0u32; O_EVENTS as usize];
+        outbox.read(0, &mut counts).map_err(vk)?;
+        let n_ev = counts[O_EVENTS_N as usize].min(self.ev_cap) as usize;
+        let mut head = counts.clone();
+        head.resize(O_EVENTS as usize + n_ev * EVENT_WORDS as usize, 0);
+        outbox
+            .read(4 * u64::from(O_EVENTS), &mut head[O_EVENTS as usize..])
+            .map_err(vk)?;
+        let tokens = if counts[O_OVERFLOW as usize] != 0 {
+            // not gathered: the arena (which only grows) still holds them
+            self.arena_tokens()?
+        } else {
+            let n = counts[O_TOKENS_N as usize].min(self.token_cap) as usize;
+            let at = u64::from(O_EVENTS) + u64::from(self.ev_cap) * u64::from(EVENT_WORDS);
+            let mut t = vec![0u32; n];
+            if n > 0 {
+                outbox.read(4 * at, &mut t).map_err(vk)?;
+            }
+            t
+        };
+        let events =
+            outbox_events(&self.run, &head, &tokens).map_err(|e| AgentError::Gpu(e.to_string()))?;
+        let h = |at: u32| counts[at as usize];
+        self.stalled = h(H_STALLED) != 0;
         Ok(SubmitReport {
             steps: self.steps,
-            live,
+            step: u64::from(h(H_STEP_LO)) | (u64::from(h(H_STEP_HI)) << 32),
+            generated: u64::from(h(O_GEN_LO)) | (u64::from(h(O_GEN_HI)) << 32),
+            live: h(H_LIVE),
             events,
             gpu_ns,
         })
+    }
+
+    /// The arena's used tokens, downloaded.
+    fn arena_tokens(&self) -> Result<Vec<u32>, AgentError> {
+        let mut hdr = vec![0u32; H_WORDS as usize];
+        self.ctx.download(&self.state[0], 0, &mut hdr).map_err(vk)?;
+        let used = (hdr[H_ARENA_USED as usize] as usize).min(self.sizes[3]);
+        let mut out = vec![0u32; used];
+        if used > 0 {
+            self.ctx.download(&self.state[3], 0, &mut out).map_err(vk)?;
+        }
+        Ok(out)
     }
 
     /// The state's words: the header first (for the arena's used length), then every buffer
@@ -514,9 +656,15 @@ impl<'m> GpuRun<'m> {
         self.done
     }
 
-    /// The host mirror: the run as of the last submit.
+    /// The host mirror: the run as it started, and once [`GpuRun::finished`], as it ended.
     pub fn run(&self) -> &Run {
         &self.run
+    }
+
+    /// Chains submitted so far (one more than read while the run goes on: the next is
+    /// queued behind the one being read).
+    pub fn submits(&self) -> u64 {
+        self.submits
     }
 
     /// Steps per submit.

@@ -381,4 +381,4 @@ fn pack_boxes(run: &Run) -> Result<Vec<u32>, StateError> {
 
 mod unpack;
 
-pub use unpack::{fault_args, unpack};
+pub use unpack::{fault_args, outbox_events, unpack};

@@ -2,7 +2,7 @@
 //! stepping the same GPU batch engine: the same outputs, token for token, on a tiny random
 //! model (lavapipe in CI), and the same scores within a bound.
 
-use octoflow_agents::{assemble, Event, GpuRun, Pattern, Run, RunConfig};
+use octoflow_agents::{assemble, AgentError, Event, GpuRun, Pattern, Run, RunConfig};
 use octoflow_model::gpu::GpuModel;
 use octoflow_model::testing::{rng, tiny_model, TINY};
 use octoflow_vk::testing::gpu_or_skip;
@@ -171,7 +171,9 @@ fn a_run_on_the_gpu_gives_the_host_interpreters_outputs() {
             want.sort_by(|a, b| a.0.cmp(&b.0));
             drop(engine);
 
-            for steps in [1u32, 5] {
+            // 1 and 5 steps a chain; then 5 with a one-token outbox, so every chain's
+            // outputs stay in the arena and the host reads them there
+            for (steps, outbox) in [(1u32, None), (5, None), (5, Some(1))] {
                 let mut gpu = GpuRun::new(
                     &gm,
                     program.clone(),
@@ -182,6 +184,9 @@ fn a_run_on_the_gpu_gives_the_host_interpreters_outputs() {
                     steps,
                 )
                 .unwrap();
+                if let Some(tokens) = outbox {
+                    gpu.set_outbox_tokens(tokens).unwrap();
+                }
                 let mut got = Outputs::new();
                 let mut submits = 0;
                 while !gpu.finished() {
@@ -194,11 +199,61 @@ fn a_run_on_the_gpu_gives_the_host_interpreters_outputs() {
                     winners_are_the_best_scored(gpu.run(), &got, instances);
                 }
                 got.sort_by(|a, b| a.0.cmp(&b.0));
-                let what =
-                    format!("{pattern:?} at temperature {temperature}, {steps} steps a submit");
+                let what = format!(
+                    "{pattern:?} at temperature {temperature}, {steps} steps a submit, outbox {outbox:?}"
+                );
                 assert_same(&got, &want, &what, rel);
                 assert!(!got.is_empty());
             }
         }
     }
+}
+
+/// A run whose every live instance waits for what cannot come ends the GPU run with the host
+/// interpreter's deadlock report (the state read back whole from the GPU), and submits stop.
+#[test]
+fn a_stalled_run_on_the_gpu_reports_the_hosts_deadlock() {
+    let Some(ctx) = gpu_or_skip("gpu_run_deadlock") else {
+        return;
+    };
+    let mut r = rng("gpu_run_deadlock");
+    let model = tiny_model("llama", TINY, &mut r);
+    let gm = GpuModel::load(&ctx, &model).unwrap();
+    let src = "
+.mailbox m 2
+.queue q 2
+    bne %id, 0, other
+    wait m, 1
+    halt
+other:
+    take q, done
+done:
+    halt
+";
+    let program = assemble(src, &tokenize).unwrap();
+    let cfg = config(2, 0.0);
+    let mut engine = gm.batch(2, N_CTX, MAX_ROWS).unwrap();
+    let mut host = Run::new(program.clone(), cfg.clone(), vec![], &engine).unwrap();
+    let want = loop {
+        if let Err(e) = host.step(&mut engine) {
+            break e.to_string();
+        }
+        assert!(host.steps() < 100, "the host never stalled");
+    };
+    drop(engine);
+    let mut gpu = GpuRun::new(&gm, program, cfg, vec![], N_CTX, MAX_ROWS, 3).unwrap();
+    let err = loop {
+        match gpu.submit() {
+            Ok(report) => assert!(report.events.is_empty(), "{:?}", report.events),
+            Err(e) => break e,
+        }
+        assert!(gpu.submits() < 100, "the GPU run never stalled");
+    };
+    assert!(matches!(err, AgentError::Deadlock(_)), "{err}");
+    assert_eq!(err.to_string(), want);
+    assert!(gpu.finished());
+    assert!(
+        gpu.submit().is_err(),
+        "a finished run takes no more submits"
+    );
 }

@@ -244,18 +244,52 @@ fn events(run: &Run, image: &VmImage) -> Result<Vec<Event>, StateError> {
     for k in 0..pending {
         let at = (read.wrapping_add(k) % cap) as usize * EVENT_WORDS as usize;
         let e = slice(&image.events, at, EVENT_WORDS as usize, "an event")?;
-        out.push(event(run, e)?);
+        out.push(event(run, e, &run.mem.arena.tokens)?);
     }
     Ok(out)
 }
 
-fn event(run: &Run, e: &[u32]) -> Result<Event, StateError> {
+/// The events of a chain's outbox (`vm_drain`), in ring order. `head` is the outbox's first
+/// words: the header as the chain left it, the counters and the events (`O_EVENTS +
+/// O_EVENTS_N × EVENT_WORDS`); `tokens` the outbox's gathered tokens, or the arena's from 0
+/// when they did not fit (`O_OVERFLOW`: the events keep arena offsets; the arena only grows,
+/// so the spans are still there).
+pub fn outbox_events(run: &Run, head: &[u32], tokens: &[u32]) -> Result<Vec<Event>, StateError> {
+    let o = |at: u32| head.get(at as usize).copied().unwrap_or(0);
+    let (cap, lost) = (o(H_EV_CAP), o(H_EV_LOST));
+    if head.len() < O_EVENTS as usize {
+        return Err(corrupt(format!("an outbox of {} words", head.len())));
+    }
+    if lost > 0 {
+        return Err(StateError::EventsLost { lost, cap });
+    }
+    if o(O_BAD) != 0 {
+        return Err(corrupt("an output's span reaches past the arena".into()));
+    }
+    let n_ev = o(O_EVENTS_N);
+    if n_ev > cap {
+        return Err(corrupt(format!("{n_ev} events in a ring of {cap}")));
+    }
+    let ew = EVENT_WORDS as usize;
+    let records = slice(
+        head,
+        O_EVENTS as usize,
+        n_ev as usize * ew,
+        "the outbox's events",
+    )?;
+    records
+        .chunks_exact(ew)
+        .map(|e| event(run, e, tokens))
+        .collect()
+}
+
+fn event(run: &Run, e: &[u32], arena: &[u32]) -> Result<Event, StateError> {
     let g = |at: u32| e[at as usize];
     let instance = g(E_INSTANCE);
     match g(E_KIND) {
         EV_OUTPUT => {
             let (offset, len) = (g(E_OFFSET) as usize, g(E_LEN) as usize);
-            let tokens = slice(&run.mem.arena.tokens, offset, len, "an output's tokens")?;
+            let tokens = slice(arena, offset, len, "an output's tokens")?;
             Ok(Event::Output {
                 instance,
                 task: (g(E_PARENT) != crate::isa::NO_TASK).then(|| g(E_PARENT)),

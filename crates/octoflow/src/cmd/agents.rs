@@ -358,23 +358,17 @@ fn drive_gpu(
     pacer: &octoflow_homeo::Pacer,
 ) -> anyhow::Result<Stats> {
     let bar = progress();
-    let mut submits = 0u64;
     let mut gpu_ns: Option<f64> = Some(0.0);
     while !gpu.finished() {
         pacer.before_submit();
         let report = gpu.submit().context("running the GPU's steps")?;
-        submits += 1;
         gpu_ns = gpu_ns.zip(report.gpu_ns).map(|(a, b)| a + b);
         for event in report.events {
             sink.write(event)?;
         }
-        let run = gpu.run();
         bar.set_message(format!(
             "step {} | {} live | {} outputs | {} tokens",
-            run.steps(),
-            report.live,
-            sink.lines.outputs,
-            run.generated()
+            report.step, report.live, sink.lines.outputs, report.generated
         ));
         bar.tick();
     }
@@ -385,7 +379,7 @@ fn drive_gpu(
     }
     Ok(Stats {
         steps: run.steps(),
-        submits,
+        submits: gpu.submits(),
         generated: run.generated(),
         gpu_seconds: gpu_ns.map(|ns| ns * 1e-9),
     })
