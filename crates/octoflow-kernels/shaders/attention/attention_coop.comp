@@ -11,14 +11,16 @@
 //
 // Workgroup (x, y) = (tile of BR = 64 tokens, query head y): 4 subgroups of 32, each owning 16
 // tokens, whose q rows stay in registers as D / 16 A fragments. Keys go by blocks of BC rows,
-// every K (and V) block loaded once into shared memory for the whole workgroup. Two passes over
-// the workgroup's key range: the first computes each row's score maximum m and sum
-// l = sum exp(s - m) (online, rescaled when the maximum grows), the second computes the scores
-// again, the weights exp(s - m) (f16, in shared memory) and accumulates weights x V in
-// cooperative-matrix accumulators — no per-row rescaling of the output, which a cooperative
-// matrix's opaque layout would not allow. Scores pass through shared memory (each subgroup's
-// 16 x BC tile) where two lanes per row apply the scale, the causal / window mask and the
-// softmax. The output is divided by l on its way out.
+// every K and V block loaded once into shared memory for the whole workgroup. One pass over the
+// workgroup's key range (flash attention): each block's scores, then its softmax weights
+// exp(s - m) (f16, in shared memory) against a running row maximum m, then weights x V into
+// cooperative-matrix accumulators. A cooperative matrix's layout is opaque, so the output's rows
+// cannot be rescaled in registers whenever m grows; m therefore lags the true maximum by at most
+// GROW (weights stay below 2^GROW, exact in f16), and only a block that passes it by more makes
+// the subgroup rescale its accumulators through shared memory — at the first blocks of a row,
+// rarely later. Scores pass through shared memory (each subgroup's 16 x BC tile) where two lanes
+// per row apply the scale, the causal / window mask and the softmax. The output is divided by
+// l on its way out.
 //
 // Split-K (flash decoding): workgroup z = piece s of n_split covers an even share of the tile's
 // key blocks (the range is known only here: positions are read on the GPU). With n_split > 1
@@ -36,6 +38,7 @@
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_KHR_shader_subgroup_vote : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_GOOGLE_include_directive : require
 #include "kv.glsl"
@@ -58,6 +61,9 @@
 #define SS (BC + 1u)          // shared stride of score rows: lanes of one key index, 16 rows
                               // apart, fall in different banks (BC alone: a 16-way conflict)
 #define NEG_BIG -1.0e30       // "nothing seen yet": finite, so exp(NEG_BIG - NEG_BIG) = 1
+#define LOG2E 1.4426950408889634
+#define GROW 11.0             // how far (in log2 units) a block's maximum may pass m before the
+                              // rescale: weights stay below 2^11, far inside f16's range
 
 layout(local_size_x = WGS) in;
 
@@ -91,29 +97,43 @@ shared f16vec4 ps[NSG * 16u * LDP]; // per-subgroup weights [row][key]
 #define MATA coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
 #define MATB coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
 
-// Loads keys [kb, kb + BC) of KV head hk (and their values with `values`) into shared memory,
-// zeros past `kend`.
-void load_block(uint kb, uint kend, uint hk, bool values, uint tid) {
-    [[unroll]] for (uint e0 = 0u; e0 < BC * D4; e0 += WGS) {
-        uint e = e0 + tid;
+// The next block's keys and values travel in registers while the current one is computed
+// (PER 4-vectors of each per lane), as stored in the cache; they are decoded, zeroed past the
+// range and rounded to f16 on their way to shared memory.
+#define PER (BC * D4 / WGS)
+#ifdef KV_Q8
+#define PRE_T uvec2 // a word of four int8s and its block's scale
+#define PRE_LD(buf, g) uvec2(buf[((g) >> 3u) * 9u + 1u + ((g) & 7u)], buf[((g) >> 3u) * 9u])
+#define PRE_VAL(p_) (q8_unpack((p_).x) * uintBitsToFloat((p_).y))
+#else
+#define PRE_T KV4_T
+#define PRE_LD(buf, g) buf[g]
+#define PRE_VAL(x) vec4(x)
+#endif
+PRE_T kpre[PER];
+PRE_T vpre[PER];
+
+// Starts loading keys and values [kb, kb + BC) of KV head hk (rows past `kend` read the last
+// one; store_block zeros them).
+void fetch_block(uint kb, uint kend, uint hk, uint tid) {
+    [[unroll]] for (uint i = 0u; i < PER; i++) {
+        uint e = i * WGS + tid;
+        uint j = min(kb + e / D4, kend - 1u);
+        uint g = (j * pc.n_head_kv + hk) * D4 + e % D4;
+        kpre[i] = PRE_LD(k4, g);
+        vpre[i] = PRE_LD(v4, g);
+    }
+}
+
+// The fetched block into shared memory, zeros past `kend`.
+void store_block(uint kb, uint kend, uint tid) {
+    [[unroll]] for (uint i = 0u; i < PER; i++) {
+        uint e = i * WGS + tid;
         uint r = e / D4;
         uint c = e % D4;
-        uint j = kb + r;
-        uint g = (j * pc.n_head_kv + hk) * D4 + c;
-#ifdef KV_Q8
-        vec4 kx = j < kend ? q8_ld4(k4, g * 4u) : vec4(0.0);
-#else
-        vec4 kx = j < kend ? vec4(k4[g]) : vec4(0.0);
-#endif
-        kv[r * LD + c] = f16vec4(kx);
-        if (values) {
-#ifdef KV_Q8
-            vec4 vx = j < kend ? q8_ld4(v4, g * 4u) : vec4(0.0);
-#else
-            vec4 vx = j < kend ? vec4(v4[g]) : vec4(0.0);
-#endif
-            kv[BC * LD + r * LD + c] = f16vec4(vx);
-        }
+        bool in_range = kb + r < kend;
+        kv[r * LD + c] = f16vec4(in_range ? PRE_VAL(kpre[i]) : vec4(0.0));
+        kv[BC * LD + r * LD + c] = f16vec4(in_range ? PRE_VAL(vpre[i]) : vec4(0.0));
     }
 }
 
@@ -181,49 +201,78 @@ void main() {
     uint srow = sbase + row * SS + k0;
     uint prow = sg * 16u * LDP + row * LDP + k0 / 4u;
 
-    // Pass 1: row maxima and sums.
+    // One pass: per block, scores, then weights exp(s - m) against the row's reference maximum
+    // m, then weights x V into the accumulators. m follows the true maximum lazily: only when a
+    // block's maximum passes it by more than GROW does the subgroup rescale (l and its
+    // accumulators, through the staging tile); otherwise weights up to 2^GROW are exact in f16
+    // and l, the output and the merge all use the same m. Scores, m and the weights' exponents
+    // are in log2 units (exp2 is the hardware's).
+    float sl = pc.scale * LOG2E;
     float m = NEG_BIG;
     float l = 0.0;
-    for (uint kb = kbeg; kb < kend; kb += BC) {
-        load_block(kb, kend, hk, false, tid);
-        barrier();
-        scores(qa, sbase);
-        float sv[HALF];
-        float bm = NEG_BIG;
-        [[unroll]] for (uint i = 0u; i < HALF; i++) {
-            uint j = kb + k0 + i;
-            sv[i] = (j >= first && j < last) ? pc.scale * ss[srow + i] : NEG_BIG;
-            bm = max(bm, sv[i]);
-        }
-        bm = max(bm, subgroupShuffleXor(bm, 16u));
-        float mn = max(m, bm);
-        float bl = 0.0;
-        [[unroll]] for (uint i = 0u; i < HALF; i++) {
-            bl += sv[i] > NEG_BIG ? exp(sv[i] - mn) : 0.0;
-        }
-        bl += subgroupShuffleXor(bl, 16u);
-        l = l * exp(m - mn) + bl;
-        m = mn;
-        barrier();
-    }
-
-    // Pass 2: weights exp(s - m) times V.
+    // keys [clear_from, clear_to) are visible to every row of the tile below n_tokens
+    uint p_last = pos0 + t_last;
+    uint clear_from = (pc.window > 0u && p_last + 1u > pc.window) ? p_last + 1u - pc.window : 0u;
+    uint clear_to = min(pos0 + t0 + 1u, pc.n_kv_rows);
+    bool started = false; // the accumulators hold something (uniform)
     ACC acc[FD];
     [[unroll]] for (uint i = 0u; i < FD; i++) {
         acc[i] = ACC(0.0);
     }
+    if (kbeg < kend) {
+        fetch_block(kbeg, kend, hk, tid);
+    }
     for (uint kb = kbeg; kb < kend; kb += BC) {
-        load_block(kb, kend, hk, true, tid);
+        store_block(kb, kend, tid);
         barrier();
+        if (kb + BC < kend) {
+            fetch_block(kb + BC, kend, hk, tid);
+        }
         scores(qa, sbase);
+        // a block every real row of the tile sees whole needs no mask
+        bool clear = kb >= clear_from && kb + BC <= clear_to;
+        float sv[HALF];
+        float bm = NEG_BIG;
+        [[unroll]] for (uint i = 0u; i < HALF; i++) {
+            uint j = kb + k0 + i;
+            sv[i] = (clear || (j >= first && j < last)) ? sl * ss[srow + i] : NEG_BIG;
+            bm = max(bm, sv[i]);
+        }
+        bm = max(bm, subgroupShuffleXor(bm, 16u));
+        if (subgroupAny(bm > m + GROW)) {
+            float mn = max(m, bm);
+            float f = exp2(m - mn);
+            l *= f;
+            m = mn;
+            if (started) {
+                // every row of every accumulator times its factor (scores are in sv by now)
+                subgroupBarrier();
+                [[unroll]] for (uint i = 0u; i < FD; i++) {
+                    coopMatStore(acc[i], ss, sbase, 16u, gl_CooperativeMatrixLayoutRowMajor);
+                    subgroupMemoryBarrierShared();
+                    subgroupBarrier();
+                    [[unroll]] for (uint e0 = 0u; e0 < 256u; e0 += 32u) {
+                        uint e = e0 + lane;
+                        ss[sbase + e] *= subgroupShuffle(f, e / 16u);
+                    }
+                    subgroupMemoryBarrierShared();
+                    subgroupBarrier();
+                    coopMatLoad(acc[i], ss, sbase, 16u, gl_CooperativeMatrixLayoutRowMajor);
+                    subgroupBarrier();
+                }
+            }
+        }
+        float bl = 0.0;
         [[unroll]] for (uint i = 0u; i < HALF; i += 4u) {
             vec4 w;
             [[unroll]] for (uint u = 0u; u < 4u; u++) {
                 uint j = kb + k0 + i + u;
-                w[u] = (j >= first && j < last) ? exp(pc.scale * ss[srow + i + u] - m) : 0.0;
+                w[u] = (clear || (j >= first && j < last)) ? exp2(sv[i + u] - m) : 0.0;
             }
+            bl += (w.x + w.y) + (w.z + w.w);
             ps[prow + i / 4u] = f16vec4(w);
         }
+        l += bl + subgroupShuffleXor(bl, 16u);
         subgroupMemoryBarrierShared();
         subgroupBarrier();
         [[unroll]] for (uint c = 0u; c < FC; c++) {
@@ -236,6 +285,7 @@ void main() {
                 acc[i] = coopMatMulAdd(pa, vb, acc[i]);
             }
         }
+        started = true;
         barrier();
     }
 
@@ -244,10 +294,10 @@ void main() {
     bool split = pc.n_split > 1u;
     uint n_rows = pc.n_tokens * pc.n_head;
     // the row's softmax denominator: l, plus the sink's column (no value) with sinks
-    float den = l + (pc.has_sinks != 0u && !split ? exp(sinks[h] - m) : 0.0);
+    float den = l + (pc.has_sinks != 0u && !split ? exp2(sinks[h] * LOG2E - m) : 0.0);
     if (split && lane < 16u && t < pc.n_tokens) {
         uint mb = n_rows * pc.n_split * D + 2u * ((t * pc.n_head + h) * pc.n_split + piece);
-        part[mb] = m;
+        part[mb] = m / LOG2E; // the merge works in natural units
         part[mb + 1u] = l;
     }
     [[unroll]] for (uint i = 0u; i < FD; i++) {

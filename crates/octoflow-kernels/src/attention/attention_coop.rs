@@ -201,7 +201,10 @@ mod tests {
             return;
         };
         let (seed, mut rng) = crate::testkit::seeded(module_path!());
-        for case in 0..12 {
+        // cases 12..15: keys that grow along the cache, so the scores' running maximum keeps
+        // rising block after block (the kernel's rescale of its accumulators)
+        for case in 0..15 {
+            let growing = case >= 12;
             let hd = if case % 2 == 0 { 64 } else { 128 };
             let n_kv = [1usize, 2, 4][case % 3];
             let n_head = n_kv * [1usize, 3, 7][(case / 3) % 3];
@@ -249,7 +252,13 @@ mod tests {
                 1 => KvType::F16,
                 _ => KvType::Q8_0,
             };
-            let kc = kv.decode(&kv.encode(&gen(rows * n_kv * hd)));
+            let mut kraw = gen(rows * n_kv * hd);
+            if growing {
+                for (i, x) in kraw.iter_mut().enumerate() {
+                    *x *= 1.0 + (i / (n_kv * hd)) as f32 / 16.0;
+                }
+            }
+            let kc = kv.decode(&kv.encode(&kraw));
             let vc = kv.decode(&kv.encode(&gen(rows * n_kv * hd)));
             let (qb, kb, vb) = (
                 with(&ctx, "q", &q),
@@ -302,8 +311,8 @@ mod tests {
             if let Err(e) = check_mag(&read(&ctx, &ob, want.len()), &want, &mag, REL_COOP) {
                 panic!(
                     "attention_coop {n_tok} tokens {n_head}/{n_kv} heads d {hd} rows {rows} \
-                     window {window} at {start}, split {split}, sinks {sinks}, {kv} caches \
-                     (seed {seed}): {e}"
+                     window {window} at {start}, split {split}, sinks {sinks}, {kv} caches, \
+                     growing keys {growing} (seed {seed}): {e}"
                 );
             }
         }

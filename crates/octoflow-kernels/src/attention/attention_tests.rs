@@ -203,9 +203,12 @@ fn attention_timing() {
         ("gemma pp64@0", 64, 4, 1, 256, 512, 0),
         ("gemma pp256@256", 256, 4, 1, 256, 512, 256),
         ("gemma tg@511", 1, 4, 1, 256, 512, 511),
+        ("qwen pp512@8192", 512, 14, 2, 64, 0, 8192),
+        ("qwen pp512@31488", 512, 14, 2, 64, 0, 31488),
+        ("llama pp512@8192", 512, 32, 8, 128, 0, 8192),
     ];
-    let rows = 4096usize;
     for (label, n_tok, n_head, n_kv, hd, window, start) in cases {
+        let rows = (start + n_tok).max(4096);
         let q = with(&ctx, "q", &vec![0.01f32; n_tok * n_head * hd]);
         let kc = with(&ctx, "k", &vec![0.02f32; rows * n_kv * hd]);
         let vc = with(&ctx, "v", &vec![0.03f32; rows * n_kv * hd]);
