@@ -613,11 +613,16 @@ impl<'m> GpuRun<'m> {
         })
     }
 
+    /// The arena's used length by header words `hdr` (at most its buffer).
+    fn arena_used(&self, hdr: &[u32]) -> usize {
+        (hdr[H_ARENA_USED as usize] as usize).min(self.sizes[3])
+    }
+
     /// The arena's used tokens, downloaded.
     fn arena_tokens(&self) -> Result<Vec<u32>, AgentError> {
         let mut hdr = vec![0u32; H_WORDS as usize];
         self.ctx.download(&self.state[0], 0, &mut hdr).map_err(vk)?;
-        let used = (hdr[H_ARENA_USED as usize] as usize).min(self.sizes[3]);
+        let used = self.arena_used(&hdr);
         let mut out = vec![0u32; used];
         if used > 0 {
             self.ctx.download(&self.state[3], 0, &mut out).map_err(vk)?;
@@ -637,8 +642,7 @@ impl<'m> GpuRun<'m> {
             Ok(out)
         };
         let hdr = read(0, H_WORDS as usize)?;
-        let used = (hdr[octoflow_kernels::agents::layout::H_ARENA_USED as usize] as usize)
-            .min(self.sizes[3]);
+        let used = self.arena_used(&hdr);
         Ok(VmImage {
             hdr,
             prog: read(1, self.sizes[1])?,

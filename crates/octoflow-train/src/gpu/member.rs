@@ -177,11 +177,6 @@ impl Member {
             pos: vec![0; self.rows],
         }
     }
-
-    /// Checks a flat parameter-sized vector's length.
-    pub fn check_len(&self, what: &str, n: usize) -> Result<()> {
-        self.layout.check_len(what, n)
-    }
 }
 
 /// Checks what a joint trainer needs of its members' options.

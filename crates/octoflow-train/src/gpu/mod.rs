@@ -470,7 +470,7 @@ impl Trainer {
     /// Replaces member `g`'s adapters' parameters.
     pub fn set_params_of(&self, g: usize, p: &[f32]) -> Result<()> {
         let m = self.member(g)?;
-        m.check_len("parameters", p.len())?;
+        m.layout.check_len("parameters", p.len())?;
         Ok(self.context().upload(&m.params, 0, p)?)
     }
 
@@ -515,8 +515,8 @@ impl Trainer {
     /// Restores member `g`'s AdamW moments (resume).
     pub fn set_moments_of(&self, g: usize, mo: &[f32], v: &[f32]) -> Result<()> {
         let m = self.member(g)?;
-        m.check_len("first moments", mo.len())?;
-        m.check_len("second moments", v.len())?;
+        m.layout.check_len("first moments", mo.len())?;
+        m.layout.check_len("second moments", v.len())?;
         self.context().upload(&m.m, 0, mo)?;
         Ok(self.context().upload(&m.v2, 0, v)?)
     }
@@ -556,6 +556,17 @@ impl Trainer {
         }
         self.b.io.write(0, &words)?;
         Ok(had)
+    }
+
+    /// Writes member `g`'s micro-batch `r` with idle rows for the others (an evaluation or a
+    /// profiled step); micro-batches staged for the next micro-step stay staged.
+    fn write_alone(&mut self, g: usize, r: &Rows, seed: u32) -> Result<()> {
+        let placed = self.member(g)?.place(r, self.seq_len, self.c.n_vocab)?;
+        let staged = std::mem::replace(&mut self.staged, vec![None; self.members.len()]);
+        self.staged[g] = Some((placed, seed));
+        let written = self.write_staged();
+        self.staged = staged;
+        written.map(|_| ())
     }
 
     /// Member `g`'s slice of the per-row losses.
@@ -629,9 +640,9 @@ impl Trainer {
         Ok(())
     }
 
-    /// Waits for the micro-step in flight and keeps each of its members' losses until
-    /// [`Trainer::take_loss`].
-    fn wait_micro(&mut self) -> Result<()> {
+    /// Waits for the micro-step in flight, if any, and keeps each of its members' losses until
+    /// [`Trainer::take_loss`], so the buffers are idle.
+    fn finish_pending(&mut self) -> Result<()> {
         if !self.pending {
             return Ok(());
         }
@@ -657,7 +668,7 @@ impl Trainer {
     pub fn take_loss(&mut self, g: usize) -> Result<f64> {
         self.member(g)?;
         if self.pending && self.in_flight[g] {
-            self.wait_micro()?;
+            self.finish_pending()?;
         }
         let loss = self.losses[g].take().ok_or_else(|| {
             TrainError::Config("finish_micro: no micro-step was submitted".into())
@@ -670,11 +681,6 @@ impl Trainer {
         self.pending
     }
 
-    /// Waits for an unfinished micro-step (keeping its losses), so the buffers are idle.
-    fn finish_pending(&mut self) -> Result<()> {
-        self.wait_micro()
-    }
-
     /// The weighted loss sum of a micro-batch of member 0 without touching the gradients.
     pub fn eval(&mut self, r: &Rows) -> Result<f64> {
         self.eval_of(0, r)
@@ -684,13 +690,7 @@ impl Trainer {
     /// (evaluation; no dropout).
     pub fn eval_of(&mut self, g: usize, r: &Rows) -> Result<f64> {
         self.finish_pending()?;
-        let placed = self.member(g)?.place(r, self.seq_len, self.c.n_vocab)?;
-        // rows staged for the next micro-step wait while the evaluation uses the buffer
-        let staged = std::mem::replace(&mut self.staged, vec![None; self.members.len()]);
-        self.staged[g] = Some((placed, 0));
-        let written = self.write_staged();
-        self.staged = staged;
-        written?;
+        self.write_alone(g, r, 0)?;
         let chain = self.eval_chain.as_mut().ok_or(TrainError::NoChain)?;
         chain.run()?;
         Self::loss_sum(&self.member_losses(g)?)
@@ -752,12 +752,7 @@ impl Trainer {
             )));
         }
         self.finish_pending()?;
-        let placed = self.members[0].place(r, self.seq_len, self.c.n_vocab)?;
-        let staged = std::mem::replace(&mut self.staged, vec![None; self.members.len()]);
-        self.staged[0] = Some((placed, seed));
-        let written = self.write_staged();
-        self.staged = staged;
-        written?;
+        self.write_alone(0, r, seed)?;
         let mut chain = Chain::with_profiling(self.context())?;
         chain.set_queue(self.queue)?;
         let mut chain = self.record_with(true, chain)?;

@@ -87,54 +87,55 @@ impl Trainer {
     /// is split along k into pieces computed side by side (the batch index of the GEMM) in its
     /// own scratch and summed into C by a second pass, so it fills the GPU.
     pub(crate) fn mm_many(&self, chain: &mut Chain, jobs: &[Mm]) -> Result<()> {
-        let splits: Vec<usize> = jobs
-            .iter()
-            .map(|j| {
-                let [m, n, k] = j.mnk;
-                if j.beta == 0.0 || j.beta == 1.0 {
-                    split_k(m, n, k, (j.part.size / 4) as usize)
-                } else {
-                    1
-                }
-            })
-            .collect();
-        let any_split = splits.iter().any(|&s| s > 1);
+        // per job: the pieces it is split into and their scratch (None: not split)
+        let mut pieces = Vec::with_capacity(jobs.len());
+        for j in jobs {
+            let [m, n, k] = j.mnk;
+            let split = if j.beta == 0.0 || j.beta == 1.0 {
+                split_k(m, n, k, (j.part.size / 4) as usize)
+            } else {
+                1
+            };
+            pieces.push(if split > 1 {
+                let bytes = 4 * (split * m * n) as u64;
+                Some((split, j.part.buffer.slice(j.part.offset, bytes)?))
+            } else {
+                None
+            });
+        }
+        let any_split = pieces.iter().any(Option::is_some);
         if any_split {
             // an earlier split product's sum may still be reading the pieces
             chain.compute_barrier()?;
         }
-        for (j, &split) in jobs.iter().zip(&splits) {
+        for (j, p) in jobs.iter().zip(&pieces) {
             let [m, n, k] = j.mnk;
-            let (part, c_row, c_batch, beta, k, batch) = if split > 1 {
-                let part = j
-                    .part
-                    .buffer
-                    .slice(j.part.offset, 4 * (split * m * n) as u64)?;
-                (part, n, [(m * n) as u32, 0], 0.0, k / split, split)
-            } else {
-                (j.c.0.clone(), j.c.1, [0, 0], j.beta, k, 1)
+            let (c, c_row, c_batch, beta, split) = match p {
+                Some((split, part)) => (part, n, [(m * n) as u32, 0], 0.0, *split),
+                None => (&j.c.0, j.c.1, [0, 0], j.beta, 1),
             };
-            let ks = (k as u32) * (split > 1) as u32;
-            let batched = |s: Strides, step: u32| Strides {
-                batch: [step, 0],
+            let ks = (k / split) as u32;
+            // piece i sums k from i·ks: the GEMM's batch index steps A's columns and B's rows
+            let step = |s: Strides, stride: u32| Strides {
+                batch: [if split > 1 { ks * stride } else { 0 }, 0],
                 ..s
             };
             self.tk.gemm.record(
                 chain,
                 &GemmArgs {
                     a: &j.a.0,
-                    a_s: batched(j.a.1, ks * j.a.1.col),
+                    a_s: step(j.a.1, j.a.1.col),
                     b: &j.b.0,
-                    b_s: batched(j.b.1, ks * j.b.1.row),
+                    b_s: step(j.b.1, j.b.1.row),
                     b_div: 1,
-                    c: &part,
+                    c,
                     c_row: c_row as u32,
                     c_batch,
                     m: m as u32,
                     n: n as u32,
-                    k: k as u32,
+                    k: ks,
                     groups: 1,
-                    batch: [batch as u32, 1],
+                    batch: [split as u32, 1],
                     alpha: j.alpha,
                     beta,
                 },
@@ -144,15 +145,9 @@ impl Trainer {
             return Ok(());
         }
         chain.compute_barrier()?;
-        for (j, &split) in jobs.iter().zip(&splits) {
-            if split == 1 {
-                continue;
-            }
+        for (j, p) in jobs.iter().zip(&pieces) {
+            let Some((split, part)) = p else { continue };
             let [m, n, _] = j.mnk;
-            let part = j
-                .part
-                .buffer
-                .slice(j.part.offset, 4 * (split * m * n) as u64)?;
             let target = SumTarget {
                 n_rows: n as u32,
                 n_tokens: m as u32,
@@ -163,7 +158,7 @@ impl Trainer {
             };
             self.tk
                 .split_sum
-                .record(chain, &part, split as u32, &j.c.0, &part, &target)?;
+                .record(chain, part, *split as u32, &j.c.0, part, &target)?;
         }
         Ok(())
     }
