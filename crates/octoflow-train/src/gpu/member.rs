@@ -7,7 +7,9 @@
 //! per member, recorded side by side in the same barrier phases, each over its own rows. A
 //! member shorter than the longest (`seq_len`) has its sequences padded at their end with rows
 //! that carry no loss: attention is causal, so the padding changes none of its rows. Members
-//! share no trainable state, so a member's gradients are the ones it gets alone.
+//! share no trainable state, so a member's gradients are the ones it gets alone — except that
+//! a padded member with dropout and several sequences draws its masks at other element indices
+//! than alone (a different draw from the same distribution).
 
 use octoflow_kernels::IGNORE;
 use octoflow_vk::{Buffer, BufferSlice, Context, MemoryKind};
