@@ -2,6 +2,8 @@
 //! stepping the same GPU batch engine: the same outputs, token for token, on a tiny random
 //! model (lavapipe in CI), and the same scores within a bound.
 
+mod common;
+
 use octoflow_agents::{assemble, AgentError, Event, GpuRun, Pattern, Run, RunConfig};
 use octoflow_model::gpu::GpuModel;
 use octoflow_model::testing::{rng, tiny_model, TINY};
@@ -219,18 +221,7 @@ fn a_stalled_run_on_the_gpu_reports_the_hosts_deadlock() {
     let mut r = rng("gpu_run_deadlock");
     let model = tiny_model("llama", TINY, &mut r);
     let gm = GpuModel::load(&ctx, &model).unwrap();
-    let src = "
-.mailbox m 2
-.queue q 2
-    bne %id, 0, other
-    wait m, 1
-    halt
-other:
-    take q, done
-done:
-    halt
-";
-    let program = assemble(src, &tokenize).unwrap();
+    let program = assemble(common::STALL_SRC, &tokenize).unwrap();
     let cfg = config(2, 0.0);
     let mut engine = gm.batch(2, N_CTX, MAX_ROWS).unwrap();
     let mut host = Run::new(program.clone(), cfg.clone(), vec![], &engine).unwrap();

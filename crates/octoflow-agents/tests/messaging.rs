@@ -168,19 +168,8 @@ fn an_exhausted_arena_is_a_runtime_error() {
 
 #[test]
 fn a_run_where_every_live_instance_waits_fails_with_a_deadlock_naming_each() {
-    let src = "
-.mailbox m 2
-.queue q 2
-    bne %id, 0, other
-    wait m, 1
-    halt
-other:
-    take q, done
-done:
-    halt
-";
     let mut engine = Fake::new(3, 64, 64, successor());
-    let mut run = Run::new(asm(src), config(2, 4), vec![], &engine).unwrap();
+    let mut run = Run::new(asm(STALL_SRC), config(2, 4), vec![], &engine).unwrap();
     let err = finish(&mut run, &mut engine, 10).unwrap_err();
     assert!(matches!(err, AgentError::Deadlock(_)));
     assert_eq!(

@@ -4,40 +4,23 @@
 //! sequence lengths (the shorter padded) — and a member that sits a step out must be left
 //! untouched.
 
+mod common;
+
 use std::sync::Arc;
 
-use octoflow_gguf::GgufFile;
-use octoflow_kernels::{AdamWStep, IGNORE};
+use common::random_rows;
+use octoflow_kernels::AdamWStep;
 use octoflow_model::gpu::GpuModel;
-use octoflow_model::testing::{rng, tiny_writer, TINY};
-use octoflow_model::Model;
+use octoflow_model::testing::{rng, tiny_model, TINY};
 use octoflow_train::{LoraConfig, Rows, Target, Trainer, TrainerOptions};
 use octoflow_vk::testing::gpu_or_skip;
 use rand::rngs::StdRng;
 use rand::Rng;
 
-fn tiny(rng: &mut StdRng) -> Model {
-    let w = tiny_writer("llama", TINY, rng);
-    let mut bytes = Vec::new();
-    w.write_to(&mut bytes).expect("tiny model");
-    Model::from_gguf(Arc::new(GgufFile::from_bytes(bytes).expect("gguf"))).expect("model")
-}
-
-/// `batch` sequences of `seq` rows: random ids and labels (some ignored), two documents in
-/// the first sequence so attention's document bounds are exercised too.
+/// `batch` sequences of `seq` rows (`common::random_rows`), two documents in the first
+/// sequence so attention's document bounds are exercised too.
 fn rows(rng: &mut StdRng, batch: usize, seq: usize, n_vocab: u32) -> Rows {
-    let n = batch * seq;
-    let labels: Vec<u32> = (0..n)
-        .map(|i| {
-            if i % 4 == 3 {
-                IGNORE
-            } else {
-                rng.gen_range(0..n_vocab)
-            }
-        })
-        .collect();
-    let trained = labels.iter().filter(|&&l| l != IGNORE).count() as f32;
-    let pos = (0..n)
+    let pos = (0..batch * seq)
         .map(|i| {
             let (s, t) = (i / seq, i % seq);
             if s == 0 && t >= seq / 2 {
@@ -47,15 +30,7 @@ fn rows(rng: &mut StdRng, batch: usize, seq: usize, n_vocab: u32) -> Rows {
             }
         })
         .collect();
-    Rows {
-        ids: (0..n).map(|_| rng.gen_range(0..n_vocab)).collect(),
-        weights: labels
-            .iter()
-            .map(|&l| if l == IGNORE { 0.0 } else { 1.0 / trained })
-            .collect(),
-        labels,
-        pos,
-    }
+    random_rows(rng, n_vocab, pos)
 }
 
 fn member(batch: usize, seq_len: usize, rank: usize, dropout: f32, t: &[Target]) -> TrainerOptions {
@@ -89,7 +64,7 @@ fn members_of_one_trainer_get_what_each_gets_alone() {
         return;
     };
     let mut r = rng("members_of_one_trainer");
-    let model = tiny(&mut r);
+    let model = tiny_model("llama", TINY, &mut r);
     let n_vocab = model.config.n_vocab as u32;
     let gm = Arc::new(GpuModel::load(&ctx, &model).expect("upload"));
     // different shapes, adapters and dropout; the third is shorter (padded in the stack) and

@@ -4,22 +4,13 @@
 
 use std::sync::Arc;
 
-use octoflow_gguf::GgufFile;
 use octoflow_kernels::IGNORE;
 use octoflow_model::gpu::GpuModel;
-use octoflow_model::testing::{rng, tiny_writer, TINY};
-use octoflow_model::Model;
+use octoflow_model::testing::{rng, tiny_model, TINY};
 use octoflow_train::{LoraConfig, Rows, Target, TrainError, Trainer, TrainerOptions};
 use octoflow_vk::testing::gpu_or_skip;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-fn tiny(rng: &mut StdRng) -> Model {
-    let w = tiny_writer("llama", TINY, rng);
-    let mut bytes = Vec::new();
-    w.write_to(&mut bytes).expect("tiny model");
-    Model::from_gguf(Arc::new(GgufFile::from_bytes(bytes).expect("gguf"))).expect("model")
-}
 
 /// One sequence of `seq` rows with random ids and labels (a few ignored).
 fn rows(rng: &mut StdRng, seq: usize, n_vocab: u32) -> Rows {
@@ -71,7 +62,7 @@ fn two_trainers_over_one_model_in_flight_together_match_each_alone() {
         return;
     };
     let mut r = rng("two_trainers_over_one_model");
-    let model = tiny(&mut r);
+    let model = tiny_model("llama", TINY, &mut r);
     let n_vocab = model.config.n_vocab as u32;
     let gm = Arc::new(GpuModel::load(&ctx, &model).expect("upload"));
     let (seq_a, seq_b) = (8, 6);

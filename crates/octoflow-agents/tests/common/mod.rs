@@ -17,6 +17,20 @@ pub const VOCAB: usize = 260;
 /// The fake's end-of-generation token.
 pub const EOG: u32 = 256;
 
+/// A program where every live instance ends up waiting for what cannot come: instance 0 for a
+/// mailbox no one sends to, the others on an open queue no one pushes to.
+pub const STALL_SRC: &str = "
+.mailbox m 2
+.queue q 2
+    bne %id, 0, other
+    wait m, 1
+    halt
+other:
+    take q, done
+done:
+    halt
+";
+
 /// One id per byte: tests can predict constants and stop strings.
 pub fn bytes(s: &str) -> Vec<u32> {
     s.bytes().map(u32::from).collect()

@@ -262,6 +262,30 @@ impl Trainer {
             .collect()
     }
 
+    /// `out = dropout(x)` over member `m`'s rows of adapter `e`'s input side (`out` may be
+    /// `x`): the member's seed word and the adapter's salt, so the forward and the backward
+    /// draw the same mask.
+    fn member_dropout(
+        &self,
+        chain: &mut Chain,
+        m: &Member,
+        e: &LoraEntry,
+        x: &BufferSlice,
+        out: &BufferSlice,
+    ) -> Result<()> {
+        self.tk.dropout.record(
+            chain,
+            x,
+            out,
+            (m.rows * e.n_in) as u32,
+            m.dropout,
+            &self.b.io.whole(),
+            (self.io.seed + m.index) as u32,
+            salt(e),
+        )?;
+        Ok(())
+    }
+
     /// Each adapter's input, a member's rows of `x`, or while training (`train`) those rows
     /// through dropout into the member's rows of the `xd` scratch (same mask in the forward
     /// and the backward: the member's seed word and the salt are the same).
@@ -286,16 +310,7 @@ impl Trainer {
                 masked = true;
             }
             let xd = m.rows_of(&self.b.xd.whole(), e.n_in)?;
-            self.tk.dropout.record(
-                chain,
-                &xs,
-                &xd,
-                (m.rows * e.n_in) as u32,
-                m.dropout,
-                &self.b.io.whole(),
-                (self.io.seed + m.index) as u32,
-                salt(e),
-            )?;
+            self.member_dropout(chain, m, e, &xs, &xd)?;
             out.push(xd);
         }
         if masked {
@@ -461,16 +476,7 @@ impl Trainer {
         self.mm_many(chain, &masked_dh_a)?;
         chain.compute_barrier()?;
         for (m, e, tmp, _) in &masked {
-            self.tk.dropout.record(
-                chain,
-                tmp,
-                tmp,
-                (m.rows * e.n_in) as u32,
-                m.dropout,
-                &self.b.io.whole(),
-                (self.io.seed + m.index) as u32,
-                salt(e),
-            )?;
+            self.member_dropout(chain, m, e, tmp, tmp)?;
         }
         chain.compute_barrier()?;
         for (m, e, tmp, dx) in &masked {
