@@ -27,6 +27,7 @@ pub const FALLBACK_COMPUTE_UNITS: u32 = 128;
 /// | `OCTOFLOW_UNFUSED_MOE=1` | [`Tuning::unfused_moe`] | steps of a few tokens record a mixture of experts' norm, router, routing, down products and combine as separate stages |
 /// | `OCTOFLOW_MOE_COOP=0` or `1` | [`Tuning::moe_coop`] | batches' expert products on cooperative matrices (the MOE variants of `matmul_coop.comp`) off or on |
 /// | `OCTOFLOW_MATVEC_DOT=0` or `1` | [`Tuning::matvec_dot`] | one-token Q4_K, Q5_K and Q6_K products on 8-bit dot products of a quantized x (`matvec_dot.comp`), off or on |
+/// | `OCTOFLOW_DOT_BATCHES=0` or `1` | [`Tuning::dot_batches`] | products of 2 ..= 8 tokens on 8-bit dot products (`matvec_dot.comp`, every type it reads) instead of the cooperative-matrix kernel, off or on |
 ///
 /// The switches exist to measure what each fusion gains; results are the same either way
 /// (within each path's rounding).
@@ -60,6 +61,10 @@ pub struct Tuning {
     /// integer dot products) where the shape fits it. On by default where the device
     /// accelerates 4x8-bit dot products: elsewhere they are emulated and the f32 matvec stays.
     pub matvec_dot: bool,
+    /// Products of 2 ..= [`MATVEC_MAX_TOKENS`] tokens take `matvec_dot.comp` where the type and
+    /// shape fit it, and batches of that size leave the cooperative-matrix kernel (their norms
+    /// fuse into the products, as one token's do). Defaults as [`Tuning::matvec_dot`].
+    pub dot_batches: bool,
 }
 
 impl Tuning {
@@ -68,6 +73,7 @@ impl Tuning {
     pub fn from_caps(caps: &DeviceCaps) -> Self {
         Tuning {
             matvec_dot: caps.integer_dot_product && caps.int8_dot_accelerated,
+            dot_batches: caps.integer_dot_product && caps.int8_dot_accelerated,
             moe_coop: true,
             ..Self::from_compute_units(caps.compute_units)
         }
@@ -86,6 +92,7 @@ impl Tuning {
             unfused_moe: false,
             moe_coop: false,
             matvec_dot: false,
+            dot_batches: false,
         }
     }
 
@@ -122,6 +129,7 @@ impl Tuning {
         };
         either("OCTOFLOW_MOE_COOP", &mut self.moe_coop);
         either("OCTOFLOW_MATVEC_DOT", &mut self.matvec_dot);
+        either("OCTOFLOW_DOT_BATCHES", &mut self.dot_batches);
         self
     }
 }
@@ -160,9 +168,11 @@ mod tests {
             ("OCTOFLOW_UNFUSED_ROPE", "0"),
             ("OCTOFLOW_MATMUL_TARGET_GROUPS", "1"),
             ("OCTOFLOW_MATVEC_DOT", "1"),
+            ("OCTOFLOW_DOT_BATCHES", "1"),
             ("OCTOFLOW_UNFUSED_MOE", "1"),
         ]));
         assert!(t.matvec_dot && !base.matvec_dot);
+        assert!(t.dot_batches && !base.dot_batches);
         let on = Tuning {
             matvec_dot: true,
             ..base

@@ -201,6 +201,143 @@ fn rows_of_several_sequences_match_each_sequence_alone() {
     );
 }
 
+/// Steps of two to eight rows on 8-bit dot products (the default where a GPU accelerates them;
+/// forced here wherever the driver has integer dot products): the golden text fed eight rows a
+/// step keeps llama.cpp's mean NLL (llama.cpp's own GPU products quantize x the same way);
+/// prompt chunks and decode rows of three sequences give each the CPU reference's best token
+/// and logits within what 8-bit codes of every product's input move them; and the path was
+/// taken (the f32 products' logits differ).
+#[test]
+fn few_row_steps_on_8bit_dot_products_match_each_sequence_alone() {
+    let Some(ctx) = gpu_or_skip("gpu_batch_dot_rows") else {
+        return;
+    };
+    if !ctx.caps().integer_dot_product {
+        eprintln!("skipped: no integer dot products on {}", ctx.caps().name);
+        return;
+    }
+    let (model, golden) = load(SMOLLM2);
+    let with = |dot: bool| {
+        let tuning = octoflow_kernels::Tuning {
+            dot_batches: dot,
+            ..octoflow_kernels::Tuning::from_caps(ctx.caps())
+        };
+        let linear = octoflow_kernels::Linear::with_tuning(&ctx, tuning).unwrap();
+        GpuModel::load(&ctx, &model).unwrap().with_linear(linear)
+    };
+    let (gpu, plain) = (with(true), with(false));
+    let p: Vec<Vec<u32>> = (0..3)
+        .map(|i| {
+            let g = &golden.greedy[i];
+            g.prompt_ids
+                .iter()
+                .chain(&g.greedy_ids)
+                .take(6)
+                .copied()
+                .collect()
+        })
+        .collect();
+    // every product of every layer reads 8-bit codes of its input (each off by up to half a
+    // step of its block's largest value): 2-6% of the largest |logit| seen on this model,
+    // where the f32 products stay within 1e-5
+    let bound = |got: &[f32], want: &[f32], what: &str| {
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| {
+                if a.is_nan() {
+                    f32::INFINITY
+                } else {
+                    (a - b).abs()
+                }
+            })
+            .fold(0f32, f32::max);
+        assert!(
+            worst <= 8e-2 * scale,
+            "{what}: logits off by {worst} (largest |logit| {scale})"
+        );
+        assert_eq!(top1(got), top1(want), "{what}: best token");
+    };
+    // the golden text eight rows a step, every row's logits
+    let case = &golden.nll[0];
+    let mut b = gpu.batch(1, case.token_ids.len(), 8).unwrap();
+    let ids = &case.token_ids;
+    let mut nll = 0f64;
+    for (c, chunk) in ids[..ids.len() - 1].chunks(8).enumerate() {
+        let step: Vec<BatchRow> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| BatchRow {
+                slot: 0,
+                pos: (8 * c + i) as u32,
+                token: TokenIn::Id(t),
+                output: RowOutput::Logits,
+                adapter: None,
+            })
+            .collect();
+        let r = b.step(&step).unwrap();
+        for (i, out) in r.iter().enumerate() {
+            let next = ids[8 * c + i + 1];
+            let out = match out {
+                RowResult::Logits(l) => l,
+                _ => panic!("row {i} of step {c}: no logits"),
+            };
+            nll -= f64::from(octoflow_core::sampling::logprob(out, next));
+        }
+    }
+    let nll = nll / (ids.len() - 1) as f64;
+    let rel = (nll - case.mean_nll).abs() / case.mean_nll;
+    println!(
+        "mean NLL eight rows a step on 8-bit products: {nll:.5}, golden {:.5} ({:.3}%)",
+        case.mean_nll,
+        100.0 * rel
+    );
+    assert!(
+        rel <= NLL_REL_TOL,
+        "mean NLL {nll} vs golden {}",
+        case.mean_nll
+    );
+    let run = |m: &GpuModel| {
+        let mut b = m.batch(4, 64, 64).unwrap();
+        // 6 rows: two prompts' first halves; 8 rows: their second halves and a third prompt's
+        // first two tokens; 4 rows: the rest of the third; 3 rows: a decode token each
+        let mut s1 = rows(0, 0, &p[0][..3], RowOutput::Logits);
+        s1.extend(rows(1, 0, &p[1][..3], RowOutput::Logits));
+        let r1 = b.step(&s1).unwrap();
+        let mut s2 = rows(0, 3, &p[0][3..], RowOutput::Logits);
+        s2.extend(rows(1, 3, &p[1][3..], RowOutput::Logits));
+        s2.extend(rows(2, 0, &p[2][..2], RowOutput::Logits));
+        let r2 = b.step(&s2).unwrap();
+        let r3 = b.step(&rows(2, 2, &p[2][2..], RowOutput::Logits)).unwrap();
+        let s4: Vec<BatchRow> = (0..3)
+            .flat_map(|i| rows(i, 6, &[7 + i], RowOutput::Logits))
+            .collect();
+        let r4 = b.step(&s4).unwrap();
+        let l = |r: &RowResult| logits_of(r).to_vec();
+        vec![
+            (l(&r1[2]), p[0][..3].to_vec()),
+            (l(&r1[5]), p[1][..3].to_vec()),
+            (l(&r2[2]), p[0].clone()),
+            (l(&r2[5]), p[1].clone()),
+            (l(&r2[7]), p[2][..2].to_vec()),
+            (l(&r3[3]), p[2].clone()),
+            (l(&r4[0]), [&p[0][..], &[7]].concat()),
+            (l(&r4[1]), [&p[1][..], &[8]].concat()),
+            (l(&r4[2]), [&p[2][..], &[9]].concat()),
+        ]
+    };
+    let got = run(&gpu);
+    for (i, (logits, seq)) in got.iter().enumerate() {
+        bound(logits, &cpu_last(&model, seq), &format!("row set {i}"));
+    }
+    let f32_products = run(&plain);
+    assert!(
+        got.iter().zip(&f32_products).any(|(a, b)| a.0 != b.0),
+        "the 8-bit products were not taken"
+    );
+}
+
 /// The batch engine with f16 KV caches (the server's default) and with q8_0 ones: a prompt
 /// chunk and decode rows in one slot give the logits a session with the same caches gives the
 /// same tokens (both store the same keys and values rounded once; position tables and the

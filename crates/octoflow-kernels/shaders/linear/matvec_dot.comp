@@ -1,27 +1,32 @@
 #version 450
-// One token of a Q4_K (DOT_Q4_K), Q5_K (DOT_Q5_K) or Q6_K (DOT_Q6_K) matrix-vector product on
-// 8-bit integer dot products (the decode hot path of large models):
-//   y[y_col + r] (= | +=) dot(W row r, q8(x)) (+ bias[r])
-// where q8(x) is x (times the norm weight g when the RMSNorm is fused) quantized per block of
-// 32 values as llama.cpp's q8_1: d = max|v| / 127, codes round(v / d) (half away from zero),
-// and the block's sum d * sum(codes). With the norm fused the product is then scaled by
-// 1 / rms(x) (the codes do not depend on it: quantization is per-block scale-free).
+// Up to NT tokens of a matrix product on 8-bit integer dot products (the decode hot path of
+// large models, and batches of a few tokens):
+//   y[t * y_stride + y_col + r] (= | +=) dot(W row r, q8(x_t)) (+ bias[r])
+// where q8(x_t) is token t's x (times the norm weight g when the RMSNorm is fused) quantized
+// per block of 32 values as llama.cpp's q8_1: d = max|v| / 127, codes round(v / d) (half away
+// from zero), and the block's sum d * sum(codes). With the norm fused the product is then
+// scaled by 1 / rms(x_t) (the codes do not depend on it: quantization is per-block scale-free).
 // The CPU reference is `matvec_dot_ref` (linear/matvec_dot.rs), which quantizes the same way.
 //
 // Why: dequantizing every weight to f32 costs four or five instructions a weight, which on
 // an 8B model's matrices takes longer than reading the weights (docs/perf-log); with x in 8
-// bits, eight nibbles meet eight codes of x in two instructions (mask or shift-and-mask, then
-// a 4x8-bit dot product), and the scales enter once per 16 weights.
+// bits, four codes of a weight row meet four of x in one instruction, and the scales enter
+// once per 16 or 32 weights. A weight is decoded once for all of a workgroup's tokens, and x is
+// quantized once per workgroup into shared memory, not read again per row: that is what makes
+// a few tokens cost little more than one.
 //
-// Layout: every workgroup first quantizes the whole x into shared memory (one block of 32 per
-// invocation at a time, the sum of squares for the norm on the way), then its GROUPS row
-// groups of 32 lanes each take RPT rows at once. Eight lanes share a super-block (256 weights,
-// 144 bytes: a 16-byte head with d, dmin and the twelve 6-bit scale/min bytes, then 128 code
-// bytes); lane (p, h) of the eight reads code bytes [32p + 16h, + 16) — the low nibbles are
-// elements 64p + 16h + i of sub-block 2p, the high ones 64p + 32 + 16h + i of sub-block
-// 2p + 1 — so the eight lanes read the block's codes as 128 contiguous bytes and four
-// super-blocks go by per step of the row group. The min term (dmin * min * sum of x) of both
-// sub-blocks is added by the h = 0 lane from the blocks' sums.
+// Layout: workgroup (x, y) takes GROUPS * RPT rows, its z index tokens [z NT, z NT + NT). It
+// first quantizes its tokens' x into shared memory (one block of 32 per invocation at a time,
+// each block's sum of squares on the way for the norm), then its GROUPS row groups of 32 lanes
+// each take RPT rows at once.
+//
+// Q4_K: eight lanes share a super-block (256 weights, 144 bytes: a 16-byte head with d, dmin
+// and the twelve 6-bit scale/min bytes, then 128 code bytes); lane (p, h) of the eight reads
+// code bytes [32p + 16h, + 16) — the low nibbles are elements 64p + 16h + i of sub-block 2p,
+// the high ones 64p + 32 + 16h + i of sub-block 2p + 1 — so the eight lanes read the block's
+// codes as 128 contiguous bytes and four super-blocks go by per step of the row group. The min
+// term (dmin * min * sum of x) of both sub-blocks is added by the h = 0 lane from the blocks'
+// sums.
 //
 // Q5_K: the same lanes and head as Q4_K (176-byte super-blocks: head, qh[32], then the codes
 // at byte 48); each code's fifth bit is bit 2p (low nibbles) or 2p + 1 (high) of qh[i] for the
@@ -34,12 +39,20 @@
 // ((qh[32n + 8c + i] >> 2g) & 3) << 4, minus 32, under scale 8n + 2g + c / 2. The codes enter
 // the dot unsigned (0..63) and 32 times the sum of x's codes (a dot with 0x01010101) comes off.
 //
-// GLU (matvec_dot_glu_q4_k, _q5_k): gate (binding 0) and up (binding 5) rows of the same shape, both
-// of the same q8(x); y[y_col + r] = act(gate) * up (glu.glsl), bias and accumulate ignored.
+// Blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): a lane takes a whole block (its codes as eight
+// words of four, element 4m + i in byte i of word m) and 32 blocks go by per step. Q8_0's
+// codes are signed and meet x's as they are; the 4- and 5-bit codes enter unsigned (byte i of
+// the 16 code bytes holds elements i and i + 16 in its nibbles, Q5's fifth bit is bit e of qh),
+// and their offset (8 or 16 times the block's sum of x) or their minimum (m times it) is
+// applied through x's block sums. Q4_0, Q5_0 and Q8_0 blocks (18, 22, 34 bytes) sit at 2-byte
+// alignment and are read as Q6_K's are.
 //
-// The host checks: one token, n_cols a multiple of 256 and at most MAX_COLS, the weights'
-// binding offsets 16-byte aligned (Q4_K and Q5_K rows are whole super-blocks of 144 = 9 * 16
-// and 176 = 11 * 16 bytes; Q6_K's are read a word at a time), the subgroup size dividing 32.
+// GLU (the _glu variants): gate (binding 0) and up (binding 5) rows of the same shape, both of
+// the same q8(x); y = act(gate) * up (glu.glsl), bias and accumulate ignored.
+//
+// The host checks: n_cols a multiple of 256 (K-quants) or 32 (blocks of 32) and at most MAXC,
+// shared memory for NT tokens of MAXC columns, K-quant weights at 16-byte aligned offsets and
+// the others at 4-byte ones with a whole number of words, the subgroup size dividing 32.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -48,16 +61,20 @@
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 256u;
-layout(constant_id = 1) const uint RPT = 2u; // rows a row group takes at once
-const uint TPR = 32u;                        // lanes of a row group
+layout(constant_id = 1) const uint RPT = 2u;    // rows a row group takes at once
+layout(constant_id = 2) const uint NT = 1u;     // tokens a workgroup takes
+layout(constant_id = 3) const uint MAXC = 256u; // widest row the shared x holds (32-multiple)
+const uint TPR = 32u;                           // lanes of a row group
 const uint GROUPS = WG / TPR;
-const uint MAX_COLS = 16384u;
-const uint MAX_BLOCKS = MAX_COLS / 32u;
+const uint MIN_SG = 4u;                         // narrowest subgroup (part's size)
+const uint XW = MAXC / 4u;                      // words of one token's codes
+const uint XB = MAXC / 32u;                     // blocks of one token
 #ifdef GLU
 const uint NM = 2u; // matrices
 #else
 const uint NM = 1u;
 #endif
+const uint NACC = NM * RPT * NT; // accumulators of a lane: (matrix, row, token)
 
 #include "common.glsl"
 
@@ -69,6 +86,7 @@ layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 4) readonly buffer G4 { vec4 g4[]; };
 #ifdef GLU
 layout(std430, binding = 5) readonly buffer U4 { uvec4 u4[]; };
+layout(std430, binding = 5) readonly buffer U1 { uint u1[]; };
 #endif
 
 layout(push_constant) uniform Push {
@@ -90,9 +108,11 @@ layout(push_constant) uniform Push {
 #include "glu.glsl"
 #endif
 
-shared uint xq[MAX_COLS / 4u]; // the codes of q8(x), four to a word, lowest byte first
-shared vec2 xs[MAX_BLOCKS];    // per block: (d, d * sum of its codes)
-shared float part[WG * NM * RPT]; // subgroup partial sums (the sum of squares, then the rows')
+shared uint xq[NT * XW];   // the codes of q8(x_t), four to a word, lowest byte first
+shared vec2 xs[NT * XB];   // per block: (d, d * sum of its codes)
+shared float xn[NT * XB];  // per block: the sum of squares of x (the norm)
+shared float invs[NT];     // per token: 1 / rms(x_t), or 1
+shared float part[(WG / MIN_SG) * NACC]; // subgroups' partial sums of the rows
 
 // half away from zero, as llama.cpp's roundf (the reference computes it the same way)
 float round_away(float v) {
@@ -103,7 +123,37 @@ uint byte_at(uint u, uint k) {
     return (u >> (8u * k)) & 0xFFu;
 }
 
+// word i of matrix m (0: the weights, 1: GLU's up)
+uint word(uint m, uint i) {
+#ifdef GLU
+    return m == 0u ? w1[i] : u1[i];
+#else
+    return w1[i];
+#endif
+}
+
+uvec4 vec4_at(uint m, uint i) {
+#ifdef GLU
+    return m == 0u ? w4[i] : u4[i];
+#else
+    return w4[i];
+#endif
+}
+
+// the word at byte b (b even) of matrix m: blocks of 2-byte alignment
+uint wd(uint m, uint b) {
+    uint i = b >> 2;
+    return (b & 2u) == 0u ? word(m, i) : (word(m, i) >> 16) | (word(m, i + 1u) << 16);
+}
+
+// the f16 at byte b (b even) of matrix m
+float half_at(uint m, uint b) {
+    vec2 v = unpackHalf2x16(word(m, b >> 2));
+    return (b & 2u) == 0u ? v.x : v.y;
+}
+
 #if defined(DOT_Q4_K) || defined(DOT_Q5_K)
+#define KQUANT
 #ifdef DOT_Q5_K
 const uint SB_VECS = 11u; // uvec4s a super-block
 const uint QS_VEC = 3u;   // where its codes start
@@ -112,9 +162,15 @@ const uint SB_VECS = 9u;
 const uint QS_VEC = 1u;
 #endif
 
-// the contribution of one lane's 32 weights of super-block sb (head hd, codes qs, and for
-// Q5_K the high bits qh) of a row
-float lane_dot(uvec4 hd, uvec4 qs, uvec4 qh, uint sb, uint p, uint h) {
+// lane (p, h)'s codes of the super-block at uvec4 `at` of matrix m: the low nibbles (sub-block
+// 2p) in lo, the high ones (2p + 1) in hi; returns the factors of the two sub-blocks' code dots
+// (d * scale) and of their x sums (dmin * min; zero on the h = 1 lane, which leaves them)
+vec4 kq_decode(uint m, uint at, uint p, uint h, out uint lo[4], out uint hi[4]) {
+    uvec4 hd = vec4_at(m, at);
+    uvec4 qs = vec4_at(m, at + QS_VEC + 2u * p + h);
+#ifdef DOT_Q5_K
+    uvec4 qh = vec4_at(m, at + 1u + h);
+#endif
     // scales of sub-blocks j = 2p, 2p + 1 (bytes jb = j % 4 of each scale word): for j < 4 the
     // low 6 bits of bytes j (scale) and j + 4 (min); else the nibbles of byte j + 4 with the
     // top 2 bits of bytes j - 4 and j
@@ -125,70 +181,113 @@ float lane_dot(uvec4 hd, uvec4 qs, uvec4 qh, uint sb, uint p, uint h) {
     uvec2 s2 = uvec2(byte_at(hd.w, jb), byte_at(hd.w, jb + 1u));
     uvec2 sc = low ? s0 & 63u : (s2 & 0xFu) | ((s0 >> 6) << 4);
     uvec2 mn = low ? s1 & 63u : (s2 >> 4) | ((s1 >> 6) << 4);
-    vec2 dm = unpackHalf2x16(hd.x);
-    uint blo = sb * 8u + 2u * p; // q8 blocks of the two sub-blocks
-    uint wlo = blo * 8u + 4u * h;
-    uint whi = wlo + 8u;
-    int il = 0;
-    int ih = 0;
-    [[unroll]] for (uint m = 0u; m < 4u; m++) {
-        uint lo = qs[m] & 0x0F0F0F0Fu;
-        uint hi = (qs[m] >> 4) & 0x0F0F0F0Fu;
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        lo[i] = qs[i] & 0x0F0F0F0Fu;
+        hi[i] = (qs[i] >> 4) & 0x0F0F0F0Fu;
 #ifdef DOT_Q5_K
-        lo |= ((qh[m] >> (2u * p)) & 0x01010101u) << 4;
-        hi |= ((qh[m] >> (2u * p + 1u)) & 0x01010101u) << 4;
+        lo[i] |= ((qh[i] >> (2u * p)) & 0x01010101u) << 4;
+        hi[i] |= ((qh[i] >> (2u * p + 1u)) & 0x01010101u) << 4;
 #endif
-        il += dotPacked4x8EXT(int(lo), int(xq[wlo + m]));
-        ih += dotPacked4x8EXT(int(hi), int(xq[whi + m]));
     }
-    vec2 xl = xs[blo];
-    vec2 xh = xs[blo + 1u];
-    float r = dm.x * (float(sc.x) * xl.x * float(il) + float(sc.y) * xh.x * float(ih));
-    if (h == 0u) {
-        r -= dm.y * (float(mn.x) * xl.y + float(mn.y) * xh.y);
-    }
-    return r;
+    vec2 dm = unpackHalf2x16(hd.x);
+    float keep = h == 0u ? dm.y : 0.0;
+    return vec4(dm.x * float(sc.x), dm.x * float(sc.y), keep * float(mn.x), keep * float(mn.y));
 }
 #endif
 
 #ifdef DOT_Q6_K
-// the word at byte b of the weights (b even: a block's bytes lie at 2-byte alignment)
-uint wd(uint b) {
-    uint i = b >> 2;
-    return (b & 2u) == 0u ? w1[i] : (w1[i] >> 16) | (w1[i + 1u] << 16);
-}
-
-// the contribution of lane (n, c)'s 32 weights of the super-block at byte `at` (its index sb)
-float q6_dot(uint at, uint sb, uint n, uint c) {
+// lane (n, c)'s codes of the super-block at byte `at` of matrix m: for each g < 4 two words
+// cw[2g], cw[2g + 1] (unsigned, 0..63) under scale sc[g]; returns d
+float q6_decode(uint m, uint at, uint n, uint c, out uint cw[8], out int sc[4]) {
     uint la = at + 64u * n + 8u * c; // ql, g = 0 and 2
     uint lb = la + 32u;               // ql, g = 1 and 3
     uint hb = at + 128u + 32u * n + 8u * c;
-    uvec2 qa = uvec2(wd(la), wd(la + 4u));
-    uvec2 qb = uvec2(wd(lb), wd(lb + 4u));
-    uvec2 qh = uvec2(wd(hb), wd(hb + 4u));
-    uvec2 sw = uvec2(wd(at + 192u + 8u * n), wd(at + 196u + 8u * n)); // scales 8n .. 8n + 8
-    uint dw = w1[(at + 208u) >> 2]; // d: a whole word of this block either way
-    float d = ((at + 208u) & 2u) == 0u ? unpackHalf2x16(dw).x : unpackHalf2x16(dw).y;
+    uvec2 qa = uvec2(wd(m, la), wd(m, la + 4u));
+    uvec2 qb = uvec2(wd(m, lb), wd(m, lb + 4u));
+    uvec2 qh = uvec2(wd(m, hb), wd(m, hb + 4u));
+    uvec2 sw = uvec2(wd(m, at + 192u + 8u * n), wd(m, at + 196u + 8u * n)); // scales 8n ..
     uint is = c / 2u;
-    float r = 0.0;
     [[unroll]] for (uint g = 0u; g < 4u; g++) {
-        uint b = sb * 8u + 4u * n + g;   // q8 block of x
-        uint xw = b * 8u + 2u * c;       // its words of this lane's 8 values
-        int isum = 0;
-        int xsum = 0;
         [[unroll]] for (uint k = 0u; k < 2u; k++) {
             uint lo = g % 2u == 0u ? qa[k] : qb[k];
-            uint code = ((lo >> (4u * (g / 2u))) & 0x0F0F0F0Fu) |
-                        (((qh[k] >> (2u * g)) & 0x03030303u) << 4);
-            int xv = int(xq[xw + k]);
-            isum += dotPacked4x8EXT(int(code), xv);
-            xsum += dotPacked4x8EXT(0x01010101, xv);
+            cw[2u * g + k] = ((lo >> (4u * (g / 2u))) & 0x0F0F0F0Fu) |
+                             (((qh[k] >> (2u * g)) & 0x03030303u) << 4);
         }
         uint si = is + 2u * g; // scale 8n + is + 2g: byte si of the two words
-        int sc = bitfieldExtract(int(sw[si / 4u]), int(8u * (si % 4u)), 8);
-        r += float(sc) * xs[b].x * float(isum - 32 * xsum);
+        sc[g] = bitfieldExtract(int(sw[si / 4u]), int(8u * (si % 4u)), 8);
     }
-    return d * r;
+    return half_at(m, at + 208u);
+}
+#endif
+
+#if defined(DOT_Q4_0) || defined(DOT_Q4_1) || defined(DOT_Q5_0) || defined(DOT_Q5_1) || defined(DOT_Q8_0)
+#define BLOCK32
+#if defined(DOT_Q4_0)
+const uint BB = 18u; // bytes a block
+#elif defined(DOT_Q4_1)
+const uint BB = 20u;
+#elif defined(DOT_Q5_0)
+const uint BB = 22u;
+#elif defined(DOT_Q5_1)
+const uint BB = 24u;
+#else
+const uint BB = 34u;
+#endif
+
+// bits 0..3 of b as bit 4 of bytes 0..3 (Q5's fifth bits of four codes)
+uint spread4(uint b) {
+    return ((b & 1u) | ((b & 2u) << 7) | ((b & 4u) << 14) | ((b & 8u) << 21)) << 4;
+}
+
+// the block at byte `at` of matrix m: its codes as eight words (element 4j + i in byte i of
+// word j); returns (d, m), m the minimum of Q4_1 and Q5_1 (else 0)
+vec2 b32_decode(uint m, uint at, out uint cw[8]) {
+#ifdef DOT_Q8_0
+    [[unroll]] for (uint j = 0u; j < 8u; j++) {
+        cw[j] = wd(m, at + 2u + 4u * j);
+    }
+    return vec2(half_at(m, at), 0.0);
+#else
+#if defined(DOT_Q4_1) || defined(DOT_Q5_1)
+    vec2 dm = unpackHalf2x16(word(m, at >> 2)); // 20- and 24-byte blocks: word aligned
+#else
+    vec2 dm = vec2(half_at(m, at), 0.0);
+#endif
+#if defined(DOT_Q4_0)
+    uint qs = at + 2u;
+#elif defined(DOT_Q4_1)
+    uint qs = at + 4u;
+#elif defined(DOT_Q5_0)
+    uint qh = wd(m, at + 2u);
+    uint qs = at + 6u;
+#else
+    uint qh = word(m, (at + 4u) >> 2);
+    uint qs = at + 8u;
+#endif
+    [[unroll]] for (uint j = 0u; j < 4u; j++) {
+        uint q = wd(m, qs + 4u * j);
+        cw[j] = q & 0x0F0F0F0Fu;
+        cw[j + 4u] = (q >> 4) & 0x0F0F0F0Fu;
+#if defined(DOT_Q5_0) || defined(DOT_Q5_1)
+        cw[j] |= spread4(qh >> (4u * j));
+        cw[j + 4u] |= spread4(qh >> (16u + 4u * j));
+#endif
+    }
+    return dm;
+#endif
+}
+
+// a block's contribution from its codes' dot `id` with x's block (xv: d, d * sum of codes)
+float b32_apply(vec2 dm, int id, vec2 xv) {
+#if defined(DOT_Q8_0)
+    return dm.x * xv.x * float(id);
+#elif defined(DOT_Q4_0)
+    return dm.x * (xv.x * float(id) - 8.0 * xv.y);
+#elif defined(DOT_Q5_0)
+    return dm.x * (xv.x * float(id) - 16.0 * xv.y);
+#else
+    return dm.x * xv.x * float(id) + dm.y * xv.y;
+#endif
 }
 #endif
 
@@ -196,123 +295,173 @@ void main() {
     uint tid = gl_LocalInvocationID.x;
     uint wid = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     uint nb = pc.n_cols / 32u;
+    uint t0 = gl_WorkGroupID.z * NT;
+    uint nt = min(NT, pc.n_tokens - t0);
     bool norm = pc.norm != 0u;
+    uint xrow = pc.n_cols / 4u; // vec4s of one token's x
 
-    // 1. q8(x) (times g) into shared memory, the sum of squares of x on the way
-    float ss = 0.0;
-    for (uint b = tid; b < nb; b += WG) {
+    // 1. q8(x_t) (times g) into shared memory, each block's sum of squares on the way; the
+    // tokens past the batch's end as zeros
+    for (uint i = tid; i < NT * nb; i += WG) {
+        uint t = i / nb;
+        uint b = i - t * nb;
+        uint o = t * XW + b * 8u;
+        if (t >= nt) {
+            [[unroll]] for (uint j = 0u; j < 8u; j++) {
+                xq[o + j] = 0u;
+            }
+            xs[t * XB + b] = vec2(0.0);
+            xn[t * XB + b] = 0.0;
+            continue;
+        }
+        uint xi = (t0 + t) * xrow + b * 8u;
         vec4 v[8];
         float amax = 0.0;
-        [[unroll]] for (uint i = 0u; i < 8u; i++) {
-            vec4 xv = x4[b * 8u + i];
+        float ss = 0.0;
+        [[unroll]] for (uint j = 0u; j < 8u; j++) {
+            vec4 xv = x4[xi + j];
             ss += dot(xv, xv);
             if (norm) {
-                xv *= g4[b * 8u + i];
+                xv *= g4[b * 8u + j];
             }
-            v[i] = xv;
+            v[j] = xv;
             vec4 a = abs(xv);
             amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
         }
         float d = amax / 127.0;
         float id = d > 0.0 ? 1.0 / d : 0.0;
         int sum = 0;
-        [[unroll]] for (uint i = 0u; i < 8u; i++) {
-            ivec4 q = ivec4(round_away(v[i].x * id), round_away(v[i].y * id),
-                            round_away(v[i].z * id), round_away(v[i].w * id));
+        [[unroll]] for (uint j = 0u; j < 8u; j++) {
+            ivec4 q = ivec4(round_away(v[j].x * id), round_away(v[j].y * id),
+                            round_away(v[j].z * id), round_away(v[j].w * id));
             sum += q.x + q.y + q.z + q.w;
-            xq[b * 8u + i] = uint(q.x & 0xFF) | (uint(q.y & 0xFF) << 8) |
-                             (uint(q.z & 0xFF) << 16) | (uint(q.w & 0xFF) << 24);
+            xq[o + j] = uint(q.x & 0xFF) | (uint(q.y & 0xFF) << 8) |
+                        (uint(q.z & 0xFF) << 16) | (uint(q.w & 0xFF) << 24);
         }
-        xs[b] = vec2(d, d * float(sum));
+        xs[t * XB + b] = vec2(d, d * float(sum));
+        xn[t * XB + b] = ss;
     }
-    float inv = 1.0;
-    if (norm) {
-        ss = subgroupAdd(ss);
+    barrier();
+    // 1 / rms(x_t) per token, a subgroup a token (1 without the norm)
+    for (uint t = gl_SubgroupID; t < NT; t += gl_NumSubgroups) {
+        float s = 0.0;
+        for (uint b = gl_SubgroupInvocationID; b < nb; b += gl_SubgroupSize) {
+            s += xn[t * XB + b];
+        }
+        s = subgroupAdd(s);
         if (subgroupElect()) {
-            part[gl_SubgroupID] = ss;
+            invs[t] = norm ? 1.0 / sqrt(s / float(pc.n_cols) + pc.eps) : 1.0;
         }
-        barrier();
-        float tot = 0.0;
-        for (uint s = 0u; s < gl_NumSubgroups; s++) {
-            tot += part[s];
-        }
-        inv = 1.0 / sqrt(tot / float(pc.n_cols) + pc.eps);
     }
-    barrier(); // the codes, and every read of part above, before the rows reuse part
+    barrier();
 
-    // 2. the rows
+    // 2. the rows: accumulator (k, t) of matrix k / RPT, row r0 + k % RPT, token t
     uint rg = tid / TPR;
     uint lane = tid % TPR;
-    uint p = (lane % 8u) / 2u;
-    uint h = lane % 2u;
     uint r0 = (wid * GROUPS + rg) * RPT;
-    uint n_sb = pc.n_cols / 256u;
-    uint rw = pc.row_bytes / 16u; // uvec4s a row
-    float acc[NM * RPT];
-    [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
+    float acc[NACC];
+    [[unroll]] for (uint k = 0u; k < NACC; k++) {
         acc[k] = 0.0;
     }
-#if defined(DOT_Q4_K) || defined(DOT_Q5_K)
+#ifdef KQUANT
+    uint p = (lane % 8u) / 2u;
+    uint h = lane % 2u;
+    uint n_sb = pc.n_cols / 256u;
+    uint rw = pc.row_bytes / 16u; // uvec4s a row
     for (uint sb = lane / 8u; sb < n_sb; sb += 4u) {
-        uvec4 hd[NM * RPT];
-        uvec4 qs[NM * RPT];
-        uvec4 qh[NM * RPT];
-        [[unroll]] for (uint k = 0u; k < RPT; k++) {
-            uint r = min(r0 + k, pc.n_rows - 1u); // rows past the end read the last (not written)
-            uint at = r * rw + sb * SB_VECS;
-            hd[k] = w4[at];
-            qs[k] = w4[at + QS_VEC + 2u * p + h];
-#ifdef DOT_Q5_K
-            qh[k] = w4[at + 1u + h];
-#else
-            qh[k] = uvec4(0u);
-#endif
-#ifdef GLU
-            hd[RPT + k] = u4[at];
-            qs[RPT + k] = u4[at + QS_VEC + 2u * p + h];
-#ifdef DOT_Q5_K
-            qh[RPT + k] = u4[at + 1u + h];
-#else
-            qh[RPT + k] = uvec4(0u);
-#endif
-#endif
-        }
+        uint blo = sb * 8u + 2u * p; // q8 blocks of the two sub-blocks
+        uint wlo = blo * 8u + 4u * h;
         [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
-            acc[k] += lane_dot(hd[k], qs[k], qh[k], sb, p, h);
+            uint r = min(r0 + k % RPT, pc.n_rows - 1u); // rows past the end read the last
+            uint lo[4];
+            uint hi[4];
+            vec4 f = kq_decode(k / RPT, r * rw + sb * SB_VECS, p, h, lo, hi);
+            for (uint t = 0u; t < NT; t++) {
+                uint xw = t * XW + wlo;
+                int il = 0;
+                int ih = 0;
+                [[unroll]] for (uint i = 0u; i < 4u; i++) {
+                    il += dotPacked4x8EXT(int(lo[i]), int(xq[xw + i]));
+                    ih += dotPacked4x8EXT(int(hi[i]), int(xq[xw + 8u + i]));
+                }
+                vec2 xl = xs[t * XB + blo];
+                vec2 xh = xs[t * XB + blo + 1u];
+                acc[k * NT + t] += f.x * xl.x * float(il) + f.y * xh.x * float(ih) -
+                                   (f.z * xl.y + f.w * xh.y);
+            }
         }
     }
-#else
+#endif
+#ifdef DOT_Q6_K
     // lane (n, c) of the eight: n = half of the super-block, c = which 8 bytes of its windows
     uint n6 = (lane % 8u) / 4u;
     uint c6 = lane % 4u;
+    uint n_sb = pc.n_cols / 256u;
     for (uint sb = lane / 8u; sb < n_sb; sb += 4u) {
-        [[unroll]] for (uint k = 0u; k < RPT; k++) {
-            uint r = min(r0 + k, pc.n_rows - 1u);
-            acc[k] += q6_dot(r * pc.row_bytes + sb * 210u, sb, n6, c6);
+        [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
+            uint r = min(r0 + k % RPT, pc.n_rows - 1u);
+            uint cw[8];
+            int sc[4];
+            float d = q6_decode(k / RPT, r * pc.row_bytes + sb * 210u, n6, c6, cw, sc);
+            for (uint t = 0u; t < NT; t++) {
+                float s = 0.0;
+                [[unroll]] for (uint g = 0u; g < 4u; g++) {
+                    uint b = sb * 8u + 4u * n6 + g; // q8 block of x
+                    uint xw = t * XW + b * 8u + 2u * c6;
+                    int isum = 0;
+                    int xsum = 0;
+                    [[unroll]] for (uint i = 0u; i < 2u; i++) {
+                        int xv = int(xq[xw + i]);
+                        isum += dotPacked4x8EXT(int(cw[2u * g + i]), xv);
+                        xsum += dotPacked4x8EXT(0x01010101, xv);
+                    }
+                    s += float(sc[g]) * xs[t * XB + b].x * float(isum - 32 * xsum);
+                }
+                acc[k * NT + t] += d * s;
+            }
+        }
+    }
+#endif
+#ifdef BLOCK32
+    for (uint bi = lane; bi < nb; bi += TPR) {
+        [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
+            uint r = min(r0 + k % RPT, pc.n_rows - 1u);
+            uint cw[8];
+            vec2 dm = b32_decode(k / RPT, r * pc.row_bytes + bi * BB, cw);
+            for (uint t = 0u; t < NT; t++) {
+                uint xw = t * XW + bi * 8u;
+                int id = 0;
+                [[unroll]] for (uint j = 0u; j < 8u; j++) {
+                    id += dotPacked4x8EXT(int(cw[j]), int(xq[xw + j]));
+                }
+                acc[k * NT + t] += b32_apply(dm, id, xs[t * XB + bi]);
+            }
         }
     }
 #endif
     // a row's sum over its 32 lanes: subgroups, then the subgroups of a row group
     uint per = TPR / gl_SubgroupSize; // subgroups a row group (the host keeps it whole)
-    [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
+    [[unroll]] for (uint k = 0u; k < NACC; k++) {
         float s = subgroupAdd(acc[k]);
         if (subgroupElect()) {
-            part[gl_SubgroupID * NM * RPT + k] = s;
+            part[gl_SubgroupID * NACC + k] = s;
         }
     }
     barrier();
-    if (lane < RPT) {
-        uint r = r0 + lane;
-        if (r < pc.n_rows) {
+    for (uint j = lane; j < RPT * NT; j += TPR) {
+        uint kr = j % RPT;
+        uint t = j / RPT;
+        uint r = r0 + kr;
+        if (r < pc.n_rows && t < nt) {
             float v[NM];
             [[unroll]] for (uint m = 0u; m < NM; m++) {
                 float s = 0.0;
                 for (uint i = 0u; i < per; i++) {
-                    s += part[(rg * per + i) * NM * RPT + m * RPT + lane];
+                    s += part[(rg * per + i) * NACC + (m * RPT + kr) * NT + t];
                 }
-                v[m] = s * inv;
+                v[m] = s * invs[t];
             }
-            uint yi = pc.y_col + r;
+            uint yi = (t0 + t) * pc.y_stride + pc.y_col + r;
 #ifdef GLU
             y[yi] = glu_act(v[0], pc.act) * v[1];
 #else

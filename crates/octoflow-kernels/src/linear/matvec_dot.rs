@@ -1,70 +1,113 @@
-//! One token of a Q4_K, Q5_K or Q6_K product on 8-bit integer dot products (`matvec_dot.comp`):
-//! x quantized per block of 32 values as llama.cpp's q8_1 inside each workgroup, the weights'
-//! codes dotted with its codes four at a time. What [`super::Linear::record`] (all three) and
-//! [`super::Linear::record_glu`] (Q4_K, Q5_K) take for one-token products where [`MatvecDot::fits`]
-//! and [`crate::Tuning::matvec_dot`] say so; [`matvec_dot_ref`] is its CPU reference.
+//! One to [`MATVEC_MAX_TOKENS`] tokens of a product on 8-bit integer dot products
+//! (`matvec_dot.comp`): x quantized per block of 32 values as llama.cpp's q8_1 inside each
+//! workgroup, the weights' codes dotted with its codes four at a time, each weight decoded once
+//! for all of a workgroup's tokens. Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K, plain and
+//! as the fused gate/up/activation. What [`super::Linear::record`] and
+//! [`super::Linear::record_glu`] take where [`MatvecDot::takes`] and [`MatvecDot::fits`] say so;
+//! [`matvec_dot_ref`] is its CPU reference.
 
 use octoflow_gguf::quant::QuantError;
 use octoflow_gguf::GgmlType;
 use octoflow_vk::{BufferSlice, Chain, Context, Push};
 
 use super::args::{glu_cost, product_cost};
-use super::{LinearArgs, LinearGluArgs, MATVEC_TPR, PUSH_BYTES};
+use super::{LinearArgs, LinearGluArgs, MATVEC_MAX_TOKENS, MATVEC_TPR, PUSH_BYTES};
 use crate::error::Result;
 use crate::glu::{glu_ref, GluOp};
 use crate::shaders;
 use crate::spec::SpecPipelines;
+use crate::tuning::Tuning;
 
-/// Widest row the shader's shared memory holds (`MAX_COLS` in `matvec_dot.comp`).
+/// Widest row the kernel takes (shared memory must also hold one token of it).
 pub const MATVEC_DOT_MAX_COLS: u32 = 16384;
 /// Invocations per workgroup and rows a row group of 32 lanes takes at once (`WG`, `RPT`).
 const WG: u32 = 256;
 const RPT: u32 = 2;
+/// The narrowest subgroup the shader's partial sums are sized for (`MIN_SG`).
+const MIN_SG: u32 = 4;
 /// Values per quantized block of x.
 const QK: usize = 32;
 
-/// The shader's pipelines (Q4_K and Q5_K plain and GLU, Q6_K plain), for devices with integer
+/// The types the kernel reads, in the order of [`MatvecDot`]'s pipelines.
+const DOT_TYPES: [GgmlType; 8] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// The shader's pipelines (plain and GLU per type of [`DOT_TYPES`]), for devices with integer
 /// dot products.
 pub(crate) struct MatvecDot {
-    q4k: SpecPipelines,
-    q4k_glu: SpecPipelines,
-    q5k: SpecPipelines,
-    q5k_glu: SpecPipelines,
-    q6k: SpecPipelines,
+    plain: Vec<SpecPipelines>,
+    glu: Vec<SpecPipelines>,
+    /// The device's shared memory per workgroup: how many tokens a workgroup can take.
+    max_shared: u32,
 }
 
 impl MatvecDot {
     /// The pipelines (built on first use), with the subgroup size the matvec requires, or `None`
     /// where the device has no integer dot products.
     pub(crate) fn new(ctx: &Context, subgroup: Option<u32>) -> Option<Self> {
-        ctx.caps().integer_dot_product.then(|| MatvecDot {
-            q4k: SpecPipelines::new(shaders::MATVEC_DOT_Q4_K, 5, PUSH_BYTES + 8, "dot_q4_k")
-                .subgroup_size(subgroup),
-            q5k: SpecPipelines::new(shaders::MATVEC_DOT_Q5_K, 5, PUSH_BYTES + 8, "dot_q5_k")
-                .subgroup_size(subgroup),
-            q6k: SpecPipelines::new(shaders::MATVEC_DOT_Q6_K, 5, PUSH_BYTES + 8, "dot_q6_k")
-                .subgroup_size(subgroup),
-            q5k_glu: SpecPipelines::new(
-                shaders::MATVEC_DOT_GLU_Q5_K,
-                6,
-                PUSH_BYTES + 12,
-                "dot_glu_q5_k",
-            )
-            .subgroup_size(subgroup),
-            q4k_glu: SpecPipelines::new(
-                shaders::MATVEC_DOT_GLU_Q4_K,
-                6,
-                PUSH_BYTES + 12,
-                "dot_glu_q4_k",
-            )
-            .subgroup_size(subgroup),
+        use shaders::*;
+        let caps = ctx.caps();
+        let plain = [
+            (MATVEC_DOT_Q4_0, "dot_q4_0"),
+            (MATVEC_DOT_Q4_1, "dot_q4_1"),
+            (MATVEC_DOT_Q5_0, "dot_q5_0"),
+            (MATVEC_DOT_Q5_1, "dot_q5_1"),
+            (MATVEC_DOT_Q8_0, "dot_q8_0"),
+            (MATVEC_DOT_Q4_K, "dot_q4_k"),
+            (MATVEC_DOT_Q5_K, "dot_q5_k"),
+            (MATVEC_DOT_Q6_K, "dot_q6_k"),
+        ];
+        let glu = [
+            (MATVEC_DOT_GLU_Q4_0, "dot_glu_q4_0"),
+            (MATVEC_DOT_GLU_Q4_1, "dot_glu_q4_1"),
+            (MATVEC_DOT_GLU_Q5_0, "dot_glu_q5_0"),
+            (MATVEC_DOT_GLU_Q5_1, "dot_glu_q5_1"),
+            (MATVEC_DOT_GLU_Q8_0, "dot_glu_q8_0"),
+            (MATVEC_DOT_GLU_Q4_K, "dot_glu_q4_k"),
+            (MATVEC_DOT_GLU_Q5_K, "dot_glu_q5_k"),
+            (MATVEC_DOT_GLU_Q6_K, "dot_glu_q6_k"),
+        ];
+        let build = |list: &[(octoflow_vk::Shader, &'static str)], bindings, push| {
+            list.iter()
+                .map(|&(sh, label)| {
+                    SpecPipelines::new(sh, bindings, push, label).subgroup_size(subgroup)
+                })
+                .collect()
+        };
+        caps.integer_dot_product.then(|| MatvecDot {
+            plain: build(&plain, 5, PUSH_BYTES + 8),
+            glu: build(&glu, 6, PUSH_BYTES + 12),
+            max_shared: caps.max_shared_memory,
         })
     }
 
-    /// Whether the kernel reads this product (`glu`: the fused gate/up, not Q6_K): one token
-    /// of Q4_K, Q5_K or Q6_K rows of whole super-blocks, at most [`MATVEC_DOT_MAX_COLS`] wide, from
-    /// 16-byte aligned offsets, no pending post-norm.
+    /// Whether the tuning sends `n_tokens` tokens of type `ty` here (where they fit): one token
+    /// of the K-quants with [`Tuning::matvec_dot`], two to [`MATVEC_MAX_TOKENS`] of every type
+    /// the kernel reads with [`Tuning::dot_batches`].
+    pub(crate) fn takes(tuning: &Tuning, ty: GgmlType, n_tokens: u32) -> bool {
+        if n_tokens == 1 {
+            tuning.matvec_dot && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+        } else {
+            tuning.dot_batches && DOT_TYPES.contains(&ty)
+        }
+    }
+
+    /// Whether the kernel reads this product (`glu`: the fused gate/up): 1 ..=
+    /// [`MATVEC_MAX_TOKENS`] tokens of a type it reads, rows of whole super-blocks (K-quants)
+    /// or of an even number of blocks (the 2-byte aligned Q4_0, Q5_0 and Q8_0: whole words a
+    /// row) or whole blocks (Q4_1, Q5_1), at most [`MATVEC_DOT_MAX_COLS`] wide and one token of
+    /// them in shared memory, from 16-byte (K-quants) or 4-byte aligned offsets, no pending
+    /// post-norm.
     pub(crate) fn fits(
+        &self,
         ty: GgmlType,
         glu: bool,
         n_cols: u32,
@@ -72,18 +115,50 @@ impl MatvecDot {
         pending: bool,
         w: &[&BufferSlice],
     ) -> bool {
-        (matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) || (ty == GgmlType::Q6_K && !glu))
-            && n_tokens == 1
+        let (multiple, align) = match ty {
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => (256, 16),
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => (64, 4),
+            GgmlType::Q4_1 | GgmlType::Q5_1 => (32, 4),
+            _ => return false,
+        };
+        (1..=MATVEC_MAX_TOKENS).contains(&n_tokens)
             && !pending
-            && n_cols.is_multiple_of(256)
+            && n_cols > 0
+            && n_cols.is_multiple_of(multiple)
             && n_cols <= MATVEC_DOT_MAX_COLS
-            && w.iter().all(|s| s.offset.is_multiple_of(16))
+            && shared_bytes(1, n_cols, glu) <= self.max_shared
+            && w.iter().all(|s| s.offset.is_multiple_of(align))
     }
 
-    fn groups(chain: &Chain, n_rows: u32) -> Result<[u32; 3]> {
-        Ok(chain
+    /// Tokens per workgroup for `n_tokens` tokens of `n_cols`-wide rows: as many as shared
+    /// memory holds, evened out over the workgroups' token ranges.
+    fn tokens_per_group(&self, n_cols: u32, n_tokens: u32, glu: bool) -> u32 {
+        let fit = (1..=n_tokens)
+            .rev()
+            .find(|&nt| shared_bytes(nt, n_cols, glu) <= self.max_shared)
+            .unwrap_or(1);
+        n_tokens.div_ceil(n_tokens.div_ceil(fit))
+    }
+
+    /// The pipeline and grid of a product that [`MatvecDot::fits`].
+    fn layout(
+        &self,
+        chain: &Chain,
+        ty: GgmlType,
+        glu: bool,
+        n_rows: u32,
+        n_cols: u32,
+        n_tokens: u32,
+    ) -> Result<(octoflow_vk::Pipeline, [u32; 3])> {
+        let ti = DOT_TYPES.iter().position(|&t| t == ty).unwrap_or(0);
+        let nt = self.tokens_per_group(n_cols, n_tokens, glu);
+        let set = if glu { &self.glu } else { &self.plain };
+        let pl = set[ti].get(chain.context(), [WG, RPT, nt, n_cols, 0, 0, 0])?;
+        let mut groups = chain
             .context()
-            .groups_1d(u64::from(n_rows), WG / MATVEC_TPR * RPT)?)
+            .groups_1d(u64::from(n_rows), WG / MATVEC_TPR * RPT)?;
+        groups[2] = n_tokens.div_ceil(nt);
+        Ok((pl, groups))
     }
 
     /// Records checked arguments (`push`: [`super::check_args`]' seven words; `bindings`: weights,
@@ -95,18 +170,12 @@ impl MatvecDot {
         bindings: &[BufferSlice; 4],
         push: Push,
     ) -> Result<()> {
-        let pipelines = match a.w.ty {
-            GgmlType::Q5_K => &self.q5k,
-            GgmlType::Q6_K => &self.q6k,
-            _ => &self.q4k,
-        };
-        let pl = pipelines.get(chain.context(), [WG, RPT, 0, 0, 0, 0, 0])?;
+        let (pl, groups) = self.layout(chain, a.w.ty, false, a.w.n_rows, a.w.n_cols, a.n_tokens)?;
         let [wb, x, y, bias] = bindings.clone();
         let (g, eps) = a
             .norm
             .map_or_else(|| (x.clone(), 0.0), |(g, eps)| (g.clone(), eps));
         let push = push.f32(eps).u32(u32::from(a.norm.is_some()));
-        let groups = Self::groups(chain, a.w.n_rows)?;
         chain.dispatch(&pl, &[wb, x, y, bias, g], &push, groups)?;
         let (bytes, flops) = product_cost(a);
         chain.set_cost(bytes, flops);
@@ -123,11 +192,14 @@ impl MatvecDot {
         up: BufferSlice,
         push: Push,
     ) -> Result<()> {
-        let pipelines = match a.gate.ty {
-            GgmlType::Q5_K => &self.q5k_glu,
-            _ => &self.q4k_glu,
-        };
-        let pl = pipelines.get(chain.context(), [WG, RPT, 0, 0, 0, 0, 0])?;
+        let (pl, groups) = self.layout(
+            chain,
+            a.gate.ty,
+            true,
+            a.gate.n_rows,
+            a.gate.n_cols,
+            a.n_tokens,
+        )?;
         let [wb, x, y, bias] = bindings;
         let (g, eps) = a
             .norm
@@ -136,12 +208,19 @@ impl MatvecDot {
             .f32(eps)
             .u32(u32::from(a.norm.is_some()))
             .u32(a.op.code());
-        let groups = Self::groups(chain, a.gate.n_rows)?;
         chain.dispatch(&pl, &[wb, x, y, bias, g, up], &push, groups)?;
         let (bytes, flops) = glu_cost(a);
         chain.set_cost(bytes, flops);
         Ok(())
     }
+}
+
+/// Shared-memory bytes of a workgroup taking `nt` tokens of `n_cols`-wide rows (the shader's
+/// `xq`, `xs`, `xn`, `invs` and `part`).
+fn shared_bytes(nt: u32, n_cols: u32, glu: bool) -> u32 {
+    let nm = if glu { 2 } else { 1 };
+    let blocks = n_cols / 32;
+    nt * n_cols + nt * blocks * 12 + nt * 4 + (WG / MIN_SG) * nm * RPT * nt * 4
 }
 
 /// x (times `g`) quantized as the shader does: per block of 32 values `d = max|v| / 127`, codes
@@ -172,7 +251,7 @@ pub fn q8_blocks(x: &[f32], g: Option<&[f32]>) -> (Vec<f64>, Vec<f64>) {
     (deq, steps)
 }
 
-/// CPU reference of one row set of [`MatvecDot`] (`ty`: Q4_K, Q5_K or Q6_K rows):
+/// CPU reference of one token of [`MatvecDot`] (`ty`: a type it reads):
 /// `y[y_col + r] (= | +=) dot(W row r, q8(x)) (+ bias[r])`, times `1 / rms(x)` with the norm
 /// `(g, eps)`; dots in f64 over the f32 weights
 /// `octoflow_gguf` dequantizes. Returns, per row, the most the result may move where codes of x
@@ -223,7 +302,7 @@ pub fn matvec_dot_ref(
     Ok(slack)
 }
 
-/// CPU reference of the GLU variant (`ty` Q4_K or Q5_K): gate and up as [`matvec_dot_ref`] (no
+/// CPU reference of one token of the GLU variant: gate and up as [`matvec_dot_ref`] (no
 /// bias), then [`glu_ref`]. Returns each row's slack of gate and of up.
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_dot_glu_ref(

@@ -29,6 +29,7 @@ fn check_rows(got: &[f32], want: &[f32], slack: &[f64], what: &str) {
 fn dot_linear(ctx: &Context, on: bool) -> Linear {
     let tuning = Tuning {
         matvec_dot: on,
+        dot_batches: on,
         ..Tuning::from_caps(ctx.caps())
     };
     Linear::with_layout(ctx, false, tuning).unwrap()
@@ -45,25 +46,25 @@ fn random_x(rng: &mut StdRng, n: usize) -> Vec<f32> {
     x
 }
 
-/// One shape: the plain product (bias, accumulate, at a column offset of a wider y), the
-/// product of the fused norm, and the fused GLU with and without the norm, each against
-/// [`matvec_dot_ref`] / [`matvec_dot_glu_ref`] with y poisoned where it is written fresh; the
-/// norm's product also against the f32 reference, within what codes off by up to half a step
-/// can move it.
+/// One shape of `nt` tokens: the plain product (bias, accumulate, at a column offset of a
+/// wider y), the product of the fused norm, and the fused GLU with and without the norm, each
+/// against [`matvec_dot_ref`] / [`matvec_dot_glu_ref`] token by token with y poisoned where it
+/// is written fresh; the norm's product also against the f32 reference, within what codes off
+/// by up to half a step can move it.
 fn check_shape(
     ctx: &Context,
     lin: &Linear,
     ty: GgmlType,
-    (n_rows, n_cols): (usize, usize),
+    (n_rows, n_cols, nt): (usize, usize, usize),
     rng: &mut StdRng,
     seed: u64,
 ) {
-    let what = format!("{ty} {n_rows}x{n_cols}, seed {seed}");
+    let what = format!("{ty} {n_rows}x{n_cols}, {nt} tokens, seed {seed}");
     let eps = 1e-5f32;
     let wq = random_weights(rng, ty, n_rows, n_cols);
     let uq = random_weights(rng, ty, n_rows, n_cols);
     let (wb, ub) = (buffer_with(ctx, "w", &wq), buffer_with(ctx, "u", &uq));
-    let x = random_x(rng, n_cols);
+    let x: Vec<f32> = (0..nt).flat_map(|_| random_x(rng, n_cols)).collect();
     let g: Vec<f32> = (0..n_cols).map(|_| rng.gen_range(0.5..1.5)).collect();
     let bias: Vec<f32> = (0..n_rows).map(|_| rng.gen_range(-1.0..1.0)).collect();
     let (xb, gb, bb) = (
@@ -78,9 +79,10 @@ fn check_shape(
         n_rows: n_rows as u32,
         n_cols: n_cols as u32,
     };
-    // plain: bias and accumulate into columns [3, 3 + n_rows) of a row of n_rows + 5
+    let xt = |t: usize| &x[t * n_cols..(t + 1) * n_cols];
+    // plain: bias and accumulate into columns [3, 3 + n_rows) of rows of n_rows + 5
     let stride = n_rows + 5;
-    let y0: Vec<f32> = (0..stride).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let y0: Vec<f32> = (0..nt * stride).map(|_| rng.gen_range(-1.0..1.0)).collect();
     let yb = with(ctx, "y", &y0);
     let mut chain = Chain::new(ctx).unwrap();
     lin.record(
@@ -89,7 +91,7 @@ fn check_shape(
             w: weight(ty, &ws),
             x: &xb.whole(),
             y: &yb.whole(),
-            n_tokens: 1,
+            n_tokens: nt as u32,
             y_stride: stride as u32,
             y_col: 3,
             bias: Some(&bs),
@@ -100,35 +102,51 @@ fn check_shape(
     )
     .unwrap();
     chain.run().unwrap();
-    let got = read(ctx, &yb, stride);
-    let mut want = y0.clone();
-    let slack = matvec_dot_ref(
-        ty,
-        &wq,
-        n_rows,
-        n_cols,
-        &x,
-        None,
-        &mut want,
-        3,
-        Some(&bias),
-        true,
-    )
-    .unwrap();
-    assert_eq!(got[..3], y0[..3], "{what}: columns before y_col written");
-    assert_eq!(got[3 + n_rows..], y0[3 + n_rows..], "{what}: written past");
-    check_rows(&got[3..3 + n_rows], &want[3..3 + n_rows], &slack, &what);
+    let got = read(ctx, &yb, nt * stride);
+    for t in 0..nt {
+        let (o, what) = (t * stride, format!("{what}, token {t}"));
+        let mut want = y0[o..o + stride].to_vec();
+        let slack = matvec_dot_ref(
+            ty,
+            &wq,
+            n_rows,
+            n_cols,
+            xt(t),
+            None,
+            &mut want,
+            3,
+            Some(&bias),
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            got[o..o + 3],
+            y0[o..o + 3],
+            "{what}: columns before y_col written"
+        );
+        assert_eq!(
+            got[o + 3 + n_rows..o + stride],
+            y0[o + 3 + n_rows..o + stride],
+            "{what}: written past"
+        );
+        check_rows(
+            &got[o + 3..o + 3 + n_rows],
+            &want[3..3 + n_rows],
+            &slack,
+            &what,
+        );
+    }
 
     // the fused norm, y poisoned
-    let yb = poisoned(ctx, "y", n_rows + 4);
+    let yb = poisoned(ctx, "y", nt * n_rows + 4);
     let mut chain = Chain::new(ctx).unwrap();
     lin.record(
         &mut chain,
         &LinearArgs {
             w: weight(ty, &ws),
             x: &xb.whole(),
-            y: &yb.slice(0, 4 * n_rows as u64).unwrap(),
-            n_tokens: 1,
+            y: &yb.slice(0, 4 * (nt * n_rows) as u64).unwrap(),
+            n_tokens: nt as u32,
             y_stride: n_rows as u32,
             y_col: 0,
             bias: None,
@@ -139,73 +157,77 @@ fn check_shape(
     )
     .unwrap();
     chain.run().unwrap();
-    let got = read(ctx, &yb, n_rows + 4);
-    assert!(got[n_rows..].iter().all(|v| v.is_nan()), "{what}: past y");
-    let mut want = vec![0f32; n_rows];
-    let slack = matvec_dot_ref(
-        ty,
-        &wq,
-        n_rows,
-        n_cols,
-        &x,
-        Some((&g, eps)),
-        &mut want,
-        0,
-        None,
-        false,
-    )
-    .unwrap();
-    check_rows(&got[..n_rows], &want, &slack, &format!("{what} (norm)"));
-    // the 8-bit codes move the f32 product by well under a percent of its scale
-    let mut normed = vec![0f32; n_cols];
-    crate::rms_norm_ref(&x, &g, &mut normed, n_cols, eps);
-    let mut exact = vec![0f32; n_rows];
-    linear_ref(
-        ty, &wq, n_rows, n_cols, &normed, 1, &mut exact, n_rows, 0, None, false,
-    )
-    .unwrap();
-    // each code of x is within half a step (its block's d / 2) of x * g, so each row is within
-    // (sum over i of |w_i| d / 2) / rms(x) of the f32 product, whatever the draw
-    let half_steps: Vec<f64> = x
-        .chunks(32)
-        .zip(g.chunks(32))
-        .flat_map(|(xb, gb)| {
-            let amax = xb
-                .iter()
-                .zip(gb)
-                .fold(0f32, |m, (&a, &b)| m.max((a * b).abs()));
-            vec![f64::from(amax) / 127.0 / 2.0; xb.len()]
-        })
-        .collect();
-    let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
-    let inv = 1.0 / (ss / n_cols as f64 + f64::from(eps)).sqrt();
+    let all = read(ctx, &yb, nt * n_rows + 4);
+    assert!(
+        all[nt * n_rows..].iter().all(|v| v.is_nan()),
+        "{what}: past y"
+    );
     let rb = octoflow_gguf::quant::quantized_size(ty, n_cols).unwrap();
     let mut row = vec![0f32; n_cols];
-    let scale = exact.iter().fold(0f64, |m, &e| m.max(f64::from(e).abs()));
-    for r in 0..n_rows {
-        octoflow_gguf::quant::dequantize(ty, &wq[r * rb..(r + 1) * rb], &mut row).unwrap();
-        let bound: f64 = inv
-            * row
-                .iter()
-                .zip(&half_steps)
-                .map(|(&w, &h)| f64::from(w.abs()) * h)
-                .sum::<f64>()
-            + REL * scale;
-        let err = (f64::from(got[r]) - f64::from(exact[r])).abs();
-        assert!(
-            err <= bound,
-            "{what} (norm) row {r}: {} against the f32 product {} (beyond half a code step: {err:.3e} > {bound:.3e})",
-            got[r],
-            exact[r]
-        );
+    for t in 0..nt {
+        let (x, what) = (xt(t), format!("{what}, token {t}"));
+        let got = &all[t * n_rows..(t + 1) * n_rows];
+        let mut want = vec![0f32; n_rows];
+        let slack = matvec_dot_ref(
+            ty,
+            &wq,
+            n_rows,
+            n_cols,
+            x,
+            Some((&g, eps)),
+            &mut want,
+            0,
+            None,
+            false,
+        )
+        .unwrap();
+        check_rows(got, &want, &slack, &format!("{what} (norm)"));
+        // the 8-bit codes move the f32 product by well under a percent of its scale
+        let mut normed = vec![0f32; n_cols];
+        crate::rms_norm_ref(x, &g, &mut normed, n_cols, eps);
+        let mut exact = vec![0f32; n_rows];
+        linear_ref(
+            ty, &wq, n_rows, n_cols, &normed, 1, &mut exact, n_rows, 0, None, false,
+        )
+        .unwrap();
+        // each code of x is within half a step (its block's d / 2) of x * g, so each row is
+        // within (sum over i of |w_i| d / 2) / rms(x) of the f32 product, whatever the draw
+        let half_steps: Vec<f64> = x
+            .chunks(32)
+            .zip(g.chunks(32))
+            .flat_map(|(xb, gb)| {
+                let amax = xb
+                    .iter()
+                    .zip(gb)
+                    .fold(0f32, |m, (&a, &b)| m.max((a * b).abs()));
+                vec![f64::from(amax) / 127.0 / 2.0; xb.len()]
+            })
+            .collect();
+        let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        let inv = 1.0 / (ss / n_cols as f64 + f64::from(eps)).sqrt();
+        let scale = exact.iter().fold(0f64, |m, &e| m.max(f64::from(e).abs()));
+        for r in 0..n_rows {
+            octoflow_gguf::quant::dequantize(ty, &wq[r * rb..(r + 1) * rb], &mut row).unwrap();
+            let bound: f64 = inv
+                * row
+                    .iter()
+                    .zip(&half_steps)
+                    .map(|(&w, &h)| f64::from(w.abs()) * h)
+                    .sum::<f64>()
+                + REL * scale;
+            let err = (f64::from(got[r]) - f64::from(exact[r])).abs();
+            assert!(
+                err <= bound,
+                "{what} (norm) row {r}: {} against the f32 product {} (beyond half a code step: {err:.3e} > {bound:.3e})",
+                got[r],
+                exact[r]
+            );
+        }
     }
 
-    // the fused GLU (not Q6_K), with the norm (SiLU) and without (GELU)
-    if ty == GgmlType::Q6_K {
-        return;
-    }
+    // the fused GLU, with the norm (SiLU) and without (GELU)
     for (norm, op) in [(true, GluOp::Silu), (false, GluOp::GeluTanh)] {
-        let yb = poisoned(ctx, "y", n_rows + 4);
+        let yb = poisoned(ctx, "y", nt * n_rows + 4);
         let mut chain = Chain::new(ctx).unwrap();
         lin.record_glu(
             &mut chain,
@@ -213,8 +235,8 @@ fn check_shape(
                 gate: weight(ty, &ws),
                 up: weight(ty, &us),
                 x: &xb.whole(),
-                y: &yb.slice(0, 4 * n_rows as u64).unwrap(),
-                n_tokens: 1,
+                y: &yb.slice(0, 4 * (nt * n_rows) as u64).unwrap(),
+                n_tokens: nt as u32,
                 op,
                 norm: norm.then_some((&gs, eps)),
                 pending: None,
@@ -222,36 +244,44 @@ fn check_shape(
         )
         .unwrap();
         chain.run().unwrap();
-        let got = read(ctx, &yb, n_rows + 4);
-        assert!(got[n_rows..].iter().all(|v| v.is_nan()), "{what}: past y");
-        let mut want = vec![0f32; n_rows];
-        let nrm = norm.then_some((&g[..], eps));
-        let slack =
-            matvec_dot_glu_ref(ty, &wq, &uq, n_rows, n_cols, &x, nrm, &mut want, op).unwrap();
-        // a gate or up moved by its slack moves act(gate) * up by at most about this much
-        let (mut gate, mut up) = (vec![0f32; n_rows], vec![0f32; n_rows]);
-        matvec_dot_ref(ty, &wq, n_rows, n_cols, &x, nrm, &mut gate, 0, None, false).unwrap();
-        matvec_dot_ref(ty, &uq, n_rows, n_cols, &x, nrm, &mut up, 0, None, false).unwrap();
-        let glu_slack: Vec<f64> = slack
-            .iter()
-            .zip(gate.iter().zip(&up))
-            .map(|(&(sg, su), (&gv, &uv))| {
-                1.2 * sg * f64::from(uv).abs() + (f64::from(gv).abs() + sg) * su
-            })
-            .collect();
-        check_rows(
-            &got[..n_rows],
-            &want,
-            &glu_slack,
-            &format!("{what} (GLU, norm {norm})"),
+        let all = read(ctx, &yb, nt * n_rows + 4);
+        assert!(
+            all[nt * n_rows..].iter().all(|v| v.is_nan()),
+            "{what}: past y"
         );
+        let nrm = norm.then_some((&g[..], eps));
+        for t in 0..nt {
+            let (x, got) = (xt(t), &all[t * n_rows..(t + 1) * n_rows]);
+            let mut want = vec![0f32; n_rows];
+            let slack =
+                matvec_dot_glu_ref(ty, &wq, &uq, n_rows, n_cols, x, nrm, &mut want, op).unwrap();
+            // a gate or up moved by its slack moves act(gate) * up by at most about this much
+            let (mut gate, mut up) = (vec![0f32; n_rows], vec![0f32; n_rows]);
+            matvec_dot_ref(ty, &wq, n_rows, n_cols, x, nrm, &mut gate, 0, None, false).unwrap();
+            matvec_dot_ref(ty, &uq, n_rows, n_cols, x, nrm, &mut up, 0, None, false).unwrap();
+            let glu_slack: Vec<f64> = slack
+                .iter()
+                .zip(gate.iter().zip(&up))
+                .map(|(&(sg, su), (&gv, &uv))| {
+                    1.2 * sg * f64::from(uv).abs() + (f64::from(gv).abs() + sg) * su
+                })
+                .collect();
+            check_rows(
+                got,
+                &want,
+                &glu_slack,
+                &format!("{what}, token {t} (GLU, norm {norm})"),
+            );
+        }
     }
 }
 
-/// The integer-dot kernel against its CPU reference on fresh random Q4_K, Q5_K and Q6_K weights and
-/// inputs: rows not a multiple of the workgroup's 16, one to twelve super-blocks a row (odd
-/// counts put Q6_K's 210-byte rows at 2-byte alignment every other row), and rows as wide as
-/// an 8B model's down projection.
+/// The integer-dot kernel against its CPU reference on fresh random weights of every type it
+/// reads and inputs of one to eight tokens: rows not a multiple of the workgroup's 16, rows of
+/// a few blocks to a few super-blocks (odd super-block counts put Q6_K's 210-byte rows at
+/// 2-byte alignment every other row; Q4_0, Q5_0 and Q8_0 blocks alternate between 4- and 2-byte
+/// alignment), and rows as wide as an 8B model's down projection, whose eight tokens take more
+/// shared memory than a workgroup has (the tokens split over workgroups).
 #[test]
 fn gpu_matvec_dot_agrees_with_its_reference() {
     let Some(ctx) = gpu_or_skip("matvec_dot") else {
@@ -264,49 +294,83 @@ fn gpu_matvec_dot_agrees_with_its_reference() {
     let (seed, mut rng) = seeded(module_path!());
     let lin = dot_linear(&ctx, true);
     for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
-        for _ in 0..3 {
+        for nt in [1, 2, rng.gen_range(3..=8usize)] {
             let n_rows = rng.gen_range(1..300usize);
             let n_cols = 256 * rng.gen_range(1..=12usize);
-            check_shape(&ctx, &lin, ty, (n_rows, n_cols), &mut rng, seed);
+            check_shape(&ctx, &lin, ty, (n_rows, n_cols, nt), &mut rng, seed);
         }
-        check_shape(&ctx, &lin, ty, (19, 14336), &mut rng, seed);
+        check_shape(&ctx, &lin, ty, (19, 14336, 1), &mut rng, seed);
     }
+    for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
+        for nt in [2, rng.gen_range(3..=8usize)] {
+            let n_rows = rng.gen_range(1..300usize);
+            let n_cols = 64 * rng.gen_range(1..=40usize);
+            check_shape(&ctx, &lin, ty, (n_rows, n_cols, nt), &mut rng, seed);
+        }
+    }
+    for ty in [GgmlType::Q4_1, GgmlType::Q5_1] {
+        for nt in [2, rng.gen_range(3..=8usize)] {
+            let n_rows = rng.gen_range(1..300usize);
+            let n_cols = 32 * rng.gen_range(1..=80usize);
+            check_shape(&ctx, &lin, ty, (n_rows, n_cols, nt), &mut rng, seed);
+        }
+    }
+    check_shape(&ctx, &lin, GgmlType::Q4_K, (21, 14336, 8), &mut rng, seed);
     assert_no_validation_errors(&ctx);
 }
 
-/// What the kernel takes: one token of Q4_K rows of whole super-blocks up to its width, from
-/// 16-byte aligned offsets, without a pending post-norm; and with the tuning off the product
-/// is the f32 matvec's (equal to the f32 reference, which the 8-bit codes are not).
+/// What the kernel takes: one to eight tokens of the types it reads, rows of whole super-blocks
+/// (K-quants) or of whole words of blocks up to its width, from aligned offsets, without a
+/// pending post-norm; what the tuning sends it; and with the tuning off the product is the f32
+/// matvec's (equal to the f32 reference, which the 8-bit codes are not).
 #[test]
 fn gpu_matvec_dot_takes_only_what_it_reads() {
     let Some(ctx) = gpu_or_skip("matvec_dot_fits") else {
         return;
     };
-    let w = buffer_with(&ctx, "w", &[0u8; 4096]);
-    let (a, b) = (w.whole(), w.slice(8, 1024).unwrap());
-    let fits = |ty, cols, tokens, pending, s: &BufferSlice| {
-        MatvecDot::fits(ty, false, cols, tokens, pending, &[s])
-    };
-    assert!(fits(GgmlType::Q4_K, 256, 1, false, &a));
-    assert!(fits(GgmlType::Q4_K, MATVEC_DOT_MAX_COLS, 1, false, &a));
-    assert!(!fits(
-        GgmlType::Q4_K,
-        MATVEC_DOT_MAX_COLS + 256,
-        1,
-        false,
-        &a
-    ));
-    assert!(!fits(GgmlType::Q4_K, 384, 1, false, &a));
-    assert!(!fits(GgmlType::Q4_K, 256, 2, false, &a));
-    assert!(!fits(GgmlType::Q4_K, 256, 1, true, &a));
-    assert!(!fits(GgmlType::Q4_K, 256, 1, false, &b));
-    assert!(fits(GgmlType::Q5_K, 256, 1, false, &a));
-    assert!(!fits(GgmlType::Q4_0, 256, 1, false, &a));
-    assert!(!fits(GgmlType::Q8_0, 256, 1, false, &a));
-    assert!(fits(GgmlType::Q6_K, 256, 1, false, &a));
-    assert!(!MatvecDot::fits(GgmlType::Q6_K, true, 256, 1, false, &[&a]));
-    assert!(MatvecDot::fits(GgmlType::Q4_K, true, 256, 1, false, &[&a]));
-    assert!(MatvecDot::fits(GgmlType::Q5_K, true, 256, 1, false, &[&a]));
+    if let Some(dot) = MatvecDot::new(&ctx, None) {
+        let w = buffer_with(&ctx, "w", &[0u8; 4096]);
+        let (a, b) = (w.whole(), w.slice(8, 1024).unwrap());
+        let fits = |ty, glu, cols, tokens, pending, s: &BufferSlice| {
+            dot.fits(ty, glu, cols, tokens, pending, &[s])
+        };
+        use GgmlType::*;
+        assert!(fits(Q4_K, false, 256, 1, false, &a));
+        assert!(fits(Q4_K, false, MATVEC_DOT_MAX_COLS, 1, false, &a));
+        assert!(!fits(Q4_K, false, MATVEC_DOT_MAX_COLS + 256, 1, false, &a));
+        assert!(!fits(Q4_K, false, 384, 1, false, &a));
+        assert!(fits(Q4_K, false, 256, 8, false, &a));
+        assert!(!fits(Q4_K, false, 256, 9, false, &a));
+        assert!(!fits(Q4_K, false, 256, 1, true, &a));
+        assert!(!fits(Q4_K, false, 256, 1, false, &b));
+        for ty in [Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0] {
+            assert!(fits(ty, false, 256, 1, false, &a), "{ty}");
+            assert!(fits(ty, true, 256, 4, false, &a), "{ty} GLU");
+        }
+        assert!(fits(Q8_0, false, 256, 2, false, &b));
+        assert!(!fits(Q8_0, false, 96, 2, false, &a));
+        assert!(fits(Q4_1, false, 96, 2, false, &a));
+        assert!(!fits(F16, false, 256, 2, false, &a));
+        assert!(!fits(Q2_K, false, 256, 2, false, &a));
+        let mut t = Tuning {
+            matvec_dot: true,
+            dot_batches: false,
+            ..Tuning::from_caps(ctx.caps())
+        };
+        assert!(MatvecDot::takes(&t, Q4_K, 1));
+        assert!(!MatvecDot::takes(&t, Q8_0, 1));
+        assert!(!MatvecDot::takes(&t, Q8_0, 2));
+        t.dot_batches = true;
+        assert!(MatvecDot::takes(&t, Q8_0, 2));
+        assert!(MatvecDot::takes(&t, Q6_K, 8));
+        assert!(!MatvecDot::takes(&t, F16, 2));
+        t.matvec_dot = false;
+        assert!(!MatvecDot::takes(&t, Q4_K, 1));
+        // batches of a few tokens leave the cooperative-matrix kernel for it
+        let lin = Linear::with_layout(&ctx, false, t).unwrap();
+        assert!(!lin.uses_coop(8));
+        assert!(lin.fuses_norm(8));
+    }
 
     let (seed, mut rng) = seeded(module_path!());
     let (n_rows, n_cols) = (40, 512);

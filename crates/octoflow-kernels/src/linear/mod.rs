@@ -269,7 +269,13 @@ impl Linear {
     /// Whether a batch of `n_tokens` runs on the cooperative-matrix kernel, whose products
     /// are of f16-rounded weights and inputs ([`crate::matmul_coop::matmul_coop_ref`]).
     pub fn uses_coop(&self, n_tokens: u32) -> bool {
-        self.coop.is_some() && n_tokens >= self.tuning.coop_min_tokens
+        self.coop.is_some() && n_tokens >= self.tuning.coop_min_tokens && !self.dot_batch(n_tokens)
+    }
+
+    /// Whether a batch of `n_tokens` (2 ..= [`MATVEC_MAX_TOKENS`]) stays off the
+    /// cooperative-matrix kernel for the integer-dot one ([`Tuning::dot_batches`]).
+    fn dot_batch(&self, n_tokens: u32) -> bool {
+        self.tuning.dot_batches && self.dot.is_some() && (2..=MATVEC_MAX_TOKENS).contains(&n_tokens)
     }
 
     /// Whether a batch of `n_tokens` can take [`LinearArgs::norm`] (the GPU matvec kernel).
@@ -327,10 +333,10 @@ impl Linear {
         w: &[&BufferSlice],
         forced: bool,
     ) -> Option<&MatvecDot> {
-        self.dot.as_ref().filter(|_| {
-            self.tuning.matvec_dot
-                && !forced
-                && MatvecDot::fits(ty, glu, n_cols, n_tokens, pending, w)
+        self.dot.as_ref().filter(|d| {
+            !forced
+                && MatvecDot::takes(&self.tuning, ty, n_tokens)
+                && d.fits(ty, glu, n_cols, n_tokens, pending, w)
         })
     }
 

@@ -33,7 +33,7 @@ const LOGIT_TOL: f32 = 0.75;
 /// Largest gap between our top logit and the golden token's logit that counts as a near-tie.
 const NEAR_TIE: f32 = 0.3;
 /// Largest allowed relative error of the mean NLL.
-const NLL_REL_TOL: f64 = 0.01;
+pub const NLL_REL_TOL: f64 = 0.01;
 /// Greedy tokens compared per prompt.
 const N_GREEDY: usize = 16;
 
@@ -254,9 +254,12 @@ pub const GEMMA3: &str = "gemma-3-270m-q4_k_m";
 /// 2e-2 there; and 1e-2 for single tokens where the device's default takes one-token Q4_K
 /// products on 8-bit codes of x (`Tuning::matvec_dot`: each code is off by up to half a step).
 pub fn gpu_logit_bound(ctx: &octoflow_vk::Context, n_tokens: usize) -> f32 {
+    let t = octoflow_kernels::Tuning::from_caps(ctx.caps());
+    let few = (2..=octoflow_kernels::linear::MATVEC_MAX_TOKENS as usize).contains(&n_tokens);
     let coop = octoflow_kernels::MatmulCoop::supported(ctx.caps())
-        && n_tokens as u32 >= octoflow_kernels::linear::COOP_MIN_TOKENS;
-    let dot = octoflow_kernels::Tuning::from_caps(ctx.caps()).matvec_dot && n_tokens == 1;
+        && n_tokens as u32 >= octoflow_kernels::linear::COOP_MIN_TOKENS
+        && !(t.dot_batches && few);
+    let dot = (t.matvec_dot && n_tokens == 1) || (t.dot_batches && few);
     if coop {
         2e-2
     } else if dot {
