@@ -28,9 +28,11 @@ fn rows(rng: &mut StdRng, n_vocab: u32) -> Rows {
 fn check_arch(arch: &str, dropout: f32) {
     // Finite differences want f32 products: the two 4-row sequences make batches of 8 rows,
     // which devices with cooperative matrices would multiply on f16 operands (from
-    // `COOP_MIN_TOKENS` = 5 tokens up; there qwen2's worst direction exceeded 5e-2). Every test
-    // here sets the same value before the first kernel is built.
+    // `COOP_MIN_TOKENS` = 5 tokens up; there qwen2's worst direction exceeded 5e-2), or where
+    // they accelerate 8-bit dot products on 8-bit codes of x (`Tuning::dot_batches`). Every
+    // test here sets the same values before the first kernel is built.
     std::env::set_var("OCTOFLOW_COOP_MIN_TOKENS", "9");
+    std::env::set_var("OCTOFLOW_DOT_BATCHES", "0");
     let Some(ctx) = gpu_or_skip(&format!("train_gradients_{arch}")) else {
         return;
     };
@@ -159,6 +161,7 @@ fn gpt_oss_attention_is_a_clear_error_for_training() {
 #[test]
 fn gradients_through_transposed_copies_match_the_quantized_path() {
     std::env::set_var("OCTOFLOW_COOP_MIN_TOKENS", "9");
+    std::env::set_var("OCTOFLOW_DOT_BATCHES", "0");
     let Some(ctx) = gpu_or_skip("train_gradients_transposed") else {
         return;
     };
@@ -205,6 +208,7 @@ fn gradients_through_transposed_copies_match_the_quantized_path() {
 #[test]
 fn long_batches_split_the_adapter_products_and_match_the_cpu_step() {
     std::env::set_var("OCTOFLOW_COOP_MIN_TOKENS", "9");
+    std::env::set_var("OCTOFLOW_DOT_BATCHES", "0");
     let Some(ctx) = gpu_or_skip("train_gradients_split") else {
         return;
     };

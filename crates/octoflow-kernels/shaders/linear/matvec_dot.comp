@@ -64,9 +64,9 @@ layout(constant_id = 0) const uint WG = 256u;
 layout(constant_id = 1) const uint RPT = 2u;    // rows a row group takes at once
 layout(constant_id = 2) const uint NT = 1u;     // tokens a workgroup takes
 layout(constant_id = 3) const uint MAXC = 256u; // widest row the shared x holds (32-multiple)
+layout(constant_id = 4) const uint SG = 4u;     // narrowest subgroup it runs with (part's size)
 const uint TPR = 32u;                           // lanes of a row group
 const uint GROUPS = WG / TPR;
-const uint MIN_SG = 4u;                         // narrowest subgroup (part's size)
 const uint XW = MAXC / 4u;                      // words of one token's codes
 const uint XB = MAXC / 32u;                     // blocks of one token
 #ifdef GLU
@@ -112,7 +112,7 @@ shared uint xq[NT * XW];   // the codes of q8(x_t), four to a word, lowest byte 
 shared vec2 xs[NT * XB];   // per block: (d, d * sum of its codes)
 shared float xn[NT * XB];  // per block: the sum of squares of x (the norm)
 shared float invs[NT];     // per token: 1 / rms(x_t), or 1
-shared float part[(WG / MIN_SG) * NACC]; // subgroups' partial sums of the rows
+shared float part[(WG / SG) * NACC]; // subgroups' partial sums of the rows
 
 // half away from zero, as llama.cpp's roundf (the reference computes it the same way)
 float round_away(float v) {

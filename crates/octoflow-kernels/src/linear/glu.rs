@@ -83,7 +83,7 @@ impl Linear {
         if let Some(dot) = self.dot_for(
             g.ty,
             true,
-            g.n_cols,
+            [g.n_rows, g.n_cols],
             a.n_tokens,
             a.pending.is_some(),
             &[g.data, u.data],

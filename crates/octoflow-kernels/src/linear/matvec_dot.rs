@@ -16,15 +16,20 @@ use crate::error::Result;
 use crate::glu::{glu_ref, GluOp};
 use crate::shaders;
 use crate::spec::SpecPipelines;
-use crate::tuning::Tuning;
+use crate::tuning::{Tuning, FALLBACK_COMPUTE_UNITS};
 
 /// Widest row the kernel takes (shared memory must also hold one token of it).
 pub const MATVEC_DOT_MAX_COLS: u32 = 16384;
-/// Invocations per workgroup and rows a row group of 32 lanes takes at once (`WG`, `RPT`).
+/// Invocations per workgroup (`WG`).
 const WG: u32 = 256;
+/// Rows a row group of 32 lanes takes at once (`RPT`): two, and four for batches over matrices
+/// tall enough to give every compute unit two workgroups of 32 rows (each workgroup quantizes
+/// the whole batch's x, which more rows a workgroup amortize).
 const RPT: u32 = 2;
-/// The narrowest subgroup the shader's partial sums are sized for (`MIN_SG`).
-const MIN_SG: u32 = 4;
+const RPT_TALL: u32 = 4;
+/// Batches' products of at least this many rows (vocabulary projections) leave the kernel for
+/// the cooperative-matrix one where the device has it ([`super::Linear`]).
+pub(crate) const DOT_MAX_ROWS: u32 = 32768;
 /// Values per quantized block of x.
 const QK: usize = 32;
 
@@ -47,6 +52,10 @@ pub(crate) struct MatvecDot {
     glu: Vec<SpecPipelines>,
     /// The device's shared memory per workgroup: how many tokens a workgroup can take.
     max_shared: u32,
+    /// The narrowest subgroup the pipelines run with (`SG`: the partial sums' room).
+    subgroup: u32,
+    /// The device's compute units (where it reports them): when a batch takes [`RPT_TALL`].
+    units: u32,
 }
 
 impl MatvecDot {
@@ -86,6 +95,8 @@ impl MatvecDot {
             plain: build(&plain, 5, PUSH_BYTES + 8),
             glu: build(&glu, 6, PUSH_BYTES + 12),
             max_shared: caps.max_shared_memory,
+            subgroup: subgroup.unwrap_or(caps.subgroup.min_size).max(1),
+            units: caps.compute_units.unwrap_or(FALLBACK_COMPUTE_UNITS),
         })
     }
 
@@ -126,18 +137,36 @@ impl MatvecDot {
             && n_cols > 0
             && n_cols.is_multiple_of(multiple)
             && n_cols <= MATVEC_DOT_MAX_COLS
-            && shared_bytes(1, n_cols, glu) <= self.max_shared
+            && self.shared_bytes(1, n_cols, glu, RPT_TALL) <= self.max_shared
             && w.iter().all(|s| s.offset.is_multiple_of(align))
     }
 
     /// Tokens per workgroup for `n_tokens` tokens of `n_cols`-wide rows: as many as shared
     /// memory holds, evened out over the workgroups' token ranges.
-    fn tokens_per_group(&self, n_cols: u32, n_tokens: u32, glu: bool) -> u32 {
+    fn tokens_per_group(&self, n_cols: u32, n_tokens: u32, glu: bool, rpt: u32) -> u32 {
         let fit = (1..=n_tokens)
             .rev()
-            .find(|&nt| shared_bytes(nt, n_cols, glu) <= self.max_shared)
+            .find(|&nt| self.shared_bytes(nt, n_cols, glu, rpt) <= self.max_shared)
             .unwrap_or(1);
         n_tokens.div_ceil(n_tokens.div_ceil(fit))
+    }
+
+    /// Rows a row group takes for `n_tokens` tokens of an `n_rows`-row matrix.
+    fn rows_per_group(&self, n_rows: u32, n_tokens: u32) -> u32 {
+        let tall = u64::from(n_rows) >= 2 * u64::from(WG / MATVEC_TPR * RPT_TALL * self.units);
+        if n_tokens > 1 && tall {
+            RPT_TALL
+        } else {
+            RPT
+        }
+    }
+
+    /// Shared-memory bytes of a workgroup taking `nt` tokens of `n_cols`-wide rows, `rpt` rows
+    /// a row group (the shader's `xq`, `xs`, `xn`, `invs` and `part`).
+    fn shared_bytes(&self, nt: u32, n_cols: u32, glu: bool, rpt: u32) -> u32 {
+        let nm = if glu { 2 } else { 1 };
+        let blocks = n_cols / 32;
+        nt * n_cols + nt * blocks * 12 + nt * 4 + WG / self.subgroup * nm * rpt * nt * 4
     }
 
     /// The pipeline and grid of a product that [`MatvecDot::fits`].
@@ -151,12 +180,14 @@ impl MatvecDot {
         n_tokens: u32,
     ) -> Result<(octoflow_vk::Pipeline, [u32; 3])> {
         let ti = DOT_TYPES.iter().position(|&t| t == ty).unwrap_or(0);
-        let nt = self.tokens_per_group(n_cols, n_tokens, glu);
+        let rpt = self.rows_per_group(n_rows, n_tokens);
+        let nt = self.tokens_per_group(n_cols, n_tokens, glu, rpt);
         let set = if glu { &self.glu } else { &self.plain };
-        let pl = set[ti].get(chain.context(), [WG, RPT, nt, n_cols, 0, 0, 0])?;
+        let spec = [WG, rpt, nt, n_cols, self.subgroup, 0, 0];
+        let pl = set[ti].get(chain.context(), spec)?;
         let mut groups = chain
             .context()
-            .groups_1d(u64::from(n_rows), WG / MATVEC_TPR * RPT)?;
+            .groups_1d(u64::from(n_rows), WG / MATVEC_TPR * rpt)?;
         groups[2] = n_tokens.div_ceil(nt);
         Ok((pl, groups))
     }
@@ -213,14 +244,6 @@ impl MatvecDot {
         chain.set_cost(bytes, flops);
         Ok(())
     }
-}
-
-/// Shared-memory bytes of a workgroup taking `nt` tokens of `n_cols`-wide rows (the shader's
-/// `xq`, `xs`, `xn`, `invs` and `part`).
-fn shared_bytes(nt: u32, n_cols: u32, glu: bool) -> u32 {
-    let nm = if glu { 2 } else { 1 };
-    let blocks = n_cols / 32;
-    nt * n_cols + nt * blocks * 12 + nt * 4 + (WG / MIN_SG) * nm * RPT * nt * 4
 }
 
 /// x (times `g`) quantized as the shader does: per block of 32 values `d = max|v| / 127`, codes

@@ -280,8 +280,9 @@ fn check_shape(
 /// reads and inputs of one to eight tokens: rows not a multiple of the workgroup's 16, rows of
 /// a few blocks to a few super-blocks (odd super-block counts put Q6_K's 210-byte rows at
 /// 2-byte alignment every other row; Q4_0, Q5_0 and Q8_0 blocks alternate between 4- and 2-byte
-/// alignment), and rows as wide as an 8B model's down projection, whose eight tokens take more
-/// shared memory than a workgroup has (the tokens split over workgroups).
+/// alignment), rows as wide as an 8B model's down projection, whose eight tokens take more
+/// shared memory than a workgroup has (the tokens split over workgroups), and matrices tall
+/// enough for four rows a row group.
 #[test]
 fn gpu_matvec_dot_agrees_with_its_reference() {
     let Some(ctx) = gpu_or_skip("matvec_dot") else {
@@ -316,6 +317,15 @@ fn gpu_matvec_dot_agrees_with_its_reference() {
         }
     }
     check_shape(&ctx, &lin, GgmlType::Q4_K, (21, 14336, 8), &mut rng, seed);
+    // matrices tall enough for four rows a row group in batches
+    let units = ctx
+        .caps()
+        .compute_units
+        .unwrap_or(crate::tuning::FALLBACK_COMPUTE_UNITS) as usize;
+    for ty in [GgmlType::Q5_0, GgmlType::Q6_K] {
+        let n_rows = 64 * units + rng.gen_range(1..32usize);
+        check_shape(&ctx, &lin, ty, (n_rows, 256, 3), &mut rng, seed);
+    }
     assert_no_validation_errors(&ctx);
 }
 

@@ -43,6 +43,7 @@ mod tests;
 
 pub(crate) use args::{check_args, glu_cost, product_cost, Checked};
 pub use args::{LinearArgs, LinearGluArgs, PendingNorm, QWeightRef};
+use matvec_dot::DOT_MAX_ROWS;
 pub use matvec_dot::{matvec_dot_glu_ref, matvec_dot_ref, q8_blocks, MATVEC_DOT_MAX_COLS};
 pub(crate) use plan::MatvecPlan;
 pub use reference::{linear_glu_ref, linear_ref};
@@ -273,8 +274,9 @@ impl Linear {
     }
 
     /// Whether a batch of `n_tokens` (2 ..= [`MATVEC_MAX_TOKENS`]) stays off the
-    /// cooperative-matrix kernel for the integer-dot one ([`Tuning::dot_batches`]).
-    fn dot_batch(&self, n_tokens: u32) -> bool {
+    /// cooperative-matrix kernel for the integer-dot one ([`Tuning::dot_batches`]), except for
+    /// vocabulary-sized products ([`MatvecDot::fits`]).
+    pub fn dot_batch(&self, n_tokens: u32) -> bool {
         self.tuning.dot_batches && self.dot.is_some() && (2..=MATVEC_MAX_TOKENS).contains(&n_tokens)
     }
 
@@ -319,22 +321,26 @@ impl Linear {
         })
     }
 
-    /// The integer-dot kernel where it takes this product (`glu`: the fused gate/up): the
-    /// tuning asks for it, no matvec layout was given (`forced`), and [`MatvecDot::fits`] the
-    /// weights `w` of type `ty`.
+    /// The integer-dot kernel where it takes this product (`glu`: the fused gate/up; `shape`:
+    /// rows and columns): the tuning asks for it, no matvec layout was given (`forced`),
+    /// [`MatvecDot::fits`] the weights `w` of type `ty`, and it is not a batch's
+    /// vocabulary-sized product on a device with cooperative matrices (each of its many
+    /// workgroups quantizes the whole batch's x: the tiles are faster there).
     #[allow(clippy::too_many_arguments)]
     fn dot_for(
         &self,
         ty: GgmlType,
         glu: bool,
-        n_cols: u32,
+        [n_rows, n_cols]: [u32; 2],
         n_tokens: u32,
         pending: bool,
         w: &[&BufferSlice],
         forced: bool,
     ) -> Option<&MatvecDot> {
+        let tall = n_tokens > 1 && n_rows >= DOT_MAX_ROWS && self.coop.is_some();
         self.dot.as_ref().filter(|d| {
             !forced
+                && !tall
                 && MatvecDot::takes(&self.tuning, ty, n_tokens)
                 && d.fits(ty, glu, n_cols, n_tokens, pending, w)
         })
@@ -416,7 +422,7 @@ impl Linear {
         if let Some(dot) = self.dot_for(
             w.ty,
             false,
-            w.n_cols,
+            [w.n_rows, w.n_cols],
             a.n_tokens,
             a.pending.is_some(),
             &[w.data],
@@ -427,10 +433,14 @@ impl Linear {
         if let Some((g, eps)) = a.norm {
             return self.record_matvec(chain, ti, a, &bindings, push, plan, Some((g, eps)));
         }
+        // a dot batch's vocabulary-sized product (which the dot kernel leaves) keeps the
+        // cooperative-matrix kernel
+        let coop_here =
+            self.uses_coop(a.n_tokens) || (self.dot_batch(a.n_tokens) && w.n_rows >= DOT_MAX_ROWS);
         if let Some(coop) = self
             .coop
             .as_ref()
-            .filter(|_| allow_coop && self.uses_coop(a.n_tokens) && !forced)
+            .filter(|_| allow_coop && coop_here && !forced)
         {
             return coop.dispatch(chain, ti, a, &bindings, &push);
         }

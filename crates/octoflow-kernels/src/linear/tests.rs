@@ -19,11 +19,13 @@ use crate::testkit::{buffer_with, random_cols, random_weights};
 /// at the floor).
 pub(super) const REL: f32 = 5e-4;
 
-/// The device's tuning with the products of f32 x ([`Tuning::matvec_dot`] off): what the
-/// matvec tests hold to the f32 references (the 8-bit path has its own, `matvec_dot_tests.rs`).
+/// The device's tuning with the products of f32 x ([`Tuning::matvec_dot`] and
+/// [`Tuning::dot_batches`] off): what the matvec tests hold to the f32 references (the 8-bit
+/// path has its own, `matvec_dot_tests.rs`).
 pub(super) fn f32_tuning(ctx: &Context) -> Tuning {
     Tuning {
         matvec_dot: false,
+        dot_batches: false,
         ..Tuning::from_caps(ctx.caps())
     }
 }

@@ -655,9 +655,12 @@ impl Graph<'_> {
     }
 
     /// Whether [`Graph::normed`] fuses the norm into the products of a block (`small`: ones it
-    /// pays for). Adapters read the normed input, so with them the norm is never fused.
+    /// pays for): single tokens, and batches of a few on 8-bit dot products (whose kernel sums
+    /// the squares while it quantizes x). Adapters read the normed input, so with them the norm
+    /// is never fused.
     fn norm_fuses(&self, n: u32, small: bool) -> bool {
-        small && n == 1 && self.lora.is_none() && self.k.linear.fuses_norm(n)
+        let lin = &self.k.linear;
+        small && (n == 1 || lin.dot_batch(n)) && self.lora.is_none() && lin.fuses_norm(n)
     }
 
     /// Adds the adapters' products of layer `il` to projections whose base products were
