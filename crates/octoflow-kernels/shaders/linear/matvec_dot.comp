@@ -376,7 +376,7 @@ void main() {
             uint lo[4];
             uint hi[4];
             vec4 f = kq_decode(k / RPT, r * rw + sb * SB_VECS, p, h, lo, hi);
-            for (uint t = 0u; t < NT; t++) {
+            [[unroll]] for (uint t = 0u; t < NT; t++) {
                 uint xw = t * XW + wlo;
                 int il = 0;
                 int ih = 0;
@@ -403,7 +403,7 @@ void main() {
             uint cw[8];
             int sc[4];
             float d = q6_decode(k / RPT, r * pc.row_bytes + sb * 210u, n6, c6, cw, sc);
-            for (uint t = 0u; t < NT; t++) {
+            [[unroll]] for (uint t = 0u; t < NT; t++) {
                 float s = 0.0;
                 [[unroll]] for (uint g = 0u; g < 4u; g++) {
                     uint b = sb * 8u + 4u * n6 + g; // q8 block of x
@@ -428,7 +428,7 @@ void main() {
             uint r = min(r0 + k % RPT, pc.n_rows - 1u);
             uint cw[8];
             vec2 dm = b32_decode(k / RPT, r * pc.row_bytes + bi * BB, cw);
-            for (uint t = 0u; t < NT; t++) {
+            [[unroll]] for (uint t = 0u; t < NT; t++) {
                 uint xw = t * XW + bi * 8u;
                 int id = 0;
                 [[unroll]] for (uint j = 0u; j < 8u; j++) {
