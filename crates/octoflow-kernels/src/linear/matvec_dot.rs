@@ -50,6 +50,12 @@ const DOT_TYPES: [GgmlType; 8] = [
 pub(crate) struct MatvecDot {
     plain: Vec<SpecPipelines>,
     glu: Vec<SpecPipelines>,
+    layout: DotLayout,
+}
+
+/// What a product's work layout depends on beside its shape: the device's limits.
+#[derive(Debug, Clone, Copy)]
+struct DotLayout {
     /// The device's shared memory per workgroup: how many tokens a workgroup can take.
     max_shared: u32,
     /// The narrowest subgroup the pipelines run with (`SG`: the partial sums' room).
@@ -94,9 +100,11 @@ impl MatvecDot {
         caps.integer_dot_product.then(|| MatvecDot {
             plain: build(&plain, 5, PUSH_BYTES + 8),
             glu: build(&glu, 6, PUSH_BYTES + 12),
-            max_shared: caps.max_shared_memory,
-            subgroup: subgroup.unwrap_or(caps.subgroup.min_size).max(1),
-            units: caps.compute_units.unwrap_or(FALLBACK_COMPUTE_UNITS),
+            layout: DotLayout {
+                max_shared: caps.max_shared_memory,
+                subgroup: subgroup.unwrap_or(caps.subgroup.min_size).max(1),
+                units: caps.compute_units.unwrap_or(FALLBACK_COMPUTE_UNITS),
+            },
         })
     }
 
@@ -137,36 +145,8 @@ impl MatvecDot {
             && n_cols > 0
             && n_cols.is_multiple_of(multiple)
             && n_cols <= MATVEC_DOT_MAX_COLS
-            && self.shared_bytes(1, n_cols, glu, RPT_TALL) <= self.max_shared
+            && self.layout.shared_bytes(1, n_cols, glu, RPT_TALL) <= self.layout.max_shared
             && w.iter().all(|s| s.offset.is_multiple_of(align))
-    }
-
-    /// Tokens per workgroup for `n_tokens` tokens of `n_cols`-wide rows: as many as shared
-    /// memory holds, evened out over the workgroups' token ranges.
-    fn tokens_per_group(&self, n_cols: u32, n_tokens: u32, glu: bool, rpt: u32) -> u32 {
-        let fit = (1..=n_tokens)
-            .rev()
-            .find(|&nt| self.shared_bytes(nt, n_cols, glu, rpt) <= self.max_shared)
-            .unwrap_or(1);
-        n_tokens.div_ceil(n_tokens.div_ceil(fit))
-    }
-
-    /// Rows a row group takes for `n_tokens` tokens of an `n_rows`-row matrix.
-    fn rows_per_group(&self, n_rows: u32, n_tokens: u32) -> u32 {
-        let tall = u64::from(n_rows) >= 2 * u64::from(WG / MATVEC_TPR * RPT_TALL * self.units);
-        if n_tokens > 1 && tall {
-            RPT_TALL
-        } else {
-            RPT
-        }
-    }
-
-    /// Shared-memory bytes of a workgroup taking `nt` tokens of `n_cols`-wide rows, `rpt` rows
-    /// a row group (the shader's `xq`, `xs`, `xn`, `invs` and `part`).
-    fn shared_bytes(&self, nt: u32, n_cols: u32, glu: bool, rpt: u32) -> u32 {
-        let nm = if glu { 2 } else { 1 };
-        let blocks = n_cols / 32;
-        nt * n_cols + nt * blocks * 12 + nt * 4 + WG / self.subgroup * nm * rpt * nt * 4
     }
 
     /// The pipeline and grid of a product that [`MatvecDot::fits`].
@@ -180,10 +160,10 @@ impl MatvecDot {
         n_tokens: u32,
     ) -> Result<(octoflow_vk::Pipeline, [u32; 3])> {
         let ti = DOT_TYPES.iter().position(|&t| t == ty).unwrap_or(0);
-        let rpt = self.rows_per_group(n_rows, n_tokens);
-        let nt = self.tokens_per_group(n_cols, n_tokens, glu, rpt);
+        let rpt = self.layout.rows_per_group(n_rows, n_tokens);
+        let nt = self.layout.tokens_per_group(n_cols, n_tokens, glu, rpt);
         let set = if glu { &self.glu } else { &self.plain };
-        let spec = [WG, rpt, nt, n_cols, self.subgroup, 0, 0];
+        let spec = [WG, rpt, nt, n_cols, self.layout.subgroup, 0, 0];
         let pl = set[ti].get(chain.context(), spec)?;
         let mut groups = chain
             .context()
@@ -243,6 +223,36 @@ impl MatvecDot {
         let (bytes, flops) = glu_cost(a);
         chain.set_cost(bytes, flops);
         Ok(())
+    }
+}
+
+impl DotLayout {
+    /// Tokens per workgroup for `n_tokens` tokens of `n_cols`-wide rows: as many as shared
+    /// memory holds, evened out over the workgroups' token ranges.
+    fn tokens_per_group(&self, n_cols: u32, n_tokens: u32, glu: bool, rpt: u32) -> u32 {
+        let fit = (1..=n_tokens)
+            .rev()
+            .find(|&nt| self.shared_bytes(nt, n_cols, glu, rpt) <= self.max_shared)
+            .unwrap_or(1);
+        n_tokens.div_ceil(n_tokens.div_ceil(fit))
+    }
+
+    /// Rows a row group takes for `n_tokens` tokens of an `n_rows`-row matrix.
+    fn rows_per_group(&self, n_rows: u32, n_tokens: u32) -> u32 {
+        let tall = u64::from(n_rows) >= 2 * u64::from(WG / MATVEC_TPR * RPT_TALL * self.units);
+        if n_tokens > 1 && tall {
+            RPT_TALL
+        } else {
+            RPT
+        }
+    }
+
+    /// Shared-memory bytes of a workgroup taking `nt` tokens of `n_cols`-wide rows, `rpt` rows
+    /// a row group (the shader's `xq`, `xs`, `xn`, `invs` and `part`).
+    fn shared_bytes(&self, nt: u32, n_cols: u32, glu: bool, rpt: u32) -> u32 {
+        let nm = if glu { 2 } else { 1 };
+        let blocks = n_cols / 32;
+        nt * n_cols + nt * blocks * 12 + nt * 4 + WG / self.subgroup * nm * rpt * nt * 4
     }
 }
 

@@ -457,3 +457,60 @@ fn gpu_matvec_dot_takes_only_what_it_reads() {
     }
     assert_no_validation_errors(&ctx);
 }
+
+/// The work layout's choices on an H100's and lavapipe's limits: the tokens of a batch split
+/// evenly over as few workgroups as shared memory allows (never past it where one token fits),
+/// and four rows a row group only for batches over matrices tall enough to give every compute
+/// unit two workgroups.
+#[test]
+fn layouts_fit_shared_memory_and_split_tokens_evenly() {
+    let h100 = DotLayout {
+        max_shared: 49152,
+        subgroup: 32,
+        units: 132,
+    };
+    let lavapipe = DotLayout {
+        max_shared: 32768,
+        subgroup: 8,
+        units: 128,
+    };
+    for l in [h100, lavapipe] {
+        for cols in [256u32, 896, 4096, 4864, 14336] {
+            for glu in [false, true] {
+                for rows in [128u32, 4096, 20000] {
+                    for nt in 1..=MATVEC_MAX_TOKENS {
+                        let rpt = l.rows_per_group(rows, nt);
+                        let per = l.tokens_per_group(cols, nt, glu, rpt);
+                        let what = format!("{l:?}: {rows}x{cols}, {nt} tokens, GLU {glu}");
+                        assert!((1..=nt).contains(&per), "{what}: {per} a workgroup");
+                        let groups = nt.div_ceil(per);
+                        assert!(per * (groups - 1) < nt, "{what}: an empty workgroup");
+                        if l.shared_bytes(1, cols, glu, rpt) <= l.max_shared {
+                            assert!(
+                                l.shared_bytes(per, cols, glu, rpt) <= l.max_shared,
+                                "{what}: {per} tokens past shared memory"
+                            );
+                            // as few workgroups as fit: fewer would take too many tokens each
+                            if groups > 1 {
+                                let fewer = nt.div_ceil(groups - 1);
+                                assert!(
+                                    l.shared_bytes(fewer, cols, glu, rpt) > l.max_shared,
+                                    "{what}: {groups} workgroups where {} would do",
+                                    groups - 1
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // 8 tokens of 4,096 columns in one workgroup on the H100 (5,700 bytes a token); of 14,336
+    // columns (19,780 a token) two a workgroup
+    assert_eq!(h100.tokens_per_group(4096, 8, false, RPT), 8);
+    assert_eq!(h100.tokens_per_group(14336, 8, false, RPT), 2);
+    // tall: 2 units x 8 row groups x 4 rows
+    assert_eq!(h100.rows_per_group(2 * 132 * 32, 2), RPT_TALL);
+    assert_eq!(h100.rows_per_group(2 * 132 * 32 - 1, 2), RPT);
+    assert_eq!(h100.rows_per_group(100_000, 1), RPT);
+}
