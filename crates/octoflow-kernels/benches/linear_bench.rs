@@ -464,5 +464,7 @@ fn glu_timing() {
 
 #[path = "coop_bench.rs"]
 mod coop_bench;
+#[path = "dot_bench.rs"]
+mod dot_bench;
 #[path = "matvec_bench.rs"]
 mod matvec_bench;

@@ -42,6 +42,12 @@ impl SpecPipelines {
         self
     }
 
+    /// The subgroup size every pipeline is built with, where one is required.
+    #[cfg(all(test, feature = "bench"))]
+    pub(crate) fn required_subgroup(&self) -> Option<u32> {
+        self.subgroup_size
+    }
+
     /// Every pipeline is built with full subgroups of `size` (the cooperative-matrix kernels'
     /// layout), the size requested only where the device's varies or differs.
     pub(crate) fn full_subgroups(mut self, size: u32) -> Self {

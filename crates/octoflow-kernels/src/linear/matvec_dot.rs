@@ -108,6 +108,24 @@ impl MatvecDot {
         })
     }
 
+    /// The same pipelines with type `ty`'s plain (or GLU, `glu`) ones built from another
+    /// variant of the shader (benchmarks compare them).
+    #[cfg(all(test, feature = "bench"))]
+    pub(crate) fn with_variant(mut self, ty: GgmlType, glu: bool, sh: octoflow_vk::Shader) -> Self {
+        let ti = DOT_TYPES
+            .iter()
+            .position(|&t| t == ty)
+            .expect("a type it reads");
+        let (set, bindings, push) = if glu {
+            (&mut self.glu, 6, PUSH_BYTES + 12)
+        } else {
+            (&mut self.plain, 5, PUSH_BYTES + 8)
+        };
+        let subgroup = set[ti].required_subgroup();
+        set[ti] = SpecPipelines::new(sh, bindings, push, sh.name).subgroup_size(subgroup);
+        self
+    }
+
     /// Whether the tuning sends `n_tokens` tokens of type `ty` here (where they fit): one token
     /// of the K-quants with [`Tuning::matvec_dot`], two to [`MATVEC_MAX_TOKENS`] of every type
     /// the kernel reads with [`Tuning::dot_batches`].

@@ -260,6 +260,20 @@ impl Linear {
         self
     }
 
+    /// The same kernels with type `ty`'s integer-dot pipelines (plain or `glu`) built from
+    /// another variant of `matvec_dot.comp` (benchmarks compare them); `None` where the device
+    /// has no integer dot products.
+    #[cfg(all(test, feature = "bench"))]
+    pub(crate) fn with_dot_variant(
+        mut self,
+        ty: GgmlType,
+        glu: bool,
+        sh: octoflow_vk::Shader,
+    ) -> Option<Self> {
+        self.dot = Some(self.dot.take()?.with_variant(ty, glu, sh));
+        Some(self)
+    }
+
     /// The same kernels without the cooperative-matrix path (benchmarks compare the two).
     #[cfg(all(test, feature = "bench"))]
     pub(crate) fn without_coop(mut self) -> Self {
