@@ -247,6 +247,9 @@ pub const SMOLLM2: &str = "smollm2-135m-instruct-q4_1";
 pub const QWEN25: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m";
 pub const GEMMA3: &str = "gemma-3-270m-q4_k_m";
 
+/// [`gpu_logit_bound`] where steps of two to eight rows take the 8-bit dot products.
+pub const DOT_BATCH_LOGIT_BOUND: f32 = 8e-2;
+
 /// How far GPU logits may be from the CPU reference's, as a fraction of the largest |logit|,
 /// for a history that ran in steps of up to `n_tokens` rows. Both compute in f32 over the same
 /// dequantized weights; only the summation order differs (~1e-5 seen), so 1e-3 — except where
@@ -254,15 +257,17 @@ pub const GEMMA3: &str = "gemma-3-270m-q4_k_m";
 /// rounded to f16 (2^-11 relative each) in every layer: 2e-2 there; 1e-2 for single tokens
 /// where the device's default takes one-token Q4_K products on 8-bit codes of x
 /// (`Tuning::matvec_dot`: each code is off by up to half a step); and 8e-2 where steps of two
-/// to eight rows take every product on 8-bit codes of its input (`Tuning::dot_batches`; 2-6%
-/// seen on smollm2, whose mean NLL stays within 0.2% of llama.cpp's that way).
+/// to eight rows take every product on 8-bit codes of its input (`Tuning::dot_batches`: the
+/// codes' errors add up over every product of every layer; the mean NLL stays llama.cpp's,
+/// `gpu_batch.rs` checks it).
 pub fn gpu_logit_bound(ctx: &octoflow_vk::Context, n_tokens: usize) -> f32 {
-    let t = octoflow_kernels::Tuning::from_caps(ctx.caps());
+    // the tuning the models load with (the device's defaults and the measurement switches)
+    let t = octoflow_kernels::Tuning::for_device(ctx.caps());
     let coop = octoflow_kernels::MatmulCoop::supported(ctx.caps())
         && n_tokens as u32 >= octoflow_kernels::linear::COOP_MIN_TOKENS;
     let dot = t.matvec_dot && n_tokens == 1;
     if t.dot_batches && n_tokens >= 2 {
-        8e-2
+        DOT_BATCH_LOGIT_BOUND
     } else if coop {
         2e-2
     } else if dot {
