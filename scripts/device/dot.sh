@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On the device: batches of a few rows on 8-bit dot products against the previous path
 # (cooperative matrices with split-K), each pair in one call: `octoflow bench --streams` on the
-# qwen2.5-0.5b and llama-8b shaped files with OCTOFLOW_DOT_BATCHES=0 then the default, the
-# 8-stream step's profile, and `octoflow serve` under serve_load.py at 8 concurrent streams both
-# ways. Needs ~/dev set up (setup.sh sourced: the Vulkan loader and NVIDIA ICD) with a fresh
+# qwen2.5-0.5b and llama-8b shaped files with OCTOFLOW_DOT_BATCHES=0 (the default) then 1, the
+# 8-stream step's profile on the dot path, and `octoflow serve` under serve_load.py at 8
+# concurrent streams both ways. Needs ~/dev set up (setup.sh sourced: the Vulkan loader and NVIDIA ICD) with a fresh
 # `octoflow` in ~/dev/.dev and gguf-py importable; run from the checkout. Output under $OUT.
 #   dot.sh
 set -uo pipefail
@@ -22,7 +22,7 @@ cd ~/dev/.dev && cp "$repo/scripts/bench/serve_load.py" "$repo/scripts/bench/age
         grep -E "^\||rror"
     done
     echo "#### $(basename $m) 8 streams, --profile"
-    timeout 120 ./octoflow bench -m $m --streams 8 --profile 2>&1 | grep -vE "^\s*$" | head -40
+    OCTOFLOW_DOT_BATCHES=1 timeout 120 ./octoflow bench -m $m --streams 8 --profile 2>&1 | grep -vE "^\s*$" | head -40
   done
   for d in 0 1; do
     OCTOFLOW_DOT_BATCHES=$d ./octoflow serve -m $q --instances 128 -c 1024 --max-rows 512 \

@@ -63,7 +63,11 @@ pub struct Tuning {
     pub matvec_dot: bool,
     /// Products of 2 ..= [`MATVEC_MAX_TOKENS`] tokens take `matvec_dot.comp` where the type and
     /// shape fit it, and batches of that size leave the cooperative-matrix kernel (their norms
-    /// fuse into the products, as one token's do). Defaults as [`Tuning::matvec_dot`].
+    /// fuse into the products, as one token's do). Off by default: faster on the H100
+    /// (docs/PERFORMANCE.md), but with every product of a short prompt on 8-bit codes of x,
+    /// gemma3's greedy tokens part from llama.cpp's at near-ties on more golden prompts than
+    /// the agreement tests allow (they pass with the f32 and f16 products), and a batch's
+    /// tokens would no longer be a session's. On where asked (`OCTOFLOW_DOT_BATCHES=1`).
     pub dot_batches: bool,
 }
 
@@ -73,7 +77,6 @@ impl Tuning {
     pub fn from_caps(caps: &DeviceCaps) -> Self {
         Tuning {
             matvec_dot: caps.integer_dot_product && caps.int8_dot_accelerated,
-            dot_batches: caps.integer_dot_product && caps.int8_dot_accelerated,
             moe_coop: true,
             ..Self::from_compute_units(caps.compute_units)
         }

@@ -268,8 +268,8 @@ fn qwen_eight_rows_a_step_on_8bit_dot_products_keeps_llama_cpps_nll() {
     check_nll_eight_rows_a_step(&dot_batches(&ctx, &model, true), &golden, QWEN25);
 }
 
-/// Steps of two to eight rows on 8-bit dot products (the default where a GPU accelerates them;
-/// forced here wherever the driver has integer dot products): the golden text fed eight rows a
+/// Steps of two to eight rows on 8-bit dot products (`Tuning::dot_batches`, forced here
+/// wherever the driver has integer dot products): the golden text fed eight rows a
 /// step keeps llama.cpp's mean NLL (llama.cpp's own GPU products quantize x the same way);
 /// prompt chunks and decode rows of three sequences give each the CPU reference's best token
 /// and logits within what 8-bit codes of every product's input move them; and the path was
