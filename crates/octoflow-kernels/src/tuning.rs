@@ -66,8 +66,8 @@ pub struct Tuning {
     /// fuse into the products, as one token's do). Off by default: faster on the H100
     /// (docs/PERFORMANCE.md), but with every product of a short prompt on 8-bit codes of x,
     /// gemma3's greedy tokens part from llama.cpp's at near-ties on more golden prompts than
-    /// the agreement tests allow (they pass with the f32 and f16 products), and a batch's
-    /// tokens would no longer be a session's. On where asked (`OCTOFLOW_DOT_BATCHES=1`).
+    /// the agreement tests allow (they pass with the f32 and f16 products). On where asked
+    /// (`OCTOFLOW_DOT_BATCHES=1`).
     pub dot_batches: bool,
 }
 
