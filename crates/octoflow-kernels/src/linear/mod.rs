@@ -289,7 +289,7 @@ impl Linear {
 
     /// Whether a batch of `n_tokens` (2 ..= [`MATVEC_MAX_TOKENS`]) stays off the
     /// cooperative-matrix kernel for the integer-dot one ([`Tuning::dot_batches`]), except for
-    /// vocabulary-sized products ([`MatvecDot::fits`]).
+    /// vocabulary-sized products (see `dot_for`).
     pub fn dot_batch(&self, n_tokens: u32) -> bool {
         self.tuning.dot_batches && self.dot.is_some() && (2..=MATVEC_MAX_TOKENS).contains(&n_tokens)
     }
