@@ -11,8 +11,8 @@ use octoflow_gguf::GgmlType;
 use octoflow_vk::{BufferSlice, Chain, Context, Push};
 
 use super::args::{glu_cost, product_cost};
-use super::{LinearArgs, LinearGluArgs, MATVEC_MAX_TOKENS, MATVEC_TPR, PUSH_BYTES};
-use crate::error::Result;
+use super::{LinearArgs, LinearGluArgs, MATVEC_MAX_TOKENS, MATVEC_TPR, OP, PUSH_BYTES};
+use crate::error::{KernelError, Result};
 use crate::glu::{glu_ref, GluOp};
 use crate::shaders;
 use crate::spec::SpecPipelines;
@@ -177,7 +177,13 @@ impl MatvecDot {
         n_cols: u32,
         n_tokens: u32,
     ) -> Result<(octoflow_vk::Pipeline, [u32; 3])> {
-        let ti = DOT_TYPES.iter().position(|&t| t == ty).unwrap_or(0);
+        let ti = DOT_TYPES
+            .iter()
+            .position(|&t| t == ty)
+            .ok_or_else(|| KernelError::Shape {
+                op: OP,
+                detail: format!("the integer-dot kernel does not read {ty}"),
+            })?;
         let rpt = self.layout.rows_per_group(n_rows, n_tokens);
         let nt = self.layout.tokens_per_group(n_cols, n_tokens, glu, rpt);
         let set = if glu { &self.glu } else { &self.plain };
