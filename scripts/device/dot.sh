@@ -3,8 +3,11 @@
 # (cooperative matrices with split-K), each pair in one call: `octoflow bench --streams` on the
 # qwen2.5-0.5b and llama-8b shaped files with OCTOFLOW_DOT_BATCHES=0 (the default) then 1, the
 # 8-stream step's profile on the dot path, and `octoflow serve` under serve_load.py at 8
-# concurrent streams both ways. Needs ~/dev set up (setup.sh sourced: the Vulkan loader and NVIDIA ICD) with a fresh
-# `octoflow` in ~/dev/.dev and gguf-py importable; run from the checkout. Output under $OUT.
+# concurrent streams both ways; first, where ~/dev/.dev holds `octoflow_kernels_bench` (the
+# kernels' test binary built with `--release --features bench`), the kernel-level comparison
+# `dot_batch_layouts` (benches/dot_bench.rs). Needs ~/dev set up (setup.sh sourced: the Vulkan
+# loader and NVIDIA ICD) with a fresh `octoflow` in ~/dev/.dev and gguf-py importable; run
+# from the checkout. Output under $OUT.
 #   dot.sh
 set -uo pipefail
 repo=$PWD
@@ -15,6 +18,10 @@ l=~/models/llama-8b-shaped.gguf
 [ -s $l ] || python3 "$repo/scripts/models/shaped_gguf.py" llama-8b $l
 cd ~/dev/.dev && cp "$repo/scripts/bench/serve_load.py" "$repo/scripts/bench/agents_http.py" .
 {
+  if [ -x ./octoflow_kernels_bench ]; then
+    echo "#### dot_batch_layouts"
+    timeout 300 ./octoflow_kernels_bench dot_batch_layouts --ignored --nocapture --test-threads 1
+  fi
   for m in $q $l; do
     for d in 0 1; do
       echo "#### $(basename $m) OCTOFLOW_DOT_BATCHES=$d"
