@@ -8,7 +8,7 @@
 //! -- --ignored --nocapture --test-threads 1`; filter with `LINEAR_BENCH=q4_k`.
 
 use octoflow_gguf::GgmlType;
-use octoflow_vk::testing::gpu_or_skip;
+use octoflow_vk::testing::gpu_with_integer_dot_or_skip;
 use octoflow_vk::{Buffer, BufferSlice, Chain, MemoryKind, Shader};
 
 use rand::rngs::StdRng;
@@ -68,13 +68,9 @@ struct Timed {
 #[test]
 #[ignore]
 fn dot_batch_layouts() {
-    let Some(ctx) = gpu_or_skip("dot_batch_layouts") else {
+    let Some(ctx) = gpu_with_integer_dot_or_skip("dot_batch_layouts") else {
         return;
     };
-    if !ctx.caps().integer_dot_product {
-        eprintln!("skipped: no integer dot products on {}", ctx.caps().name);
-        return;
-    }
     println!("device: {}", ctx.caps().name);
     let filter = std::env::var("LINEAR_BENCH").unwrap_or_default();
     let tuned = |dot: bool| {

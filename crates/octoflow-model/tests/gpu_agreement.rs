@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use octoflow_model::gpu::{GpuModel, KvType};
 use octoflow_model::{mean_nll_with, Forward};
-use octoflow_vk::testing::gpu_or_skip;
+use octoflow_vk::testing::{gpu_or_skip, gpu_with_integer_dot_or_skip};
 use octoflow_vk::Context;
 
 /// Runs `check` on the model's Vulkan sessions, with the device it runs on.
@@ -73,13 +73,9 @@ fn gpu_gemma3_mean_nll_agrees_with_llama_cpp() {
 /// still agrees with llama.cpp as the f32 products do.
 #[test]
 fn gpu_decode_on_8bit_dot_products_agrees_with_llama_cpp() {
-    let Some(ctx) = gpu_or_skip("matvec_dot_models") else {
+    let Some(ctx) = gpu_with_integer_dot_or_skip("matvec_dot_models") else {
         return;
     };
-    if !ctx.caps().integer_dot_product {
-        eprintln!("skipped: no integer dot products on {}", ctx.caps().name);
-        return;
-    }
     let name = QWEN25;
     let (model, golden) = load(name);
     let tuning = octoflow_kernels::Tuning {

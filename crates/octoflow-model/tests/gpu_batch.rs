@@ -11,7 +11,7 @@ use octoflow_model::gpu::{GpuModel, KvType};
 use octoflow_model::{
     BatchForward, BatchRow, Forward, Logits, Model, RowOutput, RowResult, TokenIn,
 };
-use octoflow_vk::testing::gpu_or_skip;
+use octoflow_vk::testing::{gpu_or_skip, gpu_with_integer_dot_or_skip};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// Rows feeding `tokens` to `slot` from position `start`; the last one asks for `out`.
@@ -257,13 +257,9 @@ fn check_nll_eight_rows_a_step(gpu: &GpuModel, golden: &Golden, name: &str) {
 /// 8-bit dot products keep llama.cpp's mean NLL, as smollm2's Q4_1 ones do below.
 #[test]
 fn qwen_eight_rows_a_step_on_8bit_dot_products_keeps_llama_cpps_nll() {
-    let Some(ctx) = gpu_or_skip("gpu_batch_dot_qwen") else {
+    let Some(ctx) = gpu_with_integer_dot_or_skip("gpu_batch_dot_qwen") else {
         return;
     };
-    if !ctx.caps().integer_dot_product {
-        eprintln!("skipped: no integer dot products on {}", ctx.caps().name);
-        return;
-    }
     let (model, golden) = load(QWEN25);
     check_nll_eight_rows_a_step(&dot_batches(&ctx, &model, true), &golden, QWEN25);
 }
@@ -276,13 +272,9 @@ fn qwen_eight_rows_a_step_on_8bit_dot_products_keeps_llama_cpps_nll() {
 /// taken (the f32 products' logits differ).
 #[test]
 fn few_row_steps_on_8bit_dot_products_match_each_sequence_alone() {
-    let Some(ctx) = gpu_or_skip("gpu_batch_dot_rows") else {
+    let Some(ctx) = gpu_with_integer_dot_or_skip("gpu_batch_dot_rows") else {
         return;
     };
-    if !ctx.caps().integer_dot_product {
-        eprintln!("skipped: no integer dot products on {}", ctx.caps().name);
-        return;
-    }
     let (model, golden) = load(SMOLLM2);
     let (gpu, plain) = (
         dot_batches(&ctx, &model, true),

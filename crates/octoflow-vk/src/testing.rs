@@ -20,6 +20,20 @@ pub fn gpu_or_skip(name: &str) -> Option<Context> {
     }
 }
 
+/// [`gpu_or_skip`] for tests of the integer dot product kernels: `None` (with a line saying so)
+/// where the device has no integer dot products.
+pub fn gpu_with_integer_dot_or_skip(name: &str) -> Option<Context> {
+    let ctx = gpu_or_skip(name)?;
+    if !ctx.caps().integer_dot_product {
+        println!(
+            "skipped {name}: no integer dot products on {}",
+            ctx.caps().name
+        );
+        return None;
+    }
+    Some(ctx)
+}
+
 /// Panics if the validation layer (on with `OCTOFLOW_VALIDATION=1`) reported errors.
 pub fn assert_no_validation_errors(ctx: &Context) {
     let n = ctx.validation_errors();

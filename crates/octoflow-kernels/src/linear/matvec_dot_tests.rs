@@ -1,5 +1,7 @@
 use octoflow_gguf::GgmlType;
-use octoflow_vk::testing::{assert_no_validation_errors, gpu_or_skip};
+use octoflow_vk::testing::{
+    assert_no_validation_errors, gpu_or_skip, gpu_with_integer_dot_or_skip,
+};
 use octoflow_vk::{Chain, Context};
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -285,13 +287,9 @@ fn check_shape(
 /// enough for four rows a row group.
 #[test]
 fn gpu_matvec_dot_agrees_with_its_reference() {
-    let Some(ctx) = gpu_or_skip("matvec_dot") else {
+    let Some(ctx) = gpu_with_integer_dot_or_skip("matvec_dot") else {
         return;
     };
-    if !ctx.caps().integer_dot_product {
-        eprintln!("skipped: no integer dot products on {}", ctx.caps().name);
-        return;
-    }
     let (seed, mut rng) = seeded(module_path!());
     let lin = dot_linear(&ctx, true);
     for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
