@@ -19,7 +19,7 @@ use crate::glu::GluOp;
 use crate::linear::{Linear, LinearArgs, LinearGluArgs, QWeightRef};
 use crate::shaders;
 use crate::testkit::{buffer_with, random_weights, with};
-use crate::Tuning;
+use crate::{DotBatches, Tuning};
 
 /// The weights of a `rows` x `cols` matrix of `ty` at `data`.
 fn weight(ty: GgmlType, data: &BufferSlice, rows: usize, cols: usize) -> QWeightRef<'_> {
@@ -76,7 +76,11 @@ fn dot_batch_layouts() {
     let tuned = |dot: bool| {
         let t = Tuning {
             matvec_dot: dot,
-            dot_batches: dot,
+            dot_batches: if dot {
+                DotBatches::All
+            } else {
+                DotBatches::Off
+            },
             ..Tuning::from_caps(ctx.caps())
         };
         Linear::with_tuning(&ctx, t).unwrap()

@@ -160,7 +160,7 @@ fn matvec_layouts() {
                     norm: normed,
                     pending: None,
                 };
-                lin.record_glu_with(chain, &a, plan).unwrap();
+                lin.record_glu_with(chain, &a, plan, false).unwrap();
             } else {
                 let a = LinearArgs {
                     w: w(&ws),
@@ -445,7 +445,7 @@ fn matvec_anatomy() {
                         norm,
                         pending,
                     };
-                    lin.record_glu_with(c, &args, plan).unwrap();
+                    lin.record_glu_with(c, &args, plan, false).unwrap();
                 } else {
                     let args = LinearArgs {
                         w: w(&gw),

@@ -90,7 +90,7 @@ pub use get_rows::{GetRows, GetRowsArgs};
 pub use glu::{glu_ref, Glu, GluOp};
 pub use glu_back::{glu_back_ref, GluBack};
 pub use kv_type::{KvType, UnknownKvType};
-pub use linear::{Linear, LinearArgs, LinearGluArgs, PendingNorm, QWeightRef};
+pub use linear::{Linear, LinearArgs, LinearGluArgs, PendingNorm, QWeightRef, StepLinear};
 pub use linear_t::{linear_t_ref, LinearT, LinearTArgs};
 pub use lora::{lora_ref, Lora, LoraMix, LoraStack};
 pub use masked_softmax::{masked_softmax_back_ref, masked_softmax_ref, MaskedSoftmax, SoftmaxMask};
@@ -112,7 +112,7 @@ pub use set_rows::{set_rows_ref, SetRows};
 pub use soft_max::{soft_max_ref, SoftMax};
 pub use split_sum::{split_sum_ref, SplitSum, SumTarget};
 pub use sum_squares::{sum_squares_ref, SumSquares};
-pub use tuning::{Tuning, FALLBACK_COMPUTE_UNITS};
+pub use tuning::{DotBatches, Tuning, FALLBACK_COMPUTE_UNITS};
 
 // Benchmarks: unit tests of the crate (they time crate-private layouts and ablation variants),
 // kept out of src/ and built only with the `bench` feature; see the file's header.

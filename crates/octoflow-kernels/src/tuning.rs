@@ -27,7 +27,7 @@ pub const FALLBACK_COMPUTE_UNITS: u32 = 128;
 /// | `OCTOFLOW_UNFUSED_MOE=1` | [`Tuning::unfused_moe`] | steps of a few tokens record a mixture of experts' norm, router, routing, down products and combine as separate stages |
 /// | `OCTOFLOW_MOE_COOP=0` or `1` | [`Tuning::moe_coop`] | batches' expert products on cooperative matrices (the MOE variants of `matmul_coop.comp`) off or on |
 /// | `OCTOFLOW_MATVEC_DOT=0` or `1` | [`Tuning::matvec_dot`] | one-token Q4_K, Q5_K and Q6_K products on 8-bit dot products of a quantized x (`matvec_dot.comp`), off or on |
-/// | `OCTOFLOW_DOT_BATCHES=0` or `1` | [`Tuning::dot_batches`] | products of 2 ..= 8 tokens on 8-bit dot products (`matvec_dot.comp`, every type it reads) instead of the cooperative-matrix kernel, off or on |
+/// | `OCTOFLOW_DOT_BATCHES=0`, `decode` or `1` | [`Tuning::dot_batches`] | products of 2 ..= 8 tokens on 8-bit dot products (`matvec_dot.comp`, every type it reads) instead of the cooperative-matrix kernel: never, for steps whose every row samples ([`DotBatches::Decode`]), or always |
 ///
 /// The switches exist to measure what each fusion gains; results are the same either way
 /// (within each path's rounding).
@@ -61,14 +61,37 @@ pub struct Tuning {
     /// integer dot products) where the shape fits it. On by default where the device
     /// accelerates 4x8-bit dot products: elsewhere they are emulated and the f32 matvec stays.
     pub matvec_dot: bool,
-    /// Products of 2 ..= [`MATVEC_MAX_TOKENS`] tokens take `matvec_dot.comp` where the type and
-    /// shape fit it, and batches of that size leave the cooperative-matrix kernel (their norms
-    /// fuse into the products, as one token's do). Off by default: faster on the H100
-    /// (docs/PERFORMANCE.md), but with every product of a short prompt on 8-bit codes of x,
-    /// gemma3's greedy tokens part from llama.cpp's at near-ties on more golden prompts than
-    /// the agreement tests allow (they pass with the f32 and f16 products). On where asked
-    /// (`OCTOFLOW_DOT_BATCHES=1`).
-    pub dot_batches: bool,
+    /// Which products of 2 ..= [`MATVEC_MAX_TOKENS`] tokens take `matvec_dot.comp` (where the
+    /// type and shape fit it), leaving the cooperative-matrix kernel (their norms fuse into the
+    /// products, as one token's do). [`DotBatches::Decode`] by default where the device
+    /// accelerates 4x8-bit dot products (else [`DotBatches::Off`]).
+    pub dot_batches: DotBatches,
+}
+
+/// Which batches of a few rows take the 8-bit dot products ([`Tuning::dot_batches`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DotBatches {
+    /// None: the f32 matvec below [`Tuning::coop_min_tokens`], cooperative matrices from it.
+    Off,
+    /// Those of steps whose every row samples a token — several sequences' decode rows, the
+    /// step that batched serving repeats and whose time the dot products nearly halve
+    /// (docs/PERFORMANCE.md). Prompts and chunks keep the f32 and f16 products: with every
+    /// product of a short prompt on 8-bit codes of x, gemma3's greedy tokens part from
+    /// llama.cpp's at near-ties on more golden prompts than the agreement tests allow.
+    Decode,
+    /// Every batch of a few rows (`OCTOFLOW_DOT_BATCHES=1`; tests of the path).
+    All,
+}
+
+impl DotBatches {
+    /// Whether a batch takes the dot products (`decode`: its step's every row samples).
+    pub fn takes(self, decode: bool) -> bool {
+        match self {
+            DotBatches::Off => false,
+            DotBatches::Decode => decode,
+            DotBatches::All => true,
+        }
+    }
 }
 
 impl Tuning {
@@ -77,6 +100,11 @@ impl Tuning {
     pub fn from_caps(caps: &DeviceCaps) -> Self {
         Tuning {
             matvec_dot: caps.integer_dot_product && caps.int8_dot_accelerated,
+            dot_batches: if caps.integer_dot_product && caps.int8_dot_accelerated {
+                DotBatches::Decode
+            } else {
+                DotBatches::Off
+            },
             moe_coop: true,
             ..Self::from_compute_units(caps.compute_units)
         }
@@ -95,7 +123,7 @@ impl Tuning {
             unfused_moe: false,
             moe_coop: false,
             matvec_dot: false,
-            dot_batches: false,
+            dot_batches: DotBatches::Off,
         }
     }
 
@@ -132,7 +160,12 @@ impl Tuning {
         };
         either("OCTOFLOW_MOE_COOP", &mut self.moe_coop);
         either("OCTOFLOW_MATVEC_DOT", &mut self.matvec_dot);
-        either("OCTOFLOW_DOT_BATCHES", &mut self.dot_batches);
+        match var("OCTOFLOW_DOT_BATCHES").as_deref() {
+            Some("0") => self.dot_batches = DotBatches::Off,
+            Some("decode") => self.dot_batches = DotBatches::Decode,
+            Some("1") => self.dot_batches = DotBatches::All,
+            _ => {}
+        }
         self
     }
 }
@@ -175,7 +208,14 @@ mod tests {
             ("OCTOFLOW_UNFUSED_MOE", "1"),
         ]));
         assert!(t.matvec_dot && !base.matvec_dot);
-        assert!(t.dot_batches && !base.dot_batches);
+        assert_eq!(
+            (t.dot_batches, base.dot_batches),
+            (DotBatches::All, DotBatches::Off)
+        );
+        let decode = base.with_switches(env(&[("OCTOFLOW_DOT_BATCHES", "decode")]));
+        assert_eq!(decode.dot_batches, DotBatches::Decode);
+        assert!(decode.dot_batches.takes(true) && !decode.dot_batches.takes(false));
+        assert!(DotBatches::All.takes(false) && !DotBatches::Off.takes(true));
         let on = Tuning {
             matvec_dot: true,
             ..base

@@ -7,6 +7,7 @@ mod common;
 
 use common::*;
 use octoflow_core::{Draw, TokenMask};
+use octoflow_kernels::DotBatches;
 use octoflow_model::gpu::{GpuModel, KvType};
 use octoflow_model::{
     BatchForward, BatchRow, Forward, Logits, Model, RowOutput, RowResult, TokenIn,
@@ -203,8 +204,18 @@ fn rows_of_several_sequences_match_each_sequence_alone() {
 
 /// `model` on the device with batches of 2–8 rows on 8-bit dot products (`dot`) or not.
 fn dot_batches(ctx: &octoflow_vk::Context, model: &Model, dot: bool) -> GpuModel {
+    let which = if dot {
+        DotBatches::All
+    } else {
+        DotBatches::Off
+    };
+    with_dot_batches(ctx, model, which)
+}
+
+/// `model` on the device with `which` batches of 2–8 rows on 8-bit dot products.
+fn with_dot_batches(ctx: &octoflow_vk::Context, model: &Model, which: DotBatches) -> GpuModel {
     let tuning = octoflow_kernels::Tuning {
-        dot_batches: dot,
+        dot_batches: which,
         ..octoflow_kernels::Tuning::from_caps(ctx.caps())
     };
     let linear = octoflow_kernels::Linear::with_tuning(ctx, tuning).unwrap();
@@ -350,6 +361,74 @@ fn few_row_steps_on_8bit_dot_products_match_each_sequence_alone() {
     assert!(
         got.iter().zip(&f32_products).any(|(a, b)| a.0 != b.0),
         "the 8-bit products were not taken"
+    );
+}
+
+/// Only steps whose every row samples take the 8-bit dot products by default
+/// (`DotBatches::Decode`): a step of prompt chunks gives the tokens and log-probabilities the
+/// f32 products give, bit for bit; the next step, a sampled row per sequence, gives the CPU
+/// reference's best tokens with log-probabilities within what its logits' bound allows, and
+/// not the f32 products' bits.
+#[test]
+fn only_steps_whose_rows_all_sample_take_the_8bit_dot_products() {
+    let Some(ctx) = gpu_with_integer_dot_or_skip("gpu_batch_dot_decode") else {
+        return;
+    };
+    let (model, golden) = load(SMOLLM2);
+    let (decode, plain) = (
+        with_dot_batches(&ctx, &model, DotBatches::Decode),
+        with_dot_batches(&ctx, &model, DotBatches::Off),
+    );
+    let p: Vec<Vec<u32>> = (0..3)
+        .map(|i| {
+            golden.greedy[i]
+                .prompt_ids
+                .iter()
+                .take(2)
+                .copied()
+                .collect()
+        })
+        .collect();
+    let draw = RowOutput::Sample(Draw::greedy(0));
+    let run = |m: &GpuModel| {
+        let mut b = m.batch(4, 64, 64).unwrap();
+        // 6 rows, 3 of them sampling: prompt chunks
+        let s1: Vec<BatchRow> = (0..3)
+            .flat_map(|i| rows(i, 0, &p[i as usize], draw))
+            .collect();
+        let r1 = b.step(&s1).unwrap();
+        // 3 rows, each sampling: the decode rows
+        let s2: Vec<BatchRow> = (0..3).flat_map(|i| rows(i, 2, &[7 + i], draw)).collect();
+        let r2 = b.step(&s2).unwrap();
+        let tok = |r: &RowResult| match r {
+            RowResult::Token { token, logprob } => (*token, *logprob),
+            other => panic!("a sampled row gave {other:?}"),
+        };
+        let prompt: Vec<(u32, f32)> = [1, 3, 5].iter().map(|&i| tok(&r1[i])).collect();
+        let rows2: Vec<(u32, f32)> = r2.iter().map(tok).collect();
+        (prompt, rows2)
+    };
+    let (got_prompt, got_decode) = run(&decode);
+    let (want_prompt, want_decode) = run(&plain);
+    let bits = |v: &[(u32, f32)]| v.iter().map(|&(t, l)| (t, l.to_bits())).collect::<Vec<_>>();
+    assert_eq!(bits(&got_prompt), bits(&want_prompt), "prompt chunks");
+    for (i, &(token, logprob)) in got_decode.iter().enumerate() {
+        let seq = [&p[i][..], &[7 + i as u32]].concat();
+        let cpu = cpu_last(&model, &seq);
+        assert!(logprob.is_finite(), "row {i}: log-probability {logprob}");
+        assert_eq!(token, top1(&cpu), "row {i}: best token");
+        // a log-probability moves by at most twice its logits' largest error
+        let want = octoflow_core::sampling::logprob(&cpu, token);
+        let scale = cpu.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert!(
+            (logprob - want).abs() <= 2.0 * DOT_BATCH_LOGIT_BOUND * scale,
+            "row {i}: log-probability {logprob} vs the CPU's {want} (largest |logit| {scale})"
+        );
+    }
+    assert_ne!(
+        bits(&got_decode),
+        bits(&want_decode),
+        "the decode rows did not take the 8-bit products"
     );
 }
 

@@ -131,7 +131,8 @@ fn gpu_pending_post_norm_matches_the_reference() {
             pending: pending(None),
         };
         let mut chain = Chain::new(&ctx).unwrap();
-        lin.record_glu_with(&mut chain, &args, Some(plan)).unwrap();
+        lin.record_glu_with(&mut chain, &args, Some(plan), false)
+            .unwrap();
         chain.run().unwrap();
         let mut want = vec![0f32; n_rows];
         let op = GluOp::GeluTanh;
@@ -342,7 +343,7 @@ fn check_glu_layout(ty: GgmlType, cpu: bool) {
                     pending: None,
                 };
                 let mut chain = Chain::new(&ctx).unwrap();
-                lin.record_glu_with(&mut chain, &args, plan).unwrap();
+                lin.record_glu_with(&mut chain, &args, plan, false).unwrap();
                 chain.run().unwrap();
                 let got = read(&ctx, &yb, len + 5);
                 let x_in = if fused {

@@ -15,16 +15,17 @@ impl Linear {
     /// [`Linear::fuses_glu`] holds and gate and up have the same shape, and on any operand's
     /// size (as [`Linear::record`]).
     pub fn record_glu(&self, chain: &mut Chain, a: &LinearGluArgs) -> Result<()> {
-        self.record_glu_with(chain, a, None)
+        self.record_glu_with(chain, a, None, false)
     }
 
     /// [`Linear::record_glu`] in the work layout `plan` where given (as
-    /// [`Linear::record_with`]).
+    /// [`Linear::record_with`]), for a step of `decode` rows ([`Linear::step`]).
     pub(crate) fn record_glu_with(
         &self,
         chain: &mut Chain,
         a: &LinearGluArgs,
         plan: Option<MatvecPlan>,
+        decode: bool,
     ) -> Result<()> {
         let shape = |detail: String| KernelError::Shape { op: OP, detail };
         let (g, u) = (&a.gate, &a.up);
@@ -53,7 +54,7 @@ impl Linear {
             norm: None,
             pending: None,
         })?;
-        if !self.fuses_glu(a.n_tokens, g.ty, u.ty) {
+        if !self.step(decode).fuses_glu(a.n_tokens, g.ty, u.ty) {
             return Err(shape(format!(
                 "fused GLU: {} tokens; it takes 1..={MATVEC_MAX_TOKENS} (the matvec kernel) or, \
                  with cooperative matrices, any batch ({} or more on them)",
@@ -74,7 +75,7 @@ impl Linear {
         let forced = self.forces_matvec(plan, a.n_tokens);
         let norm = match a.norm {
             Some((nw, eps)) => {
-                self.check_norm_path(a.n_tokens, forced)?;
+                self.check_norm_path(a.n_tokens, forced, decode)?;
                 check_words(OP, "norm", nw, u64::from(g.n_cols), "floats")?;
                 Some((nw.clone(), eps))
             }
@@ -88,13 +89,14 @@ impl Linear {
             a.pending.is_some(),
             &[g.data, u.data],
             forced || plan.is_some(),
+            decode,
         ) {
             return dot.record_glu(chain, a, [wb, x, y, bias], up, push);
         }
         if let Some(coop) = self
             .coop
             .as_ref()
-            .filter(|_| self.coop_glu(a.n_tokens) && !forced)
+            .filter(|_| self.coop_glu(a.n_tokens, decode) && !forced)
         {
             // a norm was refused above: only the matvec kernel fuses one
             return coop.dispatch_glu(chain, None, ti, a, &wb, &up, rb);

@@ -208,7 +208,7 @@ fn check_glu_type(ty: GgmlType) {
     };
     // batches of a few tokens stay on this kernel (not the 8-bit dot products)
     let tuning = crate::Tuning {
-        dot_batches: false,
+        dot_batches: crate::tuning::DotBatches::Off,
         ..crate::Tuning::from_caps(ctx.caps())
     };
     let lin = crate::Linear::with_tuning(&ctx, tuning).unwrap();

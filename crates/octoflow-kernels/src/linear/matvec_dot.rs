@@ -128,12 +128,12 @@ impl MatvecDot {
 
     /// Whether the tuning sends `n_tokens` tokens of type `ty` here (where they fit): one token
     /// of the K-quants with [`Tuning::matvec_dot`], two to [`MATVEC_MAX_TOKENS`] of every type
-    /// the kernel reads with [`Tuning::dot_batches`].
-    pub(crate) fn takes(tuning: &Tuning, ty: GgmlType, n_tokens: u32) -> bool {
+    /// the kernel reads where [`Tuning::dot_batches`] takes a step of `decode` rows.
+    pub(crate) fn takes(tuning: &Tuning, ty: GgmlType, n_tokens: u32, decode: bool) -> bool {
         if n_tokens == 1 {
             tuning.matvec_dot && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
         } else {
-            tuning.dot_batches && DOT_TYPES.contains(&ty)
+            tuning.dot_batches.takes(decode) && DOT_TYPES.contains(&ty)
         }
     }
 

@@ -9,7 +9,7 @@ use rand::Rng;
 use super::*;
 use crate::linear::{linear_ref, Linear, QWeightRef};
 use crate::testkit::{buffer_with, poisoned, random_weights, read, seeded, with};
-use crate::tuning::Tuning;
+use crate::tuning::{DotBatches, Tuning};
 
 /// Bound relative to the larger of |want| and 1% of the largest |want| (as `check_close`).
 const REL: f64 = 2e-4;
@@ -31,7 +31,7 @@ fn check_rows(got: &[f32], want: &[f32], slack: &[f64], what: &str) {
 fn dot_linear(ctx: &Context, on: bool) -> Linear {
     let tuning = Tuning {
         matvec_dot: on,
-        dot_batches: on,
+        dot_batches: if on { DotBatches::All } else { DotBatches::Off },
         ..Tuning::from_caps(ctx.caps())
     };
     Linear::with_layout(ctx, false, tuning).unwrap()
@@ -362,22 +362,32 @@ fn gpu_matvec_dot_takes_only_what_it_reads() {
         assert!(!fits(Q2_K, false, 256, 2, false, &a));
         let mut t = Tuning {
             matvec_dot: true,
-            dot_batches: false,
+            dot_batches: DotBatches::Off,
             ..Tuning::from_caps(ctx.caps())
         };
-        assert!(MatvecDot::takes(&t, Q4_K, 1));
-        assert!(!MatvecDot::takes(&t, Q8_0, 1));
-        assert!(!MatvecDot::takes(&t, Q8_0, 2));
-        t.dot_batches = true;
-        assert!(MatvecDot::takes(&t, Q8_0, 2));
-        assert!(MatvecDot::takes(&t, Q6_K, 8));
-        assert!(!MatvecDot::takes(&t, F16, 2));
+        for decode in [false, true] {
+            assert!(MatvecDot::takes(&t, Q4_K, 1, decode));
+            assert!(!MatvecDot::takes(&t, Q8_0, 1, decode));
+            assert!(!MatvecDot::takes(&t, Q8_0, 2, decode));
+        }
+        t.dot_batches = DotBatches::Decode;
+        assert!(MatvecDot::takes(&t, Q8_0, 2, true) && !MatvecDot::takes(&t, Q8_0, 2, false));
+        t.dot_batches = DotBatches::All;
+        assert!(MatvecDot::takes(&t, Q8_0, 2, false));
+        assert!(MatvecDot::takes(&t, Q6_K, 8, false));
+        assert!(!MatvecDot::takes(&t, F16, 2, true));
         t.matvec_dot = false;
-        assert!(!MatvecDot::takes(&t, Q4_K, 1));
+        assert!(!MatvecDot::takes(&t, Q4_K, 1, true));
         // batches of a few tokens leave the cooperative-matrix kernel for it
         let lin = Linear::with_layout(&ctx, false, t).unwrap();
         assert!(!lin.uses_coop(8));
         assert!(lin.fuses_norm(8));
+        // with decode steps only, a prompt's batch keeps its kernel
+        t.dot_batches = DotBatches::Decode;
+        let lin = Linear::with_layout(&ctx, false, t).unwrap();
+        assert!(lin.step(true).dot_batch(8) && !lin.dot_batch(8));
+        assert!(!lin.step(true).uses_coop(8));
+        assert_eq!(lin.uses_coop(8), lin.coop.is_some());
     }
 
     let (seed, mut rng) = seeded(module_path!());

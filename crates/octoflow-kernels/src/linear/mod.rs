@@ -282,21 +282,22 @@ impl Linear {
     }
 
     /// Whether a batch of `n_tokens` runs on the cooperative-matrix kernel, whose products
-    /// are of f16-rounded weights and inputs ([`crate::matmul_coop::matmul_coop_ref`]).
+    /// are of f16-rounded weights and inputs ([`crate::matmul_coop::matmul_coop_ref`]) — for
+    /// a step whose rows do not all sample (prompts: see [`Linear::step`]).
     pub fn uses_coop(&self, n_tokens: u32) -> bool {
-        self.coop.is_some() && n_tokens >= self.tuning.coop_min_tokens && !self.dot_batch(n_tokens)
+        self.step(false).uses_coop(n_tokens)
     }
 
-    /// Whether a batch of `n_tokens` (2 ..= [`MATVEC_MAX_TOKENS`]) stays off the
-    /// cooperative-matrix kernel for the integer-dot one ([`Tuning::dot_batches`]), except for
-    /// vocabulary-sized products (see `dot_for`).
+    /// Whether a batch of `n_tokens` (2 ..= [`MATVEC_MAX_TOKENS`]) of a step whose rows do not
+    /// all sample stays off the cooperative-matrix kernel for the integer-dot one
+    /// ([`Tuning::dot_batches`]), except for vocabulary-sized products (see `dot_for`).
     pub fn dot_batch(&self, n_tokens: u32) -> bool {
-        self.tuning.dot_batches && self.dot.is_some() && (2..=MATVEC_MAX_TOKENS).contains(&n_tokens)
+        self.step(false).dot_batch(n_tokens)
     }
 
     /// Whether a batch of `n_tokens` can take [`LinearArgs::norm`] (the GPU matvec kernel).
     pub fn fuses_norm(&self, n_tokens: u32) -> bool {
-        !self.cpu && n_tokens <= MATVEC_MAX_TOKENS && !self.uses_coop(n_tokens)
+        self.step(false).fuses_norm(n_tokens)
     }
 
     /// Whether [`Linear::record_glu`] takes a batch of `n_tokens` with gate and up matrices of
@@ -304,14 +305,20 @@ impl Linear {
     /// 1 ..= [`MATVEC_MAX_TOKENS`] tokens (the matvec path), and one supported type for both. The
     /// matrices must also have the same shape (`record_glu` checks it).
     pub fn fuses_glu(&self, n_tokens: u32, gate_ty: GgmlType, up_ty: GgmlType) -> bool {
-        let path = (1..=MATVEC_MAX_TOKENS).contains(&n_tokens) || self.coop_glu(n_tokens);
-        path && gate_ty == up_ty && Self::supports(gate_ty)
+        self.step(false).fuses_glu(n_tokens, gate_ty, up_ty)
+    }
+
+    /// The products as a step's rows take them: `decode` where every row of the step samples
+    /// a token (several sequences' decode rows), which [`crate::DotBatches::Decode`] sends to the
+    /// 8-bit dot products; [`Linear`]'s own methods are those of a step that is not.
+    pub fn step(&self, decode: bool) -> StepLinear<'_> {
+        StepLinear { lin: self, decode }
     }
 
     /// Whether a batch of `n_tokens` takes the fused gate/up/activation of the
     /// cooperative-matrix kernel.
-    fn coop_glu(&self, n_tokens: u32) -> bool {
-        self.uses_coop(n_tokens) && self.coop.as_ref().is_some_and(|c| c.glu.is_some())
+    fn coop_glu(&self, n_tokens: u32, decode: bool) -> bool {
+        self.step(decode).uses_coop(n_tokens) && self.coop.as_ref().is_some_and(|c| c.glu.is_some())
     }
 
     /// Whether a layout given for the matvec kernel (benchmarks and tests comparing layouts)
@@ -322,8 +329,8 @@ impl Linear {
 
     /// A fused norm needs the matvec kernel: refuses a batch that goes elsewhere (unless a
     /// matvec layout was `forced`).
-    fn check_norm_path(&self, n_tokens: u32, forced: bool) -> Result<()> {
-        if self.fuses_norm(n_tokens) || forced {
+    fn check_norm_path(&self, n_tokens: u32, forced: bool, decode: bool) -> Result<()> {
+        if self.step(decode).fuses_norm(n_tokens) || forced {
             return Ok(());
         }
         let coop_min = self.tuning.coop_min_tokens;
@@ -339,7 +346,8 @@ impl Linear {
     /// rows and columns): the tuning asks for it, no matvec layout was given (`forced`),
     /// [`MatvecDot::fits`] the weights `w` of type `ty`, and it is not a batch's
     /// vocabulary-sized product on a device with cooperative matrices (each of its many
-    /// workgroups quantizes the whole batch's x: the tiles are faster there).
+    /// workgroups quantizes the whole batch's x: the tiles are faster there); `decode` as for
+    /// [`Linear::step`].
     #[allow(clippy::too_many_arguments)]
     fn dot_for(
         &self,
@@ -350,12 +358,13 @@ impl Linear {
         pending: bool,
         w: &[&BufferSlice],
         forced: bool,
+        decode: bool,
     ) -> Option<&MatvecDot> {
         let tall = n_tokens > 1 && n_rows >= DOT_MAX_ROWS && self.coop.is_some();
         self.dot.as_ref().filter(|d| {
             !forced
                 && !tall
-                && MatvecDot::takes(&self.tuning, ty, n_tokens)
+                && MatvecDot::takes(&self.tuning, ty, n_tokens, decode)
                 && d.fits(ty, glu, n_cols, n_tokens, pending, w)
         })
     }
@@ -384,7 +393,7 @@ impl Linear {
     /// results are compared rather than summed on — a mixture of experts' router, whose top-k
     /// must not flip where f16-rounded operands would move two close logits.
     pub fn record_f32(&self, chain: &mut Chain, a: &LinearArgs) -> Result<()> {
-        self.record_inner(chain, a, None, false)
+        self.record_inner(chain, a, None, false, false)
     }
 
     /// [`Linear::record`], the GPU matvec in the work layout `plan` where given (benchmarks and
@@ -395,16 +404,18 @@ impl Linear {
         a: &LinearArgs,
         plan: Option<MatvecPlan>,
     ) -> Result<()> {
-        self.record_inner(chain, a, plan, true)
+        self.record_inner(chain, a, plan, true, false)
     }
 
-    /// [`Linear::record_with`], the cooperative-matrix kernel allowed where `allow_coop`.
+    /// [`Linear::record_with`], the cooperative-matrix kernel allowed where `allow_coop`, for
+    /// a step of `decode` rows ([`Linear::step`]).
     fn record_inner(
         &self,
         chain: &mut Chain,
         a: &LinearArgs,
         plan: Option<MatvecPlan>,
         allow_coop: bool,
+        decode: bool,
     ) -> Result<()> {
         let Checked { ti, push, bindings } = check_args(a)?;
         let forced = self.forces_matvec(plan, a.n_tokens);
@@ -427,7 +438,7 @@ impl Linear {
             });
         }
         if let Some((g, _)) = a.norm {
-            self.check_norm_path(a.n_tokens, forced)?;
+            self.check_norm_path(a.n_tokens, forced, decode)?;
             check_words(OP, "norm", g, u64::from(w.n_cols), "floats")?;
         }
         // a given layout, and record_f32's products (of f32 x, not of its 8-bit codes), keep
@@ -441,6 +452,7 @@ impl Linear {
             a.pending.is_some(),
             &[w.data],
             given,
+            decode,
         ) {
             return dot.record(chain, a, &bindings, push);
         }
@@ -449,8 +461,9 @@ impl Linear {
         }
         // a dot batch's vocabulary-sized product (which the dot kernel leaves) keeps the
         // cooperative-matrix kernel
+        let step = self.step(decode);
         let coop_here =
-            self.uses_coop(a.n_tokens) || (self.dot_batch(a.n_tokens) && w.n_rows >= DOT_MAX_ROWS);
+            step.uses_coop(a.n_tokens) || (step.dot_batch(a.n_tokens) && w.n_rows >= DOT_MAX_ROWS);
         if let Some(coop) = self
             .coop
             .as_ref()
@@ -514,6 +527,55 @@ impl Linear {
         Ok(())
     }
 }
+/// The linear kernels as the rows of one kind of step take them ([`Linear::step`]).
+#[derive(Clone, Copy)]
+pub struct StepLinear<'a> {
+    lin: &'a Linear,
+    /// Every row of the step samples a token.
+    decode: bool,
+}
+
+impl StepLinear<'_> {
+    /// Whether a batch of `n_tokens` runs on the cooperative-matrix kernel, whose products
+    /// are of f16-rounded weights and inputs ([`crate::matmul_coop::matmul_coop_ref`]).
+    pub fn uses_coop(&self, n_tokens: u32) -> bool {
+        let l = self.lin;
+        l.coop.is_some() && n_tokens >= l.tuning.coop_min_tokens && !self.dot_batch(n_tokens)
+    }
+
+    /// Whether a batch of `n_tokens` (2 ..= [`MATVEC_MAX_TOKENS`]) stays off the
+    /// cooperative-matrix kernel for the integer-dot one ([`Tuning::dot_batches`]), except for
+    /// vocabulary-sized products (see `dot_for`).
+    pub fn dot_batch(&self, n_tokens: u32) -> bool {
+        let l = self.lin;
+        l.tuning.dot_batches.takes(self.decode)
+            && l.dot.is_some()
+            && (2..=MATVEC_MAX_TOKENS).contains(&n_tokens)
+    }
+
+    /// Whether a batch of `n_tokens` can take [`LinearArgs::norm`] (the GPU matvec kernel).
+    pub fn fuses_norm(&self, n_tokens: u32) -> bool {
+        !self.lin.cpu && n_tokens <= MATVEC_MAX_TOKENS && !self.uses_coop(n_tokens)
+    }
+
+    /// [`Linear::fuses_glu`] for this step's rows.
+    pub fn fuses_glu(&self, n_tokens: u32, gate_ty: GgmlType, up_ty: GgmlType) -> bool {
+        let path =
+            (1..=MATVEC_MAX_TOKENS).contains(&n_tokens) || self.lin.coop_glu(n_tokens, self.decode);
+        path && gate_ty == up_ty && Linear::supports(gate_ty)
+    }
+
+    /// [`Linear::record`] for this step's rows.
+    pub fn record(&self, chain: &mut Chain, a: &LinearArgs) -> Result<()> {
+        self.lin.record_inner(chain, a, None, true, self.decode)
+    }
+
+    /// [`Linear::record_glu`] for this step's rows.
+    pub fn record_glu(&self, chain: &mut Chain, a: &LinearGluArgs) -> Result<()> {
+        self.lin.record_glu_with(chain, a, None, self.decode)
+    }
+}
+
 /// Refuses the block layout for weights it cannot read ([`MatvecPlan::blocks_fit`]).
 fn check_blocks(
     plan: MatvecPlan,

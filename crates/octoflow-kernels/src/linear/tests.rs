@@ -25,7 +25,7 @@ pub(super) const REL: f32 = 5e-4;
 pub(super) fn f32_tuning(ctx: &Context) -> Tuning {
     Tuning {
         matvec_dot: false,
-        dot_batches: false,
+        dot_batches: crate::tuning::DotBatches::Off,
         ..Tuning::from_caps(ctx.caps())
     }
 }
@@ -438,7 +438,8 @@ fn check_plan(
         pending: None,
     };
     let mut chain = Chain::new(ctx).unwrap();
-    lin.record_glu_with(&mut chain, &args, Some(plan)).unwrap();
+    lin.record_glu_with(&mut chain, &args, Some(plan), false)
+        .unwrap();
     chain.run().unwrap();
     let got = read(ctx, &yb, len + 5);
     let mut want = vec![0f32; len];

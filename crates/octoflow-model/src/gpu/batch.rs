@@ -31,6 +31,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use octoflow_core::{Draw, TokenMask};
+use octoflow_kernels::linear::MATVEC_MAX_TOKENS;
 use octoflow_kernels::{mask_row_words, Sample, SamplerState, FROM_PREV};
 use octoflow_vk::{summarize, Buffer, BufferSlice, Chain, LabelTime, MemoryKind, Timeline};
 
@@ -103,9 +104,33 @@ pub struct DeviceRows {
     pub mask: Option<BufferSlice>,
 }
 
-/// Chain cache key: (row bucket, output-row bucket, logits copied to the host, io set, masked
-/// sampler, masks given after the submit).
-type Key = (u32, u32, bool, usize, bool, bool);
+/// Chain cache key: what a step's recording depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
+    /// The row bucket.
+    rows: u32,
+    /// The output-row bucket.
+    out: u32,
+    /// Logits copied to the host.
+    logits: bool,
+    /// The io set.
+    set: usize,
+    /// A masked sampler.
+    masked: bool,
+    /// Masks given after the submit.
+    late: bool,
+    /// Every row samples a token ([`Graph::decode`](crate::gpu::graph::Graph)); only where the
+    /// products depend on it (buckets of 2 ..= [`MATVEC_MAX_TOKENS`] rows), else false.
+    decode: bool,
+}
+
+impl Key {
+    /// Whether a step of `rows` rows in a bucket of `nb`, whose every row samples where
+    /// `all_sample`, records as decode rows.
+    fn decode_rows(nb: u32, all_sample: bool) -> bool {
+        all_sample && (2..=MATVEC_MAX_TOKENS).contains(&nb)
+    }
+}
 
 /// A step's recording: one chain, or (late masks) the forward pass and the draw held for the
 /// host's signal.
@@ -686,7 +711,18 @@ impl BatchForward for GpuBatch<'_> {
                     .map(|o| (o, row_masks.get(o as usize).copied().flatten())),
             )?;
         }
-        let key = (nb, ob, want_logits, set, masked, any_late);
+        let all_sample = rows
+            .iter()
+            .all(|r| matches!(r.output, RowOutput::Sample(_)));
+        let key = Key {
+            rows: nb,
+            out: ob,
+            logits: want_logits,
+            set,
+            masked,
+            late: any_late,
+            decode: Key::decode_rows(nb, all_sample),
+        };
         if !self.chains.contains_key(&key) {
             if self.chains.len() >= 64 && self.pending.is_empty() {
                 self.chains.clear();
@@ -785,7 +821,7 @@ impl BatchForward for GpuBatch<'_> {
                 "a step was collected before its late masks were given".into(),
             ));
         }
-        let io = &self.sets[p.key.3];
+        let io = &self.sets[p.key.set];
         let mut tokens = vec![0u32; p.n_out as usize];
         let mut logprobs = vec![0f32; p.n_out as usize];
         if p.n_out > 0 {

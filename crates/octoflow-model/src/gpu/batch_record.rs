@@ -27,11 +27,20 @@ impl GpuBatch<'_> {
         let mut n = 1;
         while n <= t_max {
             let nb = bucket(n, t_max);
+            let key = |out, set, decode| Key {
+                rows: nb,
+                out,
+                logits: false,
+                set,
+                masked: false,
+                late: false,
+                decode,
+            };
             if nb <= decode_max {
                 let ob = bucket(nb.min(out_max), self.max_out);
-                keys.extend([0, 1].map(|set| (nb, ob, false, set, false, false)));
+                keys.extend([0, 1].map(|set| key(ob, set, Key::decode_rows(nb, true))));
             } else {
-                keys.push((nb, 1, false, self.next_set, false, false));
+                keys.push(key(1, self.next_set, false));
             }
             n = nb + 1;
         }
@@ -48,7 +57,16 @@ impl GpuBatch<'_> {
 
     /// Records the chain of a step with `n` rows (`n_out` of them with output) on set `set`,
     /// its sampler masked or not; with `late`, as two chains split before the draw.
-    pub(super) fn record(&self, (n, n_out, logits, set, masked, late): Key) -> Result<StepChain> {
+    pub(super) fn record(&self, key: Key) -> Result<StepChain> {
+        let Key {
+            rows: n,
+            out: n_out,
+            logits,
+            set,
+            masked,
+            late,
+            decode,
+        } = key;
         let m = self.model;
         let io = &self.sets[set];
         let prev = &self.sets[1 - set];
@@ -89,7 +107,7 @@ impl GpuBatch<'_> {
                 }
             },
         };
-        let logits_rows = self.record_forward(&mut chain, &rows, n, n_out)?;
+        let logits_rows = self.record_forward(&mut chain, &rows, n, n_out, decode)?;
         let mut head = None;
         if late {
             chain.finish()?;
@@ -134,20 +152,23 @@ impl GpuBatch<'_> {
         n: u32,
         n_out: u32,
     ) -> Result<Option<BufferSlice>> {
-        let logits = self.record_forward(chain, rows, n, n_out)?;
+        // rows the GPU chose: decode rows and prompt chunks alike
+        let logits = self.record_forward(chain, rows, n, n_out, false)?;
         if let Some(l) = &logits {
             self.record_draw(chain, rows, l, n_out)?;
         }
         Ok(logits)
     }
 
-    /// [`Self::record_rows`] up to the output rows' logits.
+    /// [`Self::record_rows`] up to the output rows' logits (`decode`: every row samples, see
+    /// [`Graph::decode`]).
     fn record_forward(
         &self,
         chain: &mut Chain,
         rows: &DeviceRows,
         n: u32,
         n_out: u32,
+        decode: bool,
     ) -> Result<Option<BufferSlice>> {
         let m = self.model;
         let graph = Graph {
@@ -166,6 +187,7 @@ impl GpuBatch<'_> {
                 offset: 0,
                 stride: 1,
             }),
+            decode,
         };
         graph.layers(chain, n, &TokenSource::Slice(rows.ids.clone()))?;
         if n_out == 0 {

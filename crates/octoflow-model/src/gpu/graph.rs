@@ -70,6 +70,9 @@ pub struct Graph<'a> {
     pub s: &'a Scratch,
     pub pos: PosSource,
     pub lora: Option<GraphLora<'a>>,
+    /// Every row of the step samples a token (several sequences' decode rows): the products
+    /// take the kernels [`octoflow_kernels::Linear::step`] gives such steps.
+    pub decode: bool,
 }
 
 /// The residual stream between blocks: the buffer holding it (`s.x`, or `s.h` while a
@@ -135,7 +138,7 @@ impl Graph<'_> {
     fn defers_post_norms(&self, n: u32) -> bool {
         n == 1
             && self.lora.is_none()
-            && self.k.linear.fuses_norm(n)
+            && self.lin().fuses_norm(n)
             && self.c.n_embd.is_multiple_of(32)
             && self
                 .c
@@ -415,7 +418,7 @@ impl Graph<'_> {
         });
         if let Some(mut args) = self.fused_glu(il, n, &input, &gate, op, norm) {
             args.pending = pending;
-            k.linear.record_glu(chain, &args)?;
+            self.lin().record_glu(chain, &args)?;
         } else {
             // a pending post-norm was settled by block_input: the norm is not fused here
             self.linear(
@@ -482,8 +485,8 @@ impl Graph<'_> {
         };
         if adapted
             || (g.n_rows, g.n_cols) != (u.n_rows, u.n_cols)
-            || !self.k.linear.fuses_glu(n, g.ty, u.ty)
-            || (self.k.linear.uses_coop(n) && self.k.linear.tuning().unfused_glu)
+            || !self.lin().fuses_glu(n, g.ty, u.ty)
+            || (self.lin().uses_coop(n) && self.k.linear.tuning().unfused_glu)
         {
             return None;
         }
@@ -659,8 +662,13 @@ impl Graph<'_> {
     /// the squares while it quantizes x). Adapters read the normed input, so with them the norm
     /// is never fused.
     fn norm_fuses(&self, n: u32, small: bool) -> bool {
-        let lin = &self.k.linear;
+        let lin = self.lin();
         small && (n == 1 || lin.dot_batch(n)) && self.lora.is_none() && lin.fuses_norm(n)
+    }
+
+    /// The product kernels as this step's rows take them.
+    fn lin(&self) -> octoflow_kernels::StepLinear<'_> {
+        self.k.linear.step(self.decode)
     }
 
     /// Adds the adapters' products of layer `il` to projections whose base products were
@@ -739,7 +747,7 @@ impl Graph<'_> {
                 settle: pn.settle.filter(|_| i == 0),
                 ..pn
             });
-            self.k.linear.record(
+            self.lin().record(
                 chain,
                 &LinearArgs {
                     w: QWeightRef {

@@ -267,6 +267,8 @@ impl GpuSession<'_> {
                 offset: 0,
                 stride: 0,
             }),
+            // one sequence: its steps of several rows are prompt chunks
+            decode: false,
         }
     }
 

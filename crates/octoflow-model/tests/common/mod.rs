@@ -266,7 +266,7 @@ pub fn gpu_logit_bound(ctx: &octoflow_vk::Context, n_tokens: usize) -> f32 {
     let coop = octoflow_kernels::MatmulCoop::supported(ctx.caps())
         && n_tokens as u32 >= octoflow_kernels::linear::COOP_MIN_TOKENS;
     let dot = t.matvec_dot && n_tokens == 1;
-    if t.dot_batches && n_tokens >= 2 {
+    if t.dot_batches != octoflow_kernels::DotBatches::Off && n_tokens >= 2 {
         DOT_BATCH_LOGIT_BOUND
     } else if coop {
         2e-2
