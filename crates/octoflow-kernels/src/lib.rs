@@ -96,8 +96,9 @@ pub use lora::{lora_ref, Lora, LoraMix, LoraStack};
 pub use masked_softmax::{masked_softmax_back_ref, masked_softmax_ref, MaskedSoftmax, SoftmaxMask};
 pub use matmul_coop::{matmul_coop_ref, MatmulCoop};
 pub use moe::{
-    moe_combine_ref, moe_experts_ref, moe_group_ref, moe_route_ref, Combine, ExpertWeights,
-    ExpertsArgs, Groups, Moe, MoeAct, MoeCombine, MoeExperts, MoeGating, MoeGroup, MoeRoute,
+    moe_combine_ref, moe_experts_dot_ref, moe_experts_ref, moe_group_ref, moe_route_ref, Combine,
+    ExpertWeights, ExpertsArgs, Groups, Moe, MoeAct, MoeCombine, MoeExperts, MoeGating, MoeGroup,
+    MoeRoute,
 };
 pub use operand::Positions;
 pub use pick_ids::{pick_ids_ref, PickIds, FROM_PREV};

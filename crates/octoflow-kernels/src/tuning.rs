@@ -27,6 +27,7 @@ pub const FALLBACK_COMPUTE_UNITS: u32 = 128;
 /// | `OCTOFLOW_UNFUSED_MOE=1` | [`Tuning::unfused_moe`] | steps of a few tokens record a mixture of experts' norm, router, routing, down products and combine as separate stages |
 /// | `OCTOFLOW_MOE_COOP=0` or `1` | [`Tuning::moe_coop`] | batches' expert products on cooperative matrices (the MOE variants of `matmul_coop.comp`) off or on |
 /// | `OCTOFLOW_MATVEC_DOT=0` or `1` | [`Tuning::matvec_dot`] | one-token Q4_K, Q5_K and Q6_K products on 8-bit dot products of a quantized x (`matvec_dot.comp`), off or on |
+/// | `OCTOFLOW_MOE_DOT=0` or `1` | [`Tuning::moe_dot`] | a few tokens' expert products of the blocks of 32 (MXFP4, Q4_0 … Q8_0) on 8-bit dot products of a quantized x (`moe_dot.comp`), off or on |
 /// | `OCTOFLOW_DOT_BATCHES=0`, `decode` or `1` | [`Tuning::dot_batches`] | products of 2 ..= 8 tokens on 8-bit dot products (`matvec_dot.comp`, every type it reads) instead of the cooperative-matrix kernel: never, for steps whose every row samples ([`DotBatches::Decode`]), or always |
 ///
 /// The switches exist to measure what each fusion gains; results are the same either way
@@ -66,6 +67,10 @@ pub struct Tuning {
     /// products, as one token's do). [`DotBatches::Decode`] by default where the device
     /// accelerates 4x8-bit dot products (else [`DotBatches::Off`]).
     pub dot_batches: DotBatches,
+    /// A few tokens' expert products of the types `moe_dot.comp` reads (MXFP4 and the legacy
+    /// blocks of 32) take it: each pair's input quantized to 8 bits per block of 32, integer
+    /// dot products. On by default where the device accelerates 4x8-bit dot products.
+    pub moe_dot: bool,
 }
 
 /// Which batches of a few rows take the 8-bit dot products ([`Tuning::dot_batches`]).
@@ -100,6 +105,7 @@ impl Tuning {
     pub fn from_caps(caps: &DeviceCaps) -> Self {
         Tuning {
             matvec_dot: caps.integer_dot_product && caps.int8_dot_accelerated,
+            moe_dot: caps.integer_dot_product && caps.int8_dot_accelerated,
             dot_batches: if caps.integer_dot_product && caps.int8_dot_accelerated {
                 DotBatches::Decode
             } else {
@@ -124,6 +130,7 @@ impl Tuning {
             moe_coop: false,
             matvec_dot: false,
             dot_batches: DotBatches::Off,
+            moe_dot: false,
         }
     }
 
@@ -160,6 +167,7 @@ impl Tuning {
         };
         either("OCTOFLOW_MOE_COOP", &mut self.moe_coop);
         either("OCTOFLOW_MATVEC_DOT", &mut self.matvec_dot);
+        either("OCTOFLOW_MOE_DOT", &mut self.moe_dot);
         match var("OCTOFLOW_DOT_BATCHES").as_deref() {
             Some("0") => self.dot_batches = DotBatches::Off,
             Some("decode") => self.dot_batches = DotBatches::Decode,

@@ -39,13 +39,8 @@
 // ((qh[32n + 8c + i] >> 2g) & 3) << 4, minus 32, under scale 8n + 2g + c / 2. The codes enter
 // the dot unsigned (0..63) and 32 times the sum of x's codes (a dot with 0x01010101) comes off.
 //
-// Blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): a lane takes a whole block (its codes as eight
-// words of four, element 4m + i in byte i of word m) and 32 blocks go by per step. Q8_0's
-// codes are signed and meet x's as they are; the 4- and 5-bit codes enter unsigned (byte i of
-// the 16 code bytes holds elements i and i + 16 in its nibbles, Q5's fifth bit is bit e of qh),
-// and their offset (8 or 16 times the block's sum of x) or their minimum (m times it) is
-// applied through x's block sums. Q4_0, Q5_0 and Q8_0 blocks (18, 22, 34 bytes) sit at 2-byte
-// alignment and are read as Q6_K's are.
+// Blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; decoded as dot.glsl says, which also holds x's
+// quantization): a lane takes a whole block and 32 blocks go by per step.
 //
 // Benchmark variants (`@bench` in variants.txt, benches/dot_bench.rs): XONCE decodes all of a
 // lane's rows first and reads each token's codes once for all of them; ABL_NOQ neither reads
@@ -118,15 +113,6 @@ shared float xn[NT * XB];  // per block: the sum of squares of x (the norm)
 shared float invs[NT];     // per token: 1 / rms(x_t), or 1
 shared float part[(WG / SG) * NACC]; // subgroups' partial sums of the rows
 
-// half away from zero, as llama.cpp's roundf (the reference computes it the same way)
-float round_away(float v) {
-    return sign(v) * floor(abs(v) + 0.5);
-}
-
-uint byte_at(uint u, uint k) {
-    return (u >> (8u * k)) & 0xFFu;
-}
-
 // word i of matrix m (0: the weights, 1: GLU's up)
 uint word(uint m, uint i) {
 #ifdef GLU
@@ -144,17 +130,7 @@ uvec4 vec4_at(uint m, uint i) {
 #endif
 }
 
-// the word at byte b (b even) of matrix m: blocks of 2-byte alignment
-uint wd(uint m, uint b) {
-    uint i = b >> 2;
-    return (b & 2u) == 0u ? word(m, i) : (word(m, i) >> 16) | (word(m, i + 1u) << 16);
-}
-
-// the f16 at byte b (b even) of matrix m
-float half_at(uint m, uint b) {
-    vec2 v = unpackHalf2x16(word(m, b >> 2));
-    return (b & 2u) == 0u ? v.x : v.y;
-}
+#include "dot.glsl"
 
 #if defined(DOT_Q4_K) || defined(DOT_Q5_K)
 #define KQUANT
@@ -224,77 +200,6 @@ float q6_decode(uint m, uint at, uint n, uint c, out uint cw[8], out int sc[4]) 
 }
 #endif
 
-#if defined(DOT_Q4_0) || defined(DOT_Q4_1) || defined(DOT_Q5_0) || defined(DOT_Q5_1) || defined(DOT_Q8_0)
-#define BLOCK32
-#if defined(DOT_Q4_0)
-const uint BB = 18u; // bytes a block
-#elif defined(DOT_Q4_1)
-const uint BB = 20u;
-#elif defined(DOT_Q5_0)
-const uint BB = 22u;
-#elif defined(DOT_Q5_1)
-const uint BB = 24u;
-#else
-const uint BB = 34u;
-#endif
-
-// bits 0..3 of b as bit 4 of bytes 0..3 (Q5's fifth bits of four codes)
-uint spread4(uint b) {
-    return ((b & 1u) | ((b & 2u) << 7) | ((b & 4u) << 14) | ((b & 8u) << 21)) << 4;
-}
-
-// the block at byte `at` of matrix m: its codes as eight words (element 4j + i in byte i of
-// word j); returns (d, m), m the minimum of Q4_1 and Q5_1 (else 0)
-vec2 b32_decode(uint m, uint at, out uint cw[8]) {
-#ifdef DOT_Q8_0
-    [[unroll]] for (uint j = 0u; j < 8u; j++) {
-        cw[j] = wd(m, at + 2u + 4u * j);
-    }
-    return vec2(half_at(m, at), 0.0);
-#else
-#if defined(DOT_Q4_1) || defined(DOT_Q5_1)
-    vec2 dm = unpackHalf2x16(word(m, at >> 2)); // 20- and 24-byte blocks: word aligned
-#else
-    vec2 dm = vec2(half_at(m, at), 0.0);
-#endif
-#if defined(DOT_Q4_0)
-    uint qs = at + 2u;
-#elif defined(DOT_Q4_1)
-    uint qs = at + 4u;
-#elif defined(DOT_Q5_0)
-    uint qh = wd(m, at + 2u);
-    uint qs = at + 6u;
-#else
-    uint qh = word(m, (at + 4u) >> 2);
-    uint qs = at + 8u;
-#endif
-    [[unroll]] for (uint j = 0u; j < 4u; j++) {
-        uint q = wd(m, qs + 4u * j);
-        cw[j] = q & 0x0F0F0F0Fu;
-        cw[j + 4u] = (q >> 4) & 0x0F0F0F0Fu;
-#if defined(DOT_Q5_0) || defined(DOT_Q5_1)
-        cw[j] |= spread4(qh >> (4u * j));
-        cw[j + 4u] |= spread4(qh >> (16u + 4u * j));
-#endif
-    }
-    return dm;
-#endif
-}
-
-// a block's contribution from its codes' dot `id` with x's block (xv: d, d * sum of codes)
-float b32_apply(vec2 dm, int id, vec2 xv) {
-#if defined(DOT_Q8_0)
-    return dm.x * xv.x * float(id);
-#elif defined(DOT_Q4_0)
-    return dm.x * (xv.x * float(id) - 8.0 * xv.y);
-#elif defined(DOT_Q5_0)
-    return dm.x * (xv.x * float(id) - 16.0 * xv.y);
-#else
-    return dm.x * xv.x * float(id) + dm.y * xv.y;
-#endif
-}
-#endif
-
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint wid = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
@@ -325,7 +230,6 @@ void main() {
         }
         uint xi = (t0 + t) * xrow + b * 8u;
         vec4 v[8];
-        float amax = 0.0;
         float ss = 0.0;
         [[unroll]] for (uint j = 0u; j < 8u; j++) {
             vec4 xv = x4[xi + j];
@@ -334,20 +238,8 @@ void main() {
                 xv *= g4[b * 8u + j];
             }
             v[j] = xv;
-            vec4 a = abs(xv);
-            amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
         }
-        float d = amax / 127.0;
-        float id = d > 0.0 ? 1.0 / d : 0.0;
-        int sum = 0;
-        [[unroll]] for (uint j = 0u; j < 8u; j++) {
-            ivec4 q = ivec4(round_away(v[j].x * id), round_away(v[j].y * id),
-                            round_away(v[j].z * id), round_away(v[j].w * id));
-            sum += q.x + q.y + q.z + q.w;
-            xq[o + j] = uint(q.x & 0xFF) | (uint(q.y & 0xFF) << 8) |
-                        (uint(q.z & 0xFF) << 16) | (uint(q.w & 0xFF) << 24);
-        }
-        xs[t * XB + b] = vec2(d, d * float(sum));
+        xs[t * XB + b] = q8_store(v, o);
         xn[t * XB + b] = ss;
     }
     barrier();

@@ -12,6 +12,7 @@
 use octoflow_gguf::GgmlType;
 use octoflow_vk::{BufferSlice, Chain, Push};
 
+use super::experts_dot::{DotKind, MoeDot};
 use super::MoeAct;
 use crate::error::Result;
 use crate::linear::linear_ref;
@@ -118,6 +119,9 @@ pub struct MoeExperts {
     matmul_coop_glu: Vec<SpecPipelines>,
     /// Grouped products take the cooperative-matrix variants where the device has them.
     coop: bool,
+    /// The matvec's products on 8-bit integer dot products where they fit
+    /// ([`MoeExperts::with_dot`]).
+    dot: Option<MoeDot>,
 }
 
 impl Default for MoeExperts {
@@ -152,7 +156,23 @@ impl MoeExperts {
             matmul_coop: coop(QOp::MoeMatmulCoop, 6),
             matmul_coop_glu: coop(QOp::MoeMatmulCoopGlu, 8),
             coop: false,
+            dot: None,
         }
+    }
+
+    /// The same kernels, the matvec's products of the types `moe_dot.comp` reads on 8-bit
+    /// integer dot products (`on`, where the device `caps` has them; [`crate::Tuning::moe_dot`]).
+    pub fn with_dot(mut self, caps: &octoflow_vk::DeviceCaps, on: bool) -> Self {
+        self.dot = if on { MoeDot::new(caps) } else { None };
+        self
+    }
+
+    /// Whether the matvec's products of `ty`, `n_cols` wide, run on 8-bit dot products of x
+    /// quantized per block of 32 (then their results are [`moe_experts_dot_ref`]'s).
+    pub fn uses_dot(&self, ty: GgmlType, n_cols: u32) -> bool {
+        self.dot
+            .as_ref()
+            .is_some_and(|d| d.fits(ty, DotKind::Plain, n_cols, 0))
     }
 
     /// The same kernels, grouped products on cooperative matrices where the device has them
@@ -289,22 +309,43 @@ impl MoeExperts {
         let y = a.combine.map_or(a.y, |cb| cb.x).clone();
         let mut bind = vec![data, a.x.clone(), y, bias];
         let max = ctx.caps().max_workgroup_count;
+        // the matvec's work on 8-bit dot products where they read it
+        let kind = match (a.combine, up.is_some()) {
+            (Some(cb), _) => DotKind::Combine(cb.n_used),
+            (None, true) => DotKind::Glu,
+            (None, false) => DotKind::Plain,
+        };
+        let dot = self
+            .dot
+            .as_ref()
+            .filter(|d| a.groups.is_none() && d.fits(w.ty, kind, w.n_cols, a.x.offset));
         let (pipeline, groups) = match (a.groups, a.combine) {
             (None, Some(cb)) => {
                 bind.push(a.ids.clone());
                 bind.push(cb.weights.clone());
-                let groups = [w.n_rows.div_ceil(MATVEC_ROWS), a.n_pairs / cb.n_used, 1];
-                (self.matvec_combine[ti].get(ctx, [0; 7])?, groups)
+                let tokens = a.n_pairs / cb.n_used;
+                match dot {
+                    Some(d) => d.layout(ctx, w.ty, kind, w.n_rows, w.n_cols, tokens)?,
+                    None => {
+                        let groups = [w.n_rows.div_ceil(MATVEC_ROWS), tokens, 1];
+                        (self.matvec_combine[ti].get(ctx, [0; 7])?, groups)
+                    }
+                }
             }
             (None, None) => {
                 bind.push(a.ids.clone());
-                let groups = [w.n_rows.div_ceil(MATVEC_ROWS), a.n_pairs, 1];
                 let set = if up.is_some() {
                     &self.matvec_glu
                 } else {
                     &self.matvec
                 };
-                (set[ti].get(ctx, [0; 7])?, groups)
+                match dot {
+                    Some(d) => d.layout(ctx, w.ty, kind, w.n_rows, w.n_cols, a.n_pairs)?,
+                    None => {
+                        let groups = [w.n_rows.div_ceil(MATVEC_ROWS), a.n_pairs, 1];
+                        (set[ti].get(ctx, [0; 7])?, groups)
+                    }
+                }
             }
             (Some(g), _) => {
                 need(OP, "offsets", g.offsets, u128::from(a.n_expert) + 1)?;

@@ -23,6 +23,9 @@
 
 mod combine;
 mod experts;
+mod experts_dot;
+#[cfg(test)]
+mod experts_dot_tests;
 #[cfg(test)]
 mod experts_tests;
 mod group;
@@ -34,6 +37,7 @@ pub use experts::{
     moe_experts_coop_ref, moe_experts_ref, Combine, ExpertWeights, ExpertsArgs, Groups, MoeExperts,
     COMBINE_MAX_USED,
 };
+pub use experts_dot::moe_experts_dot_ref;
 pub use group::{moe_group_ref, MoeGroup};
 pub use route::{moe_route_ref, MoeRoute, MAX_EXPERTS, MAX_USED};
 pub use router::{moe_router_ref, MoeRouter, RouterArgs, RouterRef, ROUTER_MAX_TOKENS};
@@ -112,7 +116,12 @@ impl Moe {
             route: MoeRoute::new(ctx)?,
             router: MoeRouter::new(),
             group: MoeGroup::new(ctx)?,
-            experts: MoeExperts::new().with_coop(crate::Tuning::for_device(ctx.caps()).moe_coop),
+            experts: {
+                let t = crate::Tuning::for_device(ctx.caps());
+                MoeExperts::new()
+                    .with_coop(t.moe_coop)
+                    .with_dot(ctx.caps(), t.moe_dot)
+            },
             combine: MoeCombine::new(ctx)?,
         })
     }

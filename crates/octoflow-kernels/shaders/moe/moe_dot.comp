@@ -1,0 +1,213 @@
+#version 450
+// Expert products of a few tokens (decode) on 8-bit integer dot products: moe_matvec.comp's
+// work (each (token, slot) pair p < n_pairs takes the rows of its expert ids[p] and no other)
+// with matvec_dot.comp's arithmetic (dot.glsl) for the blocks of 32 — Q4_0, Q4_1, Q5_0, Q5_1,
+// Q8_0 and MXFP4 (gpt-oss's experts):
+//   y[p * n_rows + r] = dot(W_e row r, q8(x[p / x_div])) (+ bias[e * n_rows + r]),  e = ids[p]
+// q8(x) as matvec_dot.comp quantizes it (per block of 32 as llama.cpp's q8_1). The CPU
+// reference is `moe_experts_dot_ref` (moe/experts_dot.rs).
+//
+// Why: decoding every weight to f32 and reading 128 bytes of f32 x per 17-byte MXFP4 block
+// made the f32 kernel several times slower than reading the experts (docs/PERFORMANCE.md);
+// here x is quantized once per workgroup into shared memory and four codes meet four of x in
+// one instruction.
+//
+// Variants: plain; GLU (gate at binding 0, up at 5, their biases at 3 and 6, y =
+// moe_act(gate, up)); COMBINE (the down products of a token's n_used pairs added into the
+// residual stream at once, as moe_combine.comp adds them:
+//   y[t * n_rows + r] += sum_j wt[p] * (dot(W_e row r, q8(x[p])) (+ bias)),  p = t n_used + j,
+// j in increasing order; the whole tensor bound as one piece).
+//
+// Layout: workgroup x takes GROUPS * RPT rows in GROUPS row groups of 32 lanes, y its pair
+// (COMBINE: its token, all NU = n_used of its pairs); it first quantizes its pairs' inputs into
+// shared memory, then each lane takes whole blocks of its row group's RPT rows (32 blocks go
+// by per step), each block's codes dotted with each pair's codes of x. A tensor larger than one
+// binding is bound in pieces of whole experts [e_begin, e_begin + e_count), one dispatch each;
+// a pair whose expert lies in another piece is left to that piece's dispatch.
+//
+// The host checks: n_cols a multiple of 32 (64 for the 2-byte aligned Q4_0, Q5_0, Q8_0: whole
+// words a row) and at most MAXC, x's rows at 16-byte aligned offsets, shared memory for NU rows
+// of MAXC codes, the subgroup size dividing 32.
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_EXT_integer_dot_product : require
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 256u;
+layout(constant_id = 1) const uint RPT = 2u;    // rows a row group takes at once
+layout(constant_id = 2) const uint NU = 1u;     // pairs a workgroup takes (COMBINE: n_used)
+layout(constant_id = 3) const uint MAXC = 256u; // widest row the shared x holds (32-multiple)
+layout(constant_id = 4) const uint SG = 4u;     // narrowest subgroup it runs with (part's size)
+const uint TPR = 32u;                           // lanes of a row group
+const uint GROUPS = WG / TPR;
+const uint XW = MAXC / 4u;                      // words of one pair's codes
+const uint XB = MAXC / 32u;                     // blocks of one pair
+#ifdef GLU
+const uint NM = 2u; // matrices
+#else
+const uint NM = 1u;
+#endif
+const uint NACC = NM * RPT * NU; // accumulators of a lane: (matrix, row, pair)
+
+#include "common.glsl"
+
+layout(std430, binding = 0) readonly buffer W1 { uint w1[]; };
+layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
+#ifdef COMBINE
+layout(std430, binding = 2) buffer Y { float y[]; };
+layout(std430, binding = 5) readonly buffer Wt { float wt[]; };
+#else
+layout(std430, binding = 2) writeonly buffer Y { float y[]; };
+#endif
+layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
+layout(std430, binding = 4) readonly buffer Ids { uint ids[]; };
+#ifdef GLU
+layout(std430, binding = 5) readonly buffer U1 { uint u1[]; };
+layout(std430, binding = 6) readonly buffer BiasU { float bias_u[]; };
+#endif
+
+layout(push_constant) uniform Push {
+    uint n_rows;
+    uint n_cols;
+    uint row_bytes;
+    uint n_pairs;
+    uint x_div;
+    uint e_begin;
+    uint e_count;
+    uint flags; // bit 0: add the biases
+    uint act;   // GLU: moe_act.glsl's op
+    float alpha;
+    float limit;
+    uint n_used; // COMBINE: pairs per token (= NU)
+} pc;
+
+shared uint xq[NU * XW];  // the codes of q8(x) of each pair, four to a word
+shared vec2 xs[NU * XB];  // per block: (d, d * sum of its codes)
+shared float part[(WG / SG) * NACC]; // subgroups' partial sums of the rows
+
+// word i of matrix m (0: the weights, 1: GLU's up)
+uint word(uint m, uint i) {
+#ifdef GLU
+    return m == 0u ? w1[i] : u1[i];
+#else
+    return w1[i];
+#endif
+}
+
+#include "dot.glsl"
+#ifdef GLU
+#include "moe_act.glsl"
+#endif
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint nb = pc.n_cols / 32u;
+    uint xrow = pc.n_cols / 4u; // vec4s of one row of x
+#ifdef COMBINE
+    uint p0 = gl_WorkGroupID.y * NU; // the token's first pair
+#else
+    uint p0 = gl_WorkGroupID.y;
+    uint e = ids[p0];
+    if (e < pc.e_begin || e - pc.e_begin >= pc.e_count) {
+        return; // the whole workgroup: another piece's expert
+    }
+#endif
+
+    // 1. q8 of each pair's input into shared memory
+    for (uint i = tid; i < NU * nb; i += WG) {
+        uint j = i / nb;
+        uint b = i - j * nb;
+        uint xi = ((p0 + j) / pc.x_div) * xrow + b * 8u;
+        vec4 v[8];
+        [[unroll]] for (uint k = 0u; k < 8u; k++) {
+            v[k] = x4[xi + k];
+        }
+        xs[j * XB + b] = q8_store(v, j * XW + b * 8u);
+    }
+    barrier();
+
+    // 2. the rows: accumulator (k, j) of matrix k / RPT, row r0 + k % RPT, pair j
+    uint rg = tid / TPR;
+    uint lane = tid % TPR;
+    uint r0 = (gl_WorkGroupID.x * GROUPS + rg) * RPT;
+    uint expert_bytes = pc.n_rows * pc.row_bytes;
+    uint base[NU];
+    [[unroll]] for (uint j = 0u; j < NU; j++) {
+        base[j] = (ids[p0 + j] - pc.e_begin) * expert_bytes;
+    }
+    float acc[NACC];
+    [[unroll]] for (uint k = 0u; k < NACC; k++) {
+        acc[k] = 0.0;
+    }
+    for (uint bi = lane; bi < nb; bi += TPR) {
+        [[unroll]] for (uint j = 0u; j < NU; j++) {
+            uint xw = j * XW + bi * 8u;
+            [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
+                uint r = min(r0 + k % RPT, pc.n_rows - 1u); // rows past the end read the last
+                uint cw[8];
+                vec2 dm = b32_decode(k / RPT, base[j] + r * pc.row_bytes + bi * BB, cw);
+                int id = 0;
+                [[unroll]] for (uint c = 0u; c < 8u; c++) {
+                    id += dotPacked4x8EXT(int(cw[c]), int(xq[xw + c]));
+                }
+                acc[k * NU + j] += b32_apply(dm, id, xs[j * XB + bi]);
+            }
+        }
+    }
+
+    // a row's sum over its 32 lanes: subgroups, then the subgroups of a row group
+    uint per = TPR / gl_SubgroupSize; // subgroups a row group (the host keeps it whole)
+    [[unroll]] for (uint k = 0u; k < NACC; k++) {
+        float s = subgroupAdd(acc[k]);
+        if (subgroupElect()) {
+            part[gl_SubgroupID * NACC + k] = s;
+        }
+    }
+    barrier();
+    if (lane >= RPT) {
+        return;
+    }
+    uint r = r0 + lane;
+    if (r >= pc.n_rows) {
+        return;
+    }
+    bool add_bias = (pc.flags & 1u) != 0u;
+    float v[NM * NU];
+    [[unroll]] for (uint m = 0u; m < NM; m++) {
+        [[unroll]] for (uint j = 0u; j < NU; j++) {
+            float s = 0.0;
+            for (uint i = 0u; i < per; i++) {
+                s += part[(rg * per + i) * NACC + (m * RPT + lane) * NU + j];
+            }
+            v[m * NU + j] = s;
+        }
+    }
+#ifdef COMBINE
+    float tot = 0.0;
+    [[unroll]] for (uint j = 0u; j < NU; j++) {
+        uint p = p0 + j;
+        float s = v[j];
+        if (add_bias) {
+            s += bias[ids[p] * pc.n_rows + r];
+        }
+        tot += wt[p] * s;
+    }
+    y[gl_WorkGroupID.y * pc.n_rows + r] += tot;
+#else
+    float s = v[0];
+    if (add_bias) {
+        s += bias[e * pc.n_rows + r];
+    }
+#ifdef GLU
+    float s2 = v[1];
+    if (add_bias) {
+        s2 += bias_u[e * pc.n_rows + r];
+    }
+    y[p0 * pc.n_rows + r] = moe_act(s, s2, pc.act, pc.alpha, pc.limit);
+#else
+    y[p0 * pc.n_rows + r] = s;
+#endif
+#endif
+}

@@ -1,0 +1,255 @@
+//! The few-token expert products on 8-bit integer dot products (`moe_dot.comp`): what
+//! [`super::MoeExperts::record`] takes for the matvec's work (plain, GLU and the combined down
+//! products) where [`MoeDot::fits`] says so — the blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+//! MXFP4), each pair's input quantized per block of 32 as llama.cpp's q8_1 (as
+//! [`crate::linear::q8_blocks`] computes it). [`moe_experts_dot_ref`] is its CPU reference.
+
+use octoflow_gguf::quant::QuantError;
+use octoflow_gguf::GgmlType;
+use octoflow_vk::{Context, DeviceCaps, Pipeline};
+
+use super::MoeAct;
+use crate::error::Result;
+use crate::linear::matvec_dot_ref;
+use crate::operand::bad;
+use crate::shaders;
+use crate::spec::SpecPipelines;
+use crate::tuning::FALLBACK_COMPUTE_UNITS;
+
+const OP: &str = "moe_experts";
+/// Invocations per workgroup (`WG`), lanes a row group (`TPR`).
+const WG: u32 = 256;
+const TPR: u32 = 32;
+/// Widest row the kernel takes.
+const MAX_COLS: u32 = 16384;
+/// Push-constant bytes (as `moe_matvec.comp`'s 12 words).
+const PUSH_BYTES: u32 = 48;
+
+/// The types the kernel reads, in the order of [`MoeDot`]'s pipelines.
+const DOT_TYPES: [GgmlType; 6] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::MXFP4,
+];
+
+/// Which of the kernel's variants a product takes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum DotKind {
+    Plain,
+    Glu,
+    /// The down products of tokens of this many pairs, added into the stream.
+    Combine(u32),
+}
+
+/// The shader's pipelines per type of [`DOT_TYPES`], for devices with integer dot products.
+pub(crate) struct MoeDot {
+    plain: Vec<SpecPipelines>,
+    glu: Vec<SpecPipelines>,
+    combine: Vec<SpecPipelines>,
+    /// The narrowest subgroup the pipelines run with (`SG`).
+    subgroup: u32,
+    max_shared: u32,
+    units: u32,
+}
+
+impl MoeDot {
+    /// The pipelines (built on first use), or `None` where the device has no integer dot
+    /// products or no subgroup size dividing 32.
+    pub(crate) fn new(caps: &DeviceCaps) -> Option<Self> {
+        use shaders::*;
+        let sg = &caps.subgroup;
+        let required = if sg.max_size > TPR || !TPR.is_multiple_of(sg.size.max(1)) {
+            if !(sg.size_control && sg.min_size <= TPR) {
+                return None;
+            }
+            Some(TPR)
+        } else {
+            None
+        };
+        let build = |list: [(octoflow_vk::Shader, &'static str); 6], bindings| {
+            list.iter()
+                .map(|&(sh, label)| {
+                    SpecPipelines::new(sh, bindings, PUSH_BYTES, label).subgroup_size(required)
+                })
+                .collect()
+        };
+        caps.integer_dot_product.then(|| MoeDot {
+            plain: build(
+                [
+                    (MOE_DOT_Q4_0, "moe_dot_q4_0"),
+                    (MOE_DOT_Q4_1, "moe_dot_q4_1"),
+                    (MOE_DOT_Q5_0, "moe_dot_q5_0"),
+                    (MOE_DOT_Q5_1, "moe_dot_q5_1"),
+                    (MOE_DOT_Q8_0, "moe_dot_q8_0"),
+                    (MOE_DOT_MXFP4, "moe_dot_mxfp4"),
+                ],
+                5,
+            ),
+            glu: build(
+                [
+                    (MOE_DOT_GLU_Q4_0, "moe_dot_glu_q4_0"),
+                    (MOE_DOT_GLU_Q4_1, "moe_dot_glu_q4_1"),
+                    (MOE_DOT_GLU_Q5_0, "moe_dot_glu_q5_0"),
+                    (MOE_DOT_GLU_Q5_1, "moe_dot_glu_q5_1"),
+                    (MOE_DOT_GLU_Q8_0, "moe_dot_glu_q8_0"),
+                    (MOE_DOT_GLU_MXFP4, "moe_dot_glu_mxfp4"),
+                ],
+                7,
+            ),
+            combine: build(
+                [
+                    (MOE_DOT_COMBINE_Q4_0, "moe_dot_combine_q4_0"),
+                    (MOE_DOT_COMBINE_Q4_1, "moe_dot_combine_q4_1"),
+                    (MOE_DOT_COMBINE_Q5_0, "moe_dot_combine_q5_0"),
+                    (MOE_DOT_COMBINE_Q5_1, "moe_dot_combine_q5_1"),
+                    (MOE_DOT_COMBINE_Q8_0, "moe_dot_combine_q8_0"),
+                    (MOE_DOT_COMBINE_MXFP4, "moe_dot_combine_mxfp4"),
+                ],
+                6,
+            ),
+            subgroup: required.unwrap_or(sg.min_size).max(1),
+            max_shared: caps.max_shared_memory,
+            units: caps.compute_units.unwrap_or(FALLBACK_COMPUTE_UNITS),
+        })
+    }
+
+    /// Whether the kernel reads this product: a type it reads, rows of whole blocks (an even
+    /// number of them for the 2-byte aligned Q4_0, Q5_0 and Q8_0: whole words a row) at most
+    /// [`MAX_COLS`] wide whose pairs' inputs fit shared memory, x at a 16-byte aligned offset
+    /// (`x_offset`).
+    pub(crate) fn fits(&self, ty: GgmlType, kind: DotKind, n_cols: u32, x_offset: u64) -> bool {
+        let multiple = match ty {
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => 64,
+            t if DOT_TYPES.contains(&t) => 32,
+            _ => return false,
+        };
+        n_cols > 0
+            && n_cols.is_multiple_of(multiple)
+            && n_cols <= MAX_COLS
+            && x_offset.is_multiple_of(16)
+            && self.shared_bytes(kind, n_cols, 2) <= self.max_shared
+    }
+
+    /// Shared-memory bytes of a workgroup of `rpt` rows a row group (the shader's `xq`, `xs`
+    /// and `part`).
+    fn shared_bytes(&self, kind: DotKind, n_cols: u32, rpt: u32) -> u32 {
+        let (nm, nu) = match kind {
+            DotKind::Plain => (1, 1),
+            DotKind::Glu => (2, 1),
+            DotKind::Combine(n) => (1, n),
+        };
+        nu * n_cols + nu * (n_cols / 32) * 8 + WG / self.subgroup * nm * rpt * nu * 4
+    }
+
+    /// The pipeline and grid of a product that [`MoeDot::fits`]: `n_rows` rows of each
+    /// expert, `n_groups` workgroup rows (pairs, or tokens for [`DotKind::Combine`]). Two rows
+    /// a row group, one where that would leave fewer than two workgroups per compute unit.
+    pub(crate) fn layout(
+        &self,
+        ctx: &Context,
+        ty: GgmlType,
+        kind: DotKind,
+        n_rows: u32,
+        n_cols: u32,
+        n_groups: u32,
+    ) -> Result<(Pipeline, [u32; 3])> {
+        let ti = DOT_TYPES
+            .iter()
+            .position(|&t| t == ty)
+            .ok_or_else(|| bad(OP, format!("the integer-dot kernel does not read {ty}")))?;
+        let rows_per_group = |rpt: u32| n_rows.div_ceil(WG / TPR * rpt);
+        let rpt = if u64::from(rows_per_group(2)) * u64::from(n_groups) >= 2 * u64::from(self.units)
+        {
+            2
+        } else {
+            1
+        };
+        let (set, nu) = match kind {
+            DotKind::Plain => (&self.plain, 1),
+            DotKind::Glu => (&self.glu, 1),
+            DotKind::Combine(n) => (&self.combine, n),
+        };
+        let spec = [WG, rpt, nu, n_cols, self.subgroup, 0, 0];
+        let pl = set[ti].get(ctx, spec)?;
+        Ok((pl, [rows_per_group(rpt), n_groups, 1]))
+    }
+}
+
+/// CPU reference of the kernel over a whole stacked tensor (as [`super::moe_experts_ref`]'s
+/// arguments; every pair's input quantized as the kernel does, [`matvec_dot_ref`]). Returns
+/// `y[p * n_rows + r]` and, per output, the most it may move where codes of x lie at a rounding
+/// boundary.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_experts_dot_ref(
+    ty: GgmlType,
+    w: &[u8],
+    glu: Option<(&[u8], MoeAct)>,
+    bias: Option<(&[f32], Option<&[f32]>)>,
+    n_rows: usize,
+    n_cols: usize,
+    x: &[f32],
+    x_div: usize,
+    ids: &[u32],
+) -> std::result::Result<(Vec<f32>, Vec<f64>), QuantError> {
+    let rb = octoflow_gguf::quant::quantized_size(ty, n_cols)?;
+    let eb = n_rows * rb;
+    let mut y = vec![0f32; ids.len() * n_rows];
+    let mut slack = vec![0f64; ids.len() * n_rows];
+    let (mut g, mut u) = (vec![0f32; n_rows], vec![0f32; n_rows]);
+    for (p, &e) in ids.iter().enumerate() {
+        let e = e as usize;
+        let xp = &x[(p / x_div) * n_cols..(p / x_div + 1) * n_cols];
+        let expert = |m: &[u8]| m[e * eb..(e + 1) * eb].to_vec();
+        let bias_of = |b: &[f32]| b[e * n_rows..(e + 1) * n_rows].to_vec();
+        let bg = bias.map(|(b, _)| bias_of(b));
+        let sg = matvec_dot_ref(
+            ty,
+            &expert(w),
+            n_rows,
+            n_cols,
+            xp,
+            None,
+            &mut g,
+            0,
+            bg.as_deref(),
+            false,
+        )?;
+        let (yp, sp) = (
+            &mut y[p * n_rows..(p + 1) * n_rows],
+            &mut slack[p * n_rows..(p + 1) * n_rows],
+        );
+        match glu {
+            None => {
+                yp.copy_from_slice(&g);
+                sp.copy_from_slice(&sg);
+            }
+            Some((uw, act)) => {
+                let bu = bias.and_then(|(_, b)| b).map(bias_of);
+                let su = matvec_dot_ref(
+                    ty,
+                    &expert(uw),
+                    n_rows,
+                    n_cols,
+                    xp,
+                    None,
+                    &mut u,
+                    0,
+                    bu.as_deref(),
+                    false,
+                )?;
+                for r in 0..n_rows {
+                    yp[r] = act.apply(g[r], u[r]);
+                    // a gate or up moved by its slack moves the activation by at most about
+                    // this much (both activations' slopes stay near 1 in the gate, and are
+                    // the gated value in the up)
+                    let (gv, uv) = (f64::from(g[r]).abs(), f64::from(u[r]).abs());
+                    sp[r] = 1.2 * sg[r] * (uv + 1.0) + (gv + sg[r]) * su[r];
+                }
+            }
+        }
+    }
+    Ok((y, slack))
+}

@@ -1,0 +1,292 @@
+//! Random-input tests of the expert products on 8-bit integer dot products (`moe_dot.comp`)
+//! for every type it reads: plain and GLU (both activations), with and without biases, the
+//! tensor bound whole and in two pieces of whole experts, and the combined down products,
+//! against [`moe_experts_dot_ref`] (each pair's input quantized as the kernel does).
+
+use octoflow_gguf::GgmlType;
+use octoflow_vk::testing::{assert_no_validation_errors, gpu_with_integer_dot_or_skip};
+use octoflow_vk::{Buffer, Chain, Context};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::Rng;
+
+use super::*;
+use crate::testkit::{buffer_with, poisoned, random, random_weights, read, seeded, with};
+
+/// Bound relative to the larger of |want| and 1% of the largest |want|: f32 sums against an
+/// f64 reference of the same 8-bit codes of x (as the linear kernel's, doubled for the GLU).
+const REL: f64 = 1e-3;
+
+/// `got` within [`REL`] of `want` plus each output's slack (codes of x at a rounding
+/// boundary); NaN fails.
+fn check(got: &[f32], want: &[f32], slack: &[f64], what: &str) {
+    let scale = want.iter().fold(0f64, |m, &w| m.max(f64::from(w).abs()));
+    for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(slack).enumerate() {
+        assert!(g.is_finite(), "{what}: output {i} is {g} (reference {w})");
+        let bound = REL * f64::from(w).abs().max(0.01 * scale) + 1.01 * s;
+        let err = (f64::from(g) - f64::from(w)).abs();
+        assert!(
+            err <= bound,
+            "{what}: output {i}: {g} vs reference {w} (error {err:.3e} > {bound:.3e})"
+        );
+    }
+}
+
+/// Each of `n_tokens` tokens routed to `n_used` distinct experts of `n_expert`.
+fn random_ids(rng: &mut StdRng, n_tokens: usize, n_used: usize, n_expert: usize) -> Vec<u32> {
+    let mut all: Vec<u32> = (0..n_expert as u32).collect();
+    (0..n_tokens)
+        .flat_map(|_| {
+            all.shuffle(rng);
+            all[..n_used].to_vec()
+        })
+        .collect()
+}
+
+/// The tensor `bytes` (`n_expert` experts of `eb` bytes) bound whole, and in two pieces split
+/// at expert `split`: `(e_begin, n_experts, buffer)` per piece.
+fn pieces(
+    ctx: &Context,
+    bytes: &[u8],
+    eb: usize,
+    n_expert: usize,
+    split: usize,
+) -> Vec<Vec<(u32, u32, Buffer)>> {
+    vec![
+        vec![(0, n_expert as u32, buffer_with(ctx, "experts", bytes))],
+        vec![
+            (
+                0,
+                split as u32,
+                buffer_with(ctx, "experts", &bytes[..split * eb]),
+            ),
+            (
+                split as u32,
+                (n_expert - split) as u32,
+                buffer_with(ctx, "experts", &bytes[split * eb..]),
+            ),
+        ],
+    ]
+}
+
+fn check_dot_type(ty: GgmlType) {
+    let Some(ctx) = gpu_with_integer_dot_or_skip(&format!("gpu_moe_dot_{ty}")) else {
+        return;
+    };
+    let (seed, mut rng) = seeded(&format!("moe_dot_{ty}"));
+    let k = MoeExperts::new().with_dot(ctx.caps(), true);
+    let acts = [
+        MoeAct::Silu,
+        MoeAct::SwigluOai {
+            alpha: 1.702,
+            limit: 7.0,
+        },
+    ];
+    // (tokens, experts per token, experts): one decode token, and a few
+    for (n_tokens, n_used, n_expert) in [(1usize, 2usize, 4usize), (3, 4, 9)] {
+        let n_rows = rng.gen_range(1..150);
+        let n_cols = 64 * rng.gen_range(1..=6);
+        assert!(k.uses_dot(ty, n_cols as u32), "{ty}: {n_cols} columns");
+        let rb = octoflow_gguf::quant::quantized_size(ty, n_cols).unwrap();
+        let gate = random_weights(&mut rng, ty, n_expert * n_rows, n_cols);
+        let up = random_weights(&mut rng, ty, n_expert * n_rows, n_cols);
+        let (bg, bu) = (
+            random(&mut rng, n_expert * n_rows),
+            random(&mut rng, n_expert * n_rows),
+        );
+        let ids = random_ids(&mut rng, n_tokens, n_used, n_expert);
+        let n_pairs = ids.len();
+        let ib = with(&ctx, "ids", &ids);
+        let (bgb, bub) = (with(&ctx, "bias", &bg), with(&ctx, "bias_up", &bu));
+        let split = rng.gen_range(1..n_expert);
+        let gp = pieces(&ctx, &gate, n_rows * rb, n_expert, split);
+        let upp = pieces(&ctx, &up, n_rows * rb, n_expert, split);
+        for glu in [None, Some(acts[0]), Some(acts[1])] {
+            for biased in [false, true] {
+                let x_div = if glu.is_some() { n_used } else { 1 };
+                let x = random(&mut rng, n_pairs / x_div * n_cols);
+                let xb = with(&ctx, "x", &x);
+                let (want, slack) = moe_experts_dot_ref(
+                    ty,
+                    &gate,
+                    glu.map(|a| (up.as_slice(), a)),
+                    biased.then_some((bg.as_slice(), glu.map(|_| bu.as_slice()))),
+                    n_rows,
+                    n_cols,
+                    &x,
+                    x_div,
+                    &ids,
+                )
+                .unwrap();
+                for (set, up_set) in gp.iter().zip(&upp) {
+                    let yb = poisoned(&ctx, "y", n_pairs * n_rows);
+                    let mut chain = Chain::new(&ctx).unwrap();
+                    for ((e_begin, n_experts, buf), (_, _, ubuf)) in set.iter().zip(up_set) {
+                        let (wd, ud) = (buf.whole(), ubuf.whole());
+                        let w = ExpertWeights {
+                            ty,
+                            data: &wd,
+                            e_begin: *e_begin,
+                            n_experts: *n_experts,
+                            n_rows: n_rows as u32,
+                            n_cols: n_cols as u32,
+                        };
+                        let (bgw, buw) = (bgb.whole(), bub.whole());
+                        k.record(
+                            &mut chain,
+                            &ExpertsArgs {
+                                w,
+                                glu: glu.map(|a| (ExpertWeights { data: &ud, ..w }, a)),
+                                bias: biased.then_some(&bgw),
+                                bias_up: (biased && glu.is_some()).then_some(&buw),
+                                n_expert: n_expert as u32,
+                                x: &xb.whole(),
+                                x_div: x_div as u32,
+                                y: &yb.whole(),
+                                ids: &ib.whole(),
+                                n_pairs: n_pairs as u32,
+                                groups: None,
+                                combine: None,
+                            },
+                        )
+                        .unwrap();
+                    }
+                    chain.run().unwrap();
+                    let got = read(&ctx, &yb, n_pairs * n_rows);
+                    let what = format!(
+                        "moe dot {ty} {n_tokens}x{n_used} of {n_expert}, {n_rows}x{n_cols}, glu \
+                         {glu:?}, bias {biased}, {} pieces, seed {seed}",
+                        set.len()
+                    );
+                    check(&got, &want, &slack, &what);
+                }
+                if glu.is_none() {
+                    let what = format!(
+                        "moe dot {ty} combined, {n_tokens}x{n_used} of {n_expert}, \
+                         {n_rows}x{n_cols}, bias {biased}, seed {seed}"
+                    );
+                    let bias = biased.then_some(&bgb);
+                    let p = (&gp[0][0].2, n_expert, n_rows, n_cols, n_used);
+                    check_combined(
+                        &ctx,
+                        &k,
+                        ty,
+                        p,
+                        (&ib, bias, &xb),
+                        (&want, &slack),
+                        &what,
+                        &mut rng,
+                    );
+                }
+            }
+        }
+    }
+    assert_no_validation_errors(&ctx);
+}
+
+/// The combined down products of the plain products whose reference is `want` (with its
+/// slack): each token's pairs weighted and added to a random stream.
+#[allow(clippy::too_many_arguments)]
+fn check_combined(
+    ctx: &Context,
+    k: &MoeExperts,
+    ty: GgmlType,
+    (w, n_expert, n_rows, n_cols, n_used): (&Buffer, usize, usize, usize, usize),
+    (ids, bias, x): (&Buffer, Option<&Buffer>, &Buffer),
+    (want, slack): (&[f32], &[f64]),
+    what: &str,
+    rng: &mut StdRng,
+) {
+    let n_pairs = want.len() / n_rows;
+    let n_tokens = n_pairs / n_used;
+    let wts = random(rng, n_pairs);
+    let x0 = random(rng, n_tokens * n_rows);
+    let mut stream = x0.clone();
+    crate::moe::moe_combine_ref(want, &wts, &mut stream, n_used);
+    let combined_slack: Vec<f64> = (0..n_tokens * n_rows)
+        .map(|i| {
+            let (t, r) = (i / n_rows, i % n_rows);
+            (0..n_used)
+                .map(|j| {
+                    let p = t * n_used + j;
+                    f64::from(wts[p]).abs() * slack[p * n_rows + r]
+                })
+                .sum()
+        })
+        .collect();
+    let (wb, sb) = (with(ctx, "weights", &wts), with(ctx, "stream", &x0));
+    let yb = poisoned(ctx, "y", 4);
+    let (wd, bd, sw) = (w.whole(), wb.whole(), sb.whole());
+    let bias = bias.map(|b| b.whole());
+    let mut chain = Chain::new(ctx).unwrap();
+    k.record(
+        &mut chain,
+        &ExpertsArgs {
+            w: ExpertWeights {
+                ty,
+                data: &wd,
+                e_begin: 0,
+                n_experts: n_expert as u32,
+                n_rows: n_rows as u32,
+                n_cols: n_cols as u32,
+            },
+            glu: None,
+            bias: bias.as_ref(),
+            bias_up: None,
+            n_expert: n_expert as u32,
+            x: &x.whole(),
+            x_div: 1,
+            y: &yb.whole(),
+            ids: &ids.whole(),
+            n_pairs: n_pairs as u32,
+            groups: None,
+            combine: Some(Combine {
+                weights: &bd,
+                x: &sw,
+                n_used: n_used as u32,
+            }),
+        },
+    )
+    .unwrap();
+    chain.run().unwrap();
+    check(
+        &read(ctx, &sb, stream.len()),
+        &stream,
+        &combined_slack,
+        what,
+    );
+    assert!(read(ctx, &yb, 1)[0].is_nan(), "{what}: y was written");
+}
+
+macro_rules! dot_type_tests {
+    ($($name:ident => $ty:ident),*) => {$(
+        #[test]
+        fn $name() {
+            check_dot_type(GgmlType::$ty);
+        }
+    )*};
+}
+
+dot_type_tests!(
+    gpu_moe_dot_q4_0 => Q4_0, gpu_moe_dot_q4_1 => Q4_1, gpu_moe_dot_q5_0 => Q5_0,
+    gpu_moe_dot_q5_1 => Q5_1, gpu_moe_dot_q8_0 => Q8_0, gpu_moe_dot_mxfp4 => MXFP4
+);
+
+/// What the kernel does not read stays on the f32 matvec: other types, rows of a wrong width.
+#[test]
+fn moe_dot_takes_only_what_it_reads() {
+    let Some(ctx) = gpu_with_integer_dot_or_skip("moe_dot_takes") else {
+        return;
+    };
+    let k = MoeExperts::new().with_dot(ctx.caps(), true);
+    assert!(k.uses_dot(GgmlType::MXFP4, 2880) && k.uses_dot(GgmlType::Q4_1, 32));
+    assert!(
+        !k.uses_dot(GgmlType::Q4_0, 32),
+        "Q4_0 rows need whole words"
+    );
+    assert!(!k.uses_dot(GgmlType::Q4_K, 256) && !k.uses_dot(GgmlType::F32, 64));
+    assert!(!k.uses_dot(GgmlType::MXFP4, 32 * 1024));
+    assert!(!MoeExperts::new()
+        .with_dot(ctx.caps(), false)
+        .uses_dot(GgmlType::MXFP4, 2880));
+}
