@@ -27,6 +27,7 @@ pub const FALLBACK_COMPUTE_UNITS: u32 = 128;
 /// | `OCTOFLOW_UNFUSED_MOE=1` | [`Tuning::unfused_moe`] | steps of a few tokens record a mixture of experts' norm, router, routing, down products and combine as separate stages |
 /// | `OCTOFLOW_MOE_COOP=0` or `1` | [`Tuning::moe_coop`] | batches' expert products on cooperative matrices (the MOE variants of `matmul_coop.comp`) off or on |
 /// | `OCTOFLOW_MATVEC_DOT=0` or `1` | [`Tuning::matvec_dot`] | one-token Q4_K, Q5_K and Q6_K products on 8-bit dot products of a quantized x (`matvec_dot.comp`), off or on |
+/// | `OCTOFLOW_DOT_MIN_WEIGHTS=N` | [`Tuning::dot_min_weights`] | one-token products of the blocks of 32 (Q4_0 … Q8_0) with at least N weights on 8-bit dot products (with [`Tuning::matvec_dot`]) |
 /// | `OCTOFLOW_MOE_DOT=0` or `1` | [`Tuning::moe_dot`] | a few tokens' expert products of the blocks of 32 (MXFP4, Q4_0 … Q8_0) on 8-bit dot products of a quantized x (`moe_dot.comp`), off or on |
 /// | `OCTOFLOW_DOT_BATCHES=0`, `decode` or `1` | [`Tuning::dot_batches`] | products of 2 ..= 8 tokens on 8-bit dot products (`matvec_dot.comp`, every type it reads) instead of the cooperative-matrix kernel: never, for steps whose every row samples ([`DotBatches::Decode`]), or always |
 ///
@@ -62,6 +63,10 @@ pub struct Tuning {
     /// integer dot products) where the shape fits it. On by default where the device
     /// accelerates 4x8-bit dot products: elsewhere they are emulated and the f32 matvec stays.
     pub matvec_dot: bool,
+    /// With [`Tuning::matvec_dot`], one-token products of the blocks of 32 (Q4_0, Q4_1, Q5_0,
+    /// Q5_1, Q8_0) of at least this many weights take `matvec_dot.comp` too (smaller ones were
+    /// slower there than on the f32 matvec: docs/PERFORMANCE.md). Default `u64::MAX`: none.
+    pub dot_min_weights: u64,
     /// Which products of 2 ..= [`MATVEC_MAX_TOKENS`] tokens take `matvec_dot.comp` (where the
     /// type and shape fit it), leaving the cooperative-matrix kernel (their norms fuse into the
     /// products, as one token's do). [`DotBatches::Decode`] by default where the device
@@ -131,6 +136,7 @@ impl Tuning {
             matvec_dot: false,
             dot_batches: DotBatches::Off,
             moe_dot: false,
+            dot_min_weights: u64::MAX,
         }
     }
 
@@ -153,6 +159,9 @@ impl Tuning {
             .filter(|&n: &u32| n >= 1)
         {
             self.matmul_target_groups = n;
+        }
+        if let Some(n) = var("OCTOFLOW_DOT_MIN_WEIGHTS").and_then(|v| v.parse().ok()) {
+            self.dot_min_weights = n;
         }
         let on = |name| var(name).is_some_and(|v| v == "1");
         self.unfused_rope = on("OCTOFLOW_UNFUSED_ROPE");

@@ -42,8 +42,7 @@
 // Blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; decoded as dot.glsl says, which also holds x's
 // quantization): a lane takes a whole block and 32 blocks go by per step.
 //
-// Benchmark variants (`@bench` in variants.txt, benches/dot_bench.rs): XONCE decodes all of a
-// lane's rows first and reads each token's codes once for all of them; ABL_NOQ neither reads
+// Benchmark variant (`@bench` in variants.txt, benches/dot_bench.rs): ABL_NOQ neither reads
 // nor quantizes x (wrong results: the cost of the product alone).
 //
 // GLU (the _glu variants): gate (binding 0) and up (binding 5) rows of the same shape, both of
@@ -264,124 +263,6 @@ void main() {
     [[unroll]] for (uint k = 0u; k < NACC; k++) {
         acc[k] = 0.0;
     }
-#ifdef XONCE
-    // (benchmark variant) each step decodes the lane's weights of every row (and matrix)
-    // first, then reads each token's codes of x once for all of them
-#ifdef KQUANT
-    uint p = (lane % 8u) / 2u;
-    uint h = lane % 2u;
-    uint n_sb = pc.n_cols / 256u;
-    uint rw = pc.row_bytes / 16u; // uvec4s a row
-    for (uint sb = lane / 8u; sb < n_sb; sb += 4u) {
-        uint blo = sb * 8u + 2u * p; // q8 blocks of the two sub-blocks
-        uint wlo = blo * 8u + 4u * h;
-        uint lo[NM * RPT * 4u];
-        uint hi[NM * RPT * 4u];
-        vec4 f[NM * RPT];
-        [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
-            uint r = min(r0 + k % RPT, pc.n_rows - 1u); // rows past the end read the last
-            uint l4[4];
-            uint h4[4];
-            f[k] = kq_decode(k / RPT, r * rw + sb * SB_VECS, p, h, l4, h4);
-            [[unroll]] for (uint i = 0u; i < 4u; i++) {
-                lo[4u * k + i] = l4[i];
-                hi[4u * k + i] = h4[i];
-            }
-        }
-        [[unroll]] for (uint t = 0u; t < NT; t++) {
-            uint xw = t * XW + wlo;
-            uvec4 xa = uvec4(xq[xw], xq[xw + 1u], xq[xw + 2u], xq[xw + 3u]);
-            uvec4 xb = uvec4(xq[xw + 8u], xq[xw + 9u], xq[xw + 10u], xq[xw + 11u]);
-            vec2 xl = xs[t * XB + blo];
-            vec2 xh = xs[t * XB + blo + 1u];
-            [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
-                int il = 0;
-                int ih = 0;
-                [[unroll]] for (uint i = 0u; i < 4u; i++) {
-                    il += dotPacked4x8EXT(int(lo[4u * k + i]), int(xa[i]));
-                    ih += dotPacked4x8EXT(int(hi[4u * k + i]), int(xb[i]));
-                }
-                acc[k * NT + t] += f[k].x * xl.x * float(il) + f[k].y * xh.x * float(ih) -
-                                   (f[k].z * xl.y + f[k].w * xh.y);
-            }
-        }
-    }
-#endif
-#ifdef DOT_Q6_K
-    // lane (n, c) of the eight: n = half of the super-block, c = which 8 bytes of its windows
-    uint n6 = (lane % 8u) / 4u;
-    uint c6 = lane % 4u;
-    uint n_sb = pc.n_cols / 256u;
-    for (uint sb = lane / 8u; sb < n_sb; sb += 4u) {
-        uint cw[NM * RPT * 8u];
-        int sc[NM * RPT * 4u];
-        float d[NM * RPT];
-        [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
-            uint r = min(r0 + k % RPT, pc.n_rows - 1u);
-            uint c8[8];
-            int s4[4];
-            d[k] = q6_decode(k / RPT, r * pc.row_bytes + sb * 210u, n6, c6, c8, s4);
-            [[unroll]] for (uint i = 0u; i < 8u; i++) {
-                cw[8u * k + i] = c8[i];
-            }
-            [[unroll]] for (uint g = 0u; g < 4u; g++) {
-                sc[4u * k + g] = s4[g];
-            }
-        }
-        [[unroll]] for (uint t = 0u; t < NT; t++) {
-            float s[NM * RPT];
-            [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
-                s[k] = 0.0;
-            }
-            [[unroll]] for (uint g = 0u; g < 4u; g++) {
-                uint b = sb * 8u + 4u * n6 + g; // q8 block of x
-                uint xw = t * XW + b * 8u + 2u * c6;
-                int x0 = int(xq[xw]);
-                int x1 = int(xq[xw + 1u]);
-                int xsum = dotPacked4x8EXT(0x01010101, x0) + dotPacked4x8EXT(0x01010101, x1);
-                float xd = xs[t * XB + b].x;
-                [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
-                    int isum = dotPacked4x8EXT(int(cw[8u * k + 2u * g]), x0) +
-                               dotPacked4x8EXT(int(cw[8u * k + 2u * g + 1u]), x1);
-                    s[k] += float(sc[4u * k + g]) * xd * float(isum - 32 * xsum);
-                }
-            }
-            [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
-                acc[k * NT + t] += d[k] * s[k];
-            }
-        }
-    }
-#endif
-#ifdef BLOCK32
-    for (uint bi = lane; bi < nb; bi += TPR) {
-        uint cw[NM * RPT * 8u];
-        vec2 dm[NM * RPT];
-        [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
-            uint r = min(r0 + k % RPT, pc.n_rows - 1u);
-            uint c8[8];
-            dm[k] = b32_decode(k / RPT, r * pc.row_bytes + bi * BB, c8);
-            [[unroll]] for (uint j = 0u; j < 8u; j++) {
-                cw[8u * k + j] = c8[j];
-            }
-        }
-        [[unroll]] for (uint t = 0u; t < NT; t++) {
-            uint xw = t * XW + bi * 8u;
-            uint xv[8];
-            [[unroll]] for (uint j = 0u; j < 8u; j++) {
-                xv[j] = xq[xw + j];
-            }
-            vec2 xsv = xs[t * XB + bi];
-            [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
-                int id = 0;
-                [[unroll]] for (uint j = 0u; j < 8u; j++) {
-                    id += dotPacked4x8EXT(int(cw[8u * k + j]), int(xv[j]));
-                }
-                acc[k * NT + t] += b32_apply(dm[k], id, xsv);
-            }
-        }
-    }
-#endif
-#else
 #ifdef KQUANT
     uint p = (lane % 8u) / 2u;
     uint h = lane % 2u;
@@ -457,7 +338,6 @@ void main() {
             }
         }
     }
-#endif
 #endif
     // a row's sum over its 32 lanes: subgroups, then the subgroups of a row group
     uint per = TPR / gl_SubgroupSize; // subgroups a row group (the host keeps it whole)

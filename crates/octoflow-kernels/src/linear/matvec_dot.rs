@@ -126,12 +126,22 @@ impl MatvecDot {
         self
     }
 
-    /// Whether the tuning sends `n_tokens` tokens of type `ty` here (where they fit): one token
-    /// of the K-quants with [`Tuning::matvec_dot`], two to [`MATVEC_MAX_TOKENS`] of every type
-    /// the kernel reads where [`Tuning::dot_batches`] takes a step of `decode` rows.
-    pub(crate) fn takes(tuning: &Tuning, ty: GgmlType, n_tokens: u32, decode: bool) -> bool {
+    /// Whether the tuning sends `n_tokens` tokens of a `ty` matrix of `weights` weights here
+    /// (where they fit): one token of the K-quants with [`Tuning::matvec_dot`], and of every
+    /// other type the kernel reads from [`Tuning::dot_min_weights`]; two to
+    /// [`MATVEC_MAX_TOKENS`] of every type it reads where [`Tuning::dot_batches`] takes a step
+    /// of `decode` rows.
+    pub(crate) fn takes(
+        tuning: &Tuning,
+        ty: GgmlType,
+        weights: u64,
+        n_tokens: u32,
+        decode: bool,
+    ) -> bool {
         if n_tokens == 1 {
-            tuning.matvec_dot && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+            let kq = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K);
+            let large = weights >= tuning.dot_min_weights && DOT_TYPES.contains(&ty);
+            tuning.matvec_dot && (kq || large)
         } else {
             tuning.dot_batches.takes(decode) && DOT_TYPES.contains(&ty)
         }

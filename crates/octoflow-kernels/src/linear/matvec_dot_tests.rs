@@ -31,6 +31,8 @@ fn check_rows(got: &[f32], want: &[f32], slack: &[f64], what: &str) {
 fn dot_linear(ctx: &Context, on: bool) -> Linear {
     let tuning = Tuning {
         matvec_dot: on,
+        // every one-token product of a type it reads, however small
+        dot_min_weights: if on { 0 } else { u64::MAX },
         dot_batches: if on { DotBatches::All } else { DotBatches::Off },
         ..Tuning::from_caps(ctx.caps())
     };
@@ -301,14 +303,14 @@ fn gpu_matvec_dot_agrees_with_its_reference() {
         check_shape(&ctx, &lin, ty, (19, 14336, 1), &mut rng, seed);
     }
     for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
-        for nt in [2, rng.gen_range(3..=8usize)] {
+        for nt in [1, 2, rng.gen_range(3..=8usize)] {
             let n_rows = rng.gen_range(1..300usize);
             let n_cols = 64 * rng.gen_range(1..=40usize);
             check_shape(&ctx, &lin, ty, (n_rows, n_cols, nt), &mut rng, seed);
         }
     }
     for ty in [GgmlType::Q4_1, GgmlType::Q5_1] {
-        for nt in [2, rng.gen_range(3..=8usize)] {
+        for nt in [1, 2, rng.gen_range(3..=8usize)] {
             let n_rows = rng.gen_range(1..300usize);
             let n_cols = 32 * rng.gen_range(1..=80usize);
             check_shape(&ctx, &lin, ty, (n_rows, n_cols, nt), &mut rng, seed);
@@ -366,18 +368,26 @@ fn gpu_matvec_dot_takes_only_what_it_reads() {
             ..Tuning::from_caps(ctx.caps())
         };
         for decode in [false, true] {
-            assert!(MatvecDot::takes(&t, Q4_K, 1, decode));
-            assert!(!MatvecDot::takes(&t, Q8_0, 1, decode));
-            assert!(!MatvecDot::takes(&t, Q8_0, 2, decode));
+            assert!(MatvecDot::takes(&t, Q4_K, 64, 1, decode));
+            assert!(!MatvecDot::takes(&t, Q8_0, 1 << 30, 1, decode));
+            assert!(!MatvecDot::takes(&t, Q8_0, 64, 2, decode));
         }
         t.dot_batches = DotBatches::Decode;
-        assert!(MatvecDot::takes(&t, Q8_0, 2, true) && !MatvecDot::takes(&t, Q8_0, 2, false));
+        assert!(
+            MatvecDot::takes(&t, Q8_0, 64, 2, true) && !MatvecDot::takes(&t, Q8_0, 64, 2, false)
+        );
         t.dot_batches = DotBatches::All;
-        assert!(MatvecDot::takes(&t, Q8_0, 2, false));
-        assert!(MatvecDot::takes(&t, Q6_K, 8, false));
-        assert!(!MatvecDot::takes(&t, F16, 2, true));
+        assert!(MatvecDot::takes(&t, Q8_0, 64, 2, false));
+        assert!(MatvecDot::takes(&t, Q6_K, 64, 8, false));
+        assert!(!MatvecDot::takes(&t, F16, 64, 2, true));
+        // large one-token products of the blocks of 32 from dot_min_weights
+        t.dot_min_weights = 1 << 20;
+        assert!(MatvecDot::takes(&t, Q8_0, 1 << 20, 1, false));
+        assert!(!MatvecDot::takes(&t, Q8_0, (1 << 20) - 1, 1, false));
+        assert!(!MatvecDot::takes(&t, Q2_K, 1 << 30, 1, false));
         t.matvec_dot = false;
-        assert!(!MatvecDot::takes(&t, Q4_K, 1, true));
+        assert!(!MatvecDot::takes(&t, Q4_K, 64, 1, true));
+        assert!(!MatvecDot::takes(&t, Q8_0, 1 << 20, 1, true));
         // batches of a few tokens leave the cooperative-matrix kernel for it
         let lin = Linear::with_layout(&ctx, false, t).unwrap();
         assert!(!lin.uses_coop(8));

@@ -364,7 +364,13 @@ impl Linear {
         self.dot.as_ref().filter(|d| {
             !forced
                 && !tall
-                && MatvecDot::takes(&self.tuning, ty, n_tokens, decode)
+                && MatvecDot::takes(
+                    &self.tuning,
+                    ty,
+                    u64::from(n_rows) * u64::from(n_cols),
+                    n_tokens,
+                    decode,
+                )
                 && d.fits(ty, glu, n_cols, n_tokens, pending, w)
         })
     }
