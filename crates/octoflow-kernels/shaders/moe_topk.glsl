@@ -6,12 +6,15 @@
 //   1  softmax over every expert, the selected probabilities as they are (SOFTMAX);
 //   2  as 1, then divided by their sum, at least 2^-14 (qwen3moe's expert_weights_norm).
 // Every weight is then multiplied by `scale` (expert_weights_scale).
-// Selection is k rounds of a workgroup argmax over the experts not yet taken: a shared-memory
-// tree whose comparisons are total on (value, index), so the result does not depend on how the
-// device schedules invocations. The largest logit is the first selected, so the softmax needs no
+// Selection is k rounds over the experts not yet taken, by the workgroup's first subgroup
+// alone (no barrier: a round is two subgroup reductions): each lane holds experts lane,
+// lane + S, ... and offers its best; the subgroup's largest value wins, the lowest expert among
+// the lanes offering it, so ties go as a total order on (value, index) — not as the device
+// schedules invocations. The largest logit is the first selected, so the softmax needs no
 // separate max pass.
-// The includer defines TOPK_WG (its workgroup size, a power of two) and the buffers
-// `ids` (uint) and `wt` (float), fills lg[0 .. ne) and calls route_token after a barrier.
+// The includer defines TOPK_WG (its workgroup size) and the buffers `ids` (uint) and `wt`
+// (float), enables the subgroup basic and arithmetic extensions, fills lg[0 .. ne) and calls
+// route_token after a barrier (from every invocation: the other subgroups return at once).
 
 // Host-checked limits (moe/route.rs): experts per token and experts.
 #define MAX_USED 64u
@@ -20,8 +23,6 @@
 
 shared float lg[MAX_EXPERTS];
 shared uint taken[MAX_EXPERTS];
-shared float bv[TOPK_WG];
-shared uint bi[TOPK_WG];
 shared uint sel[MAX_USED];
 
 // Whether (v, i) ranks before (w, j): a larger value, or the same value at a lower index; an
@@ -31,58 +32,49 @@ bool before(float v, uint i, float w, uint j) {
 }
 
 void route_token(uint t, uint ne, uint n_used, uint gating, float scale) {
-    uint tid = gl_LocalInvocationID.x;
-    for (uint e = tid; e < ne; e += TOPK_WG) {
-        taken[e] = 0u;
+    if (gl_SubgroupID != 0u) {
+        return;
     }
-    barrier();
+    uint lane = gl_SubgroupInvocationID;
+    uint sg = gl_SubgroupSize;
+    for (uint e = lane; e < ne; e += sg) {
+        taken[e] = 0u; // each expert's flag is only ever touched by its own lane
+    }
     for (uint j = 0u; j < n_used; j++) {
         float best = 0.0;
         uint besti = NONE;
-        for (uint e = tid; e < ne; e += TOPK_WG) {
+        for (uint e = lane; e < ne; e += sg) {
             if (taken[e] == 0u && before(lg[e], e, best, besti)) {
                 best = lg[e];
                 besti = e;
             }
         }
-        bv[tid] = best;
-        bi[tid] = besti;
-        barrier();
-        for (uint s = TOPK_WG / 2u; s > 0u; s >>= 1) {
-            if (tid < s && before(bv[tid + s], bi[tid + s], bv[tid], bi[tid])) {
-                bv[tid] = bv[tid + s];
-                bi[tid] = bi[tid + s];
-            }
-            barrier();
+        float top = subgroupMax(besti == NONE ? uintBitsToFloat(0xff800000u) : best); // -inf
+        uint s = subgroupMin(besti != NONE && best == top ? besti : NONE);
+        if (s == NONE) {
+            s = subgroupMin(besti); // every offer NaN: the lowest offered expert
         }
-        if (tid == 0u) {
-            sel[j] = bi[0];
-            taken[bi[0]] = 1u;
+        if (s % sg == lane) {
+            taken[s] = 1u;
         }
-        barrier();
+        sel[j] = s; // the same value from every lane
     }
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
     // the softmax's denominator: over every expert (gating 1, 2) or the selected ones (0)
     float m = lg[sel[0]];
     float part = 0.0;
     if (gating == 0u) {
-        for (uint j = tid; j < n_used; j += TOPK_WG) {
+        for (uint j = lane; j < n_used; j += sg) {
             part += exp(lg[sel[j]] - m);
         }
     } else {
-        for (uint e = tid; e < ne; e += TOPK_WG) {
+        for (uint e = lane; e < ne; e += sg) {
             part += exp(lg[e] - m);
         }
     }
-    bv[tid] = part;
-    barrier();
-    for (uint s = TOPK_WG / 2u; s > 0u; s >>= 1) {
-        if (tid < s) {
-            bv[tid] += bv[tid + s];
-        }
-        barrier();
-    }
-    if (tid == 0u) {
-        float sum = bv[0];
+    float sum = subgroupAdd(part);
+    if (subgroupElect()) {
         float norm = 1.0;
         if (gating == 2u) {
             float ws = 0.0;

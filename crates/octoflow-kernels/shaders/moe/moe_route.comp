@@ -3,6 +3,8 @@
 // moe_topk.glsl over the token's router logits (logits[t * n_expert + e], the router's bias
 // already added).
 #extension GL_GOOGLE_include_directive : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
 
 #define TOPK_WG 64u
 

@@ -109,16 +109,20 @@ void main() {
             }
         }
     }
-    red[tid] = acc;
-    barrier();
-    for (uint s = TPR / 2u; s > 0u; s >>= 1) {
-        if (lane < s) {
-            red[tid] += red[tid + s];
-        }
-        barrier();
+    // the row's sum: its subgroups' sums (a subgroup never straddles two rows: sizes divide
+    // TPR), then lane 0 of the row adds them
+    acc = subgroupAdd(acc);
+    if (subgroupElect()) {
+        red[gl_SubgroupID] = acc;
     }
+    barrier();
     if (lane == 0u && r < pc.n_expert) {
-        float o = red[tid] * inv;
+        uint per = TPR / gl_SubgroupSize;
+        float sum = 0.0;
+        for (uint i = 0u; i < per; i++) {
+            sum += red[lr * per + i];
+        }
+        float o = sum * inv;
         if ((pc.flags & 1u) != 0u) {
             o += bias[r];
         }
