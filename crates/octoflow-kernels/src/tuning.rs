@@ -74,7 +74,8 @@ pub struct Tuning {
     pub dot_batches: DotBatches,
     /// A few tokens' expert products of the types `moe_dot.comp` reads (MXFP4 and the legacy
     /// blocks of 32) take it: each pair's input quantized to 8 bits per block of 32, integer
-    /// dot products. On by default where the device accelerates 4x8-bit dot products.
+    /// dot products. Off by default until it is measured on a GPU (docs/PERFORMANCE.md); on
+    /// where asked (`OCTOFLOW_MOE_DOT=1`).
     pub moe_dot: bool,
 }
 
@@ -110,7 +111,6 @@ impl Tuning {
     pub fn from_caps(caps: &DeviceCaps) -> Self {
         Tuning {
             matvec_dot: caps.integer_dot_product && caps.int8_dot_accelerated,
-            moe_dot: caps.integer_dot_product && caps.int8_dot_accelerated,
             dot_batches: if caps.integer_dot_product && caps.int8_dot_accelerated {
                 DotBatches::Decode
             } else {
@@ -223,7 +223,11 @@ mod tests {
             ("OCTOFLOW_MATVEC_DOT", "1"),
             ("OCTOFLOW_DOT_BATCHES", "1"),
             ("OCTOFLOW_UNFUSED_MOE", "1"),
+            ("OCTOFLOW_MOE_DOT", "1"),
+            ("OCTOFLOW_DOT_MIN_WEIGHTS", "4096"),
         ]));
+        assert!(t.moe_dot && !base.moe_dot);
+        assert_eq!((t.dot_min_weights, base.dot_min_weights), (4096, u64::MAX));
         assert!(t.matvec_dot && !base.matvec_dot);
         assert_eq!(
             (t.dot_batches, base.dot_batches),
