@@ -94,3 +94,24 @@ pub fn random_cols(rng: &mut StdRng, ty: GgmlType) -> usize {
         bs => bs * rng.gen_range((96 / bs).max(1)..=1024 / bs),
     }
 }
+
+/// `got[i]` within `rel` of `want[i]` (relative to the larger of |want[i]| and 1% of the
+/// largest |want|, as `check_close`) plus `slack[i]` — what 8-bit codes of x at a rounding
+/// boundary may move it (the integer-dot kernels' references return it); NaN fails.
+pub fn check_with_slack(got: &[f32], want: &[f32], slack: &[f64], rel: f64, what: &str) {
+    assert_eq!(
+        (got.len(), slack.len()),
+        (want.len(), want.len()),
+        "{what}: lengths"
+    );
+    let scale = want.iter().fold(0f64, |m, &w| m.max(f64::from(w).abs()));
+    for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(slack).enumerate() {
+        assert!(g.is_finite(), "{what}: output {i} is {g} (reference {w})");
+        let bound = rel * f64::from(w).abs().max(0.01 * scale) + 1.01 * s;
+        let err = (f64::from(g) - f64::from(w)).abs();
+        assert!(
+            err <= bound,
+            "{what}: output {i}: {g} vs reference {w} (error {err:.3e} > {bound:.3e})"
+        );
+    }
+}

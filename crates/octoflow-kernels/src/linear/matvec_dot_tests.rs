@@ -16,16 +16,7 @@ const REL: f64 = 2e-4;
 
 /// `got[r]` within `REL` of `want[r]` plus the row's slack (codes of x at a rounding boundary).
 fn check_rows(got: &[f32], want: &[f32], slack: &[f64], what: &str) {
-    let scale = want.iter().fold(0f64, |m, &w| m.max(f64::from(w).abs()));
-    for (r, ((&g, &w), &s)) in got.iter().zip(want).zip(slack).enumerate() {
-        assert!(g.is_finite(), "{what}: row {r} is {g} (reference {w})");
-        let bound = REL * f64::from(w).abs().max(0.01 * scale) + 1.01 * s;
-        let err = (f64::from(g) - f64::from(w)).abs();
-        assert!(
-            err <= bound,
-            "{what}: row {r}: {g} vs reference {w} (error {err:.3e} > {bound:.3e})"
-        );
-    }
+    crate::testkit::check_with_slack(got, want, slack, REL, what);
 }
 
 fn dot_linear(ctx: &Context, on: bool) -> Linear {

@@ -20,16 +20,7 @@ const REL: f64 = 1e-3;
 /// `got` within [`REL`] of `want` plus each output's slack (codes of x at a rounding
 /// boundary); NaN fails.
 fn check(got: &[f32], want: &[f32], slack: &[f64], what: &str) {
-    let scale = want.iter().fold(0f64, |m, &w| m.max(f64::from(w).abs()));
-    for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(slack).enumerate() {
-        assert!(g.is_finite(), "{what}: output {i} is {g} (reference {w})");
-        let bound = REL * f64::from(w).abs().max(0.01 * scale) + 1.01 * s;
-        let err = (f64::from(g) - f64::from(w)).abs();
-        assert!(
-            err <= bound,
-            "{what}: output {i}: {g} vs reference {w} (error {err:.3e} > {bound:.3e})"
-        );
-    }
+    crate::testkit::check_with_slack(got, want, slack, REL, what);
 }
 
 /// Each of `n_tokens` tokens routed to `n_used` distinct experts of `n_expert`.
