@@ -20,27 +20,9 @@
 // each block's sum of squares on the way for the norm), then its GROUPS row groups of 32 lanes
 // each take RPT rows at once.
 //
-// Q4_K: eight lanes share a super-block (256 weights, 144 bytes: a 16-byte head with d, dmin
-// and the twelve 6-bit scale/min bytes, then 128 code bytes); lane (p, h) of the eight reads
-// code bytes [32p + 16h, + 16) — the low nibbles are elements 64p + 16h + i of sub-block 2p,
-// the high ones 64p + 32 + 16h + i of sub-block 2p + 1 — so the eight lanes read the block's
-// codes as 128 contiguous bytes and four super-blocks go by per step of the row group. The min
-// term (dmin * min * sum of x) of both sub-blocks is added by the h = 0 lane from the blocks'
-// sums.
-//
-// Q5_K: the same lanes and head as Q4_K (176-byte super-blocks: head, qh[32], then the codes
-// at byte 48); each code's fifth bit is bit 2p (low nibbles) or 2p + 1 (high) of qh[i] for the
-// code's byte i of its 32-byte window, so a lane also reads qh's 16 bytes [16h, 16h + 16).
-//
-// Q6_K: a super-block is 210 bytes — ql[128] (low 4 bits), qh[64] (high 2 bits), 16 int8
-// scales, the f16 d — so blocks sit at 2-byte alignment; words are read as two aligned words
-// and joined. Lane (n, c) of the eight takes bytes [8c, 8c + 8) of half n's ql windows and qh:
-// element 128n + 32g + 8c + i (g < 4) is code (ql[64n + 32(g % 2) + 8c + i] >> 4(g / 2)) |
-// ((qh[32n + 8c + i] >> 2g) & 3) << 4, minus 32, under scale 8n + 2g + c / 2. The codes enter
-// the dot unsigned (0..63) and 32 times the sum of x's codes (a dot with 0x01010101) comes off.
-//
-// Blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; decoded as dot.glsl says, which also holds x's
-// quantization): a lane takes a whole block and 32 blocks go by per step.
+// The blocks are decoded as dot.glsl says (which also holds x's quantization): for the K-quants
+// eight lanes share a super-block and four super-blocks go by per step of a row group; for the
+// blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) a lane takes a whole block and 32 blocks go by.
 //
 // Benchmark variant (`@bench` in variants.txt, benches/dot_bench.rs): ABL_NOQ neither reads
 // nor quantizes x (wrong results: the cost of the product alone).
@@ -131,74 +113,6 @@ uvec4 vec4_at(uint m, uint i) {
 
 #include "dot.glsl"
 
-#if defined(DOT_Q4_K) || defined(DOT_Q5_K)
-#define KQUANT
-#ifdef DOT_Q5_K
-const uint SB_VECS = 11u; // uvec4s a super-block
-const uint QS_VEC = 3u;   // where its codes start
-#else
-const uint SB_VECS = 9u;
-const uint QS_VEC = 1u;
-#endif
-
-// lane (p, h)'s codes of the super-block at uvec4 `at` of matrix m: the low nibbles (sub-block
-// 2p) in lo, the high ones (2p + 1) in hi; returns the factors of the two sub-blocks' code dots
-// (d * scale) and of their x sums (dmin * min; zero on the h = 1 lane, which leaves them)
-vec4 kq_decode(uint m, uint at, uint p, uint h, out uint lo[4], out uint hi[4]) {
-    uvec4 hd = vec4_at(m, at);
-    uvec4 qs = vec4_at(m, at + QS_VEC + 2u * p + h);
-#ifdef DOT_Q5_K
-    uvec4 qh = vec4_at(m, at + 1u + h);
-#endif
-    // scales of sub-blocks j = 2p, 2p + 1 (bytes jb = j % 4 of each scale word): for j < 4 the
-    // low 6 bits of bytes j (scale) and j + 4 (min); else the nibbles of byte j + 4 with the
-    // top 2 bits of bytes j - 4 and j
-    uint jb = (2u * p) & 3u;
-    bool low = p < 2u;
-    uvec2 s0 = uvec2(byte_at(hd.y, jb), byte_at(hd.y, jb + 1u));
-    uvec2 s1 = uvec2(byte_at(hd.z, jb), byte_at(hd.z, jb + 1u));
-    uvec2 s2 = uvec2(byte_at(hd.w, jb), byte_at(hd.w, jb + 1u));
-    uvec2 sc = low ? s0 & 63u : (s2 & 0xFu) | ((s0 >> 6) << 4);
-    uvec2 mn = low ? s1 & 63u : (s2 >> 4) | ((s1 >> 6) << 4);
-    [[unroll]] for (uint i = 0u; i < 4u; i++) {
-        lo[i] = qs[i] & 0x0F0F0F0Fu;
-        hi[i] = (qs[i] >> 4) & 0x0F0F0F0Fu;
-#ifdef DOT_Q5_K
-        lo[i] |= ((qh[i] >> (2u * p)) & 0x01010101u) << 4;
-        hi[i] |= ((qh[i] >> (2u * p + 1u)) & 0x01010101u) << 4;
-#endif
-    }
-    vec2 dm = unpackHalf2x16(hd.x);
-    float keep = h == 0u ? dm.y : 0.0;
-    return vec4(dm.x * float(sc.x), dm.x * float(sc.y), keep * float(mn.x), keep * float(mn.y));
-}
-#endif
-
-#ifdef DOT_Q6_K
-// lane (n, c)'s codes of the super-block at byte `at` of matrix m: for each g < 4 two words
-// cw[2g], cw[2g + 1] (unsigned, 0..63) under scale sc[g]; returns d
-float q6_decode(uint m, uint at, uint n, uint c, out uint cw[8], out int sc[4]) {
-    uint la = at + 64u * n + 8u * c; // ql, g = 0 and 2
-    uint lb = la + 32u;               // ql, g = 1 and 3
-    uint hb = at + 128u + 32u * n + 8u * c;
-    uvec2 qa = uvec2(wd(m, la), wd(m, la + 4u));
-    uvec2 qb = uvec2(wd(m, lb), wd(m, lb + 4u));
-    uvec2 qh = uvec2(wd(m, hb), wd(m, hb + 4u));
-    uvec2 sw = uvec2(wd(m, at + 192u + 8u * n), wd(m, at + 196u + 8u * n)); // scales 8n ..
-    uint is = c / 2u;
-    [[unroll]] for (uint g = 0u; g < 4u; g++) {
-        [[unroll]] for (uint k = 0u; k < 2u; k++) {
-            uint lo = g % 2u == 0u ? qa[k] : qb[k];
-            cw[2u * g + k] = ((lo >> (4u * (g / 2u))) & 0x0F0F0F0Fu) |
-                             (((qh[k] >> (2u * g)) & 0x03030303u) << 4);
-        }
-        uint si = is + 2u * g; // scale 8n + is + 2g: byte si of the two words
-        sc[g] = bitfieldExtract(int(sw[si / 4u]), int(8u * (si % 4u)), 8);
-    }
-    return half_at(m, at + 208u);
-}
-#endif
-
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint wid = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
@@ -277,17 +191,7 @@ void main() {
             uint hi[4];
             vec4 f = kq_decode(k / RPT, r * rw + sb * SB_VECS, p, h, lo, hi);
             [[unroll]] for (uint t = 0u; t < NT; t++) {
-                uint xw = t * XW + wlo;
-                int il = 0;
-                int ih = 0;
-                [[unroll]] for (uint i = 0u; i < 4u; i++) {
-                    il += dotPacked4x8EXT(int(lo[i]), int(xq[xw + i]));
-                    ih += dotPacked4x8EXT(int(hi[i]), int(xq[xw + 8u + i]));
-                }
-                vec2 xl = xs[t * XB + blo];
-                vec2 xh = xs[t * XB + blo + 1u];
-                acc[k * NT + t] += f.x * xl.x * float(il) + f.y * xh.x * float(ih) -
-                                   (f.z * xl.y + f.w * xh.y);
+                acc[k * NT + t] += kq_dot(f, lo, hi, t * XW + wlo, t * XB + blo);
             }
         }
     }
@@ -304,20 +208,7 @@ void main() {
             int sc[4];
             float d = q6_decode(k / RPT, r * pc.row_bytes + sb * 210u, n6, c6, cw, sc);
             [[unroll]] for (uint t = 0u; t < NT; t++) {
-                float s = 0.0;
-                [[unroll]] for (uint g = 0u; g < 4u; g++) {
-                    uint b = sb * 8u + 4u * n6 + g; // q8 block of x
-                    uint xw = t * XW + b * 8u + 2u * c6;
-                    int isum = 0;
-                    int xsum = 0;
-                    [[unroll]] for (uint i = 0u; i < 2u; i++) {
-                        int xv = int(xq[xw + i]);
-                        isum += dotPacked4x8EXT(int(cw[2u * g + i]), xv);
-                        xsum += dotPacked4x8EXT(0x01010101, xv);
-                    }
-                    s += float(sc[g]) * xs[t * XB + b].x * float(isum - 32 * xsum);
-                }
-                acc[k * NT + t] += d * s;
+                acc[k * NT + t] += d * q6_dot(cw, sc, t * XW, t * XB, sb * 8u + 4u * n6, c6);
             }
         }
     }
@@ -329,12 +220,7 @@ void main() {
             uint cw[8];
             vec2 dm = b32_decode(k / RPT, r * pc.row_bytes + bi * BB, cw);
             [[unroll]] for (uint t = 0u; t < NT; t++) {
-                uint xw = t * XW + bi * 8u;
-                int id = 0;
-                [[unroll]] for (uint j = 0u; j < 8u; j++) {
-                    id += dotPacked4x8EXT(int(cw[j]), int(xq[xw + j]));
-                }
-                acc[k * NT + t] += b32_apply(dm, id, xs[t * XB + bi]);
+                acc[k * NT + t] += b32_dot(dm, cw, t * XW + bi * 8u, t * XB + bi);
             }
         }
     }
