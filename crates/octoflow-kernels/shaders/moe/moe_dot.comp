@@ -1,8 +1,8 @@
 #version 450
 // Expert products of a few tokens (decode) on 8-bit integer dot products: moe_matvec.comp's
 // work (each (token, slot) pair p < n_pairs takes the rows of its expert ids[p] and no other)
-// with matvec_dot.comp's arithmetic (dot.glsl) for the blocks of 32 — Q4_0, Q4_1, Q5_0, Q5_1,
-// Q8_0 and MXFP4 (gpt-oss's experts):
+// with matvec_dot.comp's arithmetic (dot.glsl) for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4
+// (gpt-oss's experts) and the K-quants Q4_K, Q5_K, Q6_K (qwen3moe's):
 //   y[p * n_rows + r] = dot(W_e row r, q8(x[p / x_div])) (+ bias[e * n_rows + r]),  e = ids[p]
 // q8(x) as matvec_dot.comp quantizes it (per block of 32 as llama.cpp's q8_1). The CPU
 // reference is `moe_experts_dot_ref` (moe/experts_dot.rs).
@@ -20,14 +20,15 @@
 //
 // Layout: workgroup x takes GROUPS * RPT rows in GROUPS row groups of 32 lanes, y its pair
 // (COMBINE: its token, all NU = n_used of its pairs); it first quantizes its pairs' inputs into
-// shared memory, then each lane takes whole blocks of its row group's RPT rows (32 blocks go
-// by per step), each block's codes dotted with each pair's codes of x. A tensor larger than one
+// shared memory, then each lane takes its share of its row group's RPT rows (a whole block of
+// 32, or an eighth of a K-quant super-block), decoded once and dotted with each pair's codes of
+// x. A tensor larger than one
 // binding is bound in pieces of whole experts [e_begin, e_begin + e_count), one dispatch each;
 // a pair whose expert lies in another piece is left to that piece's dispatch.
 //
 // The host checks: n_cols a multiple of 32 (64 for the 2-byte aligned Q4_0, Q5_0, Q8_0: whole
-// words a row) and at most MAXC, x's rows at 16-byte aligned offsets, shared memory for NU rows
-// of MAXC codes, the subgroup size dividing 32.
+// words a row; 256 for the K-quants) and at most MAXC, x's rows at 16-byte aligned offsets (and
+// Q4_K/Q5_K weights), shared memory for NU rows of MAXC codes, the subgroup size dividing 32.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -54,6 +55,7 @@ const uint NACC = NM * RPT * NU; // accumulators of a lane: (matrix, row, pair)
 #include "common.glsl"
 
 layout(std430, binding = 0) readonly buffer W1 { uint w1[]; };
+layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
 #ifdef COMBINE
 layout(std430, binding = 2) buffer Y { float y[]; };
@@ -65,6 +67,7 @@ layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 4) readonly buffer Ids { uint ids[]; };
 #ifdef GLU
 layout(std430, binding = 5) readonly buffer U1 { uint u1[]; };
+layout(std430, binding = 5) readonly buffer U4 { uvec4 u4[]; };
 layout(std430, binding = 6) readonly buffer BiasU { float bias_u[]; };
 #endif
 
@@ -93,6 +96,14 @@ uint word(uint m, uint i) {
     return m == 0u ? w1[i] : u1[i];
 #else
     return w1[i];
+#endif
+}
+
+uvec4 vec4_at(uint m, uint i) {
+#ifdef GLU
+    return m == 0u ? w4[i] : u4[i];
+#else
+    return w4[i];
 #endif
 }
 
@@ -141,21 +152,56 @@ void main() {
     [[unroll]] for (uint k = 0u; k < NACC; k++) {
         acc[k] = 0.0;
     }
-    for (uint bi = lane; bi < nb; bi += TPR) {
+    // rows past the end read the last
+#ifdef KQUANT
+    uint p = (lane % 8u) / 2u;
+    uint h = lane % 2u;
+    uint n_sb = pc.n_cols / 256u;
+    uint rw = pc.row_bytes / 16u; // uvec4s a row
+    for (uint sb = lane / 8u; sb < n_sb; sb += 4u) {
+        uint blo = sb * 8u + 2u * p; // q8 blocks of the two sub-blocks
+        uint wlo = blo * 8u + 4u * h;
         [[unroll]] for (uint j = 0u; j < NU; j++) {
-            uint xw = j * XW + bi * 8u;
             [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
-                uint r = min(r0 + k % RPT, pc.n_rows - 1u); // rows past the end read the last
-                uint cw[8];
-                vec2 dm = b32_decode(k / RPT, base[j] + r * pc.row_bytes + bi * BB, cw);
-                int id = 0;
-                [[unroll]] for (uint c = 0u; c < 8u; c++) {
-                    id += dotPacked4x8EXT(int(cw[c]), int(xq[xw + c]));
-                }
-                acc[k * NU + j] += b32_apply(dm, id, xs[j * XB + bi]);
+                uint r = min(r0 + k % RPT, pc.n_rows - 1u);
+                uint lo[4];
+                uint hi[4];
+                uint at = base[j] / 16u + r * rw + sb * SB_VECS;
+                vec4 f = kq_decode(k / RPT, at, p, h, lo, hi);
+                acc[k * NU + j] += kq_dot(f, lo, hi, j * XW + wlo, j * XB + blo);
             }
         }
     }
+#endif
+#ifdef DOT_Q6_K
+    uint n6 = (lane % 8u) / 4u; // lane (n, c) of the eight
+    uint c6 = lane % 4u;
+    uint n_sb = pc.n_cols / 256u;
+    for (uint sb = lane / 8u; sb < n_sb; sb += 4u) {
+        [[unroll]] for (uint j = 0u; j < NU; j++) {
+            [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
+                uint r = min(r0 + k % RPT, pc.n_rows - 1u);
+                uint cw[8];
+                int sc[4];
+                uint at = base[j] + r * pc.row_bytes + sb * 210u;
+                float d = q6_decode(k / RPT, at, n6, c6, cw, sc);
+                acc[k * NU + j] += d * q6_dot(cw, sc, j * XW, j * XB, sb * 8u + 4u * n6, c6);
+            }
+        }
+    }
+#endif
+#ifdef BLOCK32
+    for (uint bi = lane; bi < nb; bi += TPR) {
+        [[unroll]] for (uint j = 0u; j < NU; j++) {
+            [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
+                uint r = min(r0 + k % RPT, pc.n_rows - 1u);
+                uint cw[8];
+                vec2 dm = b32_decode(k / RPT, base[j] + r * pc.row_bytes + bi * BB, cw);
+                acc[k * NU + j] += b32_dot(dm, cw, j * XW + bi * 8u, j * XB + bi);
+            }
+        }
+    }
+#endif
 
     // a row's sum over its 32 lanes: subgroups, then the subgroups of a row group
     uint per = TPR / gl_SubgroupSize; // subgroups a row group (the host keeps it whole)

@@ -172,7 +172,7 @@ impl MoeExperts {
     pub fn uses_dot(&self, ty: GgmlType, n_cols: u32) -> bool {
         self.dot
             .as_ref()
-            .is_some_and(|d| d.fits(ty, DotKind::Plain, n_cols, 0))
+            .is_some_and(|d| d.fits(ty, DotKind::Plain, n_cols, 0, 0))
     }
 
     /// The same kernels, grouped products on cooperative matrices where the device has them
@@ -315,10 +315,11 @@ impl MoeExperts {
             (None, true) => DotKind::Glu,
             (None, false) => DotKind::Plain,
         };
-        let dot = self
-            .dot
-            .as_ref()
-            .filter(|d| a.groups.is_none() && d.fits(w.ty, kind, w.n_cols, a.x.offset));
+        let dot = self.dot.as_ref().filter(|d| {
+            let up_offset = a.glu.map_or(0, |(u, _)| u.data.offset);
+            a.groups.is_none()
+                && d.fits(w.ty, kind, w.n_cols, a.x.offset, w.data.offset | up_offset)
+        });
         let (pipeline, groups) = match (a.groups, a.combine) {
             (None, Some(cb)) => {
                 bind.push(a.ids.clone());

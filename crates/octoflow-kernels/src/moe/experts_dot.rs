@@ -1,7 +1,7 @@
 //! The few-token expert products on 8-bit integer dot products (`moe_dot.comp`): what
 //! [`super::MoeExperts::record`] takes for the matvec's work (plain, GLU and the combined down
-//! products) where [`MoeDot::fits`] says so — the blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-//! MXFP4), each pair's input quantized per block of 32 as llama.cpp's q8_1 (as
+//! products) where [`MoeDot::fits`] says so — Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4 and the
+//! K-quants Q4_K, Q5_K, Q6_K — each pair's input quantized per block of 32 as llama.cpp's q8_1 (as
 //! [`crate::linear::q8_blocks`] computes it). [`moe_experts_dot_ref`] is its CPU reference.
 
 use octoflow_gguf::quant::QuantError;
@@ -26,13 +26,16 @@ const MAX_COLS: u32 = 16384;
 const PUSH_BYTES: u32 = 48;
 
 /// The types the kernel reads, in the order of [`MoeDot`]'s pipelines.
-const DOT_TYPES: [GgmlType; 6] = [
+const DOT_TYPES: [GgmlType; 9] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q5_1,
     GgmlType::Q8_0,
     GgmlType::MXFP4,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
 ];
 
 /// Which of the kernel's variants a product takes.
@@ -69,7 +72,7 @@ impl MoeDot {
         } else {
             None
         };
-        let build = |list: [(octoflow_vk::Shader, &'static str); 6], bindings| {
+        let build = |list: [(octoflow_vk::Shader, &'static str); 9], bindings| {
             list.iter()
                 .map(|&(sh, label)| {
                     SpecPipelines::new(sh, bindings, PUSH_BYTES, label).subgroup_size(required)
@@ -85,6 +88,9 @@ impl MoeDot {
                     (MOE_DOT_Q5_1, "moe_dot_q5_1"),
                     (MOE_DOT_Q8_0, "moe_dot_q8_0"),
                     (MOE_DOT_MXFP4, "moe_dot_mxfp4"),
+                    (MOE_DOT_Q4_K, "moe_dot_q4_k"),
+                    (MOE_DOT_Q5_K, "moe_dot_q5_k"),
+                    (MOE_DOT_Q6_K, "moe_dot_q6_k"),
                 ],
                 5,
             ),
@@ -96,6 +102,9 @@ impl MoeDot {
                     (MOE_DOT_GLU_Q5_1, "moe_dot_glu_q5_1"),
                     (MOE_DOT_GLU_Q8_0, "moe_dot_glu_q8_0"),
                     (MOE_DOT_GLU_MXFP4, "moe_dot_glu_mxfp4"),
+                    (MOE_DOT_GLU_Q4_K, "moe_dot_glu_q4_k"),
+                    (MOE_DOT_GLU_Q5_K, "moe_dot_glu_q5_k"),
+                    (MOE_DOT_GLU_Q6_K, "moe_dot_glu_q6_k"),
                 ],
                 7,
             ),
@@ -107,6 +116,9 @@ impl MoeDot {
                     (MOE_DOT_COMBINE_Q5_1, "moe_dot_combine_q5_1"),
                     (MOE_DOT_COMBINE_Q8_0, "moe_dot_combine_q8_0"),
                     (MOE_DOT_COMBINE_MXFP4, "moe_dot_combine_mxfp4"),
+                    (MOE_DOT_COMBINE_Q4_K, "moe_dot_combine_q4_k"),
+                    (MOE_DOT_COMBINE_Q5_K, "moe_dot_combine_q5_k"),
+                    (MOE_DOT_COMBINE_Q6_K, "moe_dot_combine_q6_k"),
                 ],
                 6,
             ),
@@ -117,19 +129,30 @@ impl MoeDot {
     }
 
     /// Whether the kernel reads this product: a type it reads, rows of whole blocks (an even
-    /// number of them for the 2-byte aligned Q4_0, Q5_0 and Q8_0: whole words a row) at most
-    /// [`MAX_COLS`] wide whose pairs' inputs fit shared memory, x at a 16-byte aligned offset
-    /// (`x_offset`).
-    pub(crate) fn fits(&self, ty: GgmlType, kind: DotKind, n_cols: u32, x_offset: u64) -> bool {
-        let multiple = match ty {
-            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => 64,
-            t if DOT_TYPES.contains(&t) => 32,
+    /// number of them for the 2-byte aligned Q4_0, Q5_0 and Q8_0: whole words a row; whole
+    /// super-blocks for the K-quants) at most [`MAX_COLS`] wide whose pairs' inputs fit shared
+    /// memory, x (`x_offset`) and Q4_K/Q5_K weights (`w_offset`, read as 16-byte vectors) at
+    /// 16-byte aligned offsets.
+    pub(crate) fn fits(
+        &self,
+        ty: GgmlType,
+        kind: DotKind,
+        n_cols: u32,
+        x_offset: u64,
+        w_offset: u64,
+    ) -> bool {
+        let (multiple, w_align) = match ty {
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => (64, 4),
+            GgmlType::Q4_K | GgmlType::Q5_K => (256, 16),
+            GgmlType::Q6_K => (256, 4),
+            t if DOT_TYPES.contains(&t) => (32, 4),
             _ => return false,
         };
         n_cols > 0
             && n_cols.is_multiple_of(multiple)
             && n_cols <= MAX_COLS
             && x_offset.is_multiple_of(16)
+            && w_offset.is_multiple_of(w_align)
             && self.shared_bytes(kind, n_cols, 2) <= self.max_shared
     }
 

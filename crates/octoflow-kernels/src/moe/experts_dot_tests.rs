@@ -76,7 +76,10 @@ fn check_dot_type(ty: GgmlType) {
     // (tokens, experts per token, experts): one decode token, and a few
     for (n_tokens, n_used, n_expert) in [(1usize, 2usize, 4usize), (3, 4, 9)] {
         let n_rows = rng.gen_range(1..150);
-        let n_cols = 64 * rng.gen_range(1..=6);
+        let n_cols = match ty.block_size() {
+            32 => 64 * rng.gen_range(1..=6),
+            bs => bs * rng.gen_range(1..=2),
+        };
         assert!(k.uses_dot(ty, n_cols as u32), "{ty}: {n_cols} columns");
         let rb = octoflow_gguf::quant::quantized_size(ty, n_cols).unwrap();
         let gate = random_weights(&mut rng, ty, n_expert * n_rows, n_cols);
@@ -260,7 +263,8 @@ macro_rules! dot_type_tests {
 
 dot_type_tests!(
     gpu_moe_dot_q4_0 => Q4_0, gpu_moe_dot_q4_1 => Q4_1, gpu_moe_dot_q5_0 => Q5_0,
-    gpu_moe_dot_q5_1 => Q5_1, gpu_moe_dot_q8_0 => Q8_0, gpu_moe_dot_mxfp4 => MXFP4
+    gpu_moe_dot_q5_1 => Q5_1, gpu_moe_dot_q8_0 => Q8_0, gpu_moe_dot_mxfp4 => MXFP4,
+    gpu_moe_dot_q4_k => Q4_K, gpu_moe_dot_q5_k => Q5_K, gpu_moe_dot_q6_k => Q6_K
 );
 
 /// What the kernel does not read stays on the f32 matvec: other types, rows of a wrong width.
@@ -275,7 +279,8 @@ fn moe_dot_takes_only_what_it_reads() {
         !k.uses_dot(GgmlType::Q4_0, 32),
         "Q4_0 rows need whole words"
     );
-    assert!(!k.uses_dot(GgmlType::Q4_K, 256) && !k.uses_dot(GgmlType::F32, 64));
+    assert!(k.uses_dot(GgmlType::Q4_K, 256) && !k.uses_dot(GgmlType::Q4_K, 128));
+    assert!(!k.uses_dot(GgmlType::Q2_K, 256) && !k.uses_dot(GgmlType::F32, 64));
     assert!(!k.uses_dot(GgmlType::MXFP4, 32 * 1024));
     assert!(!MoeExperts::new()
         .with_dot(ctx.caps(), false)
