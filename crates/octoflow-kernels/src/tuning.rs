@@ -28,7 +28,7 @@ pub const FALLBACK_COMPUTE_UNITS: u32 = 128;
 /// | `OCTOFLOW_MOE_COOP=0` or `1` | [`Tuning::moe_coop`] | batches' expert products on cooperative matrices (the MOE variants of `matmul_coop.comp`) off or on |
 /// | `OCTOFLOW_MATVEC_DOT=0` or `1` | [`Tuning::matvec_dot`] | one-token Q4_K, Q5_K and Q6_K products on 8-bit dot products of a quantized x (`matvec_dot.comp`), off or on |
 /// | `OCTOFLOW_DOT_MIN_WEIGHTS=N` | [`Tuning::dot_min_weights`] | one-token products of the blocks of 32 (Q4_0 … Q8_0) with at least N weights on 8-bit dot products (with [`Tuning::matvec_dot`]) |
-/// | `OCTOFLOW_MOE_DOT=0` or `1` | [`Tuning::moe_dot`] | a few tokens' expert products of the blocks of 32 (MXFP4, Q4_0 … Q8_0) on 8-bit dot products of a quantized x (`moe_dot.comp`), off or on |
+/// | `OCTOFLOW_MOE_DOT=0` or `1` | [`Tuning::moe_dot`] | a few tokens' expert products (MXFP4, Q4_0 … Q8_0, the K-quants) on 8-bit dot products of a quantized x (`moe_dot.comp`), off or on |
 /// | `OCTOFLOW_DOT_BATCHES=0`, `decode` or `1` | [`Tuning::dot_batches`] | products of 2 ..= 8 tokens on 8-bit dot products (`matvec_dot.comp`, every type it reads) instead of the cooperative-matrix kernel: never, for steps whose every row samples ([`DotBatches::Decode`]), or always |
 ///
 /// The switches exist to measure what each fusion gains; results are the same either way
@@ -72,8 +72,8 @@ pub struct Tuning {
     /// products, as one token's do). [`DotBatches::Decode`] by default where the device
     /// accelerates 4x8-bit dot products (else [`DotBatches::Off`]).
     pub dot_batches: DotBatches,
-    /// A few tokens' expert products of the types `moe_dot.comp` reads (MXFP4 and the legacy
-    /// blocks of 32) take it: each pair's input quantized to 8 bits per block of 32, integer
+    /// A few tokens' expert products of the types `moe_dot.comp` reads (MXFP4, the legacy
+    /// blocks of 32 and the K-quants) take it: each pair's input quantized to 8 bits per block of 32, integer
     /// dot products. Off by default until it is measured on a GPU (docs/PERFORMANCE.md); on
     /// where asked (`OCTOFLOW_MOE_DOT=1`).
     pub moe_dot: bool,
