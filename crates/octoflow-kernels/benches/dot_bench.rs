@@ -2,7 +2,8 @@
 //! shapes of qwen2.5-0.5B and Llama-3.1-8B against the path batches took before it (the f32
 //! matvec, cooperative matrices with split-K from `COOP_MIN_TOKENS` where the device has them)
 //! — and one token of Q8_0 at gpt-oss-20b's shapes, which the f32 matvec takes by default —
-//! and the product with x neither read nor quantized (ABL_NOQ: the most that quantizing x once per product
+//! the same products on x quantized once for each (`Tuning::quantize_once`), and the product
+//! with x neither read nor quantized (ABL_NOQ: the most that quantizing x once per product
 //! group, instead of in every workgroup, could save). A child of linear_bench.rs (same feature,
 //! same command): `cargo test -p octoflow-kernels --release --features bench --lib dot_batch
 //! -- --ignored --nocapture --test-threads 1`; filter with `LINEAR_BENCH=q4_k`.
@@ -76,18 +77,22 @@ fn dot_batch_layouts() {
     };
     println!("device: {}", ctx.caps().name);
     let filter = std::env::var("LINEAR_BENCH").unwrap_or_default();
-    let tuned = |dot: bool| {
+    // every product of 1 to 8 tokens on 8-bit dots (`once`: x quantized once for it), or none
+    let tuned_with = |dot: bool, once: bool| {
         let t = Tuning {
             matvec_dot: dot,
+            dot_min_weights: if dot { 0 } else { u64::MAX },
             dot_batches: if dot {
                 DotBatches::All
             } else {
                 DotBatches::Off
             },
+            quantize_once: once,
             ..Tuning::from_caps(ctx.caps())
         };
         Linear::with_tuning(&ctx, t).unwrap()
     };
+    let tuned = |dot: bool| tuned_with(dot, false);
     let cpu = ctx.caps().kind == octoflow_vk::DeviceKind::Cpu;
     let reps = if cpu { 2 } else { 400 };
     use GgmlType::*;
@@ -110,8 +115,8 @@ fn dot_batch_layouts() {
     ];
     let mut rng = StdRng::seed_from_u64(7);
     println!(
-        "{:<5} {:>6} {:>6} {:>4} {:>2} | {:>8} {:>8} {:>8} | largest difference / largest |before|",
-        "type", "rows", "cols", "glu", "n", "dot µs", "no-quant", "before"
+        "{:<5} {:>6} {:>6} {:>4} {:>2} | {:>8} {:>8} {:>8} {:>8} | largest difference / largest |before|",
+        "type", "rows", "cols", "glu", "n", "dot µs", "once", "no-quant", "before"
     );
     for (ty, rows, cols, norm, glu) in shapes {
         if !filter.is_empty() && !ty.to_string().to_lowercase().contains(&filter) {
@@ -169,12 +174,13 @@ fn dot_batch_layouts() {
         };
         for n in [1u32, 2, 4, 8] {
             let dot = time(&tuned(true), n);
+            let once = time(&tuned_with(true, true), n).us;
             let before = time(&tuned(false), n);
             let noq = no_quant(ty, glu).map_or(f64::NAN, |sh| {
                 time(&tuned(true).with_dot_variant(ty, glu, sh).unwrap(), n).us
             });
             println!(
-                "{:<5} {rows:>6} {cols:>6} {:>4} {n:>2} | {:>8.2} {noq:>8.2} {:>8.2} | {}",
+                "{:<5} {rows:>6} {cols:>6} {:>4} {n:>2} | {:>8.2} {once:>8.2} {noq:>8.2} {:>8.2} | {}",
                 ty.to_string(),
                 if glu { "yes" } else { "" },
                 dot.us,

@@ -36,34 +36,10 @@
 // of ggml's doubled code book (0, 1, 2, 3, 4, 6, 8, 12 and their negatives) four at a time in
 // a word (`e2m1_codes`), under half the block's power-of-two scale.
 
-// half away from zero, as llama.cpp's roundf (the reference computes it the same way)
-float round_away(float v) {
-    return sign(v) * floor(abs(v) + 0.5);
-}
+#include "q8.glsl"
 
 uint byte_at(uint u, uint k) {
     return (u >> (8u * k)) & 0xFFu;
-}
-
-// q8 codes of one block of 32 values v (v[j] elements 4j .. 4j + 3) into xq[o .. o + 8);
-// returns (d, d * sum of the codes), d = max|v| / 127
-vec2 q8_store(vec4 v[8], uint o) {
-    float amax = 0.0;
-    [[unroll]] for (uint j = 0u; j < 8u; j++) {
-        vec4 a = abs(v[j]);
-        amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
-    }
-    float d = amax / 127.0;
-    float id = d > 0.0 ? 1.0 / d : 0.0;
-    int sum = 0;
-    [[unroll]] for (uint j = 0u; j < 8u; j++) {
-        ivec4 q = ivec4(round_away(v[j].x * id), round_away(v[j].y * id),
-                        round_away(v[j].z * id), round_away(v[j].w * id));
-        sum += q.x + q.y + q.z + q.w;
-        xq[o + j] = uint(q.x & 0xFF) | (uint(q.y & 0xFF) << 8) | (uint(q.z & 0xFF) << 16) |
-                    (uint(q.w & 0xFF) << 24);
-    }
-    return vec2(d, d * float(sum));
 }
 
 // the word at byte b (b even) of matrix m: blocks of 2-byte alignment

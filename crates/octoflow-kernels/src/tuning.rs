@@ -28,6 +28,7 @@ pub const FALLBACK_COMPUTE_UNITS: u32 = 128;
 /// | `OCTOFLOW_MOE_COOP=0` or `1` | [`Tuning::moe_coop`] | batches' expert products on cooperative matrices (the MOE variants of `matmul_coop.comp`) off or on |
 /// | `OCTOFLOW_MATVEC_DOT=0` or `1` | [`Tuning::matvec_dot`] | one-token Q4_K, Q5_K and Q6_K products on 8-bit dot products of a quantized x (`matvec_dot.comp`), off or on |
 /// | `OCTOFLOW_DOT_MIN_WEIGHTS=N` | [`Tuning::dot_min_weights`] | one-token products of the blocks of 32 (Q4_0 … Q8_0) with at least N weights on 8-bit dot products (with [`Tuning::matvec_dot`]) |
+/// | `OCTOFLOW_QUANTIZE_ONCE=0` or `1` | [`Tuning::quantize_once`] | the 8-bit dot products' x quantized once per product (`quantize_q8.comp`, then `matvec_dot.comp`'s XQ variants) instead of in every workgroup, off or on |
 /// | `OCTOFLOW_MOE_DOT=0` or `1` | [`Tuning::moe_dot`] | a few tokens' expert products (MXFP4, Q4_0 … Q8_0, the K-quants) on 8-bit dot products of a quantized x (`moe_dot.comp`), off or on |
 /// | `OCTOFLOW_DOT_BATCHES=0`, `decode` or `1` | [`Tuning::dot_batches`] | products of 2 ..= 8 tokens on 8-bit dot products (`matvec_dot.comp`, every type it reads) instead of the cooperative-matrix kernel: never, for steps whose every row samples ([`DotBatches::Decode`]), or always |
 ///
@@ -67,6 +68,11 @@ pub struct Tuning {
     /// Q5_1, Q8_0) of at least this many weights take `matvec_dot.comp` too (smaller ones were
     /// slower there than on the f32 matvec: docs/PERFORMANCE.md). Default `u64::MAX`: none.
     pub dot_min_weights: u64,
+    /// Products on `matvec_dot.comp` quantize their x once (`quantize_q8.comp`, a dispatch and
+    /// two barriers before the product) instead of in each of their workgroups. Off by default
+    /// until it is measured on a GPU (docs/PERFORMANCE.md); on where asked
+    /// (`OCTOFLOW_QUANTIZE_ONCE=1`).
+    pub quantize_once: bool,
     /// Which products of 2 ..= [`MATVEC_MAX_TOKENS`] tokens take `matvec_dot.comp` (where the
     /// type and shape fit it), leaving the cooperative-matrix kernel (their norms fuse into the
     /// products, as one token's do). [`DotBatches::Decode`] by default where the device
@@ -137,6 +143,7 @@ impl Tuning {
             dot_batches: DotBatches::Off,
             moe_dot: false,
             dot_min_weights: u64::MAX,
+            quantize_once: false,
         }
     }
 
@@ -177,6 +184,7 @@ impl Tuning {
         either("OCTOFLOW_MOE_COOP", &mut self.moe_coop);
         either("OCTOFLOW_MATVEC_DOT", &mut self.matvec_dot);
         either("OCTOFLOW_MOE_DOT", &mut self.moe_dot);
+        either("OCTOFLOW_QUANTIZE_ONCE", &mut self.quantize_once);
         match var("OCTOFLOW_DOT_BATCHES").as_deref() {
             Some("0") => self.dot_batches = DotBatches::Off,
             Some("decode") => self.dot_batches = DotBatches::Decode,

@@ -275,6 +275,26 @@ fn qwen_eight_rows_a_step_on_8bit_dot_products_keeps_llama_cpps_nll() {
     check_nll_eight_rows_a_step(&dot_batches(&ctx, &model, true), &golden, QWEN25);
 }
 
+/// The same eight rows a step with every product's x quantized once for it
+/// (`Tuning::quantize_once`: a dispatch into scratch, then the products read it) keeps
+/// llama.cpp's mean NLL: the scratch between the attention block's products and the
+/// feed-forward's holds each product's input until it has read it.
+#[test]
+fn eight_rows_a_step_on_x_quantized_once_keep_llama_cpps_nll() {
+    let Some(ctx) = gpu_with_integer_dot_or_skip("gpu_batch_dot_once") else {
+        return;
+    };
+    let (model, golden) = load(SMOLLM2);
+    let tuning = octoflow_kernels::Tuning {
+        dot_batches: DotBatches::All,
+        quantize_once: true,
+        ..octoflow_kernels::Tuning::from_caps(ctx.caps())
+    };
+    let linear = octoflow_kernels::Linear::with_tuning(&ctx, tuning).unwrap();
+    let gpu = GpuModel::load(&ctx, &model).unwrap().with_linear(linear);
+    check_nll_eight_rows_a_step(&gpu, &golden, SMOLLM2);
+}
+
 /// Steps of two to eight rows on 8-bit dot products (`Tuning::dot_batches`, forced here
 /// wherever the driver has integer dot products): the golden text fed eight rows a
 /// step keeps llama.cpp's mean NLL (llama.cpp's own GPU products quantize x the same way);

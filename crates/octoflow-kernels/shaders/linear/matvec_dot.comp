@@ -24,6 +24,10 @@
 // eight lanes share a super-block and four super-blocks go by per step of a row group; for the
 // blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) a lane takes a whole block and 32 blocks go by.
 //
+// XQ variants: x was quantized once for the whole product by quantize_q8.comp (its codes,
+// scales and 1 / rms per token in one buffer at binding 1); each workgroup copies its tokens'
+// share into shared memory instead of quantizing it (`Tuning::quantize_once`).
+//
 // Benchmark variant (`@bench` in variants.txt, benches/dot_bench.rs): ABL_NOQ neither reads
 // nor quantizes x (wrong results: the cost of the product alone).
 //
@@ -60,7 +64,13 @@ const uint NACC = NM * RPT * NT; // accumulators of a lane: (matrix, row, token)
 
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 layout(std430, binding = 0) readonly buffer W1 { uint w1[]; };
+#ifdef XQ
+// x already quantized by quantize_q8.comp (its layout there)
+layout(std430, binding = 1) readonly buffer XG { uint xg[]; };
+layout(std430, binding = 1) readonly buffer XGF { float xgf[]; };
+#else
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
+#endif
 layout(std430, binding = 2) buffer Y { float y[]; };
 layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 4) readonly buffer G4 { vec4 g4[]; };
@@ -122,6 +132,25 @@ void main() {
     bool norm = pc.norm != 0u;
     uint xrow = pc.n_cols / 4u; // vec4s of one token's x
 
+#ifdef XQ
+    // 1. q8(x_t) and 1 / rms(x_t) as quantize_q8.comp wrote them (MAXC = n_cols: XW and XB are
+    // its row strides); the tokens past the batch's end as zeros
+    uint sbase = pc.n_tokens * XW;
+    uint ibase = sbase + 2u * pc.n_tokens * XB;
+    for (uint i = tid; i < NT * XW; i += WG) {
+        uint t = i / XW;
+        xq[i] = t < nt ? xg[t0 * XW + i] : 0u;
+    }
+    for (uint i = tid; i < NT * XB; i += WG) {
+        uint t = i / XB;
+        uint si = sbase + 2u * (t0 * XB + i);
+        xs[i] = t < nt ? vec2(xgf[si], xgf[si + 1u]) : vec2(0.0);
+    }
+    for (uint t = tid; t < NT; t += WG) {
+        invs[t] = t < nt ? xgf[ibase + t0 + t] : 1.0;
+    }
+    barrier();
+#else
     // 1. q8(x_t) (times g) into shared memory, each block's sum of squares on the way; the
     // tokens past the batch's end as zeros
     for (uint i = tid; i < NT * nb; i += WG) {
@@ -168,6 +197,7 @@ void main() {
         }
     }
     barrier();
+#endif
 
     // 2. the rows: accumulator (k, t) of matrix k / RPT, row r0 + k % RPT, token t
     uint rg = tid / TPR;

@@ -91,7 +91,8 @@ impl Linear {
             forced || plan.is_some(),
             decode,
         ) {
-            return dot.record_glu(chain, a, [wb, x, y, bias], up, push);
+            let once = self.tuning.quantize_once;
+            return dot.record_glu(chain, a, [wb, x, y, bias], up, push, once);
         }
         if let Some(coop) = self
             .coop

@@ -8,12 +8,13 @@
 
 use octoflow_gguf::quant::QuantError;
 use octoflow_gguf::GgmlType;
-use octoflow_vk::{BufferSlice, Chain, Context, Push};
+use octoflow_vk::{BufferSlice, Chain, Context, Pipeline, PipelineDesc, Push};
 
 use super::args::{glu_cost, product_cost};
 use super::{LinearArgs, LinearGluArgs, MATVEC_MAX_TOKENS, MATVEC_TPR, OP, PUSH_BYTES};
 use crate::error::{KernelError, Result};
 use crate::glu::{glu_ref, GluOp};
+use crate::scratch::QueueScratch;
 use crate::shaders;
 use crate::spec::SpecPipelines;
 use crate::tuning::{Tuning, FALLBACK_COMPUTE_UNITS};
@@ -32,6 +33,8 @@ const RPT_TALL: u32 = 4;
 pub(crate) const DOT_MAX_ROWS: u32 = 32768;
 /// Values per quantized block of x.
 const QK: usize = 32;
+/// Push-constant bytes of quantize_q8.comp (n_tokens, n_cols, eps, norm).
+const QUANTIZE_PUSH_BYTES: u32 = 16;
 
 /// The types the kernel reads, in the order of [`MatvecDot`]'s pipelines.
 const DOT_TYPES: [GgmlType; 8] = [
@@ -50,6 +53,11 @@ const DOT_TYPES: [GgmlType; 8] = [
 pub(crate) struct MatvecDot {
     plain: Vec<SpecPipelines>,
     glu: Vec<SpecPipelines>,
+    /// The XQ variants: x quantized once for the product by `quantize` into `xq`.
+    plain_xq: Vec<SpecPipelines>,
+    glu_xq: Vec<SpecPipelines>,
+    quantize: Pipeline,
+    xq: QueueScratch,
     layout: DotLayout,
 }
 
@@ -67,7 +75,7 @@ struct DotLayout {
 impl MatvecDot {
     /// The pipelines (built on first use), with the subgroup size the matvec requires, or `None`
     /// where the device has no integer dot products.
-    pub(crate) fn new(ctx: &Context, subgroup: Option<u32>) -> Option<Self> {
+    pub(crate) fn new(ctx: &Context, subgroup: Option<u32>) -> Result<Option<Self>> {
         use shaders::*;
         let caps = ctx.caps();
         let plain = [
@@ -90,6 +98,26 @@ impl MatvecDot {
             (MATVEC_DOT_GLU_Q5_K, "dot_glu_q5_k"),
             (MATVEC_DOT_GLU_Q6_K, "dot_glu_q6_k"),
         ];
+        let plain_xq = [
+            (MATVEC_DOT_XQ_Q4_0, "dot_xq_q4_0"),
+            (MATVEC_DOT_XQ_Q4_1, "dot_xq_q4_1"),
+            (MATVEC_DOT_XQ_Q5_0, "dot_xq_q5_0"),
+            (MATVEC_DOT_XQ_Q5_1, "dot_xq_q5_1"),
+            (MATVEC_DOT_XQ_Q8_0, "dot_xq_q8_0"),
+            (MATVEC_DOT_XQ_Q4_K, "dot_xq_q4_k"),
+            (MATVEC_DOT_XQ_Q5_K, "dot_xq_q5_k"),
+            (MATVEC_DOT_XQ_Q6_K, "dot_xq_q6_k"),
+        ];
+        let glu_xq = [
+            (MATVEC_DOT_GLU_XQ_Q4_0, "dot_glu_xq_q4_0"),
+            (MATVEC_DOT_GLU_XQ_Q4_1, "dot_glu_xq_q4_1"),
+            (MATVEC_DOT_GLU_XQ_Q5_0, "dot_glu_xq_q5_0"),
+            (MATVEC_DOT_GLU_XQ_Q5_1, "dot_glu_xq_q5_1"),
+            (MATVEC_DOT_GLU_XQ_Q8_0, "dot_glu_xq_q8_0"),
+            (MATVEC_DOT_GLU_XQ_Q4_K, "dot_glu_xq_q4_k"),
+            (MATVEC_DOT_GLU_XQ_Q5_K, "dot_glu_xq_q5_k"),
+            (MATVEC_DOT_GLU_XQ_Q6_K, "dot_glu_xq_q6_k"),
+        ];
         let build = |list: &[(octoflow_vk::Shader, &'static str)], bindings, push| {
             list.iter()
                 .map(|&(sh, label)| {
@@ -97,15 +125,26 @@ impl MatvecDot {
                 })
                 .collect()
         };
-        caps.integer_dot_product.then(|| MatvecDot {
+        if !caps.integer_dot_product {
+            return Ok(None);
+        }
+        let quantize = Pipeline::new(
+            ctx,
+            &PipelineDesc::new(QUANTIZE_Q8, 3, QUANTIZE_PUSH_BYTES).label("quantize_q8"),
+        )?;
+        Ok(Some(MatvecDot {
             plain: build(&plain, 5, PUSH_BYTES + 8),
             glu: build(&glu, 6, PUSH_BYTES + 12),
+            plain_xq: build(&plain_xq, 5, PUSH_BYTES + 8),
+            glu_xq: build(&glu_xq, 6, PUSH_BYTES + 12),
+            quantize,
+            xq: QueueScratch::new("dot_xq"),
             layout: DotLayout {
                 max_shared: caps.max_shared_memory,
                 subgroup: subgroup.unwrap_or(caps.subgroup.min_size).max(1),
                 units: caps.compute_units.unwrap_or(FALLBACK_COMPUTE_UNITS),
             },
-        })
+        }))
     }
 
     /// The same pipelines with type `ty`'s plain (or GLU, `glu`) ones built from another
@@ -177,12 +216,15 @@ impl MatvecDot {
             && w.iter().all(|s| s.offset.is_multiple_of(align))
     }
 
-    /// The pipeline and grid of a product that [`MatvecDot::fits`].
+    /// The pipeline and grid of a product that [`MatvecDot::fits`] (`xq`: the variant that
+    /// reads x quantized once).
+    #[allow(clippy::too_many_arguments)]
     fn layout(
         &self,
         chain: &Chain,
         ty: GgmlType,
         glu: bool,
+        xq: bool,
         n_rows: u32,
         n_cols: u32,
         n_tokens: u32,
@@ -196,7 +238,12 @@ impl MatvecDot {
             })?;
         let rpt = self.layout.rows_per_group(n_rows, n_tokens);
         let nt = self.layout.tokens_per_group(n_cols, n_tokens, glu, rpt);
-        let set = if glu { &self.glu } else { &self.plain };
+        let set = match (glu, xq) {
+            (false, false) => &self.plain,
+            (true, false) => &self.glu,
+            (false, true) => &self.plain_xq,
+            (true, true) => &self.glu_xq,
+        };
         let spec = [WG, rpt, nt, n_cols, self.layout.subgroup, 0, 0];
         let pl = set[ti].get(chain.context(), spec)?;
         let mut groups = chain
@@ -206,17 +253,54 @@ impl MatvecDot {
         Ok((pl, groups))
     }
 
+    /// Where `once`, records x's quantization for the product (quantize_q8.comp, the norm `(g,
+    /// eps)` applied where given) into this queue's scratch between barriers — the one before
+    /// keeps an earlier product's reads of that scratch from meeting this write — and returns
+    /// the scratch, which the product then binds in place of x.
+    fn quantize_once(
+        &self,
+        chain: &mut Chain,
+        x: &BufferSlice,
+        norm: Option<(&BufferSlice, f32)>,
+        n_cols: u32,
+        n_tokens: u32,
+    ) -> Result<BufferSlice> {
+        let words = u64::from(n_tokens) * (u64::from(n_cols) / 4 + 2 * u64::from(n_cols / 32) + 1);
+        let xq = self.xq.get_slice(chain, 4 * words)?;
+        let (g, eps) = norm.map_or_else(|| (x.clone(), 0.0), |(g, eps)| (g.clone(), eps));
+        let push = Push::new()
+            .u32(n_tokens)
+            .u32(n_cols)
+            .f32(eps)
+            .u32(u32::from(norm.is_some()));
+        chain.compute_barrier()?;
+        chain.dispatch(
+            &self.quantize,
+            &[x.clone(), g, xq.clone()],
+            &push,
+            [n_tokens, 1, 1],
+        )?;
+        chain.compute_barrier()?;
+        Ok(xq)
+    }
+
     /// Records checked arguments (`push`: [`super::check_args`]' seven words; `bindings`: weights,
-    /// x, y, bias) that [`MatvecDot::fits`].
+    /// x, y, bias) that [`MatvecDot::fits`]; with `once`, x quantized once for the product
+    /// ([`Tuning::quantize_once`]).
     pub(crate) fn record(
         &self,
         chain: &mut Chain,
         a: &LinearArgs,
         bindings: &[BufferSlice; 4],
         push: Push,
+        once: bool,
     ) -> Result<()> {
-        let (pl, groups) = self.layout(chain, a.w.ty, false, a.w.n_rows, a.w.n_cols, a.n_tokens)?;
-        let [wb, x, y, bias] = bindings.clone();
+        let [wb, mut x, y, bias] = bindings.clone();
+        let (n_rows, n_cols) = (a.w.n_rows, a.w.n_cols);
+        if once {
+            x = self.quantize_once(chain, &x, a.norm, n_cols, a.n_tokens)?;
+        }
+        let (pl, groups) = self.layout(chain, a.w.ty, false, once, n_rows, n_cols, a.n_tokens)?;
         let (g, eps) = a
             .norm
             .map_or_else(|| (x.clone(), 0.0), |(g, eps)| (g.clone(), eps));
@@ -228,7 +312,8 @@ impl MatvecDot {
     }
 
     /// Records the fused gate/up/activation of checked arguments (`push` as for
-    /// [`MatvecDot::record`]; `up` the up weights' binding) that [`MatvecDot::fits`].
+    /// [`MatvecDot::record`]; `up` the up weights' binding) that [`MatvecDot::fits`]; `once`
+    /// as for [`MatvecDot::record`].
     pub(crate) fn record_glu(
         &self,
         chain: &mut Chain,
@@ -236,16 +321,14 @@ impl MatvecDot {
         bindings: [BufferSlice; 4],
         up: BufferSlice,
         push: Push,
+        once: bool,
     ) -> Result<()> {
-        let (pl, groups) = self.layout(
-            chain,
-            a.gate.ty,
-            true,
-            a.gate.n_rows,
-            a.gate.n_cols,
-            a.n_tokens,
-        )?;
-        let [wb, x, y, bias] = bindings;
+        let [wb, mut x, y, bias] = bindings;
+        let (n_rows, n_cols) = (a.gate.n_rows, a.gate.n_cols);
+        if once {
+            x = self.quantize_once(chain, &x, a.norm, n_cols, a.n_tokens)?;
+        }
+        let (pl, groups) = self.layout(chain, a.gate.ty, true, once, n_rows, n_cols, a.n_tokens)?;
         let (g, eps) = a
             .norm
             .map_or_else(|| (x.clone(), 0.0), |(g, eps)| (g.clone(), eps));

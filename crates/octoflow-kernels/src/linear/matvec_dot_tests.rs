@@ -19,15 +19,21 @@ fn check_rows(got: &[f32], want: &[f32], slack: &[f64], what: &str) {
     crate::testkit::check_with_slack(got, want, slack, REL, what);
 }
 
-fn dot_linear(ctx: &Context, on: bool) -> Linear {
-    let tuning = Tuning {
+/// The device's tuning with every product of 1 to 8 tokens of a type the kernel reads sent to
+/// it (`on`), or none.
+fn dot_tuning(ctx: &Context, on: bool) -> Tuning {
+    Tuning {
         matvec_dot: on,
         // every one-token product of a type it reads, however small
         dot_min_weights: if on { 0 } else { u64::MAX },
         dot_batches: if on { DotBatches::All } else { DotBatches::Off },
+        quantize_once: false,
         ..Tuning::from_caps(ctx.caps())
-    };
-    Linear::with_layout(ctx, false, tuning).unwrap()
+    }
+}
+
+fn dot_linear(ctx: &Context, on: bool) -> Linear {
+    Linear::with_layout(ctx, false, dot_tuning(ctx, on)).unwrap()
 }
 
 /// x of `n` values in -1 .. 1 with one block of 32 all zeros (its scale 0) where there are two
@@ -320,6 +326,33 @@ fn gpu_matvec_dot_agrees_with_its_reference() {
     assert_no_validation_errors(&ctx);
 }
 
+/// The same products on x quantized once for each (`Tuning::quantize_once`: quantize_q8.comp,
+/// then the XQ variants) for every type, one and several tokens, the norm fused and the GLU
+/// (`check_shape`), and eight tokens of 14,336-wide rows split over workgroups (each reads its
+/// tokens' share of the quantized x).
+#[test]
+fn gpu_matvec_dot_on_x_quantized_once_agrees_with_its_reference() {
+    let Some(ctx) = gpu_with_integer_dot_or_skip("matvec_dot_once") else {
+        return;
+    };
+    let (seed, mut rng) = seeded(module_path!());
+    let tuning = Tuning {
+        quantize_once: true,
+        ..dot_tuning(&ctx, true)
+    };
+    let lin = Linear::with_layout(&ctx, false, tuning).unwrap();
+    for ty in DOT_TYPES {
+        let multiple = if ty.block_size() == 256 { 256 } else { 64 };
+        for nt in [1, rng.gen_range(2..=8usize)] {
+            let n_rows = rng.gen_range(1..200usize);
+            let n_cols = multiple * rng.gen_range(1..=8usize);
+            check_shape(&ctx, &lin, ty, (n_rows, n_cols, nt), &mut rng, seed);
+        }
+    }
+    check_shape(&ctx, &lin, GgmlType::Q4_K, (21, 14336, 8), &mut rng, seed);
+    assert_no_validation_errors(&ctx);
+}
+
 /// What the kernel takes: one to eight tokens of the types it reads, rows of whole super-blocks
 /// (K-quants) or of whole words of blocks up to its width, from aligned offsets, without a
 /// pending post-norm; what the tuning sends it; and with the tuning off the product is the f32
@@ -329,7 +362,7 @@ fn gpu_matvec_dot_takes_only_what_it_reads() {
     let Some(ctx) = gpu_or_skip("matvec_dot_fits") else {
         return;
     };
-    if let Some(dot) = MatvecDot::new(&ctx, None) {
+    if let Some(dot) = MatvecDot::new(&ctx, None).unwrap() {
         let w = buffer_with(&ctx, "w", &[0u8; 4096]);
         let (a, b) = (w.whole(), w.slice(8, 1024).unwrap());
         let fits = |ty, glu, cols, tokens, pending, s: &BufferSlice| {

@@ -184,7 +184,7 @@ impl Linear {
                 coop: None,
                 // off by default here (not accelerated on CPU drivers), built for tunings that
                 // ask for it
-                dot: MatvecDot::new(ctx, required),
+                dot: MatvecDot::new(ctx, required)?,
                 tuning,
             });
         }
@@ -227,7 +227,7 @@ impl Linear {
             matmul,
             cpu,
             coop,
-            dot: MatvecDot::new(ctx, required),
+            dot: MatvecDot::new(ctx, required)?,
             tuning,
         })
     }
@@ -460,7 +460,7 @@ impl Linear {
             given,
             decode,
         ) {
-            return dot.record(chain, a, &bindings, push);
+            return dot.record(chain, a, &bindings, push, self.tuning.quantize_once);
         }
         if let Some((g, eps)) = a.norm {
             return self.record_matvec(chain, ti, a, &bindings, push, plan, Some((g, eps)));
