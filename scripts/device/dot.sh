@@ -28,6 +28,12 @@ cd ~/dev/.dev && cp "$repo/scripts/bench/serve_load.py" "$repo/scripts/bench/age
       OCTOFLOW_DOT_BATCHES=$d timeout 120 ./octoflow bench -m $m --streams 1,2,4,8,16 2>&1 |
         grep -E "^\||rror"
     done
+    for o in 0 1; do
+      echo "#### $(basename $m) OCTOFLOW_QUANTIZE_ONCE=$o: tg128 and 8 streams"
+      OCTOFLOW_QUANTIZE_ONCE=$o timeout 60 ./octoflow bench -m $m -p 0 -n 128 -r 2 2>&1 |
+        grep -E "\| *tg|rror"
+      OCTOFLOW_QUANTIZE_ONCE=$o timeout 60 ./octoflow bench -m $m --streams 8 2>&1 | grep -E "^\||rror"
+    done
     echo "#### $(basename $m) 8 streams, --profile"
     OCTOFLOW_DOT_BATCHES=1 timeout 120 ./octoflow bench -m $m --streams 8 --profile 2>&1 | grep -vE "^\s*$" | head -40
   done
