@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the device: batches of a few rows on 8-bit dot products against the previous path
 # (cooperative matrices with split-K), each pair in one call: `octoflow bench --streams` on the
-# qwen2.5-0.5b and llama-8b shaped files with OCTOFLOW_DOT_BATCHES=0 (the default) then 1, the
+# qwen2.5-0.5b and llama-8b shaped files with OCTOFLOW_DOT_BATCHES=0 (no dot batches) then 1, the
 # 8-stream step's profile on the dot path, and `octoflow serve` under serve_load.py at 8
 # concurrent streams both ways; first, where ~/dev/.dev holds `octoflow_kernels_bench` (the
 # kernels' test binary built with `--release --features bench`), the kernel-level comparison
