@@ -48,6 +48,17 @@ const DOT_TYPES: [GgmlType; 8] = [
     GgmlType::Q6_K,
 ];
 
+/// Where a product's 8-bit codes of x come from.
+#[derive(Clone, Copy)]
+pub(crate) enum DotInput<'a> {
+    /// Each workgroup quantizes x.
+    Workgroups,
+    /// Quantized once for the product ([`MatvecDot::quantize_once`]).
+    Once,
+    /// Quantized once already, for several products of the same input.
+    Quantized(&'a BufferSlice),
+}
+
 /// The shader's pipelines (plain and GLU per type of [`DOT_TYPES`]), for devices with integer
 /// dot products.
 pub(crate) struct MatvecDot {
@@ -257,7 +268,7 @@ impl MatvecDot {
     /// eps)` applied where given) into this queue's scratch between barriers — the one before
     /// keeps an earlier product's reads of that scratch from meeting this write — and returns
     /// the scratch, which the product then binds in place of x.
-    fn quantize_once(
+    pub(crate) fn quantize_once(
         &self,
         chain: &mut Chain,
         x: &BufferSlice,
@@ -285,21 +296,28 @@ impl MatvecDot {
     }
 
     /// Records checked arguments (`push`: [`super::check_args`]' seven words; `bindings`: weights,
-    /// x, y, bias) that [`MatvecDot::fits`]; with `once`, x quantized once for the product
-    /// ([`Tuning::quantize_once`]).
+    /// x, y, bias) that [`MatvecDot::fits`], x's codes from `input` ([`Tuning::quantize_once`]).
     pub(crate) fn record(
         &self,
         chain: &mut Chain,
         a: &LinearArgs,
         bindings: &[BufferSlice; 4],
         push: Push,
-        once: bool,
+        input: DotInput,
     ) -> Result<()> {
         let [wb, mut x, y, bias] = bindings.clone();
         let (n_rows, n_cols) = (a.w.n_rows, a.w.n_cols);
-        if once {
-            x = self.quantize_once(chain, &x, a.norm, n_cols, a.n_tokens)?;
-        }
+        let once = match input {
+            DotInput::Workgroups => false,
+            DotInput::Once => {
+                x = self.quantize_once(chain, &x, a.norm, n_cols, a.n_tokens)?;
+                true
+            }
+            DotInput::Quantized(q) => {
+                x = q.clone();
+                true
+            }
+        };
         let (pl, groups) = self.layout(chain, a.w.ty, false, once, n_rows, n_cols, a.n_tokens)?;
         let (g, eps) = a
             .norm

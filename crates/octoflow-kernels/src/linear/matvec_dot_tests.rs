@@ -353,6 +353,109 @@ fn gpu_matvec_dot_on_x_quantized_once_agrees_with_its_reference() {
     assert_no_validation_errors(&ctx);
 }
 
+/// Products of one input recorded together (`StepLinear::record_many`, a block's Q, K and V)
+/// share one quantization of x where `Tuning::quantize_once` holds: one quantize dispatch and
+/// the products, each equal to its reference with the norm fused; products of other inputs are
+/// recorded one by one.
+#[test]
+fn gpu_products_of_one_input_share_its_quantization() {
+    let Some(ctx) = gpu_with_integer_dot_or_skip("matvec_dot_many") else {
+        return;
+    };
+    let (seed, mut rng) = seeded(module_path!());
+    let tuning = Tuning {
+        quantize_once: true,
+        ..dot_tuning(&ctx, true)
+    };
+    let lin = Linear::with_layout(&ctx, false, tuning).unwrap();
+    let (nt, n_cols, eps) = (3usize, 512usize, 1e-5f32);
+    let shapes = [
+        (GgmlType::Q4_K, 40usize),
+        (GgmlType::Q8_0, 24),
+        (GgmlType::Q6_K, 9),
+    ];
+    let w: Vec<Vec<u8>> = shapes
+        .iter()
+        .map(|&(ty, rows)| random_weights(&mut rng, ty, rows, n_cols))
+        .collect();
+    let wb: Vec<_> = w.iter().map(|b| buffer_with(&ctx, "w", b)).collect();
+    let x: Vec<f32> = (0..nt).flat_map(|_| random_x(&mut rng, n_cols)).collect();
+    let g: Vec<f32> = (0..n_cols).map(|_| rng.gen_range(0.5..1.5)).collect();
+    let (xb, x2b, gb) = (
+        with(&ctx, "x", &x),
+        with(&ctx, "x2", &x),
+        with(&ctx, "g", &g),
+    );
+    let yb: Vec<_> = shapes
+        .iter()
+        .map(|&(_, rows)| poisoned(&ctx, "y", nt * rows))
+        .collect();
+    let (ws, ys): (Vec<_>, Vec<_>) = (
+        wb.iter().map(|b| b.whole()).collect(),
+        yb.iter().map(|b| b.whole()).collect(),
+    );
+    let (xs, x2s, gs) = (xb.whole(), x2b.whole(), gb.whole());
+    let args = |i: usize, x| LinearArgs {
+        w: QWeightRef {
+            ty: shapes[i].0,
+            data: &ws[i],
+            n_rows: shapes[i].1 as u32,
+            n_cols: n_cols as u32,
+        },
+        x,
+        y: &ys[i],
+        n_tokens: nt as u32,
+        y_stride: shapes[i].1 as u32,
+        y_col: 0,
+        bias: None,
+        accumulate: false,
+        norm: Some((&gs, eps)),
+        pending: None,
+    };
+    let mut chain = Chain::new(&ctx).unwrap();
+    let all: Vec<_> = (0..3).map(|i| args(i, &xs)).collect();
+    lin.step(true).record_many(&mut chain, &all).unwrap();
+    assert_eq!(
+        chain.dispatch_count(),
+        4,
+        "one quantization and three products"
+    );
+    chain.run().unwrap();
+    for (i, &(ty, rows)) in shapes.iter().enumerate() {
+        let got = read(&ctx, &yb[i], nt * rows);
+        for t in 0..nt {
+            let mut want = vec![0f32; rows];
+            let xt = &x[t * n_cols..(t + 1) * n_cols];
+            let slack = matvec_dot_ref(
+                ty,
+                &w[i],
+                rows,
+                n_cols,
+                xt,
+                Some((&g, eps)),
+                &mut want,
+                0,
+                None,
+                false,
+            )
+            .unwrap();
+            let what = format!("{ty} {rows}x{n_cols}, token {t}, seed {seed}");
+            check_rows(&got[t * rows..(t + 1) * rows], &want, &slack, &what);
+        }
+    }
+    // another input (the same values in another buffer): each product quantizes its own
+    let mut chain = Chain::new(&ctx).unwrap();
+    lin.step(true)
+        .record_many(&mut chain, &[args(0, &xs), args(1, &x2s)])
+        .unwrap();
+    assert_eq!(
+        chain.dispatch_count(),
+        4,
+        "two quantizations and two products"
+    );
+    assert_no_validation_errors(&ctx);
+}
+
 /// What the kernel takes: one to eight tokens of the types it reads, rows of whole super-blocks
 /// (K-quants) or of whole words of blocks up to its width, from aligned offsets, without a
 /// pending post-norm; what the tuning sends it; and with the tuning off the product is the f32

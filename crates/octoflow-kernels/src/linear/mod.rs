@@ -56,7 +56,7 @@ use crate::spec::SpecPipelines;
 use crate::tuning::Tuning;
 use args::check_pending;
 use matmul_coop::MatmulCoop;
-use matvec_dot::MatvecDot;
+use matvec_dot::{DotInput, MatvecDot};
 use plan::{cpu_groups, Matvec};
 use qweight::{check_words, QOp, TYPES};
 
@@ -399,7 +399,7 @@ impl Linear {
     /// results are compared rather than summed on — a mixture of experts' router, whose top-k
     /// must not flip where f16-rounded operands would move two close logits.
     pub fn record_f32(&self, chain: &mut Chain, a: &LinearArgs) -> Result<()> {
-        self.record_inner(chain, a, None, false, false)
+        self.record_inner(chain, a, None, false, false, None)
     }
 
     /// [`Linear::record`], the GPU matvec in the work layout `plan` where given (benchmarks and
@@ -410,11 +410,13 @@ impl Linear {
         a: &LinearArgs,
         plan: Option<MatvecPlan>,
     ) -> Result<()> {
-        self.record_inner(chain, a, plan, true, false)
+        self.record_inner(chain, a, plan, true, false, None)
     }
 
     /// [`Linear::record_with`], the cooperative-matrix kernel allowed where `allow_coop`, for
-    /// a step of `decode` rows ([`Linear::step`]).
+    /// a step of `decode` rows ([`Linear::step`]); `xq`: x's 8-bit codes already quantized for
+    /// the integer-dot kernel (which must take the product).
+    #[allow(clippy::too_many_arguments)]
     fn record_inner(
         &self,
         chain: &mut Chain,
@@ -422,6 +424,7 @@ impl Linear {
         plan: Option<MatvecPlan>,
         allow_coop: bool,
         decode: bool,
+        xq: Option<&BufferSlice>,
     ) -> Result<()> {
         let Checked { ti, push, bindings } = check_args(a)?;
         let forced = self.forces_matvec(plan, a.n_tokens);
@@ -460,7 +463,19 @@ impl Linear {
             given,
             decode,
         ) {
-            return dot.record(chain, a, &bindings, push, self.tuning.quantize_once);
+            let input = match xq {
+                Some(q) => DotInput::Quantized(q),
+                None if self.tuning.quantize_once => DotInput::Once,
+                None => DotInput::Workgroups,
+            };
+            return dot.record(chain, a, &bindings, push, input);
+        }
+        if xq.is_some() {
+            return Err(KernelError::Shape {
+                op: OP,
+                detail: "x quantized for the integer-dot kernel, which does not take this product"
+                    .into(),
+            });
         }
         if let Some((g, eps)) = a.norm {
             return self.record_matvec(chain, ti, a, &bindings, push, plan, Some((g, eps)));
@@ -573,13 +588,72 @@ impl StepLinear<'_> {
 
     /// [`Linear::record`] for this step's rows.
     pub fn record(&self, chain: &mut Chain, a: &LinearArgs) -> Result<()> {
-        self.lin.record_inner(chain, a, None, true, self.decode)
+        self.lin
+            .record_inner(chain, a, None, true, self.decode, None)
+    }
+
+    /// [`StepLinear::record`] of several products of one input (the same x, tokens, columns
+    /// and fused norm: a block's Q, K and V, or a matrix's row pieces), recorded alike for the
+    /// caller's barrier after them. Where [`Tuning::quantize_once`] holds and every one takes
+    /// the integer-dot kernel, their x is quantized once for all of them.
+    pub fn record_many(&self, chain: &mut Chain, args: &[LinearArgs]) -> Result<()> {
+        let l = self.lin;
+        let Some(first) = args.first() else {
+            return Ok(());
+        };
+        let same_norm = |a: &LinearArgs| match (a.norm, first.norm) {
+            (None, None) => true,
+            (Some((g, e)), Some((g0, e0))) => slice_eq(g, g0) && e.to_bits() == e0.to_bits(),
+            _ => false,
+        };
+        let shared = |a: &LinearArgs| {
+            slice_eq(a.x, first.x)
+                && (a.n_tokens, a.w.n_cols) == (first.n_tokens, first.w.n_cols)
+                && same_norm(a)
+        };
+        let takes_dot = |a: &LinearArgs| {
+            let shape = [a.w.n_rows, a.w.n_cols];
+            let pending = a.pending.is_some();
+            l.dot_for(
+                a.w.ty,
+                false,
+                shape,
+                a.n_tokens,
+                pending,
+                &[a.w.data],
+                false,
+                self.decode,
+            )
+            .is_some()
+        };
+        let dot = l.dot.as_ref().filter(|_| {
+            l.tuning.quantize_once
+                && args.len() > 1
+                && args.iter().all(|a| shared(a) && takes_dot(a))
+        });
+        let Some(dot) = dot else {
+            return args.iter().try_for_each(|a| self.record(chain, a));
+        };
+        let (n_cols, n_tokens) = (first.w.n_cols, first.n_tokens);
+        // the operands the quantization reads, before it runs (each product checks its own)
+        crate::operand::need(OP, "x", first.x, u128::from(n_tokens) * u128::from(n_cols))?;
+        if let Some((g, _)) = first.norm {
+            check_words(OP, "norm", g, u64::from(n_cols), "floats")?;
+        }
+        let xq = dot.quantize_once(chain, first.x, first.norm, n_cols, n_tokens)?;
+        args.iter()
+            .try_for_each(|a| l.record_inner(chain, a, None, true, self.decode, Some(&xq)))
     }
 
     /// [`Linear::record_glu`] for this step's rows.
     pub fn record_glu(&self, chain: &mut Chain, a: &LinearGluArgs) -> Result<()> {
         self.lin.record_glu_with(chain, a, None, self.decode)
     }
+}
+
+/// Whether two slices are the same bytes of the same buffer.
+fn slice_eq(a: &BufferSlice, b: &BufferSlice) -> bool {
+    a.buffer.raw() == b.buffer.raw() && (a.offset, a.size) == (b.offset, b.size)
 }
 
 /// Refuses the block layout for weights it cannot read ([`MatvecPlan::blocks_fit`]).

@@ -96,6 +96,53 @@ fn f32s(b: &Buffer, n_floats: usize) -> Result<BufferSlice> {
     Ok(b.slice(0, 4 * n_floats as u64)?)
 }
 
+/// Appends the products of matrix `m`'s row pieces (`y[.., row_begin ..]` each; the pending
+/// post-norm's settled stream written by the first) to `args`.
+#[allow(clippy::too_many_arguments)]
+fn piece_args<'a>(
+    args: &mut Vec<LinearArgs<'a>>,
+    m: &'a GpuMatrix,
+    x: &'a BufferSlice,
+    y: &'a BufferSlice,
+    n: u32,
+    bias: Option<&'a BufferSlice>,
+    accumulate: bool,
+    norm: Option<(&'a BufferSlice, f32)>,
+    pending: Option<PendingNorm<'a>>,
+) -> Result<()> {
+    if bias.is_some() && m.pieces.len() > 1 {
+        return Err(ModelError::Gpu(format!(
+            "{}: a bias on a matrix split into {} pieces is not supported",
+            m.name,
+            m.pieces.len()
+        )));
+    }
+    for (i, p) in m.pieces.iter().enumerate() {
+        let pending = pending.map(|pn| PendingNorm {
+            settle: pn.settle.filter(|_| i == 0),
+            ..pn
+        });
+        args.push(LinearArgs {
+            w: QWeightRef {
+                ty: m.ty,
+                data: &p.slice,
+                n_rows: p.n_rows,
+                n_cols: m.n_cols,
+            },
+            x,
+            y,
+            n_tokens: n,
+            y_stride: m.n_rows,
+            y_col: p.row_begin,
+            bias,
+            accumulate,
+            norm,
+            pending,
+        });
+    }
+    Ok(())
+}
+
 impl Graph<'_> {
     /// Records embeddings, every layer and (per `logits`) the final norm and the vocabulary
     /// projection of `n` tokens, into `scratch.logits`.
@@ -280,9 +327,12 @@ impl Graph<'_> {
             })
         };
         let (pq, pkv) = (pending(true), pending(false));
-        self.linear(chain, &lw.attn_q, &input, &q, n, bq, false, norm, pq)?;
-        self.linear(chain, &lw.attn_k, &input, &kk, n, bk, false, norm, pkv)?;
-        self.linear(chain, &lw.attn_v, &input, &v, n, bv, false, norm, pkv)?;
+        let qkv = [
+            (&lw.attn_q, &q, bq, pq),
+            (&lw.attn_k, &kk, bk, pkv),
+            (&lw.attn_v, &v, bv, pkv),
+        ];
+        self.linear_many(chain, &qkv, &input, n, norm)?;
         self.adapt(
             chain,
             il,
@@ -735,39 +785,33 @@ impl Graph<'_> {
         norm: Option<(&BufferSlice, f32)>,
         pending: Option<PendingNorm>,
     ) -> Result<()> {
-        if bias.is_some() && m.pieces.len() > 1 {
-            return Err(ModelError::Gpu(format!(
-                "{}: a bias on a matrix split into {} pieces is not supported",
-                m.name,
-                m.pieces.len()
-            )));
+        let mut args = Vec::with_capacity(m.pieces.len());
+        piece_args(&mut args, m, x, y, n, bias, accumulate, norm, pending)?;
+        self.lin().record_many(chain, &args)?;
+        Ok(())
+    }
+
+    /// [`Graph::linear`] of several matrices of one input (a block's Q, K and V: each
+    /// `(matrix, y, bias, pending post-norm)`), recorded alike so that they can share one
+    /// quantization of x (`StepLinear::record_many`).
+    fn linear_many(
+        &self,
+        chain: &mut Chain,
+        jobs: &[(
+            &GpuMatrix,
+            &BufferSlice,
+            Option<&BufferSlice>,
+            Option<PendingNorm>,
+        )],
+        x: &BufferSlice,
+        n: u32,
+        norm: Option<(&BufferSlice, f32)>,
+    ) -> Result<()> {
+        let mut args = Vec::new();
+        for &(m, y, bias, pending) in jobs {
+            piece_args(&mut args, m, x, y, n, bias, false, norm, pending)?;
         }
-        for (i, p) in m.pieces.iter().enumerate() {
-            let pending = pending.map(|pn| PendingNorm {
-                settle: pn.settle.filter(|_| i == 0),
-                ..pn
-            });
-            self.lin().record(
-                chain,
-                &LinearArgs {
-                    w: QWeightRef {
-                        ty: m.ty,
-                        data: &p.slice,
-                        n_rows: p.n_rows,
-                        n_cols: m.n_cols,
-                    },
-                    x,
-                    y,
-                    n_tokens: n,
-                    y_stride: m.n_rows,
-                    y_col: p.row_begin,
-                    bias,
-                    accumulate,
-                    norm,
-                    pending,
-                },
-            )?;
-        }
+        self.lin().record_many(chain, &args)?;
         Ok(())
     }
 }
