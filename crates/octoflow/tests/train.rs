@@ -580,8 +580,19 @@ fn cpu_and_gpu_runs_log_the_same_losses() {
             "step {s}: CPU loss {c}, GPU loss {g}"
         );
     }
+    // one step's loss depends on its batch (a batch of examples cut before their answers
+    // logs 0, one with few answer tokens a noisy value): the last three steps with a loss,
+    // on average, against the first
+    let late: Vec<f64> = logs[0]
+        .iter()
+        .rev()
+        .map(|l| l.1)
+        .filter(|&l| l > 0.0)
+        .take(3)
+        .collect();
+    let late_mean = late.iter().sum::<f64>() / late.len().max(1) as f64;
     assert!(
-        logs[0][11].1 < logs[0][0].1,
+        late.len() == 3 && late_mean < logs[0][0].1,
         "the loss did not fall: {:?}",
         logs[0]
     );
