@@ -113,7 +113,7 @@ pub use set_rows::{set_rows_ref, SetRows};
 pub use soft_max::{soft_max_ref, SoftMax};
 pub use split_sum::{split_sum_ref, SplitSum, SumTarget};
 pub use sum_squares::{sum_squares_ref, SumSquares};
-pub use tuning::{DotBatches, Tuning, FALLBACK_COMPUTE_UNITS};
+pub use tuning::{DotBatches, Tuning, DOT_MIN_WEIGHTS, FALLBACK_COMPUTE_UNITS};
 
 // Benchmarks: unit tests of the crate (they time crate-private layouts and ablation variants),
 // kept out of src/ and built only with the `bench` feature; see the file's header.

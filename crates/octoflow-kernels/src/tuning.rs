@@ -11,6 +11,11 @@ use crate::linear::{COOP_MIN_TOKENS, MATVEC_MAX_TOKENS};
 /// round of workgroups (too many pieces) or idle units (too few), not a wrong result.
 pub const FALLBACK_COMPUTE_UNITS: u32 = 128;
 
+/// [`Tuning::dot_min_weights`]' default where 4x8-bit dots are accelerated: the gpt-oss
+/// attention projections (1.5M–12M weights) and output matrix take the dot products, qwen2.5's
+/// 0.8M-weight projections keep the f32 matvec (docs/PERFORMANCE.md).
+pub const DOT_MIN_WEIGHTS: u64 = 1_000_000;
+
 /// How the kernels split their work and which fusions a recording uses. Built once per device
 /// by [`Tuning::for_device`] (defaults from the device's reported limits, then the measurement
 /// switches of the environment) and held by [`crate::Linear`] ([`crate::Linear::tuning`]);
@@ -27,7 +32,7 @@ pub const FALLBACK_COMPUTE_UNITS: u32 = 128;
 /// | `OCTOFLOW_UNFUSED_MOE=1` | [`Tuning::unfused_moe`] | steps of a few tokens record a mixture of experts' norm, router, routing, down products and combine as separate stages |
 /// | `OCTOFLOW_MOE_COOP=0` or `1` | [`Tuning::moe_coop`] | batches' expert products on cooperative matrices (the MOE variants of `matmul_coop.comp`) off or on |
 /// | `OCTOFLOW_MATVEC_DOT=0` or `1` | [`Tuning::matvec_dot`] | one-token Q4_K, Q5_K and Q6_K products on 8-bit dot products of a quantized x (`matvec_dot.comp`), off or on |
-/// | `OCTOFLOW_DOT_MIN_WEIGHTS=N` | [`Tuning::dot_min_weights`] | one-token products of the blocks of 32 (Q4_0 … Q8_0) with at least N weights on 8-bit dot products (with [`Tuning::matvec_dot`]) |
+/// | `OCTOFLOW_DOT_MIN_WEIGHTS=N` or `none` | [`Tuning::dot_min_weights`] | one-token products of the blocks of 32 (Q4_0 … Q8_0) with at least N weights on 8-bit dot products (with [`Tuning::matvec_dot`]), or none |
 /// | `OCTOFLOW_QUANTIZE_ONCE=0` or `1` | [`Tuning::quantize_once`] | the 8-bit dot products' x quantized once per product (`quantize_q8.comp`, then `matvec_dot.comp`'s XQ variants) instead of in every workgroup, off or on |
 /// | `OCTOFLOW_MOE_DOT=0` or `1` | [`Tuning::moe_dot`] | a few tokens' expert products (MXFP4, Q4_0 … Q8_0, the K-quants) on 8-bit dot products of a quantized x (`moe_dot.comp`), off or on |
 /// | `OCTOFLOW_DOT_BATCHES=0`, `decode` or `1` | [`Tuning::dot_batches`] | products of 2 ..= 8 tokens on 8-bit dot products (`matvec_dot.comp`, every type it reads) instead of the cooperative-matrix kernel: never, for steps whose every row samples ([`DotBatches::Decode`]), or always |
@@ -66,12 +71,13 @@ pub struct Tuning {
     pub matvec_dot: bool,
     /// With [`Tuning::matvec_dot`], one-token products of the blocks of 32 (Q4_0, Q4_1, Q5_0,
     /// Q5_1, Q8_0) of at least this many weights take `matvec_dot.comp` too (smaller ones were
-    /// slower there than on the f32 matvec: docs/PERFORMANCE.md). Default `u64::MAX`: none.
+    /// slower there than on the f32 matvec: docs/PERFORMANCE.md). Default [`DOT_MIN_WEIGHTS`]
+    /// where [`Tuning::matvec_dot`] is, else `u64::MAX` (none; `OCTOFLOW_DOT_MIN_WEIGHTS=none`).
     pub dot_min_weights: u64,
     /// Products on `matvec_dot.comp` quantize their x once (`quantize_q8.comp`, a dispatch and
-    /// two barriers before the product) instead of in each of their workgroups. Off by default
-    /// until it is measured on a GPU (docs/PERFORMANCE.md); on where asked
-    /// (`OCTOFLOW_QUANTIZE_ONCE=1`).
+    /// two barriers before the product; one for a block's Q, K and V) instead of in each of
+    /// their workgroups. On by default where the device accelerates 4x8-bit dot products
+    /// (docs/PERFORMANCE.md: eight streams' decode gains, one stream's is unchanged).
     pub quantize_once: bool,
     /// Which products of 2 ..= [`MATVEC_MAX_TOKENS`] tokens take `matvec_dot.comp` (where the
     /// type and shape fit it), leaving the cooperative-matrix kernel (their norms fuse into the
@@ -80,8 +86,8 @@ pub struct Tuning {
     pub dot_batches: DotBatches,
     /// A few tokens' expert products of the types `moe_dot.comp` reads (MXFP4, the legacy
     /// blocks of 32 and the K-quants) take it: each pair's input quantized to 8 bits per block of 32, integer
-    /// dot products. Off by default until it is measured on a GPU (docs/PERFORMANCE.md); on
-    /// where asked (`OCTOFLOW_MOE_DOT=1`).
+    /// dot products. On by default where the device accelerates 4x8-bit dot products
+    /// (docs/PERFORMANCE.md: gpt-oss-20b's decode).
     pub moe_dot: bool,
 }
 
@@ -115,15 +121,21 @@ impl Tuning {
     /// The defaults for `caps`: every fusion on, split targets from the device's compute units
     /// ([`DeviceCaps::compute_units`], else [`FALLBACK_COMPUTE_UNITS`]).
     pub fn from_caps(caps: &DeviceCaps) -> Self {
+        let base = Self::from_compute_units(caps.compute_units);
+        if !(caps.integer_dot_product && caps.int8_dot_accelerated) {
+            return Tuning {
+                moe_coop: true,
+                ..base
+            };
+        }
         Tuning {
-            matvec_dot: caps.integer_dot_product && caps.int8_dot_accelerated,
-            dot_batches: if caps.integer_dot_product && caps.int8_dot_accelerated {
-                DotBatches::Decode
-            } else {
-                DotBatches::Off
-            },
             moe_coop: true,
-            ..Self::from_compute_units(caps.compute_units)
+            matvec_dot: true,
+            dot_batches: DotBatches::Decode,
+            dot_min_weights: DOT_MIN_WEIGHTS,
+            quantize_once: true,
+            moe_dot: true,
+            ..base
         }
     }
 
@@ -167,8 +179,14 @@ impl Tuning {
         {
             self.matmul_target_groups = n;
         }
-        if let Some(n) = var("OCTOFLOW_DOT_MIN_WEIGHTS").and_then(|v| v.parse().ok()) {
-            self.dot_min_weights = n;
+        match var("OCTOFLOW_DOT_MIN_WEIGHTS").as_deref() {
+            Some("none") => self.dot_min_weights = u64::MAX,
+            Some(v) => {
+                if let Ok(n) = v.parse() {
+                    self.dot_min_weights = n;
+                }
+            }
+            None => {}
         }
         let on = |name| var(name).is_some_and(|v| v == "1");
         self.unfused_rope = on("OCTOFLOW_UNFUSED_ROPE");
@@ -213,6 +231,19 @@ mod tests {
     }
 
     #[test]
+    fn the_8bit_dot_products_are_the_default_only_where_the_device_accelerates_them() {
+        let caps = octoflow_vk::testing::recorded_caps();
+        let (lavapipe, h100) = (Tuning::from_caps(&caps[0]), Tuning::from_caps(&caps[1]));
+        assert!(!(lavapipe.matvec_dot || lavapipe.moe_dot || lavapipe.quantize_once));
+        assert_eq!(lavapipe.dot_batches, DotBatches::Off);
+        assert_eq!(lavapipe.dot_min_weights, u64::MAX);
+        assert!(h100.matvec_dot && h100.moe_dot && h100.quantize_once);
+        assert_eq!(h100.dot_batches, DotBatches::Decode);
+        assert_eq!(h100.dot_min_weights, DOT_MIN_WEIGHTS);
+        assert!(lavapipe.moe_coop && h100.moe_coop);
+    }
+
+    #[test]
     fn switches_apply_and_out_of_range_values_keep_the_default() {
         let base = Tuning::from_compute_units(Some(8));
         let env = |pairs: &'static [(&'static str, &'static str)]| {
@@ -236,6 +267,10 @@ mod tests {
         ]));
         assert!(t.moe_dot && !base.moe_dot);
         assert_eq!((t.dot_min_weights, base.dot_min_weights), (4096, u64::MAX));
+        let none = t.with_switches(env(&[("OCTOFLOW_DOT_MIN_WEIGHTS", "none")]));
+        assert_eq!(none.dot_min_weights, u64::MAX);
+        let kept = t.with_switches(env(&[("OCTOFLOW_DOT_MIN_WEIGHTS", "x")]));
+        assert_eq!(kept.dot_min_weights, 4096);
         assert!(t.matvec_dot && !base.matvec_dot);
         assert_eq!(
             (t.dot_batches, base.dot_batches),
