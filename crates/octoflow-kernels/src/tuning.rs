@@ -35,6 +35,7 @@ pub const DOT_MIN_WEIGHTS: u64 = 1_000_000;
 /// | `OCTOFLOW_DOT_MIN_WEIGHTS=N` or `none` | [`Tuning::dot_min_weights`] | one-token products of the blocks of 32 (Q4_0 … Q8_0) with at least N weights on 8-bit dot products (with [`Tuning::matvec_dot`]), or none |
 /// | `OCTOFLOW_QUANTIZE_ONCE=0` or `1` | [`Tuning::quantize_once`] | the 8-bit dot products' x quantized once per product (`quantize_q8.comp`, then `matvec_dot.comp`'s XQ variants) instead of in every workgroup, off or on |
 /// | `OCTOFLOW_MOE_DOT=0` or `1` | [`Tuning::moe_dot`] | a few tokens' expert products (MXFP4, Q4_0 … Q8_0, the K-quants) on 8-bit dot products of a quantized x (`moe_dot.comp`), off or on |
+/// | `OCTOFLOW_MOE_DOT_GROUPS=N` | [`Tuning::moe_dot_groups`] | the grouped expert products of batches of at most N tokens on 8-bit dot products (`moe_dot.comp`'s GROUPED variants, with [`Tuning::moe_dot`]) instead of the grouped matmuls |
 /// | `OCTOFLOW_DOT_BATCHES=0`, `decode` or `1` | [`Tuning::dot_batches`] | products of 2 ..= 8 tokens on 8-bit dot products (`matvec_dot.comp`, every type it reads) instead of the cooperative-matrix kernel: never, for steps whose every row samples ([`DotBatches::Decode`]), or always |
 ///
 /// The switches exist to measure what each fusion gains; results are the same either way
@@ -89,6 +90,11 @@ pub struct Tuning {
     /// dot products. On by default where the device accelerates 4x8-bit dot products
     /// (docs/PERFORMANCE.md: gpt-oss-20b's decode).
     pub moe_dot: bool,
+    /// With [`Tuning::moe_dot`], the grouped expert products of batches of at most this many
+    /// tokens (several sequences' decode rows) take `moe_dot.comp`'s GROUPED variants instead
+    /// of the grouped matmuls. 0 (none) by default until it is measured on a GPU
+    /// (`OCTOFLOW_MOE_DOT_GROUPS=N`).
+    pub moe_dot_groups: u32,
 }
 
 /// Which batches of a few rows take the 8-bit dot products ([`Tuning::dot_batches`]).
@@ -154,6 +160,7 @@ impl Tuning {
             matvec_dot: false,
             dot_batches: DotBatches::Off,
             moe_dot: false,
+            moe_dot_groups: 0,
             dot_min_weights: u64::MAX,
             quantize_once: false,
         }
@@ -178,6 +185,9 @@ impl Tuning {
             .filter(|&n: &u32| n >= 1)
         {
             self.matmul_target_groups = n;
+        }
+        if let Some(n) = var("OCTOFLOW_MOE_DOT_GROUPS").and_then(|v| v.parse().ok()) {
+            self.moe_dot_groups = n;
         }
         match var("OCTOFLOW_DOT_MIN_WEIGHTS").as_deref() {
             Some("none") => self.dot_min_weights = u64::MAX,
@@ -264,7 +274,9 @@ mod tests {
             ("OCTOFLOW_UNFUSED_MOE", "1"),
             ("OCTOFLOW_MOE_DOT", "1"),
             ("OCTOFLOW_DOT_MIN_WEIGHTS", "4096"),
+            ("OCTOFLOW_MOE_DOT_GROUPS", "64"),
         ]));
+        assert_eq!((t.moe_dot_groups, base.moe_dot_groups), (64, 0));
         assert!(t.moe_dot && !base.moe_dot);
         assert_eq!((t.dot_min_weights, base.dot_min_weights), (4096, u64::MAX));
         let none = t.with_switches(env(&[("OCTOFLOW_DOT_MIN_WEIGHTS", "none")]));

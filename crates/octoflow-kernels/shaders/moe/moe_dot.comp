@@ -18,8 +18,15 @@
 //   y[t * n_rows + r] += sum_j wt[p] * (dot(W_e row r, q8(x[p])) (+ bias)),  p = t n_used + j,
 // j in increasing order; the whole tensor bound as one piece).
 //
+// GROUPED (with or without GLU): a batch's pairs grouped by expert (moe_group.comp's offsets and
+// list, as the cooperative-matrix MOE variants read them); workgroup z is expert e_begin + z, y
+// the y-th run of NU pairs of its group (runs past the group's end leave at once: the grid is
+// sized for the largest possible group), so each weight is read once for up to NU pairs of
+// its expert instead of once per pair.
+//
 // Layout: workgroup x takes GROUPS * RPT rows in GROUPS row groups of 32 lanes, y its pair
-// (COMBINE: its token, all NU = n_used of its pairs); it first quantizes its pairs' inputs into
+// (COMBINE: its token, all NU = n_used of its pairs; GROUPED: up to NU pairs of one expert);
+// it first quantizes its pairs' inputs into
 // shared memory, then each lane takes its share of its row group's RPT rows (a whole block of
 // 32, or an eighth of a K-quant super-block), decoded once and dotted with each pair's codes of
 // x. A tensor larger than one
@@ -70,6 +77,15 @@ layout(std430, binding = 5) readonly buffer U1 { uint u1[]; };
 layout(std430, binding = 5) readonly buffer U4 { uvec4 u4[]; };
 layout(std430, binding = 6) readonly buffer BiasU { float bias_u[]; };
 #endif
+#ifdef GROUPED
+#ifdef GLU
+layout(std430, binding = 7) readonly buffer Off { uint offsets[]; };
+layout(std430, binding = 8) readonly buffer List { uint list[]; };
+#else
+layout(std430, binding = 5) readonly buffer Off { uint offsets[]; };
+layout(std430, binding = 6) readonly buffer List { uint list[]; };
+#endif
+#endif
 
 layout(push_constant) uniform Push {
     uint n_rows;
@@ -89,6 +105,18 @@ layout(push_constant) uniform Push {
 shared uint xq[NU * XW];  // the codes of q8(x) of each pair, four to a word
 shared vec2 xs[NU * XB];  // per block: (d, d * sum of its codes)
 shared float part[(WG / SG) * NACC]; // subgroups' partial sums of the rows
+
+uint p0;      // the first pair (GROUPED: the first of this workgroup's run in the list)
+uint nv = NU; // pairs of this workgroup (GROUPED: fewer at the end of a group)
+
+// pair j < nv of this workgroup
+uint pair_of(uint j) {
+#ifdef GROUPED
+    return list[p0 + j];
+#else
+    return p0 + j;
+#endif
+}
 
 // word i of matrix m (0: the weights, 1: GLU's up)
 uint word(uint m, uint i) {
@@ -116,10 +144,18 @@ void main() {
     uint tid = gl_LocalInvocationID.x;
     uint nb = pc.n_cols / 32u;
     uint xrow = pc.n_cols / 4u; // vec4s of one row of x
-#ifdef COMBINE
-    uint p0 = gl_WorkGroupID.y * NU; // the token's first pair
+#if defined(GROUPED)
+    uint e = pc.e_begin + gl_WorkGroupID.z;
+    p0 = offsets[e] + gl_WorkGroupID.y * NU;
+    uint g1 = offsets[e + 1u];
+    if (p0 >= g1) {
+        return; // the whole workgroup: past its group's end
+    }
+    nv = min(NU, g1 - p0);
+#elif defined(COMBINE)
+    p0 = gl_WorkGroupID.y * NU; // the token's first pair
 #else
-    uint p0 = gl_WorkGroupID.y;
+    p0 = gl_WorkGroupID.y;
     uint e = ids[p0];
     if (e < pc.e_begin || e - pc.e_begin >= pc.e_count) {
         return; // the whole workgroup: another piece's expert
@@ -127,10 +163,10 @@ void main() {
 #endif
 
     // 1. q8 of each pair's input into shared memory
-    for (uint i = tid; i < NU * nb; i += WG) {
+    for (uint i = tid; i < nv * nb; i += WG) {
         uint j = i / nb;
         uint b = i - j * nb;
-        uint xi = ((p0 + j) / pc.x_div) * xrow + b * 8u;
+        uint xi = (pair_of(j) / pc.x_div) * xrow + b * 8u;
         vec4 v[8];
         [[unroll]] for (uint k = 0u; k < 8u; k++) {
             v[k] = x4[xi + k];
@@ -146,7 +182,11 @@ void main() {
     uint expert_bytes = pc.n_rows * pc.row_bytes;
     uint base[NU];
     [[unroll]] for (uint j = 0u; j < NU; j++) {
+#ifdef GROUPED
+        base[j] = (e - pc.e_begin) * expert_bytes;
+#else
         base[j] = (ids[p0 + j] - pc.e_begin) * expert_bytes;
+#endif
     }
     float acc[NACC];
     [[unroll]] for (uint k = 0u; k < NACC; k++) {
@@ -162,6 +202,9 @@ void main() {
         uint blo = sb * 8u + 2u * p; // q8 blocks of the two sub-blocks
         uint wlo = blo * 8u + 4u * h;
         [[unroll]] for (uint j = 0u; j < NU; j++) {
+            if (j >= nv) {
+                break; // a group's last run
+            }
             [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
                 uint r = min(r0 + k % RPT, pc.n_rows - 1u);
                 uint lo[4];
@@ -179,6 +222,9 @@ void main() {
     uint n_sb = pc.n_cols / 256u;
     for (uint sb = lane / 8u; sb < n_sb; sb += 4u) {
         [[unroll]] for (uint j = 0u; j < NU; j++) {
+            if (j >= nv) {
+                break; // a group's last run
+            }
             [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
                 uint r = min(r0 + k % RPT, pc.n_rows - 1u);
                 uint cw[8];
@@ -193,6 +239,9 @@ void main() {
 #ifdef BLOCK32
     for (uint bi = lane; bi < nb; bi += TPR) {
         [[unroll]] for (uint j = 0u; j < NU; j++) {
+            if (j >= nv) {
+                break; // a group's last run
+            }
             [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
                 uint r = min(r0 + k % RPT, pc.n_rows - 1u);
                 uint cw[8];
@@ -242,18 +291,23 @@ void main() {
     }
     y[gl_WorkGroupID.y * pc.n_rows + r] += tot;
 #else
-    float s = v[0];
-    if (add_bias) {
-        s += bias[e * pc.n_rows + r];
-    }
+    [[unroll]] for (uint j = 0u; j < NU; j++) {
+        if (j >= nv) {
+            break;
+        }
+        float s = v[j];
+        if (add_bias) {
+            s += bias[e * pc.n_rows + r];
+        }
 #ifdef GLU
-    float s2 = v[1];
-    if (add_bias) {
-        s2 += bias_u[e * pc.n_rows + r];
-    }
-    y[p0 * pc.n_rows + r] = moe_act(s, s2, pc.act, pc.alpha, pc.limit);
+        float s2 = v[NU + j];
+        if (add_bias) {
+            s2 += bias_u[e * pc.n_rows + r];
+        }
+        y[pair_of(j) * pc.n_rows + r] = moe_act(s, s2, pc.act, pc.alpha, pc.limit);
 #else
-    y[p0 * pc.n_rows + r] = s;
+        y[pair_of(j) * pc.n_rows + r] = s;
 #endif
+    }
 #endif
 }

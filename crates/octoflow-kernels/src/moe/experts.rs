@@ -12,7 +12,7 @@
 use octoflow_gguf::GgmlType;
 use octoflow_vk::{BufferSlice, Chain, Push};
 
-use super::experts_dot::{DotKind, MoeDot};
+use super::experts_dot::{DotKind, MoeDot, GROUP_PAIRS};
 use super::MoeAct;
 use crate::error::Result;
 use crate::linear::linear_ref;
@@ -122,6 +122,9 @@ pub struct MoeExperts {
     /// The matvec's products on 8-bit integer dot products where they fit
     /// ([`MoeExperts::with_dot`]).
     dot: Option<MoeDot>,
+    /// Grouped products of batches of at most this many tokens take the dot kernel too
+    /// ([`MoeExperts::with_dot_groups`]).
+    dot_groups: u32,
 }
 
 impl Default for MoeExperts {
@@ -157,6 +160,7 @@ impl MoeExperts {
             matmul_coop_glu: coop(QOp::MoeMatmulCoopGlu, 8),
             coop: false,
             dot: None,
+            dot_groups: 0,
         }
     }
 
@@ -173,6 +177,26 @@ impl MoeExperts {
         self.dot
             .as_ref()
             .is_some_and(|d| d.fits(ty, DotKind::Plain, n_cols, 0, 0))
+    }
+
+    /// The same kernels, grouped products of batches of at most `max_tokens` tokens on the
+    /// 8-bit dot products as well (with [`MoeExperts::with_dot`]; [`crate::Tuning::moe_dot_groups`]):
+    /// each weight read once for up to eight pairs of its expert, where the grouped matmuls
+    /// decode every weight of an expert to f16 for a tile of 64 pairs that a decode step's few
+    /// pairs per expert leave nearly empty.
+    pub fn with_dot_groups(mut self, max_tokens: u32) -> Self {
+        self.dot_groups = max_tokens;
+        self
+    }
+
+    /// Whether grouped products of `ty`, `n_cols` wide, for a batch of `max_group` tokens run
+    /// on the 8-bit dot products (then their results are [`moe_experts_dot_ref`]'s).
+    pub fn groups_use_dot(&self, ty: GgmlType, n_cols: u32, max_group: u32, glu: bool) -> bool {
+        max_group <= self.dot_groups
+            && self
+                .dot
+                .as_ref()
+                .is_some_and(|d| d.fits(ty, DotKind::Grouped { glu }, n_cols, 0, 0))
     }
 
     /// The same kernels, grouped products on cooperative matrices where the device has them
@@ -310,16 +334,39 @@ impl MoeExperts {
         let mut bind = vec![data, a.x.clone(), y, bias];
         let max = ctx.caps().max_workgroup_count;
         // the matvec's work on 8-bit dot products where they read it
-        let kind = match (a.combine, up.is_some()) {
-            (Some(cb), _) => DotKind::Combine(cb.n_used),
-            (None, true) => DotKind::Glu,
-            (None, false) => DotKind::Plain,
+        let kind = match (a.combine, up.is_some(), a.groups) {
+            (Some(cb), ..) => DotKind::Combine(cb.n_used),
+            (None, glu, Some(_)) => DotKind::Grouped { glu },
+            (None, true, None) => DotKind::Glu,
+            (None, false, None) => DotKind::Plain,
         };
         let dot = self.dot.as_ref().filter(|d| {
             let up_offset = a.glu.map_or(0, |(u, _)| u.data.offset);
-            a.groups.is_none()
+            a.groups.is_none_or(|g| g.max_group <= self.dot_groups)
                 && d.fits(w.ty, kind, w.n_cols, a.x.offset, w.data.offset | up_offset)
         });
+        // the grouped dot kernel's bindings: the GLU's up matrix and bias before the groups
+        if let (Some(d), Some(g)) = (dot, a.groups) {
+            need(OP, "offsets", g.offsets, u128::from(a.n_expert) + 1)?;
+            need(OP, "list", g.list, u128::from(a.n_pairs))?;
+            bind.push(a.ids.clone());
+            if let Some(u) = up {
+                bind.push(u);
+                bind.push(bias_up);
+            }
+            bind.push(g.offsets.clone());
+            bind.push(g.list.clone());
+            let runs = g.max_group.max(1).div_ceil(GROUP_PAIRS);
+            let (pipeline, mut groups) = d.layout(ctx, w.ty, kind, w.n_rows, w.n_cols, runs)?;
+            groups[2] = w.n_experts;
+            if groups.iter().zip(max).any(|(&g, m)| g > m) {
+                return Err(shape(format!(
+                    "a grid of {groups:?} workgroups is over the device's {max:?}"
+                )));
+            }
+            chain.dispatch(&pipeline, &bind, &push, groups)?;
+            return Ok(());
+        }
         let (pipeline, groups) = match (a.groups, a.combine) {
             (None, Some(cb)) => {
                 bind.push(a.ids.clone());

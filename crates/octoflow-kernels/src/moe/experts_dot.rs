@@ -45,13 +45,24 @@ pub(crate) enum DotKind {
     Glu,
     /// The down products of tokens of this many pairs, added into the stream.
     Combine(u32),
+    /// A batch's pairs grouped by expert, runs of up to [`GROUP_PAIRS`] pairs of one expert a
+    /// workgroup (the GLU or not).
+    Grouped {
+        glu: bool,
+    },
 }
+
+/// Pairs of one expert a grouped workgroup takes (the shader's `NU`): each weight read once
+/// for up to this many.
+pub(crate) const GROUP_PAIRS: u32 = 8;
 
 /// The shader's pipelines per type of [`DOT_TYPES`], for devices with integer dot products.
 pub(crate) struct MoeDot {
     plain: Vec<SpecPipelines>,
     glu: Vec<SpecPipelines>,
     combine: Vec<SpecPipelines>,
+    grouped: Vec<SpecPipelines>,
+    grouped_glu: Vec<SpecPipelines>,
     /// The narrowest subgroup the pipelines run with (`SG`).
     subgroup: u32,
     max_shared: u32,
@@ -122,6 +133,34 @@ impl MoeDot {
                 ],
                 6,
             ),
+            grouped: build(
+                [
+                    (MOE_DOT_GROUPED_Q4_0, "moe_dot_grouped_q4_0"),
+                    (MOE_DOT_GROUPED_Q4_1, "moe_dot_grouped_q4_1"),
+                    (MOE_DOT_GROUPED_Q5_0, "moe_dot_grouped_q5_0"),
+                    (MOE_DOT_GROUPED_Q5_1, "moe_dot_grouped_q5_1"),
+                    (MOE_DOT_GROUPED_Q8_0, "moe_dot_grouped_q8_0"),
+                    (MOE_DOT_GROUPED_MXFP4, "moe_dot_grouped_mxfp4"),
+                    (MOE_DOT_GROUPED_Q4_K, "moe_dot_grouped_q4_k"),
+                    (MOE_DOT_GROUPED_Q5_K, "moe_dot_grouped_q5_k"),
+                    (MOE_DOT_GROUPED_Q6_K, "moe_dot_grouped_q6_k"),
+                ],
+                7,
+            ),
+            grouped_glu: build(
+                [
+                    (MOE_DOT_GROUPED_GLU_Q4_0, "moe_dot_grouped_glu_q4_0"),
+                    (MOE_DOT_GROUPED_GLU_Q4_1, "moe_dot_grouped_glu_q4_1"),
+                    (MOE_DOT_GROUPED_GLU_Q5_0, "moe_dot_grouped_glu_q5_0"),
+                    (MOE_DOT_GROUPED_GLU_Q5_1, "moe_dot_grouped_glu_q5_1"),
+                    (MOE_DOT_GROUPED_GLU_Q8_0, "moe_dot_grouped_glu_q8_0"),
+                    (MOE_DOT_GROUPED_GLU_MXFP4, "moe_dot_grouped_glu_mxfp4"),
+                    (MOE_DOT_GROUPED_GLU_Q4_K, "moe_dot_grouped_glu_q4_k"),
+                    (MOE_DOT_GROUPED_GLU_Q5_K, "moe_dot_grouped_glu_q5_k"),
+                    (MOE_DOT_GROUPED_GLU_Q6_K, "moe_dot_grouped_glu_q6_k"),
+                ],
+                9,
+            ),
             subgroup: required.unwrap_or(sg.min_size).max(1),
             max_shared: caps.max_shared_memory,
             units: caps.compute_units.unwrap_or(FALLBACK_COMPUTE_UNITS),
@@ -163,13 +202,15 @@ impl MoeDot {
             DotKind::Plain => (1, 1),
             DotKind::Glu => (2, 1),
             DotKind::Combine(n) => (1, n),
+            DotKind::Grouped { glu } => (if glu { 2 } else { 1 }, GROUP_PAIRS),
         };
         nu * n_cols + nu * (n_cols / 32) * 8 + WG / self.subgroup * nm * rpt * nu * 4
     }
 
     /// The pipeline and grid of a product that [`MoeDot::fits`]: `n_rows` rows of each
-    /// expert, `n_groups` workgroup rows (pairs, or tokens for [`DotKind::Combine`]). Two rows
-    /// a row group, one where that would leave fewer than two workgroups per compute unit.
+    /// expert, `n_groups` workgroup rows (pairs, tokens for [`DotKind::Combine`], runs of a
+    /// group for [`DotKind::Grouped`], whose caller sets the grid's experts). Two rows a row
+    /// group, one where that would leave fewer than two workgroups per compute unit.
     pub(crate) fn layout(
         &self,
         ctx: &Context,
@@ -194,6 +235,8 @@ impl MoeDot {
             DotKind::Plain => (&self.plain, 1),
             DotKind::Glu => (&self.glu, 1),
             DotKind::Combine(n) => (&self.combine, n),
+            DotKind::Grouped { glu: false } => (&self.grouped, GROUP_PAIRS),
+            DotKind::Grouped { glu: true } => (&self.grouped_glu, GROUP_PAIRS),
         };
         let spec = [WG, rpt, nu, n_cols, self.subgroup, 0, 0];
         let pl = set[ti].get(ctx, spec)?;

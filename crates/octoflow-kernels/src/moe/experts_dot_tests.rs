@@ -1,7 +1,8 @@
 //! Random-input tests of the expert products on 8-bit integer dot products (`moe_dot.comp`)
 //! for every type it reads: plain and GLU (both activations), with and without biases, the
-//! tensor bound whole and in two pieces of whole experts, and the combined down products,
-//! against [`moe_experts_dot_ref`] (each pair's input quantized as the kernel does).
+//! tensor bound whole and in two pieces of whole experts, the pairs one by one and grouped by
+//! expert (the GROUPED variants, runs of up to [`GROUP_PAIRS`] pairs), and the combined down
+//! products, against [`moe_experts_dot_ref`] (each pair's input quantized as the kernel does).
 
 use octoflow_gguf::GgmlType;
 use octoflow_vk::testing::{assert_no_validation_errors, gpu_with_integer_dot_or_skip};
@@ -10,6 +11,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;
 
+use super::experts_dot::GROUP_PAIRS;
 use super::*;
 use crate::testkit::{buffer_with, poisoned, random, random_weights, read, seeded, with};
 
@@ -65,7 +67,9 @@ fn check_dot_type(ty: GgmlType) {
         return;
     };
     let (seed, mut rng) = seeded(&format!("moe_dot_{ty}"));
-    let k = MoeExperts::new().with_dot(ctx.caps(), true);
+    let k = MoeExperts::new()
+        .with_dot(ctx.caps(), true)
+        .with_dot_groups(u32::MAX);
     let acts = [
         MoeAct::Silu,
         MoeAct::SwigluOai {
@@ -73,8 +77,10 @@ fn check_dot_type(ty: GgmlType) {
             limit: 7.0,
         },
     ];
-    // (tokens, experts per token, experts): one decode token, and a few
-    for (n_tokens, n_used, n_expert) in [(1usize, 2usize, 4usize), (3, 4, 9)] {
+    // (tokens, experts per token, experts): one decode token, a few, and a batch whose groups
+    // take several runs
+    let many = 2 * GROUP_PAIRS as usize + 3;
+    for (n_tokens, n_used, n_expert) in [(1usize, 2usize, 4usize), (3, 4, 9), (many, 3, 5)] {
         let n_rows = rng.gen_range(1..150);
         let n_cols = match ty.block_size() {
             32 => 64 * rng.gen_range(1..=6),
@@ -112,7 +118,19 @@ fn check_dot_type(ty: GgmlType) {
                     &ids,
                 )
                 .unwrap();
-                for (set, up_set) in gp.iter().zip(&upp) {
+                let (offsets, list) = moe_group_ref(&ids, n_expert);
+                let (ob, lb) = (with(&ctx, "offsets", &offsets), with(&ctx, "list", &list));
+                let (os, ls) = (ob.whole(), lb.whole());
+                let grouped = Groups {
+                    offsets: &os,
+                    list: &ls,
+                    max_group: n_tokens as u32,
+                };
+                let glu_on = glu.is_some();
+                assert!(k.groups_use_dot(ty, n_cols as u32, n_tokens as u32, glu_on));
+                let runs = [(0, None), (1, None), (0, Some(grouped)), (1, Some(grouped))];
+                for (si, groups) in runs {
+                    let (set, up_set) = (&gp[si], &upp[si]);
                     let yb = poisoned(&ctx, "y", n_pairs * n_rows);
                     let mut chain = Chain::new(&ctx).unwrap();
                     for ((e_begin, n_experts, buf), (_, _, ubuf)) in set.iter().zip(up_set) {
@@ -139,7 +157,7 @@ fn check_dot_type(ty: GgmlType) {
                                 y: &yb.whole(),
                                 ids: &ib.whole(),
                                 n_pairs: n_pairs as u32,
-                                groups: None,
+                                groups,
                                 combine: None,
                             },
                         )
@@ -149,8 +167,9 @@ fn check_dot_type(ty: GgmlType) {
                     let got = read(&ctx, &yb, n_pairs * n_rows);
                     let what = format!(
                         "moe dot {ty} {n_tokens}x{n_used} of {n_expert}, {n_rows}x{n_cols}, glu \
-                         {glu:?}, bias {biased}, {} pieces, seed {seed}",
-                        set.len()
+                         {glu:?}, bias {biased}, {} pieces, grouped {}, seed {seed}",
+                        set.len(),
+                        groups.is_some()
                     );
                     check(&got, &want, &slack, &what);
                 }

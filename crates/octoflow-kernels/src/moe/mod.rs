@@ -121,6 +121,7 @@ impl Moe {
                 MoeExperts::new()
                     .with_coop(t.moe_coop)
                     .with_dot(ctx.caps(), t.moe_dot)
+                    .with_dot_groups(t.moe_dot_groups)
             },
             combine: MoeCombine::new(ctx)?,
         })
