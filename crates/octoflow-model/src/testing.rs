@@ -182,6 +182,28 @@ pub fn tiny_writer(arch: &str, s: TinyShape, rng: &mut StdRng) -> GgufWriter<'st
     w
 }
 
+/// Re-encodes every stacked expert tensor (`*_exps.weight`) of `w`, written in F32, as `ty`
+/// (MXFP4: as gpt-oss ships them).
+pub fn quantize_experts(w: &mut GgufWriter, ty: GgmlType) {
+    for t in w.tensors_mut().iter_mut() {
+        if !t.name.ends_with("_exps.weight") || t.ty != GgmlType::F32 {
+            continue;
+        }
+        let values: Vec<f32> = t
+            .data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let n_rows = values.len() / t.dims[0] as usize;
+        let row = octoflow_gguf::quant::quantized_size(ty, t.dims[0] as usize)
+            .expect("rows of whole blocks");
+        let mut out = vec![0u8; row * n_rows];
+        octoflow_gguf::quant::quantize(ty, &values, &mut out).expect("a type the writer encodes");
+        t.ty = ty;
+        t.data = out.into();
+    }
+}
+
 /// Parses the file `w` describes.
 pub fn open(w: &GgufWriter) -> Result<GgufFile, octoflow_gguf::GgufError> {
     let mut bytes = Vec::new();

@@ -13,11 +13,10 @@ mod common;
 
 use std::sync::Arc;
 
-use octoflow_gguf::quant;
 use octoflow_gguf::value::{Value, ValueType};
 use octoflow_gguf::GgmlType;
 use octoflow_model::gpu::GpuModel;
-use octoflow_model::testing::{open, rng, tiny_writer, TinyShape, TINY};
+use octoflow_model::testing::{open, quantize_experts, rng, tiny_writer, TinyShape, TINY};
 use octoflow_model::{Forward, Logits, Model, Numerics, Session};
 use rand::Rng;
 
@@ -231,22 +230,7 @@ fn check_arch(arch: &str, variant: Variant, gpu: Option<&octoflow_vk::Context>) 
     };
     let mut w = tiny_writer(arch, shape, &mut rng);
     if variant == Variant::Mxfp4Experts {
-        for t in w.tensors_mut().iter_mut() {
-            if !t.name.ends_with("_exps.weight") {
-                continue;
-            }
-            let values: Vec<f32> = t
-                .data
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            let n_rows = values.len() / t.dims[0] as usize;
-            let row = quant::quantized_size(GgmlType::MXFP4, t.dims[0] as usize).expect("size");
-            let mut out = vec![0u8; row * n_rows];
-            quant::quantize(GgmlType::MXFP4, &values, &mut out).expect("mxfp4");
-            t.ty = GgmlType::MXFP4;
-            t.data = out.into();
-        }
+        quantize_experts(&mut w, GgmlType::MXFP4);
     }
     if variant == Variant::RopeFreqs {
         let n = head_dim / 2;

@@ -255,3 +255,121 @@ fn qwen3moe_decode_chain_and_batched_rows_match_the_cpu_reference() {
     let a4: Vec<u32> = a3.iter().copied().chain([7]).collect();
     check(&res[0], &a4, "step 3, slot 1");
 }
+
+/// The tiny gpt-oss with MXFP4 experts through the batch engine with its expert products on
+/// 8-bit dot products, a step's pairs taken one by one (`with_dot_groups(0)`) and grouped by
+/// expert (steps of 2–8 rows group their pairs too): each sequence's logits within what 8-bit
+/// codes of the experts' inputs move them from the CPU reference's, and the two layouts alike
+/// wherever their histories are (the same codes, the same sums per pair).
+#[test]
+fn gpt_oss_grouped_expert_dot_products_match_the_cpu_reference() {
+    let Some(ctx) = octoflow_vk::testing::gpu_with_integer_dot_or_skip("gpu_gpt_oss_grouped_dot")
+    else {
+        return;
+    };
+    let mut r = rng("gpu_gpt_oss_grouped_dot");
+    let mut w = crate::testing::tiny_writer("gpt-oss", TINY, &mut r);
+    crate::testing::quantize_experts(&mut w, octoflow_gguf::GgmlType::MXFP4);
+    let file = crate::testing::open(&w).expect("tiny model parses");
+    let model = Model::from_gguf(std::sync::Arc::new(file)).expect("tiny model binds");
+    let prompt = |r: &mut rand::rngs::StdRng, n: usize| -> Vec<u32> {
+        (0..n)
+            .map(|_| r.gen_range(0..TINY.n_vocab as u32))
+            .collect()
+    };
+    let seqs = [prompt(&mut r, 4), prompt(&mut r, 4), prompt(&mut r, 10)];
+    // step 1: three rows of sequences 0 and 1 (6 rows); step 2: their fourth tokens (2 rows);
+    // step 3: sequence 2's prompt beside them (12 rows: grouped either way)
+    let plan: [&[(u32, std::ops::Range<usize>)]; 3] = [
+        &[(0, 0..3), (1, 0..3)],
+        &[(0, 3..4), (1, 3..4)],
+        &[(2, 0..10), (0, 3..4), (1, 3..4)],
+    ];
+    let run = |groups: u32| -> Vec<Vec<f32>> {
+        let ex = octoflow_kernels::MoeExperts::new()
+            .with_dot(ctx.caps(), true)
+            .with_dot_groups(groups);
+        assert_eq!(
+            ex.groups_use_dot(octoflow_gguf::GgmlType::MXFP4, TINY.n_embd as u32, 8, true),
+            groups >= 8
+        );
+        let gm = GpuModel::load(&ctx, &model)
+            .expect("gpu model")
+            .with_moe_experts(ex);
+        let mut eng = gm.batch(3, 32, 16).expect("gpu batch");
+        let mut out = Vec::new();
+        for (si, step) in plan.iter().enumerate() {
+            // step 3 repeats the decode rows of step 2 at the same positions (the cache rows
+            // are written again with the same values)
+            let rows: Vec<BatchRow> = step
+                .iter()
+                .flat_map(|(slot, range)| {
+                    let s = &seqs[*slot as usize];
+                    range.clone().map(move |p| BatchRow {
+                        slot: *slot,
+                        pos: p as u32,
+                        token: TokenIn::Id(s[p]),
+                        output: if p + 1 == range.end {
+                            RowOutput::Logits
+                        } else {
+                            RowOutput::None
+                        },
+                        adapter: None,
+                    })
+                })
+                .collect();
+            for res in eng.step(&rows).unwrap_or_else(|e| panic!("step {si}: {e}")) {
+                match res {
+                    RowResult::Logits(l) => out.push(l),
+                    RowResult::None => {}
+                    other => panic!("step {si}: {other:?}"),
+                }
+            }
+        }
+        out
+    };
+    let (one_by_one, grouped) = (run(0), run(u32::MAX));
+    let cpu_last = |slot: usize, end: usize| {
+        model
+            .session(32)
+            .forward(&seqs[slot][..end], 0, Logits::Last)
+            .expect("cpu forward")
+    };
+    let want = [
+        cpu_last(0, 3),
+        cpu_last(1, 3),
+        cpu_last(0, 4),
+        cpu_last(1, 4),
+        cpu_last(2, 10),
+        cpu_last(0, 4),
+        cpu_last(1, 4),
+    ];
+    assert_eq!((one_by_one.len(), grouped.len()), (want.len(), want.len()));
+    // each expert input's codes off by up to half a step of its block's largest value, in
+    // every layer (the bound of steps whose every product reads such codes)
+    const DOT: f32 = 8e-2;
+    for (i, w) in want.iter().enumerate() {
+        for (what, got) in [
+            ("pairs one by one", &one_by_one[i]),
+            ("grouped", &grouped[i]),
+        ] {
+            let err = rel_err(got, w);
+            assert!(err <= DOT, "{what}, logits {i}: off by {err}");
+        }
+    }
+    // the first four share their whole history (steps of 6 and 2 rows); the products' sums
+    // differ only in the order the down products' pairs are added into the stream
+    for i in 0..4 {
+        let err = rel_err(&grouped[i], &one_by_one[i]);
+        assert!(
+            err <= 1e-5,
+            "logits {i}: grouped and one by one differ by {err}"
+        );
+    }
+    // the 12-row step took the grouped dot products (one by one, it takes the grouped f32 or
+    // f16 products there)
+    assert!(
+        rel_err(&grouped[4], &one_by_one[4]) > 1e-5,
+        "the 12-row step's experts did not read 8-bit codes"
+    );
+}

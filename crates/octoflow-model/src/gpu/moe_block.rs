@@ -10,7 +10,9 @@
 //! x += Σ_j weights[t, j] · y[t, j]              moe_combine
 //! ```
 //! Steps of at most [`MATVEC_MAX_TOKENS`] tokens take the expert matvec (reads only the routed
-//! experts' rows); larger ones group the pairs and take the grouped matmul. Those few-token
+//! experts' rows); larger ones group the pairs and take the grouped matmul — or, up to
+//! `Tuning::moe_dot_groups` tokens (few pairs per expert), the grouped 8-bit dot products, for
+//! which steps of 2 or more tokens group their pairs too. Those few-token
 //! steps also fuse the first three lines into one dispatch (`moe_router`, where the router is
 //! bound whole and no post-norm is pending) and the last two into one (the down products'
 //! COMBINE variant, where the down tensor is bound whole): three barrier phases instead of six,
@@ -104,7 +106,7 @@ impl Graph<'_> {
             self.router_and_route(chain, il, mw, plan, n, st, &logits, &ids, &weights)?
         };
         let (offsets, list) = (u32s(&ms.offsets, n_expert + 1)?, u32s(&ms.list, pairs)?);
-        let groups = if n > MATVEC_MAX_TOKENS {
+        let groups = if n > MATVEC_MAX_TOKENS || self.groups_on_dots(mw, n) {
             k.moe
                 .group
                 .record(chain, &ids, &offsets, &list, pairs, n_expert)?;
@@ -180,6 +182,17 @@ impl Graph<'_> {
             return Ok(());
         }
         self.combine(chain, &y, &weights, n, n_used, st)
+    }
+
+    /// Whether a step of `n` tokens (2 ..= [`MATVEC_MAX_TOKENS`]) groups its pairs by expert
+    /// for the grouped 8-bit dot products (`Tuning::moe_dot_groups`): each routed expert read
+    /// once for its pairs instead of once per pair, for a grouping dispatch and the combine's
+    /// own phase. Only where every expert product of the block takes that kernel.
+    fn groups_on_dots(&self, mw: &GpuMoe, n: u32) -> bool {
+        let ex = &self.k.moe.experts;
+        n >= 2
+            && ex.groups_use_dot(mw.gate.ty, mw.gate.n_cols, n, true)
+            && ex.groups_use_dot(mw.down.ty, mw.down.n_cols, n, false)
     }
 
     /// The unfused front of [`Graph::moe_block`]: the norm (a pending post-norm settled

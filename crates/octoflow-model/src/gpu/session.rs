@@ -71,6 +71,13 @@ impl GpuModel {
         self
     }
 
+    /// Replaces the expert-product kernels (tests of their paths:
+    /// [`octoflow_kernels::MoeExperts::with_dot`], `with_dot_groups`); as [`GpuModel::with_linear`].
+    pub fn with_moe_experts(mut self, experts: octoflow_kernels::MoeExperts) -> Self {
+        self.kernels.moe.experts = experts;
+        self
+    }
+
     /// [`GpuModel::load`] with the GPU kernels even on a CPU driver (tests of the GPU-only paths
     /// on lavapipe: norms fused into the projections).
     #[cfg(test)]
