@@ -58,6 +58,11 @@ const uint NM = 2u; // matrices
 const uint NM = 1u;
 #endif
 const uint NACC = NM * RPT * NU; // accumulators of a lane: (matrix, row, pair)
+#ifdef GROUPED
+const bool ONE_EXPERT = true;   // every pair of the workgroup reads the same rows: decoded once
+#else
+const bool ONE_EXPERT = false;
+#endif
 
 #include "common.glsl"
 
@@ -201,16 +206,18 @@ void main() {
     for (uint sb = lane / 8u; sb < n_sb; sb += 4u) {
         uint blo = sb * 8u + 2u * p; // q8 blocks of the two sub-blocks
         uint wlo = blo * 8u + 4u * h;
-        [[unroll]] for (uint j = 0u; j < NU; j++) {
-            if (j >= nv) {
-                break; // a group's last run
-            }
-            [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
-                uint r = min(r0 + k % RPT, pc.n_rows - 1u);
-                uint lo[4];
-                uint hi[4];
-                uint at = base[j] / 16u + r * rw + sb * SB_VECS;
-                vec4 f = kq_decode(k / RPT, at, p, h, lo, hi);
+        [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
+            uint r = min(r0 + k % RPT, pc.n_rows - 1u);
+            uint lo[4];
+            uint hi[4];
+            vec4 f;
+            [[unroll]] for (uint j = 0u; j < NU; j++) {
+                if (j >= nv) {
+                    break; // a group's last run
+                }
+                if (j == 0u || !ONE_EXPERT) {
+                    f = kq_decode(k / RPT, base[j] / 16u + r * rw + sb * SB_VECS, p, h, lo, hi);
+                }
                 acc[k * NU + j] += kq_dot(f, lo, hi, j * XW + wlo, j * XB + blo);
             }
         }
@@ -221,16 +228,18 @@ void main() {
     uint c6 = lane % 4u;
     uint n_sb = pc.n_cols / 256u;
     for (uint sb = lane / 8u; sb < n_sb; sb += 4u) {
-        [[unroll]] for (uint j = 0u; j < NU; j++) {
-            if (j >= nv) {
-                break; // a group's last run
-            }
-            [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
-                uint r = min(r0 + k % RPT, pc.n_rows - 1u);
-                uint cw[8];
-                int sc[4];
-                uint at = base[j] + r * pc.row_bytes + sb * 210u;
-                float d = q6_decode(k / RPT, at, n6, c6, cw, sc);
+        [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
+            uint r = min(r0 + k % RPT, pc.n_rows - 1u);
+            uint cw[8];
+            int sc[4];
+            float d;
+            [[unroll]] for (uint j = 0u; j < NU; j++) {
+                if (j >= nv) {
+                    break; // a group's last run
+                }
+                if (j == 0u || !ONE_EXPERT) {
+                    d = q6_decode(k / RPT, base[j] + r * pc.row_bytes + sb * 210u, n6, c6, cw, sc);
+                }
                 acc[k * NU + j] += d * q6_dot(cw, sc, j * XW, j * XB, sb * 8u + 4u * n6, c6);
             }
         }
@@ -238,14 +247,17 @@ void main() {
 #endif
 #ifdef BLOCK32
     for (uint bi = lane; bi < nb; bi += TPR) {
-        [[unroll]] for (uint j = 0u; j < NU; j++) {
-            if (j >= nv) {
-                break; // a group's last run
-            }
-            [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
-                uint r = min(r0 + k % RPT, pc.n_rows - 1u);
-                uint cw[8];
-                vec2 dm = b32_decode(k / RPT, base[j] + r * pc.row_bytes + bi * BB, cw);
+        [[unroll]] for (uint k = 0u; k < NM * RPT; k++) {
+            uint r = min(r0 + k % RPT, pc.n_rows - 1u);
+            uint cw[8];
+            vec2 dm;
+            [[unroll]] for (uint j = 0u; j < NU; j++) {
+                if (j >= nv) {
+                    break; // a group's last run
+                }
+                if (j == 0u || !ONE_EXPERT) {
+                    dm = b32_decode(k / RPT, base[j] + r * pc.row_bytes + bi * BB, cw);
+                }
                 acc[k * NU + j] += b32_dot(dm, cw, j * XW + bi * 8u, j * XB + bi);
             }
         }
