@@ -20,8 +20,9 @@ use crate::spec::SpecPipelines;
 const OP: &str = "moe_router";
 /// Router rows per workgroup (`ROWS` in `moe_router.comp`).
 const ROWS: u32 = 2;
-/// The most tokens one dispatch takes (a workgroup row each; decode's few tokens).
-pub const ROUTER_MAX_TOKENS: u32 = 64;
+/// The most tokens one dispatch takes: a workgroup row each, up to the grid height every
+/// Vulkan device allows (`maxComputeWorkGroupCount[1]` is at least 65,535).
+pub const ROUTER_MAX_TOKENS: u32 = 65_535;
 const PUSH_BYTES: u32 = 32;
 
 /// One fused routing of `n_tokens` tokens (see the module doc).
@@ -233,7 +234,12 @@ mod tests {
                 1 => rng.gen_range(1..300),
                 bs => bs * rng.gen_range(1..=(512 / bs).max(1)),
             };
-            let n = rng.gen_range(1..=4usize);
+            // a few tokens (decode), or a batch's many
+            let n = if i % 4 == 3 {
+                rng.gen_range(65..=80usize)
+            } else {
+                rng.gen_range(1..=4usize)
+            };
             let gating = gatings[i % 3];
             let biased = i % 2 == 0;
             let w = random_weights(&mut rng, ty, n_expert, n_cols);
@@ -370,8 +376,13 @@ mod tests {
                 .unwrap_err()
                 .to_string()
         };
-        let e = err(&args(65, 2));
-        assert!(e.contains("65 tokens") && e.contains("1..=64"), "{e}");
+        let e = err(&args(ROUTER_MAX_TOKENS + 1, 2));
+        assert!(
+            e.contains("65536 tokens") && e.contains("1..=65535"),
+            "{e}"
+        );
+        let e = err(&args(0, 2));
+        assert!(e.contains("0 tokens"), "{e}");
         let e = err(&args(1, 5));
         assert!(e.contains("5 of 4 experts"), "{e}");
         k.record(&mut Chain::new(&ctx).unwrap(), &args(2, 2))

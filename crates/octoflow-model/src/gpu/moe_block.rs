@@ -12,11 +12,12 @@
 //! Steps of at most [`MATVEC_MAX_TOKENS`] tokens take the expert matvec (reads only the routed
 //! experts' rows); larger ones group the pairs and take the grouped matmul — or, up to
 //! `Tuning::moe_dot_groups` tokens (few pairs per expert), the grouped 8-bit dot products, for
-//! which steps of 2 or more tokens group their pairs too. Those few-token
-//! steps also fuse the first three lines into one dispatch (`moe_router`, where the router is
-//! bound whole and no post-norm is pending) and the last two into one (the down products'
-//! COMBINE variant, where the down tensor is bound whole): three barrier phases instead of six,
-//! which is most of what a decode step's small products cost.
+//! which steps of 2 or more tokens group their pairs too. Every step fuses the first three
+//! lines into one dispatch (`moe_router`, where the router is bound whole and no post-norm is
+//! pending: a workgroup per pair of router rows and token, where the f32 matmul's tiles left a
+//! 32-expert router to one or a few workgroups), and the few-token steps the last two (the
+//! down products' COMBINE variant, where the down tensor is bound whole): three barrier phases
+//! instead of six, which is most of what a decode step's small products cost.
 
 use octoflow_kernels::linear::MATVEC_MAX_TOKENS;
 use octoflow_kernels::moe::{RouterArgs, COMBINE_MAX_USED, ROUTER_MAX_TOKENS};
@@ -73,7 +74,7 @@ impl Graph<'_> {
         let gating = moe_gating(plan.gating);
         let unfused = k.linear.tuning().unfused_moe;
         let fused_router = !unfused
-            && n <= MATVEC_MAX_TOKENS.min(ROUTER_MAX_TOKENS)
+            && n <= ROUTER_MAX_TOKENS
             && st.pending.is_none()
             && mw.router.pieces.len() == 1;
         let input = if fused_router {
