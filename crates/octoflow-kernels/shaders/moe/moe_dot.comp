@@ -21,8 +21,10 @@
 // GROUPED (with or without GLU): a batch's pairs grouped by expert (moe_group.comp's offsets and
 // list, as the cooperative-matrix MOE variants read them); workgroup z is expert e_begin + z, y
 // the y-th run of NU pairs of its group (runs past the group's end leave at once: the grid is
-// sized for the largest possible group), so each weight is read once for up to NU pairs of
-// its expert instead of once per pair.
+// sized for the largest possible group), so each weight is read and decoded once for up to NU
+// pairs of its expert instead of once per pair. Their x was quantized once for the product
+// (quantize_q8.comp's layout at binding 1, a row per input row: n_pairs / x_div of them): each
+// workgroup copies its pairs' rows instead of quantizing them.
 //
 // Layout: workgroup x takes GROUPS * RPT rows in GROUPS row groups of 32 lanes, y its pair
 // (COMBINE: its token, all NU = n_used of its pairs; GROUPED: up to NU pairs of one expert);
@@ -68,7 +70,12 @@ const bool ONE_EXPERT = false;
 
 layout(std430, binding = 0) readonly buffer W1 { uint w1[]; };
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
+#ifdef GROUPED
+layout(std430, binding = 1) readonly buffer XG { uint xg[]; };
+layout(std430, binding = 1) readonly buffer XGF { float xgf[]; };
+#else
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };
+#endif
 #ifdef COMBINE
 layout(std430, binding = 2) buffer Y { float y[]; };
 layout(std430, binding = 5) readonly buffer Wt { float wt[]; };
@@ -167,6 +174,20 @@ void main() {
     }
 #endif
 
+#ifdef GROUPED
+    // 1. each pair's input row as quantize_q8.comp wrote it (MAXC = n_cols: XW and XB are its
+    // row strides)
+    uint sbase = (pc.n_pairs / pc.x_div) * XW;
+    for (uint i = tid; i < nv * XW; i += WG) {
+        uint j = i / XW;
+        xq[i] = xg[(pair_of(j) / pc.x_div) * XW + (i - j * XW)];
+    }
+    for (uint i = tid; i < nv * XB; i += WG) {
+        uint j = i / XB;
+        uint si = sbase + 2u * ((pair_of(j) / pc.x_div) * XB + (i - j * XB));
+        xs[i] = vec2(xgf[si], xgf[si + 1u]);
+    }
+#else
     // 1. q8 of each pair's input into shared memory
     for (uint i = tid; i < nv * nb; i += WG) {
         uint j = i / nb;
@@ -178,6 +199,7 @@ void main() {
         }
         xs[j * XB + b] = q8_store(v, j * XW + b * 8u);
     }
+#endif
     barrier();
 
     // 2. the rows: accumulator (k, j) of matrix k / RPT, row r0 + k % RPT, pair j

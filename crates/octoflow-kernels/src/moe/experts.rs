@@ -349,6 +349,8 @@ impl MoeExperts {
         if let (Some(d), Some(g)) = (dot, a.groups) {
             need(OP, "offsets", g.offsets, u128::from(a.n_expert) + 1)?;
             need(OP, "list", g.list, u128::from(a.n_pairs))?;
+            // x quantized once for every workgroup of the product
+            bind[1] = d.quantize(chain, a.x, a.n_pairs / a.x_div, w.n_cols)?;
             bind.push(a.ids.clone());
             if let Some(u) = up {
                 bind.push(u);
@@ -357,7 +359,8 @@ impl MoeExperts {
             bind.push(g.offsets.clone());
             bind.push(g.list.clone());
             let runs = g.max_group.max(1).div_ceil(GROUP_PAIRS);
-            let (pipeline, mut groups) = d.layout(ctx, w.ty, kind, w.n_rows, w.n_cols, runs)?;
+            let (pipeline, mut groups) =
+                d.layout(chain.context(), w.ty, kind, w.n_rows, w.n_cols, runs)?;
             groups[2] = w.n_experts;
             if groups.iter().zip(max).any(|(&g, m)| g > m) {
                 return Err(shape(format!(

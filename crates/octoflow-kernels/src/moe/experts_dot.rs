@@ -6,12 +6,13 @@
 
 use octoflow_gguf::quant::QuantError;
 use octoflow_gguf::GgmlType;
-use octoflow_vk::{Context, DeviceCaps, Pipeline};
+use octoflow_vk::{BufferSlice, Chain, Context, DeviceCaps, Pipeline, Push};
 
 use super::MoeAct;
 use crate::error::Result;
 use crate::linear::matvec_dot_ref;
 use crate::operand::bad;
+use crate::scratch::QueueScratch;
 use crate::shaders;
 use crate::spec::SpecPipelines;
 use crate::tuning::FALLBACK_COMPUTE_UNITS;
@@ -24,6 +25,8 @@ const TPR: u32 = 32;
 const MAX_COLS: u32 = 16384;
 /// Push-constant bytes (as `moe_matvec.comp`'s 12 words).
 const PUSH_BYTES: u32 = 48;
+/// Push-constant bytes of quantize_q8.comp (n_tokens, n_cols, eps, norm).
+const QUANTIZE_PUSH_BYTES: u32 = 16;
 
 /// The types the kernel reads, in the order of [`MoeDot`]'s pipelines.
 const DOT_TYPES: [GgmlType; 9] = [
@@ -63,6 +66,9 @@ pub(crate) struct MoeDot {
     combine: Vec<SpecPipelines>,
     grouped: Vec<SpecPipelines>,
     grouped_glu: Vec<SpecPipelines>,
+    /// x quantized once for the grouped variants (`quantize_q8.comp`), into `xq`.
+    quantize: SpecPipelines,
+    xq: QueueScratch,
     /// The narrowest subgroup the pipelines run with (`SG`).
     subgroup: u32,
     max_shared: u32,
@@ -161,6 +167,8 @@ impl MoeDot {
                 ],
                 9,
             ),
+            quantize: SpecPipelines::new(QUANTIZE_Q8, 3, QUANTIZE_PUSH_BYTES, "quantize_q8"),
+            xq: QueueScratch::new("moe_dot_xq"),
             subgroup: required.unwrap_or(sg.min_size).max(1),
             max_shared: caps.max_shared_memory,
             units: caps.compute_units.unwrap_or(FALLBACK_COMPUTE_UNITS),
@@ -205,6 +213,33 @@ impl MoeDot {
             DotKind::Grouped { glu } => (if glu { 2 } else { 1 }, GROUP_PAIRS),
         };
         nu * n_cols + nu * (n_cols / 32) * 8 + WG / self.subgroup * nm * rpt * nu * 4
+    }
+
+    /// Records the `n_rows` rows of `x` (`n_cols` wide) quantized per block of 32 into this
+    /// queue's scratch (`quantize_q8.comp`), between barriers — the one before keeps an
+    /// earlier product's reads of that scratch from meeting this write — and returns it: the
+    /// input of a [`DotKind::Grouped`] product (bound in place of x).
+    pub(crate) fn quantize(
+        &self,
+        chain: &mut Chain,
+        x: &BufferSlice,
+        n_rows: u32,
+        n_cols: u32,
+    ) -> Result<BufferSlice> {
+        let words = u64::from(n_rows) * (u64::from(n_cols) / 4 + 2 * u64::from(n_cols / 32) + 1);
+        let xq = self.xq.get_slice(chain, 4 * words)?;
+        let push = Push::new().u32(n_rows).u32(n_cols).f32(0.0).u32(0);
+        let pipeline = self.quantize.get(chain.context(), [0; 7])?;
+        chain.compute_barrier()?;
+        // no norm: x stands in for its weight (never read)
+        chain.dispatch(
+            &pipeline,
+            &[x.clone(), x.clone(), xq.clone()],
+            &push,
+            [n_rows, 1, 1],
+        )?;
+        chain.compute_barrier()?;
+        Ok(xq)
     }
 
     /// The pipeline and grid of a product that [`MoeDot::fits`]: `n_rows` rows of each

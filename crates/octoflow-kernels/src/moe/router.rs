@@ -377,10 +377,7 @@ mod tests {
                 .to_string()
         };
         let e = err(&args(ROUTER_MAX_TOKENS + 1, 2));
-        assert!(
-            e.contains("65536 tokens") && e.contains("1..=65535"),
-            "{e}"
-        );
+        assert!(e.contains("65536 tokens") && e.contains("1..=65535"), "{e}");
         let e = err(&args(0, 2));
         assert!(e.contains("0 tokens"), "{e}");
         let e = err(&args(1, 5));
