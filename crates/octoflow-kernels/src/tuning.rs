@@ -92,8 +92,9 @@ pub struct Tuning {
     pub moe_dot: bool,
     /// With [`Tuning::moe_dot`], the grouped expert products of batches of at most this many
     /// tokens (several sequences' decode rows) take `moe_dot.comp`'s GROUPED variants instead
-    /// of the grouped matmuls. 0 (none) by default until it is measured on a GPU
-    /// (`OCTOFLOW_MOE_DOT_GROUPS=N`).
+    /// of the grouped matmuls. 0 (none) by default: measured slower while each of their
+    /// workgroups quantized its pairs' inputs (docs/PERFORMANCE.md); their x is now quantized
+    /// once per product, which no GPU has measured yet (`OCTOFLOW_MOE_DOT_GROUPS=N`).
     pub moe_dot_groups: u32,
 }
 
