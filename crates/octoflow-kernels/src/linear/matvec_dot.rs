@@ -265,9 +265,8 @@ impl MatvecDot {
     }
 
     /// Where `once`, records x's quantization for the product (quantize_q8.comp, the norm `(g,
-    /// eps)` applied where given) into this queue's scratch between barriers — the one before
-    /// keeps an earlier product's reads of that scratch from meeting this write — and returns
-    /// the scratch, which the product then binds in place of x.
+    /// eps)` applied where given) into this queue's scratch ([`record_quantize_q8`]) and
+    /// returns the scratch, which the product then binds in place of x.
     pub(crate) fn quantize_once(
         &self,
         chain: &mut Chain,
@@ -276,23 +275,7 @@ impl MatvecDot {
         n_cols: u32,
         n_tokens: u32,
     ) -> Result<BufferSlice> {
-        let words = u64::from(n_tokens) * (u64::from(n_cols) / 4 + 2 * u64::from(n_cols / 32) + 1);
-        let xq = self.xq.get_slice(chain, 4 * words)?;
-        let (g, eps) = norm.map_or_else(|| (x.clone(), 0.0), |(g, eps)| (g.clone(), eps));
-        let push = Push::new()
-            .u32(n_tokens)
-            .u32(n_cols)
-            .f32(eps)
-            .u32(u32::from(norm.is_some()));
-        chain.compute_barrier()?;
-        chain.dispatch(
-            &self.quantize,
-            &[x.clone(), g, xq.clone()],
-            &push,
-            [n_tokens, 1, 1],
-        )?;
-        chain.compute_barrier()?;
-        Ok(xq)
+        record_quantize_q8(chain, &self.quantize, &self.xq, x, norm, n_cols, n_tokens)
     }
 
     /// Records checked arguments (`push`: [`super::check_args`]' seven words; `bindings`: weights,
@@ -359,6 +342,35 @@ impl MatvecDot {
         chain.set_cost(bytes, flops);
         Ok(())
     }
+}
+
+/// Records `n_rows` rows of `x` (`n_cols` wide, times the norm `(g, eps)` where given)
+/// quantized per block of 32 by `quantize` (quantize_q8.comp) into `scratch` for `chain`'s
+/// queue, between barriers — the one before keeps an earlier product's reads of that scratch
+/// from meeting this write — and returns the scratch: the input of the products that read x
+/// quantized once (`matvec_dot.comp`'s XQ variants, `moe_dot.comp`'s GROUPED ones).
+pub(crate) fn record_quantize_q8(
+    chain: &mut Chain,
+    quantize: &Pipeline,
+    scratch: &QueueScratch,
+    x: &BufferSlice,
+    norm: Option<(&BufferSlice, f32)>,
+    n_cols: u32,
+    n_rows: u32,
+) -> Result<BufferSlice> {
+    let words = u64::from(n_rows) * (u64::from(n_cols) / 4 + 2 * u64::from(n_cols / 32) + 1);
+    let xq = scratch.get_slice(chain, 4 * words)?;
+    // no norm: x stands in for its weight (never read)
+    let (g, eps) = norm.map_or_else(|| (x.clone(), 0.0), |(g, eps)| (g.clone(), eps));
+    let push = Push::new()
+        .u32(n_rows)
+        .u32(n_cols)
+        .f32(eps)
+        .u32(u32::from(norm.is_some()));
+    chain.compute_barrier()?;
+    chain.dispatch(quantize, &[x.clone(), g, xq.clone()], &push, [n_rows, 1, 1])?;
+    chain.compute_barrier()?;
+    Ok(xq)
 }
 
 impl DotLayout {

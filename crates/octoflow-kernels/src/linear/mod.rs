@@ -56,6 +56,7 @@ use crate::spec::SpecPipelines;
 use crate::tuning::Tuning;
 use args::check_pending;
 use matmul_coop::MatmulCoop;
+pub(crate) use matvec_dot::record_quantize_q8;
 use matvec_dot::{DotInput, MatvecDot};
 use plan::{cpu_groups, Matvec};
 use qweight::{check_words, QOp, TYPES};

@@ -333,6 +333,14 @@ impl MoeExperts {
         let y = a.combine.map_or(a.y, |cb| cb.x).clone();
         let mut bind = vec![data, a.x.clone(), y, bias];
         let max = ctx.caps().max_workgroup_count;
+        let fits_grid = |groups: [u32; 3]| {
+            if groups.iter().zip(max).any(|(&g, m)| g > m) {
+                return Err(shape(format!(
+                    "a grid of {groups:?} workgroups is over the device's {max:?}"
+                )));
+            }
+            Ok(())
+        };
         // the matvec's work on 8-bit dot products where they read it
         let kind = match (a.combine, up.is_some(), a.groups) {
             (Some(cb), ..) => DotKind::Combine(cb.n_used),
@@ -362,11 +370,7 @@ impl MoeExperts {
             let (pipeline, mut groups) =
                 d.layout(chain.context(), w.ty, kind, w.n_rows, w.n_cols, runs)?;
             groups[2] = w.n_experts;
-            if groups.iter().zip(max).any(|(&g, m)| g > m) {
-                return Err(shape(format!(
-                    "a grid of {groups:?} workgroups is over the device's {max:?}"
-                )));
-            }
+            fits_grid(groups)?;
             chain.dispatch(&pipeline, &bind, &push, groups)?;
             return Ok(());
         }
@@ -422,11 +426,7 @@ impl MoeExperts {
                 (set[ti].get(ctx, [0; 7])?, groups)
             }
         };
-        if groups.iter().zip(max).any(|(&g, m)| g > m) {
-            return Err(shape(format!(
-                "a grid of {groups:?} workgroups is over the device's {max:?}"
-            )));
-        }
+        fits_grid(groups)?;
         if let Some(u) = up {
             bind.push(u);
             bind.push(bias_up);

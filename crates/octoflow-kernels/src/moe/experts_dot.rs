@@ -6,11 +6,12 @@
 
 use octoflow_gguf::quant::QuantError;
 use octoflow_gguf::GgmlType;
-use octoflow_vk::{BufferSlice, Chain, Context, DeviceCaps, Pipeline, Push};
+use octoflow_vk::{BufferSlice, Chain, Context, DeviceCaps, Pipeline};
 
 use super::MoeAct;
 use crate::error::Result;
 use crate::linear::matvec_dot_ref;
+use crate::linear::record_quantize_q8;
 use crate::operand::bad;
 use crate::scratch::QueueScratch;
 use crate::shaders;
@@ -216,9 +217,8 @@ impl MoeDot {
     }
 
     /// Records the `n_rows` rows of `x` (`n_cols` wide) quantized per block of 32 into this
-    /// queue's scratch (`quantize_q8.comp`), between barriers — the one before keeps an
-    /// earlier product's reads of that scratch from meeting this write — and returns it: the
-    /// input of a [`DotKind::Grouped`] product (bound in place of x).
+    /// queue's scratch ([`record_quantize_q8`]) and returns it: the input of a
+    /// [`DotKind::Grouped`] product (bound in place of x).
     pub(crate) fn quantize(
         &self,
         chain: &mut Chain,
@@ -226,20 +226,8 @@ impl MoeDot {
         n_rows: u32,
         n_cols: u32,
     ) -> Result<BufferSlice> {
-        let words = u64::from(n_rows) * (u64::from(n_cols) / 4 + 2 * u64::from(n_cols / 32) + 1);
-        let xq = self.xq.get_slice(chain, 4 * words)?;
-        let push = Push::new().u32(n_rows).u32(n_cols).f32(0.0).u32(0);
         let pipeline = self.quantize.get(chain.context(), [0; 7])?;
-        chain.compute_barrier()?;
-        // no norm: x stands in for its weight (never read)
-        chain.dispatch(
-            &pipeline,
-            &[x.clone(), x.clone(), xq.clone()],
-            &push,
-            [n_rows, 1, 1],
-        )?;
-        chain.compute_barrier()?;
-        Ok(xq)
+        record_quantize_q8(chain, &pipeline, &self.xq, x, None, n_cols, n_rows)
     }
 
     /// The pipeline and grid of a product that [`MoeDot::fits`]: `n_rows` rows of each
