@@ -2,12 +2,15 @@
 //! for each (token, slot) pair `p`, the product with the rows of the expert it was routed to,
 //! `y[p] = W_{ids[p]} · x[p / x_div] (+ bias)`, or with the GLU variants
 //! `y[p] = act(W_gate x + b_gate, W_up x + b_up)`. A few tokens take the matvec, which reads
-//! the expert id on the device and only that expert's rows; batches take the grouped matmul over
+//! the expert id on the device and only that expert's rows (on 8-bit dot products where
+//! [`MoeExperts::with_dot`] says so); batches take the grouped matmul over
 //! [`super::MoeGroup`]'s lists, which reads each expert's rows once per tile of its pairs —
 //! on cooperative matrices where the device has them and they are asked for
 //! ([`MoeExperts::with_coop`], [`MoeExperts::uses_coop`]: the MOE
 //! variants of `matmul_coop.comp`, whose products are of f16-rounded weights and inputs, as
-//! [`moe_experts_coop_ref`] computes them).
+//! [`moe_experts_coop_ref`] computes them) — or, for batches of at most
+//! [`MoeExperts::with_dot_groups`] tokens, the grouped 8-bit dot products (`moe_dot.comp`'s
+//! GROUPED variants: each expert's rows once per eight of its pairs).
 
 use octoflow_gguf::GgmlType;
 use octoflow_vk::{BufferSlice, Chain, Push};
@@ -357,8 +360,10 @@ impl MoeExperts {
         if let (Some(d), Some(g)) = (dot, a.groups) {
             need(OP, "offsets", g.offsets, u128::from(a.n_expert) + 1)?;
             need(OP, "list", g.list, u128::from(a.n_pairs))?;
-            // x quantized once for every workgroup of the product
-            bind[1] = d.quantize(chain, a.x, a.n_pairs / a.x_div, w.n_cols)?;
+            let runs = g.max_group.max(1).div_ceil(GROUP_PAIRS);
+            let (pipeline, mut groups) = d.layout(ctx, w.ty, kind, w.n_rows, w.n_cols, runs)?;
+            groups[2] = w.n_experts;
+            fits_grid(groups)?;
             bind.push(a.ids.clone());
             if let Some(u) = up {
                 bind.push(u);
@@ -366,11 +371,8 @@ impl MoeExperts {
             }
             bind.push(g.offsets.clone());
             bind.push(g.list.clone());
-            let runs = g.max_group.max(1).div_ceil(GROUP_PAIRS);
-            let (pipeline, mut groups) =
-                d.layout(chain.context(), w.ty, kind, w.n_rows, w.n_cols, runs)?;
-            groups[2] = w.n_experts;
-            fits_grid(groups)?;
+            // x quantized once for every workgroup of the product
+            bind[1] = d.quantize(chain, a.x, a.n_pairs / a.x_div, w.n_cols)?;
             chain.dispatch(&pipeline, &bind, &push, groups)?;
             return Ok(());
         }
