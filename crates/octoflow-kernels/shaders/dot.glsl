@@ -37,10 +37,7 @@
 // a word (`e2m1_codes`), under half the block's power-of-two scale.
 
 #include "q8.glsl"
-
-uint byte_at(uint u, uint k) {
-    return (u >> (8u * k)) & 0xFFu;
-}
+#include "kscales.glsl"
 
 // the word at byte b (b even) of matrix m: blocks of 2-byte alignment
 uint wd(uint m, uint b) {
@@ -102,7 +99,7 @@ vec2 b32_decode(uint m, uint at, out uint cw[8]) {
     [[unroll]] for (uint k = 0u; k < 5u; k++) {
         raw[k] = word(m, i0 + k); // the block's last byte is in word i0 + 4 whatever o is
     }
-    uint e8 = byte_at(raw[0], o);
+    uint e8 = byte_of(raw[0], o);
     // code word j is the four bytes from o + 1 + 4j: raw[j + 1] when o = 3, else a funnel (sh
     // clamped so that the unused one at o = 3 shifts by less than 32)
     uint sh = 8u * min(o + 1u, 3u);
@@ -190,16 +187,9 @@ vec4 kq_decode(uint m, uint at, uint p, uint h, out uint lo[4], out uint hi[4]) 
 #ifdef DOT_Q5_K
     uvec4 qh = vec4_at(m, at + 1u + h);
 #endif
-    // scales of sub-blocks j = 2p, 2p + 1 (bytes jb = j % 4 of each scale word): for j < 4 the
-    // low 6 bits of bytes j (scale) and j + 4 (min); else the nibbles of byte j + 4 with the
-    // top 2 bits of bytes j - 4 and j
-    uint jb = (2u * p) & 3u;
-    bool low = p < 2u;
-    uvec2 s0 = uvec2(byte_at(hd.y, jb), byte_at(hd.y, jb + 1u));
-    uvec2 s1 = uvec2(byte_at(hd.z, jb), byte_at(hd.z, jb + 1u));
-    uvec2 s2 = uvec2(byte_at(hd.w, jb), byte_at(hd.w, jb + 1u));
-    uvec2 sc = low ? s0 & 63u : (s2 & 0xFu) | ((s0 >> 6) << 4);
-    uvec2 mn = low ? s1 & 63u : (s2 >> 4) | ((s1 >> 6) << 4);
+    uvec2 sc;
+    uvec2 mn;
+    kq_pair_scales(hd.yzw, p, sc, mn);
     [[unroll]] for (uint i = 0u; i < 4u; i++) {
         lo[i] = qs[i] & 0x0F0F0F0Fu;
         hi[i] = (qs[i] >> 4) & 0x0F0F0F0Fu;

@@ -35,7 +35,6 @@
 // ...); the layout constants and macros are defined again, identically.
 #ifdef QSECOND
 #define w w2
-#define byte_of byte_of_2
 #define qmad qmad_2
 #define chunk_count chunk_count_2
 #define chunk_len chunk_len_2
@@ -57,10 +56,7 @@
 #define QUNROLL
 #endif
 
-// Byte k (0..3) of word u.
-uint byte_of(uint u, uint k) {
-    return (u >> (8u * k)) & 0xFFu;
-}
+#include "kscales.glsl"
 
 // Windows of words: a 2-byte aligned region at byte b is held as the whole words raw[..] from
 // word (b >> 2), h = (b & 2) != 0; then the u32 / u16 at even region offset o (a constant, so
@@ -535,16 +531,9 @@ void dequant_chunk(uint row_byte, uint c, uint n, out float v[32]) {
 // as exact small floats (2²³ + q read as a float, minus 2²³: no integer conversion, which runs at
 // a quarter of the FMA rate) and the scales once per 32 elements rather than once per element.
 float q4k_pair_dot(uvec4 h, uvec4 q0, uvec4 q1, uint p, vec4 xv[16], vec2 sx) {
-    // sub-blocks j = 2p, 2p + 1 (bytes jb = j % 4 of each scale word): for j < 4 the low 6 bits
-    // of bytes j (scale) and j + 4 (min); else the nibbles of byte j + 4 with the top 2 bits of
-    // bytes j - 4 and j
-    uint jb = (2u * p) & 3u;
-    bool low = p < 2u;
-    uvec2 s0 = uvec2(byte_of(h.y, jb), byte_of(h.y, jb + 1u));
-    uvec2 s1 = uvec2(byte_of(h.z, jb), byte_of(h.z, jb + 1u));
-    uvec2 s2 = uvec2(byte_of(h.w, jb), byte_of(h.w, jb + 1u));
-    uvec2 sc = low ? s0 & 63u : (s2 & 0xFu) | ((s0 >> 6) << 4);
-    uvec2 mn = low ? s1 & 63u : (s2 >> 4) | ((s1 >> 6) << 4);
+    uvec2 sc;
+    uvec2 mn;
+    kq_pair_scales(h.yzw, p, sc, mn);
     vec2 dm = unpackHalf2x16(h.x);
     const uint MAGIC = 0x4B000000u; // 2^23
     const float BIAS = 8388608.0;
@@ -566,7 +555,6 @@ float q4k_pair_dot(uvec4 h, uvec4 q0, uvec4 q1, uint p, vec4 xv[16], vec2 sx) {
 
 #ifdef QSECOND
 #undef w
-#undef byte_of
 #undef qmad
 #undef chunk_count
 #undef chunk_len
