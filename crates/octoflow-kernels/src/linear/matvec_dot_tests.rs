@@ -326,6 +326,15 @@ fn gpu_matvec_dot_agrees_with_its_reference() {
     assert_no_validation_errors(&ctx);
 }
 
+/// The products on 8-bit dots with x quantized once per product (`Tuning::quantize_once`).
+fn once_linear(ctx: &octoflow_vk::Context) -> Linear {
+    let tuning = Tuning {
+        quantize_once: true,
+        ..dot_tuning(ctx, true)
+    };
+    Linear::with_layout(ctx, false, tuning).unwrap()
+}
+
 /// The same products on x quantized once for each (`Tuning::quantize_once`: quantize_q8.comp,
 /// then the XQ variants) for every type, one and several tokens, the norm fused and the GLU
 /// (`check_shape`), and eight tokens of 14,336-wide rows split over workgroups (each reads its
@@ -336,11 +345,7 @@ fn gpu_matvec_dot_on_x_quantized_once_agrees_with_its_reference() {
         return;
     };
     let (seed, mut rng) = seeded(module_path!());
-    let tuning = Tuning {
-        quantize_once: true,
-        ..dot_tuning(&ctx, true)
-    };
-    let lin = Linear::with_layout(&ctx, false, tuning).unwrap();
+    let lin = once_linear(&ctx);
     for ty in DOT_TYPES {
         let multiple = if ty.block_size() == 256 { 256 } else { 64 };
         for nt in [1, rng.gen_range(2..=8usize)] {
@@ -363,11 +368,7 @@ fn gpu_products_of_one_input_share_its_quantization() {
         return;
     };
     let (seed, mut rng) = seeded(module_path!());
-    let tuning = Tuning {
-        quantize_once: true,
-        ..dot_tuning(&ctx, true)
-    };
-    let lin = Linear::with_layout(&ctx, false, tuning).unwrap();
+    let lin = once_linear(&ctx);
     let (nt, n_cols, eps) = (3usize, 512usize, 1e-5f32);
     let shapes = [
         (GgmlType::Q4_K, 40usize),
