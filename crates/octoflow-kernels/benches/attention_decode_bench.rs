@@ -237,6 +237,8 @@ fn decode_fresh_timing() {
         ("smollm @64", 9, 3, 64, 0, false, 64),
         ("gemma @64", 4, 1, 256, 512, true, 64),
         ("gemma @600", 4, 1, 256, 512, true, 600),
+        ("gpt-oss @64", 64, 8, 64, 0, false, 64),
+        ("gpt-oss @64 w128", 64, 8, 64, 128, false, 64),
     ];
     let rows = 1024usize;
     let reps = 40;

@@ -20,6 +20,7 @@ use rand::{Rng, SeedableRng};
 use super::super::*;
 use crate::elementwise::rms_norm::RmsNorm;
 use crate::linear::Linear;
+use crate::shaders;
 use crate::testkit::{poisoned, random, with};
 use crate::{LinearArgs, QWeightRef};
 
@@ -125,7 +126,7 @@ fn run_shape(
         alpha: 1.702,
         limit: 7.0,
     };
-    let record = |chain: &mut Chain, fused: bool| {
+    let record = |chain: &mut Chain, fused: bool, ex: &MoeExperts| {
         let (xw, hw, lw, iw, ww, aw, yw) = (
             x.whole(),
             h.whole(),
@@ -211,49 +212,47 @@ fn run_shape(
                 n_rows: rows,
                 n_cols: cols,
             };
-            moe.experts
-                .record(
-                    chain,
-                    &ExpertsArgs {
-                        w: ew(&gw, n_ff, n_embd),
-                        glu: Some((ew(&uw, n_ff, n_embd), swiglu)),
-                        bias: None,
-                        bias_up: None,
-                        n_expert,
-                        x: &hw,
-                        x_div: n_used,
-                        y: &aw,
-                        ids: &iw,
-                        n_pairs: n_used,
-                        groups: None,
-                        combine: None,
-                    },
-                )
-                .unwrap();
+            ex.record(
+                chain,
+                &ExpertsArgs {
+                    w: ew(&gw, n_ff, n_embd),
+                    glu: Some((ew(&uw, n_ff, n_embd), swiglu)),
+                    bias: None,
+                    bias_up: None,
+                    n_expert,
+                    x: &hw,
+                    x_div: n_used,
+                    y: &aw,
+                    ids: &iw,
+                    n_pairs: n_used,
+                    groups: None,
+                    combine: None,
+                },
+            )
+            .unwrap();
             chain.compute_barrier().unwrap();
-            moe.experts
-                .record(
-                    chain,
-                    &ExpertsArgs {
-                        w: ew(&dw, n_embd, n_ff),
-                        glu: None,
-                        bias: None,
-                        bias_up: None,
-                        n_expert,
-                        x: &aw,
-                        x_div: 1,
-                        y: &yw,
-                        ids: &iw,
-                        n_pairs: n_used,
-                        groups: None,
-                        combine: fused.then_some(Combine {
-                            weights: &ww,
-                            x: &xw,
-                            n_used,
-                        }),
-                    },
-                )
-                .unwrap();
+            ex.record(
+                chain,
+                &ExpertsArgs {
+                    w: ew(&dw, n_embd, n_ff),
+                    glu: None,
+                    bias: None,
+                    bias_up: None,
+                    n_expert,
+                    x: &aw,
+                    x_div: 1,
+                    y: &yw,
+                    ids: &iw,
+                    n_pairs: n_used,
+                    groups: None,
+                    combine: fused.then_some(Combine {
+                        weights: &ww,
+                        x: &xw,
+                        n_used,
+                    }),
+                },
+            )
+            .unwrap();
             chain.compute_barrier().unwrap();
             if !fused {
                 moe.combine
@@ -271,12 +270,30 @@ fn run_shape(
         "{label} ({ty}, {n_used} of {n_expert} experts, {n_embd} x {n_ff}): {:.2} MB a layer, floor {floor_us:.2} us at 3 TB/s",
         per_layer / 1e6
     );
-    for fused in [false, true] {
+    // the fused layer again with the 8-bit dot kernels' ablation that neither reads nor
+    // quantizes x (wrong results): what their input costs
+    let noq = (ty == GgmlType::MXFP4)
+        .then(|| {
+            Moe::new(ctx)
+                .unwrap()
+                .experts
+                .with_dot_variant(ty, true, shaders::MOE_DOT_GLU_X_NOQ_MXFP4)?
+                .with_dot_variant(ty, false, shaders::MOE_DOT_COMBINE_X_NOQ_MXFP4)
+        })
+        .flatten();
+    let mut ways = vec![
+        ("unfused", false, &moe.experts),
+        ("fused", true, &moe.experts),
+    ];
+    if let Some(ex) = noq.as_ref() {
+        ways.push(("fused, x not quantized (ablation)", true, ex));
+    }
+    for (way, fused, ex) in ways {
         let mut chain = Chain::new(ctx).unwrap();
-        record(&mut chain, fused);
+        record(&mut chain, fused, ex);
         let wall = wall_us(&mut chain) / LAYERS as f64;
         let mut prof = Chain::with_profiling(ctx).unwrap();
-        record(&mut prof, fused);
+        record(&mut prof, fused, ex);
         prof.run().unwrap();
         prof.run().unwrap();
         let t = prof.timings().unwrap().unwrap();
@@ -290,7 +307,6 @@ fn run_shape(
                 None => per.push((dsp.label.to_string(), dsp.ns, 1)),
             }
         }
-        let way = if fused { "fused" } else { "unfused" };
         println!("  {way}: {wall:.2} us a layer (host wall time of a replay of {LAYERS} layers)");
         for (name, ns, count) in per {
             println!(
@@ -299,5 +315,112 @@ fn run_shape(
                 count / LAYERS
             );
         }
+    }
+}
+
+/// Host wall time (µs) per recorded unit of `rec` replayed `n` times in one chain (a compute
+/// barrier after each, and a cache flush before each where `flush` is given): the best of 10
+/// runs after ~150 ms of work (clocks up).
+fn unit_us(ctx: &Context, n: usize, flush: Option<&Buffer>, rec: &dyn Fn(&mut Chain)) -> f64 {
+    let mut chain = Chain::new(ctx).unwrap();
+    for _ in 0..n {
+        if let Some(f) = flush {
+            chain.fill(&f.whole(), 0x3f80_0000).unwrap();
+            chain.barrier().unwrap();
+        }
+        rec(&mut chain);
+        chain.compute_barrier().unwrap();
+    }
+    chain.run().unwrap();
+    let t0 = Instant::now();
+    while t0.elapsed().as_secs_f64() < 0.15 {
+        chain.run().unwrap();
+    }
+    let mut best = f64::MAX;
+    for _ in 0..10 {
+        let t = Instant::now();
+        chain.run().unwrap();
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    best * 1e6 / n as f64
+}
+
+/// Timing, not a correctness test: gpt-oss-20b's one-token router (`moe_router`: norm, 32 ×
+/// 2,880 f32 product, top-4) against an RMSNorm of the same row, each a dispatch and a compute
+/// barrier, back to back (weights in L2) and after a flush of the L2 (a fill and a full barrier,
+/// whose own cost `flush only` shows): `cargo test -p octoflow-kernels --release --features
+/// bench --lib moe_router_timing -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn moe_router_timing() {
+    let Some(ctx) = gpu_or_skip("moe_router_timing") else {
+        return;
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let (e, d, used) = (32u32, 2880u32, 4u32);
+    let router = with(&ctx, "router", &random(&mut rng, (e * d) as usize));
+    let bias = with(&ctx, "bias", &random(&mut rng, e as usize));
+    let g = with(&ctx, "norm", &random(&mut rng, d as usize));
+    let x = with(&ctx, "x", &random(&mut rng, d as usize));
+    let h = poisoned(&ctx, "h", d as usize);
+    let logits = poisoned(&ctx, "logits", e as usize);
+    let ids = poisoned(&ctx, "ids", used as usize);
+    let wts = poisoned(&ctx, "weights", used as usize);
+    let flush = Buffer::new(
+        &ctx,
+        "flush",
+        128 << 20,
+        octoflow_vk::MemoryKind::DeviceLocal,
+    )
+    .unwrap();
+    let moe = Moe::new(&ctx).unwrap();
+    let norm = RmsNorm::new(&ctx).unwrap();
+    let (rw, bw, gw, xw, hw, lw, iw, ww) = (
+        router.whole(),
+        bias.whole(),
+        g.whole(),
+        x.whole(),
+        h.whole(),
+        logits.whole(),
+        ids.whole(),
+        wts.whole(),
+    );
+    let route = |chain: &mut Chain| {
+        moe.router
+            .record(
+                chain,
+                &RouterArgs {
+                    x: &xw,
+                    norm: &gw,
+                    eps: 1e-5,
+                    ty: GgmlType::F32,
+                    w: &rw,
+                    bias: Some(&bw),
+                    n_expert: e,
+                    n_cols: d,
+                    n_tokens: 1,
+                    n_used: used,
+                    gating: MoeGating::SoftmaxOfSelected,
+                    scale: 1.0,
+                    h: &hw,
+                    logits: &lw,
+                    ids: &iw,
+                    weights: &ww,
+                },
+            )
+            .unwrap();
+    };
+    let rms = |chain: &mut Chain| norm.record(chain, &xw, &gw, &hw, 1, d, 1e-5).unwrap();
+    let nothing = |_: &mut Chain| {};
+    let n = 240;
+    println!("gpt-oss-20b router (32 x 2880 f32, top-4), us a dispatch with its barrier:");
+    for (name, rec) in [
+        ("moe_router", &route as &dyn Fn(&mut Chain)),
+        ("rms_norm", &rms),
+        ("flush only", &nothing),
+    ] {
+        let hot = unit_us(&ctx, n, None, rec);
+        let cold = unit_us(&ctx, n / 4, Some(&flush), rec);
+        println!("  {name:<12} hot {hot:7.2}  after a flush {cold:7.2}");
     }
 }

@@ -26,6 +26,9 @@
 // (quantize_q8.comp's layout at binding 1, a row per input row: n_pairs / x_div of them): each
 // workgroup copies its pairs' rows instead of quantizing them.
 //
+// Benchmark variants (`@bench` in variants.txt, benches/moe_bench.rs): ABL_NOQ neither reads
+// nor quantizes x (wrong results: the cost of the products alone).
+//
 // Layout: workgroup x takes GROUPS * RPT rows in GROUPS row groups of 32 lanes, y its pair
 // (COMBINE: its token, all NU = n_used of its pairs; GROUPED: up to NU pairs of one expert);
 // it first quantizes its pairs' inputs into
@@ -192,6 +195,12 @@ void main() {
     for (uint i = tid; i < nv * nb; i += WG) {
         uint j = i / nb;
         uint b = i - j * nb;
+#ifdef ABL_NOQ
+        // (benchmark ablation, wrong results) x neither read nor quantized: what the products
+        // cost with their inputs' codes already at hand
+        xs[j * XB + b] = vec2(0.0);
+        continue;
+#endif
         uint xi = (pair_of(j) / pc.x_div) * xrow + b * 8u;
         vec4 v[8];
         [[unroll]] for (uint k = 0u; k < 8u; k++) {

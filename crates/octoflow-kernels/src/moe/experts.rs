@@ -174,6 +174,19 @@ impl MoeExperts {
         self
     }
 
+    /// The same kernels with the 8-bit dot kernel's GLU (`glu`) or COMBINE pipelines of `ty`
+    /// built from another variant of the shader (benchmarks compare them); `None` without it.
+    #[cfg(all(test, feature = "bench"))]
+    pub(crate) fn with_dot_variant(
+        mut self,
+        ty: GgmlType,
+        glu: bool,
+        sh: octoflow_vk::Shader,
+    ) -> Option<Self> {
+        self.dot = Some(self.dot.take()?.with_variant(ty, glu, sh));
+        Some(self)
+    }
+
     /// Whether the matvec's products of `ty`, `n_cols` wide, run on 8-bit dot products of x
     /// quantized per block of 32 (then their results are [`moe_experts_dot_ref`]'s).
     pub fn uses_dot(&self, ty: GgmlType, n_cols: u32) -> bool {

@@ -176,6 +176,24 @@ impl MoeDot {
         })
     }
 
+    /// The same pipelines with type `ty`'s GLU (`glu`) or COMBINE ones built from another
+    /// variant of the shader (benchmarks compare them).
+    #[cfg(all(test, feature = "bench"))]
+    pub(crate) fn with_variant(mut self, ty: GgmlType, glu: bool, sh: octoflow_vk::Shader) -> Self {
+        let ti = DOT_TYPES
+            .iter()
+            .position(|&t| t == ty)
+            .expect("a type it reads");
+        let (set, bindings) = if glu {
+            (&mut self.glu, 7)
+        } else {
+            (&mut self.combine, 6)
+        };
+        let subgroup = set[ti].required_subgroup();
+        set[ti] = SpecPipelines::new(sh, bindings, PUSH_BYTES, sh.name).subgroup_size(subgroup);
+        self
+    }
+
     /// Whether the kernel reads this product: a type it reads, rows of whole blocks (an even
     /// number of them for the 2-byte aligned Q4_0, Q5_0 and Q8_0: whole words a row; whole
     /// super-blocks for the K-quants) at most [`MAX_COLS`] wide whose pairs' inputs fit shared
