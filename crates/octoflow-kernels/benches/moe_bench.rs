@@ -119,6 +119,8 @@ fn run_shape(
     let wts = poisoned(ctx, "weights", pairs);
     let act = poisoned(ctx, "act", pairs * f);
     let y = poisoned(ctx, "y", pairs * d);
+    let xq = poisoned(ctx, "xq", crate::q8_words(1, n_embd) as usize);
+    let xqw = xq.whole();
     let lin = Linear::new(ctx).unwrap();
     let norm = RmsNorm::new(ctx).unwrap();
     let moe = Moe::new(ctx).unwrap();
@@ -160,6 +162,7 @@ fn run_shape(
                             logits: &lw,
                             ids: &iw,
                             weights: &ww,
+                            xq: ex.takes_quantized(ty, n_embd).then_some(&xqw),
                         },
                     )
                     .unwrap();
@@ -215,6 +218,7 @@ fn run_shape(
             ex.record(
                 chain,
                 &ExpertsArgs {
+                    xq: (fused && ex.takes_quantized(ty, n_embd)).then_some(&xqw),
                     w: ew(&gw, n_ff, n_embd),
                     glu: Some((ew(&uw, n_ff, n_embd), swiglu)),
                     bias: None,
@@ -234,6 +238,7 @@ fn run_shape(
             ex.record(
                 chain,
                 &ExpertsArgs {
+                    xq: None,
                     w: ew(&dw, n_embd, n_ff),
                     glu: None,
                     bias: None,
@@ -277,13 +282,21 @@ fn run_shape(
             Moe::new(ctx)
                 .unwrap()
                 .experts
+                .with_xq(false)
                 .with_dot_variant(ty, true, shaders::MOE_DOT_GLU_X_NOQ_MXFP4)?
                 .with_dot_variant(ty, false, shaders::MOE_DOT_COMBINE_X_NOQ_MXFP4)
         })
         .flatten();
+    let plain = Moe::new(ctx).unwrap().experts.with_xq(false);
+    let xq_on = Moe::new(ctx).unwrap().experts.with_xq(true);
     let mut ways = vec![
-        ("unfused", false, &moe.experts),
-        ("fused", true, &moe.experts),
+        ("unfused", false, &plain),
+        ("fused", true, &plain),
+        (
+            "fused, the GLU's input quantized by the router",
+            true,
+            &xq_on,
+        ),
     ];
     if let Some(ex) = noq.as_ref() {
         ways.push(("fused, x not quantized (ablation)", true, ex));
@@ -406,6 +419,7 @@ fn moe_router_timing() {
                     logits: &lw,
                     ids: &iw,
                     weights: &ww,
+                    xq: None,
                 },
             )
             .unwrap();

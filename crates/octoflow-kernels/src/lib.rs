@@ -90,7 +90,9 @@ pub use get_rows::{GetRows, GetRowsArgs};
 pub use glu::{glu_ref, Glu, GluOp};
 pub use glu_back::{glu_back_ref, GluBack};
 pub use kv_type::{KvType, UnknownKvType};
-pub use linear::{Linear, LinearArgs, LinearGluArgs, PendingNorm, QWeightRef, StepLinear};
+pub use linear::{
+    q8_words, Linear, LinearArgs, LinearGluArgs, PendingNorm, QWeightRef, StepLinear,
+};
 pub use linear_t::{linear_t_ref, LinearT, LinearTArgs};
 pub use lora::{lora_ref, Lora, LoraMix, LoraStack};
 pub use masked_softmax::{masked_softmax_back_ref, masked_softmax_ref, MaskedSoftmax, SoftmaxMask};

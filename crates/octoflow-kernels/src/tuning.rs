@@ -35,6 +35,7 @@ pub const DOT_MIN_WEIGHTS: u64 = 1_000_000;
 /// | `OCTOFLOW_DOT_MIN_WEIGHTS=N` or `none` | [`Tuning::dot_min_weights`] | one-token products of the blocks of 32 (Q4_0 … Q8_0) with at least N weights on 8-bit dot products (with [`Tuning::matvec_dot`]), or none |
 /// | `OCTOFLOW_QUANTIZE_ONCE=0` or `1` | [`Tuning::quantize_once`] | the 8-bit dot products' x quantized once per product (`quantize_q8.comp`, then `matvec_dot.comp`'s XQ variants) instead of in every workgroup, off or on |
 /// | `OCTOFLOW_MOE_DOT=0` or `1` | [`Tuning::moe_dot`] | a few tokens' expert products (MXFP4, Q4_0 … Q8_0, the K-quants) on 8-bit dot products of a quantized x (`moe_dot.comp`), off or on |
+/// | `OCTOFLOW_MOE_XQ=0` or `1` | [`Tuning::moe_xq`] | the fused router writes its normed output quantized for the experts' 8-bit GLU products (`moe_dot.comp`'s XQ variants), which then copy it instead of quantizing it in every workgroup, off or on |
 /// | `OCTOFLOW_MOE_DOT_GROUPS=N` | [`Tuning::moe_dot_groups`] | the grouped expert products of batches of at most N tokens on 8-bit dot products (`moe_dot.comp`'s GROUPED variants, with [`Tuning::moe_dot`]) instead of the grouped matmuls |
 /// | `OCTOFLOW_DOT_BATCHES=0`, `decode` or `1` | [`Tuning::dot_batches`] | products of 2 ..= 8 tokens on 8-bit dot products (`matvec_dot.comp`, every type it reads) instead of the cooperative-matrix kernel: never, for steps whose every row samples ([`DotBatches::Decode`]), or always |
 ///
@@ -90,6 +91,11 @@ pub struct Tuning {
     /// dot products. On by default where the device accelerates 4x8-bit dot products
     /// (docs/PERFORMANCE.md: gpt-oss-20b's decode).
     pub moe_dot: bool,
+    /// With [`Tuning::moe_dot`], the fused router (`moe_router.comp`) also writes its normed
+    /// output quantized per block of 32, and a few tokens' GLU expert products copy it
+    /// (`moe_dot.comp`'s XQ variants) instead of quantizing it in each of their workgroups:
+    /// no extra dispatch, the router computes those values anyway. On with [`Tuning::moe_dot`].
+    pub moe_xq: bool,
     /// With [`Tuning::moe_dot`], the grouped expert products of batches of at most this many
     /// tokens (several sequences' decode rows) take `moe_dot.comp`'s GROUPED variants instead
     /// of the grouped matmuls. 0 (none) by default: measured slower while each of their
@@ -142,6 +148,7 @@ impl Tuning {
             dot_min_weights: DOT_MIN_WEIGHTS,
             quantize_once: true,
             moe_dot: true,
+            moe_xq: true,
             ..base
         }
     }
@@ -161,6 +168,7 @@ impl Tuning {
             matvec_dot: false,
             dot_batches: DotBatches::Off,
             moe_dot: false,
+            moe_xq: false,
             moe_dot_groups: 0,
             dot_min_weights: u64::MAX,
             quantize_once: false,
@@ -214,6 +222,7 @@ impl Tuning {
         either("OCTOFLOW_MATVEC_DOT", &mut self.matvec_dot);
         either("OCTOFLOW_MOE_DOT", &mut self.moe_dot);
         either("OCTOFLOW_QUANTIZE_ONCE", &mut self.quantize_once);
+        either("OCTOFLOW_MOE_XQ", &mut self.moe_xq);
         match var("OCTOFLOW_DOT_BATCHES").as_deref() {
             Some("0") => self.dot_batches = DotBatches::Off,
             Some("decode") => self.dot_batches = DotBatches::Decode,
@@ -245,10 +254,12 @@ mod tests {
     fn the_8bit_dot_products_are_the_default_only_where_the_device_accelerates_them() {
         let caps = octoflow_vk::testing::recorded_caps();
         let (lavapipe, h100) = (Tuning::from_caps(&caps[0]), Tuning::from_caps(&caps[1]));
-        assert!(!(lavapipe.matvec_dot || lavapipe.moe_dot || lavapipe.quantize_once));
+        assert!(
+            !(lavapipe.matvec_dot || lavapipe.moe_dot || lavapipe.quantize_once || lavapipe.moe_xq)
+        );
         assert_eq!(lavapipe.dot_batches, DotBatches::Off);
         assert_eq!(lavapipe.dot_min_weights, u64::MAX);
-        assert!(h100.matvec_dot && h100.moe_dot && h100.quantize_once);
+        assert!(h100.matvec_dot && h100.moe_dot && h100.quantize_once && h100.moe_xq);
         assert_eq!(h100.dot_batches, DotBatches::Decode);
         assert_eq!(h100.dot_min_weights, DOT_MIN_WEIGHTS);
         assert!(lavapipe.moe_coop && h100.moe_coop);
@@ -276,8 +287,10 @@ mod tests {
             ("OCTOFLOW_MOE_DOT", "1"),
             ("OCTOFLOW_DOT_MIN_WEIGHTS", "4096"),
             ("OCTOFLOW_MOE_DOT_GROUPS", "64"),
+            ("OCTOFLOW_MOE_XQ", "1"),
         ]));
         assert_eq!((t.moe_dot_groups, base.moe_dot_groups), (64, 0));
+        assert!(t.moe_xq && !base.moe_xq);
         assert!(t.moe_dot && !base.moe_dot);
         assert_eq!((t.dot_min_weights, base.dot_min_weights), (4096, u64::MAX));
         let none = t.with_switches(env(&[("OCTOFLOW_DOT_MIN_WEIGHTS", "none")]));

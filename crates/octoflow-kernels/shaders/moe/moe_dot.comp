@@ -26,6 +26,10 @@
 // (quantize_q8.comp's layout at binding 1, a row per input row: n_pairs / x_div of them): each
 // workgroup copies its pairs' rows instead of quantizing them.
 //
+// XQ (GLU, one pair a workgroup): x already quantized for the product in quantize_q8.comp's
+// layout — by the fused router (moe_router.comp), which computes the experts' input anyway —
+// copied as GROUPED copies it.
+//
 // Benchmark variants (`@bench` in variants.txt, benches/moe_bench.rs): ABL_NOQ neither reads
 // nor quantizes x (wrong results: the cost of the products alone).
 //
@@ -73,7 +77,7 @@ const bool ONE_EXPERT = false;
 
 layout(std430, binding = 0) readonly buffer W1 { uint w1[]; };
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
-#ifdef GROUPED
+#if defined(GROUPED) || defined(XQ)
 layout(std430, binding = 1) readonly buffer XG { uint xg[]; };
 layout(std430, binding = 1) readonly buffer XGF { float xgf[]; };
 #else
@@ -177,7 +181,7 @@ void main() {
     }
 #endif
 
-#ifdef GROUPED
+#if defined(GROUPED) || defined(XQ)
     // 1. each pair's input row as quantize_q8.comp wrote it (MAXC = n_cols: XW and XB are its
     // row strides)
     uint sbase = (pc.n_pairs / pc.x_div) * XW;

@@ -11,6 +11,10 @@
 // puts the counter back to 0 for the next replay. No workgroup waits for another.
 // W: n_expert rows of row_bytes bytes of the GGUF type (quant.glsl). The reference is
 // `moe_router_ref` (moe/router.rs): rms_norm_ref, linear_ref and moe_route_ref in a row.
+// With flags bit 1 (n_cols a multiple of 32), workgroup 0 also writes h quantized per block of
+// 32 as quantize_q8.comp lays it out (codes, then per block (d, d * sum of codes), then 1 per
+// token) from the same values it writes to h: the experts' 8-bit dot products copy it instead
+// of quantizing h in each of their workgroups.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -39,6 +43,9 @@ layout(std430, binding = 5) coherent buffer L { float logits[]; };
 layout(std430, binding = 6) writeonly buffer Ids { uint ids[]; };
 layout(std430, binding = 7) writeonly buffer Wt { float wt[]; };
 layout(std430, binding = 8) coherent buffer Cnt { uint cnt[]; };
+layout(std430, binding = 4) writeonly buffer H4 { vec4 h4[]; };
+layout(std430, binding = 9) writeonly buffer XQ { uint xq[]; };
+layout(std430, binding = 9) writeonly buffer XF { float xf[]; };
 
 layout(push_constant) uniform Push {
     uint n_expert;
@@ -48,11 +55,12 @@ layout(push_constant) uniform Push {
     uint gating;
     float scale;
     float eps;
-    uint flags; // bit 0: add the bias
+    uint flags; // bit 0: add the bias, bit 1: write q8(h) too
 } pc;
 
 #include "quant.glsl"
 #include "moe_topk.glsl"
+#include "q8.glsl"
 
 shared float red[WG];
 shared uint last;
@@ -77,7 +85,27 @@ void main() {
         }
     }
     float inv = 1.0 / sqrt(wg_sum(ss) / float(pc.n_cols) + pc.eps);
-    if (gl_WorkGroupID.x == 0u) {
+    if (gl_WorkGroupID.x == 0u && (pc.flags & 2u) != 0u) {
+        // a block of 32 an invocation: h and its q8 codes from the same values
+        uint nb = pc.n_cols / 32u;
+        uint xrow = pc.n_cols / 4u;
+        uint sbase = gl_NumWorkGroups.y * xrow;
+        for (uint b = tid; b < nb; b += WG) {
+            vec4 v[8];
+            [[unroll]] for (uint j = 0u; j < 8u; j++) {
+                uint q = t * xrow + 8u * b + j;
+                v[j] = x4[q] * inv * g4[8u * b + j];
+                h4[q] = v[j];
+            }
+            vec2 s = q8_store(v, t * xrow + 8u * b);
+            uint si = sbase + 2u * (t * nb + b);
+            xf[si] = s.x;
+            xf[si + 1u] = s.y;
+        }
+        if (tid == 0u) {
+            xf[sbase + 2u * gl_NumWorkGroups.y * nb + t] = 1.0;
+        }
+    } else if (gl_WorkGroupID.x == 0u) {
         for (uint i = tid; i < pc.n_cols; i += WG) {
             h[xb + i] = x[xb + i] * inv * g[i];
         }

@@ -349,6 +349,12 @@ impl MatvecDot {
 /// queue, between barriers — the one before keeps an earlier product's reads of that scratch
 /// from meeting this write — and returns the scratch: the input of the products that read x
 /// quantized once (`matvec_dot.comp`'s XQ variants, `moe_dot.comp`'s GROUPED ones).
+/// Words of `n_rows` rows of `n_cols` (a multiple of 32) quantized per block of 32 in
+/// `quantize_q8.comp`'s layout: the codes, each block's (d, d * sum of codes), a factor per row.
+pub fn q8_words(n_rows: u32, n_cols: u32) -> u64 {
+    u64::from(n_rows) * (u64::from(n_cols) / 4 + 2 * u64::from(n_cols / 32) + 1)
+}
+
 pub(crate) fn record_quantize_q8(
     chain: &mut Chain,
     quantize: &Pipeline,
@@ -358,8 +364,7 @@ pub(crate) fn record_quantize_q8(
     n_cols: u32,
     n_rows: u32,
 ) -> Result<BufferSlice> {
-    let words = u64::from(n_rows) * (u64::from(n_cols) / 4 + 2 * u64::from(n_cols / 32) + 1);
-    let xq = scratch.get_slice(chain, 4 * words)?;
+    let xq = scratch.get_slice(chain, 4 * q8_words(n_rows, n_cols))?;
     // no norm: x stands in for its weight (never read)
     let (g, eps) = norm.map_or_else(|| (x.clone(), 0.0), |(g, eps)| (g.clone(), eps));
     let push = Push::new()
@@ -429,6 +434,35 @@ pub fn q8_blocks(x: &[f32], g: Option<&[f32]>) -> (Vec<f64>, Vec<f64>) {
         }
     }
     (deq, steps)
+}
+
+/// Rows of `x` (`n_cols` wide, a multiple of 32) in `quantize_q8.comp`'s layout without a norm
+/// ([`q8_words`]): the codes [`q8_blocks`] rounds to, per block (d, d * sum of the codes) as the
+/// shader computes them, and a factor 1 per row — what the products' XQ variants copy.
+pub fn quantize_q8_ref(x: &[f32], n_cols: usize) -> Vec<u32> {
+    let n = x.len() / n_cols;
+    let nb = n_cols / QK;
+    let mut words = vec![0u32; q8_words(n as u32, n_cols as u32) as usize];
+    let sbase = n * n_cols / 4;
+    for (b, xb) in x.chunks(QK).enumerate() {
+        let amax = xb.iter().fold(0f32, |m, a| m.max(a.abs()));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let mut sum = 0i32;
+        for (j, &v) in xb.iter().enumerate() {
+            let s = v * id;
+            let code = (s.signum() * (s.abs() + 0.5).floor()) as i32;
+            sum += code;
+            let c = b * QK + j;
+            words[c / 4] |= u32::from(code as i8 as u8) << (8 * (c % 4));
+        }
+        words[sbase + 2 * b] = d.to_bits();
+        words[sbase + 2 * b + 1] = (d * sum as f32).to_bits();
+    }
+    for t in 0..n {
+        words[sbase + 2 * n * nb + t] = 1f32.to_bits();
+    }
+    words
 }
 
 /// CPU reference of one token of [`MatvecDot`] (`ty`: a type it reads):

@@ -44,7 +44,9 @@ mod tests;
 pub(crate) use args::{check_args, glu_cost, product_cost, Checked};
 pub use args::{LinearArgs, LinearGluArgs, PendingNorm, QWeightRef};
 use matvec_dot::DOT_MAX_ROWS;
-pub use matvec_dot::{matvec_dot_glu_ref, matvec_dot_ref, q8_blocks, MATVEC_DOT_MAX_COLS};
+pub use matvec_dot::{
+    matvec_dot_glu_ref, matvec_dot_ref, q8_blocks, q8_words, quantize_q8_ref, MATVEC_DOT_MAX_COLS,
+};
 pub(crate) use plan::MatvecPlan;
 pub use reference::{linear_glu_ref, linear_ref};
 

@@ -108,6 +108,11 @@ pub struct ExpertsArgs<'a> {
     /// The matvec's products weighted and added to the stream instead of written to `y` (a
     /// plain product of one input row per pair over the whole tensor in one piece).
     pub combine: Option<Combine<'a>>,
+    /// `x` already quantized per block of 32 in `quantize_q8.comp`'s layout (a row per row of
+    /// `x`, [`crate::q8_words`]), as the fused router writes it: a GLU on the 8-bit dot kernel
+    /// (a few tokens, not grouped; [`MoeExperts::with_xq`]) copies it instead of quantizing
+    /// `x` in every workgroup; every other path reads `x`.
+    pub xq: Option<&'a BufferSlice>,
 }
 
 /// The expert-product kernels, a matvec and a grouped matmul (and their GLU variants) per
@@ -128,6 +133,9 @@ pub struct MoeExperts {
     /// Grouped products of batches of at most this many tokens take the dot kernel too
     /// ([`MoeExperts::with_dot_groups`]).
     dot_groups: u32,
+    /// A few tokens' GLU products want their input quantized by the router
+    /// ([`MoeExperts::with_xq`]).
+    xq: bool,
 }
 
 impl Default for MoeExperts {
@@ -164,6 +172,7 @@ impl MoeExperts {
             coop: false,
             dot: None,
             dot_groups: 0,
+            xq: false,
         }
     }
 
@@ -193,6 +202,24 @@ impl MoeExperts {
         self.dot
             .as_ref()
             .is_some_and(|d| d.fits(ty, DotKind::Plain, n_cols, 0, 0))
+    }
+
+    /// The same kernels, a few tokens' GLU products on the 8-bit dot products reading their
+    /// input already quantized where the caller gives it ([`ExpertsArgs::xq`], `on`;
+    /// [`crate::Tuning::moe_xq`]).
+    pub fn with_xq(mut self, on: bool) -> Self {
+        self.xq = on;
+        self
+    }
+
+    /// Whether a few tokens' GLU products of `ty`, `n_cols` wide, take their input quantized
+    /// ([`ExpertsArgs::xq`]): the fused router's caller then asks it for q8(h).
+    pub fn takes_quantized(&self, ty: GgmlType, n_cols: u32) -> bool {
+        self.xq
+            && self
+                .dot
+                .as_ref()
+                .is_some_and(|d| d.fits(ty, DotKind::GluQuantized, n_cols, 0, 0))
     }
 
     /// The same kernels, grouped products of batches of at most `max_tokens` tokens on the
@@ -361,6 +388,7 @@ impl MoeExperts {
         let kind = match (a.combine, up.is_some(), a.groups) {
             (Some(cb), ..) => DotKind::Combine(cb.n_used),
             (None, glu, Some(_)) => DotKind::Grouped { glu },
+            (None, true, None) if self.xq && a.xq.is_some() => DotKind::GluQuantized,
             (None, true, None) => DotKind::Glu,
             (None, false, None) => DotKind::Plain,
         };
@@ -445,6 +473,11 @@ impl MoeExperts {
         if let Some(u) = up {
             bind.push(u);
             bind.push(bias_up);
+        }
+        if let (Some(_), DotKind::GluQuantized, Some(xq)) = (dot, kind, a.xq) {
+            let rows = a.n_pairs / a.x_div.max(1);
+            need(OP, "xq", xq, u128::from(crate::q8_words(rows, w.n_cols)))?;
+            bind[1] = xq.clone();
         }
         chain.dispatch(&pipeline, &bind, &push, groups)?;
         Ok(())

@@ -47,6 +47,8 @@ const DOT_TYPES: [GgmlType; 9] = [
 pub(crate) enum DotKind {
     Plain,
     Glu,
+    /// The GLU on x already quantized ([`super::ExpertsArgs::xq`]).
+    GluQuantized,
     /// The down products of tokens of this many pairs, added into the stream.
     Combine(u32),
     /// A batch's pairs grouped by expert, runs of up to [`GROUP_PAIRS`] pairs of one expert a
@@ -64,6 +66,7 @@ pub(crate) const GROUP_PAIRS: u32 = 8;
 pub(crate) struct MoeDot {
     plain: Vec<SpecPipelines>,
     glu: Vec<SpecPipelines>,
+    glu_xq: Vec<SpecPipelines>,
     combine: Vec<SpecPipelines>,
     grouped: Vec<SpecPipelines>,
     grouped_glu: Vec<SpecPipelines>,
@@ -123,6 +126,20 @@ impl MoeDot {
                     (MOE_DOT_GLU_Q4_K, "moe_dot_glu_q4_k"),
                     (MOE_DOT_GLU_Q5_K, "moe_dot_glu_q5_k"),
                     (MOE_DOT_GLU_Q6_K, "moe_dot_glu_q6_k"),
+                ],
+                7,
+            ),
+            glu_xq: build(
+                [
+                    (MOE_DOT_GLU_XQ_Q4_0, "moe_dot_glu_xq_q4_0"),
+                    (MOE_DOT_GLU_XQ_Q4_1, "moe_dot_glu_xq_q4_1"),
+                    (MOE_DOT_GLU_XQ_Q5_0, "moe_dot_glu_xq_q5_0"),
+                    (MOE_DOT_GLU_XQ_Q5_1, "moe_dot_glu_xq_q5_1"),
+                    (MOE_DOT_GLU_XQ_Q8_0, "moe_dot_glu_xq_q8_0"),
+                    (MOE_DOT_GLU_XQ_MXFP4, "moe_dot_glu_xq_mxfp4"),
+                    (MOE_DOT_GLU_XQ_Q4_K, "moe_dot_glu_xq_q4_k"),
+                    (MOE_DOT_GLU_XQ_Q5_K, "moe_dot_glu_xq_q5_k"),
+                    (MOE_DOT_GLU_XQ_Q6_K, "moe_dot_glu_xq_q6_k"),
                 ],
                 7,
             ),
@@ -227,7 +244,7 @@ impl MoeDot {
     fn shared_bytes(&self, kind: DotKind, n_cols: u32, rpt: u32) -> u32 {
         let (nm, nu) = match kind {
             DotKind::Plain => (1, 1),
-            DotKind::Glu => (2, 1),
+            DotKind::Glu | DotKind::GluQuantized => (2, 1),
             DotKind::Combine(n) => (1, n),
             DotKind::Grouped { glu } => (if glu { 2 } else { 1 }, GROUP_PAIRS),
         };
@@ -275,6 +292,7 @@ impl MoeDot {
         let (set, nu) = match kind {
             DotKind::Plain => (&self.plain, 1),
             DotKind::Glu => (&self.glu, 1),
+            DotKind::GluQuantized => (&self.glu_xq, 1),
             DotKind::Combine(n) => (&self.combine, n),
             DotKind::Grouped { glu: false } => (&self.grouped, GROUP_PAIRS),
             DotKind::Grouped { glu: true } => (&self.grouped_glu, GROUP_PAIRS),

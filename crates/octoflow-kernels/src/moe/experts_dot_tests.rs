@@ -70,6 +70,8 @@ fn check_dot_type(ty: GgmlType) {
     let k = MoeExperts::new()
         .with_dot(ctx.caps(), true)
         .with_dot_groups(u32::MAX);
+    // the GLU on inputs already quantized (as the fused router writes them)
+    let kx = MoeExperts::new().with_dot(ctx.caps(), true).with_xq(true);
     let acts = [
         MoeAct::Silu,
         MoeAct::SwigluOai {
@@ -128,8 +130,26 @@ fn check_dot_type(ty: GgmlType) {
                 };
                 let glu_on = glu.is_some();
                 assert!(k.groups_use_dot(ty, n_cols as u32, n_tokens as u32, glu_on));
-                let runs = [(0, None), (1, None), (0, Some(grouped)), (1, Some(grouped))];
-                for (si, groups) in runs {
+                assert!(
+                    kx.takes_quantized(ty, n_cols as u32) && !k.takes_quantized(ty, n_cols as u32)
+                );
+                let xq: Vec<u8> = crate::linear::quantize_q8_ref(&x, n_cols)
+                    .iter()
+                    .flat_map(|w| w.to_le_bytes())
+                    .collect();
+                let xqb = buffer_with(&ctx, "xq", &xq);
+                let xqd = xqb.whole();
+                let mut runs = vec![
+                    (0, None, None),
+                    (1, None, None),
+                    (0, Some(grouped), None),
+                    (1, Some(grouped), None),
+                ];
+                if glu_on {
+                    runs.extend([(0, None, Some(&xqd)), (1, None, Some(&xqd))]);
+                }
+                for (si, groups, xq) in runs {
+                    let k = if xq.is_some() { &kx } else { &k };
                     let (set, up_set) = (&gp[si], &upp[si]);
                     let yb = poisoned(&ctx, "y", n_pairs * n_rows);
                     let mut chain = Chain::new(&ctx).unwrap();
@@ -147,6 +167,7 @@ fn check_dot_type(ty: GgmlType) {
                         k.record(
                             &mut chain,
                             &ExpertsArgs {
+                                xq,
                                 w,
                                 glu: glu.map(|a| (ExpertWeights { data: &ud, ..w }, a)),
                                 bias: biased.then_some(&bgw),
@@ -167,9 +188,11 @@ fn check_dot_type(ty: GgmlType) {
                     let got = read(&ctx, &yb, n_pairs * n_rows);
                     let what = format!(
                         "moe dot {ty} {n_tokens}x{n_used} of {n_expert}, {n_rows}x{n_cols}, glu \
-                         {glu:?}, bias {biased}, {} pieces, grouped {}, seed {seed}",
+                         {glu:?}, bias {biased}, {} pieces, grouped {}, x quantized {}, seed \
+                         {seed}",
                         set.len(),
-                        groups.is_some()
+                        groups.is_some(),
+                        xq.is_some()
                     );
                     check(&got, &want, &slack, &what);
                 }
@@ -235,6 +258,7 @@ fn check_combined(
     k.record(
         &mut chain,
         &ExpertsArgs {
+            xq: None,
             w: ExpertWeights {
                 ty,
                 data: &wd,

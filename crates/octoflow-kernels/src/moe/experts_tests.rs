@@ -155,6 +155,7 @@ fn check_experts_type(ty: GgmlType) {
                             k.record(
                                 &mut chain,
                                 &ExpertsArgs {
+                                    xq: None,
                                     w,
                                     glu: glu.map(|a| (u, a)),
                                     bias: biased.then_some(&bgw),
@@ -243,6 +244,7 @@ fn check_combined(
     k.record(
         &mut chain,
         &ExpertsArgs {
+            xq: None,
             w: ExpertWeights {
                 ty: p.ty,
                 data: &wd,
@@ -325,6 +327,7 @@ fn mismatched_operands_are_clear_errors() {
         bd: &'a octoflow_vk::BufferSlice,
     ) -> ExpertsArgs<'a> {
         ExpertsArgs {
+            xq: None,
             w,
             glu,
             bias: None,
@@ -354,6 +357,7 @@ fn mismatched_operands_are_clear_errors() {
     ));
     assert!(e.contains("both must match"), "{e}");
     let e = err(&ExpertsArgs {
+        xq: None,
         n_pairs: 3,
         ..args(w, None, &bd)
     });
@@ -375,17 +379,20 @@ fn mismatched_operands_are_clear_errors() {
         })
     };
     let e = err(&ExpertsArgs {
+        xq: None,
         combine: cb(2),
         ..args(w, None, &bd)
     });
     assert!(e.contains("one input row per pair"), "{e}");
     let e = err(&ExpertsArgs {
+        xq: None,
         x_div: 1,
         combine: cb(9),
         ..args(w, None, &bd)
     });
     assert!(e.contains("whole tokens of 1..=8 pairs"), "{e}");
     let e = err(&ExpertsArgs {
+        xq: None,
         x_div: 1,
         combine: cb(2),
         ..args(ExpertWeights { n_experts: 3, ..w }, None, &bd)

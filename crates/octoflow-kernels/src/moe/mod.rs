@@ -122,6 +122,7 @@ impl Moe {
                     .with_coop(t.moe_coop)
                     .with_dot(ctx.caps(), t.moe_dot)
                     .with_dot_groups(t.moe_dot_groups)
+                    .with_xq(t.moe_xq)
             },
             combine: MoeCombine::new(ctx)?,
         })

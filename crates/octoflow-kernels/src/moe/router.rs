@@ -12,6 +12,7 @@ use super::MoeGating;
 use crate::elementwise::rms_norm::rms_norm_ref;
 use crate::error::Result;
 use crate::linear::linear_ref;
+use crate::linear::q8_words;
 use crate::linear::qweight::{row_bytes, type_index, word_slice, QOp, TYPES};
 use crate::operand::{bad, need};
 use crate::scratch::QueueScratch;
@@ -49,6 +50,10 @@ pub struct RouterArgs<'a> {
     pub logits: &'a BufferSlice,
     pub ids: &'a BufferSlice,
     pub weights: &'a BufferSlice,
+    /// Optional output: h quantized per block of 32 in `quantize_q8.comp`'s layout
+    /// ([`crate::q8_words`]`(n_tokens, n_cols)` words; n_cols a multiple of 32), for the
+    /// experts' 8-bit dot products ([`crate::ExpertsArgs::xq`]).
+    pub xq: Option<&'a BufferSlice>,
 }
 
 /// The fused routing kernel, a pipeline per router type, built on first use.
@@ -69,7 +74,7 @@ impl MoeRouter {
             pipelines: (0..TYPES.len())
                 .map(|i| {
                     let s = QOp::MoeRouter.variant(i);
-                    SpecPipelines::new(s, 9, PUSH_BYTES, s.name)
+                    SpecPipelines::new(s, 10, PUSH_BYTES, s.name)
                 })
                 .collect(),
             counts: QueueScratch::zeroed("moe_router_count"),
@@ -110,6 +115,15 @@ impl MoeRouter {
         if let Some(b) = a.bias {
             need(OP, "bias", b, u128::from(a.n_expert))?;
         }
+        if let Some(xq) = a.xq {
+            if !a.n_cols.is_multiple_of(32) {
+                return Err(bad(
+                    OP,
+                    format!("h of {} columns: q8(h) takes whole blocks of 32", a.n_cols),
+                ));
+            }
+            need(OP, "xq", xq, u128::from(q8_words(a.n_tokens, a.n_cols)))?;
+        }
         let counts = self.counts.get_slice(chain, 4 * u64::from(a.n_tokens))?;
         let push = Push::new()
             .u32(a.n_expert)
@@ -119,7 +133,7 @@ impl MoeRouter {
             .u32(a.gating.code())
             .f32(a.scale)
             .f32(a.eps)
-            .u32(u32::from(a.bias.is_some()));
+            .u32(u32::from(a.bias.is_some()) | (u32::from(a.xq.is_some()) << 1));
         let ctx = chain.context();
         let pipeline = self.pipelines[ti].get(ctx, [0; 7])?;
         chain.dispatch(
@@ -134,6 +148,7 @@ impl MoeRouter {
                 a.ids.clone(),
                 a.weights.clone(),
                 counts,
+                a.xq.unwrap_or(a.h).clone(), // absent: never written
             ],
             &push,
             [a.n_expert.div_ceil(ROWS), a.n_tokens, 1],
@@ -207,6 +222,56 @@ mod tests {
     const REL_H: f32 = 1e-5;
     const REL: f32 = 1e-3;
 
+    /// Whether `words` are `x` (rows of `n_cols`) quantized in `quantize_q8.comp`'s layout
+    /// ([`crate::linear::q8_blocks`]' codes, each code one step off at most where its value
+    /// lies at a rounding boundary; each block's d and d times the sum of its codes as the
+    /// shader computes them; a factor 1 per row).
+    fn check_q8_of(words: &[u32], x: &[f32], n_cols: usize) -> std::result::Result<(), String> {
+        let n = x.len() / n_cols;
+        let nb = n_cols / 32;
+        let sbase = n * n_cols / 4;
+        let f = |i: usize| f32::from_bits(words[i]);
+        for t in 0..n {
+            let row = &x[t * n_cols..(t + 1) * n_cols];
+            let (deq, steps) = crate::linear::q8_blocks(row, None);
+            for b in 0..nb {
+                let (d, ds) = (f(sbase + 2 * (t * nb + b)), f(sbase + 2 * (t * nb + b) + 1));
+                let amax = row[32 * b..32 * b + 32]
+                    .iter()
+                    .fold(0f32, |m, v| m.max(v.abs()));
+                if d != amax / 127.0 {
+                    return Err(format!("row {t} block {b}: d {d}, want {}", amax / 127.0));
+                }
+                let mut sum = 0i32;
+                for j in 0..32 {
+                    let c = t * n_cols + 32 * b + j;
+                    let code = i32::from(((words[c / 4] >> (8 * (c % 4))) & 0xFF) as u8 as i8);
+                    sum += code;
+                    let (got, want) = (f64::from(d) * f64::from(code), deq[32 * b + j]);
+                    if (got - want).abs() > steps[32 * b + j] + 1e-12 * want.abs() {
+                        return Err(format!(
+                            "row {t} value {}: code {code} is {got}, want {want}",
+                            32 * b + j
+                        ));
+                    }
+                }
+                if ds != d * sum as f32 {
+                    return Err(format!(
+                        "row {t} block {b}: d * sum {ds}, want {}",
+                        d * sum as f32
+                    ));
+                }
+            }
+            if f(sbase + 2 * n * nb + t) != 1.0 {
+                return Err(format!(
+                    "row {t}: factor {}, want 1",
+                    f(sbase + 2 * n * nb + t)
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether token `lg`'s n_used + 1 largest logits are apart by more than `gap` each (else
     /// f32 rounding may order them otherwise than the f64 reference).
     fn separated(lg: &[f32], n_used: usize, gap: f32) -> bool {
@@ -254,6 +319,10 @@ mod tests {
                 with(&ctx, "bias", &bias),
             );
             let hb = poisoned(&ctx, "h", n * n_cols);
+            // q8(h) too, where its blocks are whole
+            let quantized = n_cols % 32 == 0 && i % 3 != 1;
+            let xqb = poisoned(&ctx, "xq", q8_words(n as u32, n_cols as u32) as usize);
+            let xqd = xqb.whole();
             let lb = poisoned(&ctx, "logits", n * n_expert);
             let ib = poisoned(&ctx, "ids", n * n_used);
             let wtb = poisoned(&ctx, "weights", n * n_used);
@@ -276,6 +345,7 @@ mod tests {
                 logits: &ld,
                 ids: &id,
                 weights: &wtd,
+                xq: quantized.then_some(&xqd),
             };
             let mut chain = Chain::new(&ctx).unwrap();
             k.record(&mut chain, &args).unwrap();
@@ -298,15 +368,23 @@ mod tests {
                 scale,
             )
             .unwrap();
-            let what = format!("{ty}: {n} tokens, {n_used} of {n_expert}, {n_cols} columns, {gating:?}, bias {biased}, seed {seed}");
+            let what = format!("{ty}: {n} tokens, {n_used} of {n_expert}, {n_cols} columns, {gating:?}, bias {biased}, q8(h) {quantized}, seed {seed}");
             // twice: the first run's last workgroups must have put the counters back
             for run in 0..2 {
-                for b in [&hb, &lb, &ib, &wtb] {
+                for b in [&hb, &lb, &ib, &wtb, &xqb] {
                     ctx.fill(b, 0, b.size(), f32::NAN.to_bits()).unwrap();
                 }
                 chain.run().unwrap();
-                if let Err(e) = check_close(&read(&ctx, &hb, h.len()), &h, REL_H) {
+                let got_h = read(&ctx, &hb, h.len());
+                if let Err(e) = check_close(&got_h, &h, REL_H) {
                     panic!("h, run {run}: {what}: {e}");
+                }
+                if quantized {
+                    let mut words = vec![0u32; q8_words(n as u32, n_cols as u32) as usize];
+                    ctx.download(&xqb, 0, &mut words).unwrap();
+                    if let Err(e) = check_q8_of(&words, &got_h, n_cols) {
+                        panic!("q8(h), run {run}: {what}: {e}");
+                    }
                 }
                 let got_l = read(&ctx, &lb, logits.len());
                 if let Err(e) = check_close(&got_l, &logits, REL) {
@@ -370,6 +448,7 @@ mod tests {
             logits: &bw,
             ids: &bw,
             weights: &bw,
+            xq: None,
         };
         let err = |a: &RouterArgs| {
             k.record(&mut Chain::new(&ctx).unwrap(), a)

@@ -257,8 +257,9 @@ fn qwen3moe_decode_chain_and_batched_rows_match_the_cpu_reference() {
 }
 
 /// The tiny gpt-oss with MXFP4 experts through the batch engine with its expert products on
-/// 8-bit dot products, a step's pairs taken one by one (`with_dot_groups(0)`) and grouped by
-/// expert (steps of 2–8 rows group their pairs too): each sequence's logits within what 8-bit
+/// 8-bit dot products, a step's pairs taken one by one (`with_dot_groups(0)`; and with the GLU's
+/// input quantized by the fused router, `with_xq`) and grouped by expert (steps of 2–8 rows
+/// group their pairs too): each sequence's logits within what 8-bit
 /// codes of the experts' inputs move them from the CPU reference's, and the two layouts alike
 /// wherever their histories are (the same codes, the same sums per pair).
 #[test]
@@ -285,10 +286,11 @@ fn gpt_oss_grouped_expert_dot_products_match_the_cpu_reference() {
         &[(0, 3..4), (1, 3..4)],
         &[(2, 0..10), (0, 3..4), (1, 3..4)],
     ];
-    let run = |groups: u32| -> Vec<Vec<f32>> {
+    let run = |groups: u32, xq: bool| -> Vec<Vec<f32>> {
         let ex = octoflow_kernels::MoeExperts::new()
             .with_dot(ctx.caps(), true)
-            .with_dot_groups(groups);
+            .with_dot_groups(groups)
+            .with_xq(xq);
         assert_eq!(
             ex.groups_use_dot(octoflow_gguf::GgmlType::MXFP4, TINY.n_embd as u32, 8, true),
             groups >= 8
@@ -328,7 +330,10 @@ fn gpt_oss_grouped_expert_dot_products_match_the_cpu_reference() {
         }
         out
     };
-    let (one_by_one, grouped) = (run(0), run(u32::MAX));
+    let (one_by_one, grouped) = (run(0, false), run(u32::MAX, false));
+    // the routers of the few-row steps write the GLU's input quantized (the same codes of the
+    // same values): the same logits
+    let quantized_by_router = run(0, true);
     let cpu_last = |slot: usize, end: usize| {
         model
             .session(32)
@@ -365,6 +370,9 @@ fn gpt_oss_grouped_expert_dot_products_match_the_cpu_reference() {
             err <= 1e-5,
             "logits {i}: grouped and one by one differ by {err}"
         );
+    }
+    for (i, (a, b)) in quantized_by_router.iter().zip(&one_by_one).enumerate() {
+        assert_eq!(a, b, "logits {i}: the router's q8 input differs");
     }
     // the 12-row step took the grouped dot products (one by one, it takes the grouped f32 or
     // f16 products there)

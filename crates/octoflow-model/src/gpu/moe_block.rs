@@ -77,6 +77,20 @@ impl Graph<'_> {
             && n <= ROUTER_MAX_TOKENS
             && st.pending.is_none()
             && mw.router.pieces.len() == 1;
+        let grouped = n > MATVEC_MAX_TOKENS || self.groups_on_dots(mw, n);
+        // the router writes the experts' input quantized too, where their GLU copies it
+        let xq = if fused_router
+            && !grouped
+            && c.n_embd % 32 == 0
+            && k.moe.experts.takes_quantized(mw.gate.ty, mw.gate.n_cols)
+        {
+            Some(f32s(
+                &ms.xq,
+                octoflow_kernels::q8_words(n, c.n_embd as u32) as usize,
+            )?)
+        } else {
+            None
+        };
         let input = if fused_router {
             // the norm, the router and the routing in one dispatch
             let h = f32s(&s.h, rows * c.n_embd)?;
@@ -99,6 +113,7 @@ impl Graph<'_> {
                     logits: &logits,
                     ids: &ids,
                     weights: &weights,
+                    xq: xq.as_ref(),
                 },
             )?;
             chain.compute_barrier()?;
@@ -107,7 +122,7 @@ impl Graph<'_> {
             self.router_and_route(chain, il, mw, plan, n, st, &logits, &ids, &weights)?
         };
         let (offsets, list) = (u32s(&ms.offsets, n_expert + 1)?, u32s(&ms.list, pairs)?);
-        let groups = if n > MATVEC_MAX_TOKENS || self.groups_on_dots(mw, n) {
+        let groups = if grouped {
             k.moe
                 .group
                 .record(chain, &ids, &offsets, &list, pairs, n_expert)?;
@@ -133,6 +148,7 @@ impl Graph<'_> {
             k.moe.experts.record(
                 chain,
                 &ExpertsArgs {
+                    xq: xq.as_ref(),
                     w: piece(g, gp),
                     glu: Some((piece(u, up), a)),
                     bias: mw.gate_bias.as_ref(),
@@ -159,6 +175,7 @@ impl Graph<'_> {
             k.moe.experts.record(
                 chain,
                 &ExpertsArgs {
+                    xq: None,
                     w: piece(d, dp),
                     glu: None,
                     bias: mw.down_bias.as_ref(),

@@ -2,6 +2,7 @@
 //! tokens, logits, the KV cache and the decode chain's bookkeeping.
 
 use octoflow_kernels::advance::ctl;
+use octoflow_kernels::linear::MATVEC_MAX_TOKENS;
 use octoflow_kernels::KvType;
 use octoflow_vk::{Buffer, Context, MemoryKind};
 
@@ -92,10 +93,14 @@ pub struct MoeScratch {
     pub act: Buffer,
     /// `[pairs, n_embd]` f32: the experts' outputs.
     pub y: Buffer,
+    /// The normed stream quantized per block of 32 by the fused router for the experts' GLU
+    /// (`octoflow_kernels::q8_words(min(t_max, MATVEC_MAX_TOKENS), n_embd)` words: only steps
+    /// whose experts take the pairs one by one use it).
+    pub xq: Buffer,
 }
 
 impl MoeScratch {
-    fn buffers(&self) -> [&Buffer; 7] {
+    fn buffers(&self) -> [&Buffer; 8] {
         [
             &self.logits,
             &self.ids,
@@ -104,6 +109,7 @@ impl MoeScratch {
             &self.list,
             &self.act,
             &self.y,
+            &self.xq,
         ]
     }
 }
@@ -194,6 +200,13 @@ impl Scratch {
                     list: dev("moe_list", pairs)?,
                     act: dev("moe_act", pairs * m.n_ff)?,
                     y: dev("moe_y", pairs * c.n_embd)?,
+                    xq: dev(
+                        "moe_xq",
+                        octoflow_kernels::q8_words(
+                            t.min(MATVEC_MAX_TOKENS as usize) as u32,
+                            c.n_embd as u32,
+                        ) as usize,
+                    )?,
                 })
             }
         };
