@@ -155,6 +155,7 @@ fn check_experts_type(ty: GgmlType) {
                             k.record(
                                 &mut chain,
                                 &ExpertsArgs {
+                                    y_q8: None,
                                     xq: None,
                                     w,
                                     glu: glu.map(|a| (u, a)),
@@ -244,6 +245,7 @@ fn check_combined(
     k.record(
         &mut chain,
         &ExpertsArgs {
+            y_q8: None,
             xq: None,
             w: ExpertWeights {
                 ty: p.ty,
@@ -327,6 +329,7 @@ fn mismatched_operands_are_clear_errors() {
         bd: &'a octoflow_vk::BufferSlice,
     ) -> ExpertsArgs<'a> {
         ExpertsArgs {
+            y_q8: None,
             xq: None,
             w,
             glu,
@@ -357,6 +360,7 @@ fn mismatched_operands_are_clear_errors() {
     ));
     assert!(e.contains("both must match"), "{e}");
     let e = err(&ExpertsArgs {
+        y_q8: None,
         xq: None,
         n_pairs: 3,
         ..args(w, None, &bd)
@@ -379,12 +383,14 @@ fn mismatched_operands_are_clear_errors() {
         })
     };
     let e = err(&ExpertsArgs {
+        y_q8: None,
         xq: None,
         combine: cb(2),
         ..args(w, None, &bd)
     });
     assert!(e.contains("one input row per pair"), "{e}");
     let e = err(&ExpertsArgs {
+        y_q8: None,
         xq: None,
         x_div: 1,
         combine: cb(9),
@@ -392,6 +398,7 @@ fn mismatched_operands_are_clear_errors() {
     });
     assert!(e.contains("whole tokens of 1..=8 pairs"), "{e}");
     let e = err(&ExpertsArgs {
+        y_q8: None,
         xq: None,
         x_div: 1,
         combine: cb(2),

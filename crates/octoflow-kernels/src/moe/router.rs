@@ -222,59 +222,6 @@ mod tests {
     const REL_H: f32 = 1e-5;
     const REL: f32 = 1e-3;
 
-    /// Whether `words` are `x` (rows of `n_cols`) quantized in `quantize_q8.comp`'s layout
-    /// ([`crate::linear::q8_blocks`]' codes, each code one step off at most where its value
-    /// lies at a rounding boundary; each block's d within a few ulps of max|v| / 127 — a GPU's
-    /// division need not round correctly — and d times the sum of its codes; a factor 1 per
-    /// row).
-    fn check_q8_of(words: &[u32], x: &[f32], n_cols: usize) -> std::result::Result<(), String> {
-        let n = x.len() / n_cols;
-        let nb = n_cols / 32;
-        let sbase = n * n_cols / 4;
-        let f = |i: usize| f32::from_bits(words[i]);
-        for t in 0..n {
-            let row = &x[t * n_cols..(t + 1) * n_cols];
-            let (deq, steps) = crate::linear::q8_blocks(row, None);
-            for b in 0..nb {
-                let (d, ds) = (f(sbase + 2 * (t * nb + b)), f(sbase + 2 * (t * nb + b) + 1));
-                let amax = row[32 * b..32 * b + 32]
-                    .iter()
-                    .fold(0f32, |m, v| m.max(v.abs()));
-                let want_d = amax / 127.0;
-                if !((d - want_d).abs() <= 1e-6 * want_d) {
-                    return Err(format!("row {t} block {b}: d {d}, want {want_d}"));
-                }
-                let mut sum = 0i32;
-                for j in 0..32 {
-                    let c = t * n_cols + 32 * b + j;
-                    let code = i32::from(((words[c / 4] >> (8 * (c % 4))) & 0xFF) as u8 as i8);
-                    sum += code;
-                    let (got, want) = (f64::from(d) * f64::from(code), deq[32 * b + j]);
-                    if !((got - want).abs() <= steps[32 * b + j] + 1e-6 * want.abs()) {
-                        return Err(format!(
-                            "row {t} value {}: code {code} is {got}, want {want}",
-                            32 * b + j
-                        ));
-                    }
-                }
-                let want_ds = d * sum as f32;
-                if !((ds - want_ds).abs() <= 1e-6 * want_ds.abs()) {
-                    return Err(format!(
-                        "row {t} block {b}: d * sum {ds}, want {}",
-                        d * sum as f32
-                    ));
-                }
-            }
-            if f(sbase + 2 * n * nb + t) != 1.0 {
-                return Err(format!(
-                    "row {t}: factor {}, want 1",
-                    f(sbase + 2 * n * nb + t)
-                ));
-            }
-        }
-        Ok(())
-    }
-
     /// Whether token `lg`'s n_used + 1 largest logits are apart by more than `gap` each (else
     /// f32 rounding may order them otherwise than the f64 reference).
     fn separated(lg: &[f32], n_used: usize, gap: f32) -> bool {
@@ -385,7 +332,7 @@ mod tests {
                 if quantized {
                     let mut words = vec![0u32; q8_words(n as u32, n_cols as u32) as usize];
                     ctx.download(&xqb, 0, &mut words).unwrap();
-                    if let Err(e) = check_q8_of(&words, &got_h, n_cols) {
+                    if let Err(e) = crate::testkit::check_q8_layout(&words, &got_h, n_cols) {
                         panic!("q8(h), run {run}: {what}: {e}");
                     }
                 }
