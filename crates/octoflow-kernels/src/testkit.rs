@@ -135,7 +135,7 @@ pub fn check_q8_layout(words: &[u32], x: &[f32], n_cols: usize) -> std::result::
                 .iter()
                 .fold(0f32, |m, v| m.max(v.abs()));
             let want_d = amax / 127.0;
-            if !((d - want_d).abs() <= 1e-6 * want_d) {
+            if !within(f64::from(d), f64::from(want_d), 1e-6 * f64::from(want_d)) {
                 return Err(format!("row {t} block {b}: d {d}, want {want_d}"));
             }
             let mut sum = 0i32;
@@ -144,7 +144,7 @@ pub fn check_q8_layout(words: &[u32], x: &[f32], n_cols: usize) -> std::result::
                 let code = i32::from(((words[c / 4] >> (8 * (c % 4))) & 0xFF) as u8 as i8);
                 sum += code;
                 let (got, want) = (f64::from(d) * f64::from(code), deq[32 * b + j]);
-                if !((got - want).abs() <= steps[32 * b + j] + 1e-6 * want.abs()) {
+                if !within(got, want, steps[32 * b + j] + 1e-6 * want.abs()) {
                     return Err(format!(
                         "row {t} value {}: code {code} is {got}, want {want}",
                         32 * b + j
@@ -152,7 +152,11 @@ pub fn check_q8_layout(words: &[u32], x: &[f32], n_cols: usize) -> std::result::
                 }
             }
             let want_ds = d * sum as f32;
-            if !((ds - want_ds).abs() <= 1e-6 * want_ds.abs()) {
+            if !within(
+                f64::from(ds),
+                f64::from(want_ds),
+                1e-6 * f64::from(want_ds.abs()),
+            ) {
                 return Err(format!(
                     "row {t} block {b}: d * sum {ds}, want {}",
                     d * sum as f32
@@ -167,4 +171,9 @@ pub fn check_q8_layout(words: &[u32], x: &[f32], n_cols: usize) -> std::result::
         }
     }
     Ok(())
+}
+
+/// |a - b| <= tol (false where either is NaN).
+fn within(a: f64, b: f64, tol: f64) -> bool {
+    (a - b).abs() <= tol
 }
