@@ -218,7 +218,6 @@ fn run_shape(
             ex.record(
                 chain,
                 &ExpertsArgs {
-                    y_q8: None,
                     xq: (fused && ex.takes_quantized(ty, n_embd)).then_some(&xqw),
                     w: ew(&gw, n_ff, n_embd),
                     glu: Some((ew(&uw, n_ff, n_embd), swiglu)),
@@ -239,7 +238,6 @@ fn run_shape(
             ex.record(
                 chain,
                 &ExpertsArgs {
-                    y_q8: None,
                     xq: None,
                     w: ew(&dw, n_embd, n_ff),
                     glu: None,

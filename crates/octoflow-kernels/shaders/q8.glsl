@@ -8,9 +8,9 @@ float round_away(float v) {
     return sign(v) * floor(abs(v) + 0.5);
 }
 
-// q8 codes of one block of 32 values v (v[j] elements 4j .. 4j + 3) into wd (four codes a
-// word, lowest byte first); returns (d, d * sum of the codes), d = max|v| / 127
-vec2 q8_block(vec4 v[8], out uint wd[8]) {
+// q8 codes of one block of 32 values v (v[j] elements 4j .. 4j + 3) into xq[o .. o + 8);
+// returns (d, d * sum of the codes), d = max|v| / 127
+vec2 q8_store(vec4 v[8], uint o) {
     float amax = 0.0;
     [[unroll]] for (uint j = 0u; j < 8u; j++) {
         vec4 a = abs(v[j]);
@@ -23,18 +23,8 @@ vec2 q8_block(vec4 v[8], out uint wd[8]) {
         ivec4 q = ivec4(round_away(v[j].x * id), round_away(v[j].y * id),
                         round_away(v[j].z * id), round_away(v[j].w * id));
         sum += q.x + q.y + q.z + q.w;
-        wd[j] = uint(q.x & 0xFF) | (uint(q.y & 0xFF) << 8) | (uint(q.z & 0xFF) << 16) |
-                (uint(q.w & 0xFF) << 24);
+        xq[o + j] = uint(q.x & 0xFF) | (uint(q.y & 0xFF) << 8) | (uint(q.z & 0xFF) << 16) |
+                    (uint(q.w & 0xFF) << 24);
     }
     return vec2(d, d * float(sum));
-}
-
-// q8_block's codes into xq[o .. o + 8)
-vec2 q8_store(vec4 v[8], uint o) {
-    uint wd[8];
-    vec2 s = q8_block(v, wd);
-    [[unroll]] for (uint j = 0u; j < 8u; j++) {
-        xq[o + j] = wd[j];
-    }
-    return s;
 }

@@ -26,10 +26,9 @@
 // (quantize_q8.comp's layout at binding 1, a row per input row: n_pairs / x_div of them): each
 // workgroup copies its pairs' rows instead of quantizing them.
 //
-// XQ (GLU and COMBINE): x already quantized for the product in quantize_q8.comp's layout — by
-// the fused router (moe_router.comp), which computes the GLU's input anyway, and by the GLU for
-// the down products — copied as GROUPED copies it. The GLU's XQ variant also writes its outputs
-// quantized (flags bit 2, a workgroup's 32 rows one block; glu_store_q8).
+// XQ (GLU, one pair a workgroup): x already quantized for the product in quantize_q8.comp's
+// layout — by the fused router (moe_router.comp), which computes the experts' input anyway —
+// copied as GROUPED copies it.
 //
 // Benchmark variants (`@bench` in variants.txt, benches/moe_bench.rs): ABL_NOQ neither reads
 // nor quantizes x (wrong results: the cost of the products alone).
@@ -97,11 +96,6 @@ layout(std430, binding = 5) readonly buffer U1 { uint u1[]; };
 layout(std430, binding = 5) readonly buffer U4 { uvec4 u4[]; };
 layout(std430, binding = 6) readonly buffer BiasU { float bias_u[]; };
 #endif
-#if defined(GLU) && defined(XQ)
-// the GLU's outputs quantized too (flags bit 2), for the down products' XQ variant
-layout(std430, binding = 7) writeonly buffer YQ { uint yq[]; };
-layout(std430, binding = 7) writeonly buffer YQF { float yqf[]; };
-#endif
 #ifdef GROUPED
 #ifdef GLU
 layout(std430, binding = 7) readonly buffer Off { uint offsets[]; };
@@ -120,7 +114,7 @@ layout(push_constant) uniform Push {
     uint x_div;
     uint e_begin;
     uint e_count;
-    uint flags; // bit 0: add the biases, bit 2 (GLU, XQ): write q8(y) too
+    uint flags; // bit 0: add the biases
     uint act;   // GLU: moe_act.glsl's op
     float alpha;
     float limit;
@@ -163,58 +157,6 @@ uvec4 vec4_at(uint m, uint i) {
 #include "dot.glsl"
 #ifdef GLU
 #include "moe_act.glsl"
-#endif
-
-#if defined(GLU) && defined(XQ)
-shared float ob[32];
-
-// The GLU's outputs of this workgroup's rows — 32 of them, one block (the host makes
-// GROUPS * RPT = 32) — of its pair p0 (expert e) written to y and, quantized as quantize_q8.comp
-// lays x out (a row per pair), to yq: the down products' input, quantized once. `per`: the
-// subgroups of a row group. Every invocation calls it (a barrier inside).
-void glu_store_q8(uint tid, uint lane, uint rg, uint r0, uint e, uint per) {
-    if (lane < RPT) {
-        uint r = r0 + lane;
-        float o = 0.0;
-        if (r < pc.n_rows) {
-            float s = 0.0;
-            float s2 = 0.0;
-            for (uint i = 0u; i < per; i++) {
-                s += part[(rg * per + i) * NACC + lane * NU];
-            }
-            for (uint i = 0u; i < per; i++) {
-                s2 += part[(rg * per + i) * NACC + (RPT + lane) * NU];
-            }
-            if ((pc.flags & 1u) != 0u) {
-                s += bias[e * pc.n_rows + r];
-                s2 += bias_u[e * pc.n_rows + r];
-            }
-            o = moe_act(s, s2, pc.act, pc.alpha, pc.limit);
-            y[p0 * pc.n_rows + r] = o;
-        }
-        ob[rg * RPT + lane] = o;
-    }
-    barrier();
-    if (tid == 0u) {
-        vec4 v[8];
-        [[unroll]] for (uint j = 0u; j < 8u; j++) {
-            v[j] = vec4(ob[4u * j], ob[4u * j + 1u], ob[4u * j + 2u], ob[4u * j + 3u]);
-        }
-        uint wd[8];
-        vec2 sc = q8_block(v, wd);
-        uint bx = gl_WorkGroupID.x;
-        uint nb = pc.n_rows / 32u;
-        [[unroll]] for (uint j = 0u; j < 8u; j++) {
-            yq[(p0 * pc.n_rows + 32u * bx) / 4u + j] = wd[j];
-        }
-        uint sbase = pc.n_pairs * (pc.n_rows / 4u);
-        yqf[sbase + 2u * (p0 * nb + bx)] = sc.x;
-        yqf[sbase + 2u * (p0 * nb + bx) + 1u] = sc.y;
-        if (bx == 0u) {
-            yqf[sbase + 2u * pc.n_pairs * nb + p0] = 1.0;
-        }
-    }
-}
 #endif
 
 void main() {
@@ -366,12 +308,6 @@ void main() {
         }
     }
     barrier();
-#if defined(GLU) && defined(XQ)
-    if ((pc.flags & 4u) != 0u) {
-        glu_store_q8(tid, lane, rg, r0, e, per);
-        return;
-    }
-#endif
     if (lane >= RPT) {
         return;
     }

@@ -113,10 +113,6 @@ pub struct ExpertsArgs<'a> {
     /// (a few tokens, not grouped; [`MoeExperts::with_xq`]) copies it instead of quantizing
     /// `x` in every workgroup; every other path reads `x`.
     pub xq: Option<&'a BufferSlice>,
-    /// A GLU on `xq` also writes its outputs quantized there, in the same layout (a row per
-    /// pair, `n_rows` a multiple of 32): the down products' `xq` (where
-    /// [`MoeExperts::quantizes_output`] says it takes it; an error elsewhere).
-    pub y_q8: Option<&'a BufferSlice>,
 }
 
 /// The expert-product kernels, a matvec and a grouped matmul (and their GLU variants) per
@@ -219,31 +215,11 @@ impl MoeExperts {
     /// Whether a few tokens' GLU products of `ty`, `n_cols` wide, take their input quantized
     /// ([`ExpertsArgs::xq`]): the fused router's caller then asks it for q8(h).
     pub fn takes_quantized(&self, ty: GgmlType, n_cols: u32) -> bool {
-        self.fits_quantized(ty, DotKind::GluQuantized { q8_out: false }, n_cols)
-    }
-
-    /// Whether a few tokens' GLU products of `ty` (`n_rows` x `n_cols`) on quantized inputs
-    /// also write their outputs quantized ([`ExpertsArgs::y_q8`]), and the down products of
-    /// `down_ty` (`n_rows` wide, `n_used` pairs a token, combined into the stream) take them.
-    pub fn quantizes_output(
-        &self,
-        ty: GgmlType,
-        n_rows: u32,
-        n_cols: u32,
-        down_ty: GgmlType,
-        n_used: u32,
-    ) -> bool {
-        n_rows.is_multiple_of(32)
-            && self.fits_quantized(ty, DotKind::GluQuantized { q8_out: true }, n_cols)
-            && self.fits_quantized(down_ty, DotKind::CombineQuantized(n_used), n_rows)
-    }
-
-    fn fits_quantized(&self, ty: GgmlType, kind: DotKind, n_cols: u32) -> bool {
         self.xq
             && self
                 .dot
                 .as_ref()
-                .is_some_and(|d| d.fits(ty, kind, n_cols, 0, 0))
+                .is_some_and(|d| d.fits(ty, DotKind::GluQuantized, n_cols, 0, 0))
     }
 
     /// The same kernels, grouped products of batches of at most `max_tokens` tokens on the
@@ -389,11 +365,7 @@ impl MoeExperts {
             .u32(a.x_div)
             .u32(w.e_begin)
             .u32(w.n_experts)
-            .u32(
-                u32::from(a.bias.is_some())
-                    | (u32::from(x_vec) << 1)
-                    | (u32::from(a.y_q8.is_some()) << 2),
-            )
+            .u32(u32::from(a.bias.is_some()) | (u32::from(x_vec) << 1))
             .u32(act)
             .f32(alpha)
             .f32(limit)
@@ -413,14 +385,10 @@ impl MoeExperts {
             Ok(())
         };
         // the matvec's work on 8-bit dot products where they read it
-        let quantized = self.xq && a.xq.is_some();
         let kind = match (a.combine, up.is_some(), a.groups) {
-            (Some(cb), ..) if quantized => DotKind::CombineQuantized(cb.n_used),
             (Some(cb), ..) => DotKind::Combine(cb.n_used),
             (None, glu, Some(_)) => DotKind::Grouped { glu },
-            (None, true, None) if quantized => DotKind::GluQuantized {
-                q8_out: a.y_q8.is_some(),
-            },
+            (None, true, None) if self.xq && a.xq.is_some() => DotKind::GluQuantized,
             (None, true, None) => DotKind::Glu,
             (None, false, None) => DotKind::Plain,
         };
@@ -506,35 +474,10 @@ impl MoeExperts {
             bind.push(u);
             bind.push(bias_up);
         }
-        let q8_out = kind == (DotKind::GluQuantized { q8_out: true });
-        if let Some(yq) = a.y_q8 {
-            if dot.is_none() || !q8_out || !w.n_rows.is_multiple_of(32) {
-                return Err(shape(format!(
-                    "quantized outputs asked of a product that does not write them ({} rows, {kind:?}, 8-bit dots {})",
-                    w.n_rows,
-                    dot.is_some()
-                )));
-            }
-            need(
-                OP,
-                "y_q8",
-                yq,
-                u128::from(crate::q8_words(a.n_pairs, w.n_rows)),
-            )?;
-        }
-        if let (Some(_), Some(xq)) = (dot, a.xq) {
-            if matches!(
-                kind,
-                DotKind::GluQuantized { .. } | DotKind::CombineQuantized(_)
-            ) {
-                let rows = a.n_pairs / a.x_div;
-                need(OP, "xq", xq, u128::from(crate::q8_words(rows, w.n_cols)))?;
-                bind[1] = xq.clone();
-            }
-            if let DotKind::GluQuantized { .. } = kind {
-                // absent: y stands in (never written)
-                bind.push(a.y_q8.unwrap_or(a.y).clone());
-            }
+        if let (Some(_), DotKind::GluQuantized, Some(xq)) = (dot, kind, a.xq) {
+            let rows = a.n_pairs / a.x_div.max(1);
+            need(OP, "xq", xq, u128::from(crate::q8_words(rows, w.n_cols)))?;
+            bind[1] = xq.clone();
         }
         chain.dispatch(&pipeline, &bind, &push, groups)?;
         Ok(())

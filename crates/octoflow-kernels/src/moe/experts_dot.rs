@@ -47,25 +47,16 @@ const DOT_TYPES: [GgmlType; 9] = [
 pub(crate) enum DotKind {
     Plain,
     Glu,
-    /// The GLU on x already quantized ([`super::ExpertsArgs::xq`]), its outputs quantized
-    /// too where `q8_out` ([`super::ExpertsArgs::y_q8`]).
-    GluQuantized {
-        q8_out: bool,
-    },
+    /// The GLU on x already quantized ([`super::ExpertsArgs::xq`]).
+    GluQuantized,
     /// The down products of tokens of this many pairs, added into the stream.
     Combine(u32),
-    /// The same on inputs already quantized (by the GLU, `q8_out`).
-    CombineQuantized(u32),
     /// A batch's pairs grouped by expert, runs of up to [`GROUP_PAIRS`] pairs of one expert a
     /// workgroup (the GLU or not).
     Grouped {
         glu: bool,
     },
 }
-
-/// Rows a row group takes where the GLU quantizes its outputs: a workgroup's
-/// `WG / TPR * Q8_OUT_RPT` = 32 rows, one block.
-const Q8_OUT_RPT: u32 = 32 / (WG / TPR);
 
 /// Pairs of one expert a grouped workgroup takes (the shader's `NU`): each weight read once
 /// for up to this many.
@@ -77,7 +68,6 @@ pub(crate) struct MoeDot {
     glu: Vec<SpecPipelines>,
     glu_xq: Vec<SpecPipelines>,
     combine: Vec<SpecPipelines>,
-    combine_xq: Vec<SpecPipelines>,
     grouped: Vec<SpecPipelines>,
     grouped_glu: Vec<SpecPipelines>,
     /// x quantized once for the grouped variants (`quantize_q8.comp`), into `xq`.
@@ -151,21 +141,7 @@ impl MoeDot {
                     (MOE_DOT_GLU_XQ_Q5_K, "moe_dot_glu_xq_q5_k"),
                     (MOE_DOT_GLU_XQ_Q6_K, "moe_dot_glu_xq_q6_k"),
                 ],
-                8,
-            ),
-            combine_xq: build(
-                [
-                    (MOE_DOT_COMBINE_XQ_Q4_0, "moe_dot_combine_xq_q4_0"),
-                    (MOE_DOT_COMBINE_XQ_Q4_1, "moe_dot_combine_xq_q4_1"),
-                    (MOE_DOT_COMBINE_XQ_Q5_0, "moe_dot_combine_xq_q5_0"),
-                    (MOE_DOT_COMBINE_XQ_Q5_1, "moe_dot_combine_xq_q5_1"),
-                    (MOE_DOT_COMBINE_XQ_Q8_0, "moe_dot_combine_xq_q8_0"),
-                    (MOE_DOT_COMBINE_XQ_MXFP4, "moe_dot_combine_xq_mxfp4"),
-                    (MOE_DOT_COMBINE_XQ_Q4_K, "moe_dot_combine_xq_q4_k"),
-                    (MOE_DOT_COMBINE_XQ_Q5_K, "moe_dot_combine_xq_q5_k"),
-                    (MOE_DOT_COMBINE_XQ_Q6_K, "moe_dot_combine_xq_q6_k"),
-                ],
-                6,
+                7,
             ),
             combine: build(
                 [
@@ -260,15 +236,7 @@ impl MoeDot {
             && n_cols <= MAX_COLS
             && x_offset.is_multiple_of(16)
             && w_offset.is_multiple_of(w_align)
-            && self.shared_bytes(
-                kind,
-                n_cols,
-                if kind == (DotKind::GluQuantized { q8_out: true }) {
-                    Q8_OUT_RPT
-                } else {
-                    2
-                },
-            ) <= self.max_shared
+            && self.shared_bytes(kind, n_cols, 2) <= self.max_shared
     }
 
     /// Shared-memory bytes of a workgroup of `rpt` rows a row group (the shader's `xq`, `xs`
@@ -276,8 +244,8 @@ impl MoeDot {
     fn shared_bytes(&self, kind: DotKind, n_cols: u32, rpt: u32) -> u32 {
         let (nm, nu) = match kind {
             DotKind::Plain => (1, 1),
-            DotKind::Glu | DotKind::GluQuantized { .. } => (2, 1),
-            DotKind::Combine(n) | DotKind::CombineQuantized(n) => (1, n),
+            DotKind::Glu | DotKind::GluQuantized => (2, 1),
+            DotKind::Combine(n) => (1, n),
             DotKind::Grouped { glu } => (if glu { 2 } else { 1 }, GROUP_PAIRS),
         };
         nu * n_cols + nu * (n_cols / 32) * 8 + WG / self.subgroup * nm * rpt * nu * 4
@@ -315,9 +283,8 @@ impl MoeDot {
             .position(|&t| t == ty)
             .ok_or_else(|| bad(OP, format!("the integer-dot kernel does not read {ty}")))?;
         let rows_per_group = |rpt: u32| n_rows.div_ceil(WG / TPR * rpt);
-        let rpt = if kind == (DotKind::GluQuantized { q8_out: true }) {
-            Q8_OUT_RPT // a workgroup's rows one block of 32: its outputs quantized in place
-        } else if u64::from(rows_per_group(2)) * u64::from(n_groups) >= 2 * u64::from(self.units) {
+        let rpt = if u64::from(rows_per_group(2)) * u64::from(n_groups) >= 2 * u64::from(self.units)
+        {
             2
         } else {
             1
@@ -325,9 +292,8 @@ impl MoeDot {
         let (set, nu) = match kind {
             DotKind::Plain => (&self.plain, 1),
             DotKind::Glu => (&self.glu, 1),
-            DotKind::GluQuantized { .. } => (&self.glu_xq, 1),
+            DotKind::GluQuantized => (&self.glu_xq, 1),
             DotKind::Combine(n) => (&self.combine, n),
-            DotKind::CombineQuantized(n) => (&self.combine_xq, n),
             DotKind::Grouped { glu: false } => (&self.grouped, GROUP_PAIRS),
             DotKind::Grouped { glu: true } => (&self.grouped_glu, GROUP_PAIRS),
         };

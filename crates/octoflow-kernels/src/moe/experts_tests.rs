@@ -155,7 +155,6 @@ fn check_experts_type(ty: GgmlType) {
                             k.record(
                                 &mut chain,
                                 &ExpertsArgs {
-                                    y_q8: None,
                                     xq: None,
                                     w,
                                     glu: glu.map(|a| (u, a)),
@@ -245,7 +244,6 @@ fn check_combined(
     k.record(
         &mut chain,
         &ExpertsArgs {
-            y_q8: None,
             xq: None,
             w: ExpertWeights {
                 ty: p.ty,
@@ -329,7 +327,6 @@ fn mismatched_operands_are_clear_errors() {
         bd: &'a octoflow_vk::BufferSlice,
     ) -> ExpertsArgs<'a> {
         ExpertsArgs {
-            y_q8: None,
             xq: None,
             w,
             glu,
@@ -360,7 +357,6 @@ fn mismatched_operands_are_clear_errors() {
     ));
     assert!(e.contains("both must match"), "{e}");
     let e = err(&ExpertsArgs {
-        y_q8: None,
         xq: None,
         n_pairs: 3,
         ..args(w, None, &bd)
@@ -383,14 +379,12 @@ fn mismatched_operands_are_clear_errors() {
         })
     };
     let e = err(&ExpertsArgs {
-        y_q8: None,
         xq: None,
         combine: cb(2),
         ..args(w, None, &bd)
     });
     assert!(e.contains("one input row per pair"), "{e}");
     let e = err(&ExpertsArgs {
-        y_q8: None,
         xq: None,
         x_div: 1,
         combine: cb(9),
@@ -398,7 +392,6 @@ fn mismatched_operands_are_clear_errors() {
     });
     assert!(e.contains("whole tokens of 1..=8 pairs"), "{e}");
     let e = err(&ExpertsArgs {
-        y_q8: None,
         xq: None,
         x_div: 1,
         combine: cb(2),

@@ -334,11 +334,25 @@ fn gpt_oss_grouped_expert_dot_products_match_the_cpu_reference() {
     // the routers of the few-row steps write the GLU's input quantized (the same codes of the
     // same values): the same logits
     let quantized_by_router = run(0, true);
+    // the CPU reference's last logits, and whether some token of the sequence has router
+    // logits at a near-tie between its 2nd and 3rd expert in some layer (the 8-bit codes of
+    // the experts' inputs may then route it otherwise: a different model from there on)
     let cpu_last = |slot: usize, end: usize| {
-        model
+        let mut tie = false;
+        let logits = model
             .session(32)
-            .forward(&seqs[slot][..end], 0, Logits::Last)
-            .expect("cpu forward")
+            .forward_observed(&seqs[slot][..end], 0, Logits::Last, &mut |t| {
+                if t.name == "ffn_moe_logits" {
+                    for lg in t.data.chunks(t.data.len() / t.n_rows) {
+                        let mut s = lg.to_vec();
+                        s.sort_by(|a, b| b.total_cmp(a));
+                        let top = s.iter().fold(0f32, |m, v| m.max(v.abs()));
+                        tie |= s[1] - s[2] < 0.02 * top;
+                    }
+                }
+            })
+            .expect("cpu forward");
+        (logits, tie)
     };
     let want = [
         cpu_last(0, 3),
@@ -353,7 +367,12 @@ fn gpt_oss_grouped_expert_dot_products_match_the_cpu_reference() {
     // each expert input's codes off by up to half a step of its block's largest value, in
     // every layer (the bound of steps whose every product reads such codes)
     const DOT: f32 = 8e-2;
-    for (i, w) in want.iter().enumerate() {
+    let mut clear = 0;
+    for (i, (w, tie)) in want.iter().enumerate() {
+        if *tie {
+            continue;
+        }
+        clear += 1;
         for (what, got) in [
             ("pairs one by one", &one_by_one[i]),
             ("grouped", &grouped[i]),
@@ -362,6 +381,10 @@ fn gpt_oss_grouped_expert_dot_products_match_the_cpu_reference() {
             assert!(err <= DOT, "{what}, logits {i}: off by {err}");
         }
     }
+    println!(
+        "{clear} of {} logits clear of routing near-ties",
+        want.len()
+    );
     // the first four share their whole history (steps of 6 and 2 rows); the products' sums
     // differ only in the order the down products' pairs are added into the stream
     for i in 0..4 {

@@ -91,25 +91,6 @@ impl Graph<'_> {
         } else {
             None
         };
-        // and the GLU its outputs, where the down products (combined into the stream) copy them
-        let d = &mw.down;
-        let fused = !unfused && !grouped && d.pieces.len() == 1 && n_used <= COMBINE_MAX_USED;
-        let act_q8 = if xq.is_some()
-            && fused
-            && k.moe.experts.quantizes_output(
-                mw.gate.ty,
-                mw.gate.n_rows,
-                mw.gate.n_cols,
-                d.ty,
-                n_used,
-            ) {
-            Some(f32s(
-                &ms.act_q8,
-                octoflow_kernels::q8_words(pairs, mw.gate.n_rows) as usize,
-            )?)
-        } else {
-            None
-        };
         let input = if fused_router {
             // the norm, the router and the routing in one dispatch
             let h = f32s(&s.h, rows * c.n_embd)?;
@@ -167,7 +148,6 @@ impl Graph<'_> {
             k.moe.experts.record(
                 chain,
                 &ExpertsArgs {
-                    y_q8: act_q8.as_ref(),
                     xq: xq.as_ref(),
                     w: piece(g, gp),
                     glu: Some((piece(u, up), a)),
@@ -185,15 +165,17 @@ impl Graph<'_> {
             )?;
         }
         chain.compute_barrier()?;
+        let d = &mw.down;
         // a few tokens whose down tensor is bound whole: the products go into the stream in
         // the same dispatch (one barrier phase fewer a layer)
+        let fused =
+            !unfused && groups.is_none() && d.pieces.len() == 1 && n_used <= COMBINE_MAX_USED;
         let x = st.base.clone();
         for dp in &d.pieces {
             k.moe.experts.record(
                 chain,
                 &ExpertsArgs {
-                    y_q8: None,
-                    xq: act_q8.as_ref(),
+                    xq: None,
                     w: piece(d, dp),
                     glu: None,
                     bias: mw.down_bias.as_ref(),

@@ -97,13 +97,10 @@ pub struct MoeScratch {
     /// (`octoflow_kernels::q8_words(min(t_max, MATVEC_MAX_TOKENS), n_embd)` words: only steps
     /// whose experts take the pairs one by one use it).
     pub xq: Buffer,
-    /// The experts' activations quantized by their GLU for the down products (the same
-    /// layout, `[min(t_max, MATVEC_MAX_TOKENS) * n_used]` rows of `n_ff`).
-    pub act_q8: Buffer,
 }
 
 impl MoeScratch {
-    fn buffers(&self) -> [&Buffer; 9] {
+    fn buffers(&self) -> [&Buffer; 8] {
         [
             &self.logits,
             &self.ids,
@@ -113,7 +110,6 @@ impl MoeScratch {
             &self.act,
             &self.y,
             &self.xq,
-            &self.act_q8,
         ]
     }
 }
@@ -204,13 +200,6 @@ impl Scratch {
                     list: dev("moe_list", pairs)?,
                     act: dev("moe_act", pairs * m.n_ff)?,
                     y: dev("moe_y", pairs * c.n_embd)?,
-                    act_q8: dev(
-                        "moe_act_q8",
-                        octoflow_kernels::q8_words(
-                            (t.min(MATVEC_MAX_TOKENS as usize) * m.n_used) as u32,
-                            m.n_ff as u32,
-                        ) as usize,
-                    )?,
                     xq: dev(
                         "moe_xq",
                         octoflow_kernels::q8_words(
