@@ -19,12 +19,15 @@ use crate::scratch::QueueScratch;
 use crate::spec::SpecPipelines;
 
 const OP: &str = "moe_router";
-/// Router rows per workgroup (`ROWS` in `moe_router.comp`).
-const ROWS: u32 = 2;
+/// Steps of at most this many tokens take a workgroup per (token, 2 router rows): more, shorter
+/// workgroups for the latency of a decode step. Larger ones take tiles of up to 8 rows and 8
+/// tokens, each router row read once per 8 tokens.
+const FEW_TOKENS: u32 = 8;
+const WG: u32 = 256;
 /// The most tokens one dispatch takes: a workgroup row each, up to the grid height every
 /// Vulkan device allows (`maxComputeWorkGroupCount[1]` is at least 65,535).
 pub const ROUTER_MAX_TOKENS: u32 = 65_535;
-const PUSH_BYTES: u32 = 32;
+const PUSH_BYTES: u32 = 36;
 
 /// One fused routing of `n_tokens` tokens (see the module doc).
 pub struct RouterArgs<'a> {
@@ -133,9 +136,11 @@ impl MoeRouter {
             .u32(a.gating.code())
             .f32(a.scale)
             .f32(a.eps)
-            .u32(u32::from(a.bias.is_some()) | (u32::from(a.xq.is_some()) << 1));
+            .u32(u32::from(a.bias.is_some()) | (u32::from(a.xq.is_some()) << 1))
+            .u32(a.n_tokens);
         let ctx = chain.context();
-        let pipeline = self.pipelines[ti].get(ctx, [0; 7])?;
+        let (rows, tt) = tile(a.n_tokens, ctx.caps().subgroup.max_size);
+        let pipeline = self.pipelines[ti].get(ctx, [rows, tt, 0, 0, 0, 0, 0])?;
         chain.dispatch(
             &pipeline,
             &[
@@ -151,9 +156,19 @@ impl MoeRouter {
                 a.xq.unwrap_or(a.h).clone(), // absent: never written
             ],
             &push,
-            [a.n_expert.div_ceil(ROWS), a.n_tokens, 1],
+            [a.n_expert.div_ceil(rows), a.n_tokens.div_ceil(tt), 1],
         )?;
         Ok(())
+    }
+}
+
+/// (router rows, tokens) a workgroup takes for a step of `n_tokens`: (2, 1) for a few, else
+/// (8, 8) — fewer rows where a subgroup of `max_subgroup` would straddle two rows' lanes.
+fn tile(n_tokens: u32, max_subgroup: u32) -> (u32, u32) {
+    if n_tokens <= FEW_TOKENS {
+        (2, 1)
+    } else {
+        ((WG / max_subgroup.max(1)).clamp(1, 8), 8)
     }
 }
 
