@@ -475,7 +475,7 @@ impl MoeExperts {
             bind.push(bias_up);
         }
         if let (Some(_), DotKind::GluQuantized, Some(xq)) = (dot, kind, a.xq) {
-            let rows = a.n_pairs / a.x_div.max(1);
+            let rows = a.n_pairs / a.x_div;
             need(OP, "xq", xq, u128::from(crate::q8_words(rows, w.n_cols)))?;
             bind[1] = xq.clone();
         }

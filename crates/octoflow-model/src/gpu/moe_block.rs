@@ -81,7 +81,6 @@ impl Graph<'_> {
         // the router writes the experts' input quantized too, where their GLU copies it
         let xq = if fused_router
             && !grouped
-            && c.n_embd % 32 == 0
             && k.moe.experts.takes_quantized(mw.gate.ty, mw.gate.n_cols)
         {
             Some(f32s(
