@@ -36,7 +36,6 @@ layout(constant_id = 1) const uint TT = 1u;
 const uint TPR = WG / ROWS;
 
 #include "common.glsl"
-#include "reduce.glsl"
 
 layout(std430, binding = 0) readonly buffer W { uint w[]; };
 layout(std430, binding = 1) readonly buffer X { float x[]; };
@@ -78,24 +77,47 @@ void main() {
     uint nt = min(TT, pc.n_tokens - t0);
     bool xvec = (pc.n_cols & 3u) == 0u;
 
-    // 1. the norm's scale of each token (each workgroup its own; x is small and in cache)
-    float inv[TT];
-    [[unroll]] for (uint j = 0u; j < TT; j++) {
-        float ss = 0.0;
-        uint xb = (t0 + j) * pc.n_cols;
-        if (j < nt && xvec) {
-            for (uint i = tid; i < pc.n_cols / 4u; i += WG) {
-                vec4 v = x4[(xb >> 2) + i];
-                ss += dot(v, v);
-            }
-        } else if (j < nt) {
-            for (uint i = tid; i < pc.n_cols; i += WG) {
-                float v = x[xb + i];
-                ss += v * v;
+    // 1. the norm's scale of each token (each workgroup its own; x is small and in cache): the
+    // tokens' loads in one pass, their sums in one reduction (wg_sum's order, per token)
+    float ss[TT];
+    for (uint j = 0u; j < TT; j++) {
+        ss[j] = 0.0;
+    }
+    if (xvec) {
+        for (uint i = tid; i < pc.n_cols / 4u; i += WG) {
+            for (uint j = 0u; j < TT; j++) {
+                if (j < nt) {
+                    vec4 v = x4[(((t0 + j) * pc.n_cols) >> 2) + i];
+                    ss[j] += dot(v, v);
+                }
             }
         }
-        inv[j] = 1.0 / sqrt(wg_sum(ss) / float(pc.n_cols) + pc.eps);
+    } else {
+        for (uint i = tid; i < pc.n_cols; i += WG) {
+            for (uint j = 0u; j < TT; j++) {
+                if (j < nt) {
+                    float v = x[(t0 + j) * pc.n_cols + i];
+                    ss[j] += v * v;
+                }
+            }
+        }
     }
+    for (uint j = 0u; j < TT; j++) {
+        float a = subgroupAdd(ss[j]);
+        if (subgroupElect()) {
+            red[j * WG + gl_SubgroupID] = a;
+        }
+    }
+    barrier();
+    float inv[TT];
+    for (uint j = 0u; j < TT; j++) {
+        float tot = 0.0;
+        for (uint i = 0u; i < gl_NumSubgroups; i++) {
+            tot += red[j * WG + i];
+        }
+        inv[j] = 1.0 / sqrt(tot / float(pc.n_cols) + pc.eps);
+    }
+    barrier(); // red is the rows' reduction below
     if (gl_WorkGroupID.x == 0u && (pc.flags & 2u) != 0u) {
         // a block of 32 an invocation: h and its q8 codes from the same values
         uint nb = pc.n_cols / 32u;
@@ -134,7 +156,7 @@ void main() {
     uint lane = tid % TPR;
     uint r = gl_WorkGroupID.x * ROWS + lr;
     float acc[TT];
-    [[unroll]] for (uint j = 0u; j < TT; j++) {
+    for (uint j = 0u; j < TT; j++) {
         acc[j] = 0.0;
     }
     if (r < pc.n_expert) {
@@ -144,7 +166,7 @@ void main() {
             uint len = chunk_len(c, pc.n_cols);
             float v[32];
             dequant_chunk(rb, c, pc.n_cols, v);
-            [[unroll]] for (uint j = 0u; j < TT; j++) {
+            for (uint j = 0u; j < TT; j++) {
                 if (j >= nt) {
                     break;
                 }
@@ -166,7 +188,7 @@ void main() {
     }
     // each row's sums: its subgroups' sums (a subgroup never straddles two rows: sizes divide
     // TPR), then lane 0 of the row adds them
-    [[unroll]] for (uint j = 0u; j < TT; j++) {
+    for (uint j = 0u; j < TT; j++) {
         float a = subgroupAdd(acc[j]);
         if (subgroupElect()) {
             red[j * WG + gl_SubgroupID] = a;

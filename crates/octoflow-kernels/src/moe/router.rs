@@ -20,9 +20,10 @@ use crate::spec::SpecPipelines;
 
 const OP: &str = "moe_router";
 /// Steps of at most this many tokens take a workgroup per (token, 2 router rows): more, shorter
-/// workgroups for the latency of a decode step. Larger ones take tiles of up to 8 rows and 8
-/// tokens, each router row read once per 8 tokens.
-const FEW_TOKENS: u32 = 8;
+/// workgroups for the latency of decode steps (one stream's, and batched streams' as measured).
+/// Larger ones (prompts) take tiles of up to 8 rows and 8 tokens, each router row read once
+/// per 8 tokens instead of once per token.
+const FEW_TOKENS: u32 = 64;
 const WG: u32 = 256;
 /// The most tokens one dispatch takes: a workgroup row each, up to the grid height every
 /// Vulkan device allows (`maxComputeWorkGroupCount[1]` is at least 65,535).
@@ -162,8 +163,8 @@ impl MoeRouter {
     }
 }
 
-/// (router rows, tokens) a workgroup takes for a step of `n_tokens`: (2, 1) for a few, else
-/// (8, 8) — fewer rows where a subgroup of `max_subgroup` would straddle two rows' lanes.
+/// (router rows, tokens) a workgroup takes for a step of `n_tokens`: (2, 1) up to
+/// [`FEW_TOKENS`], else (8, 8) — fewer rows where a subgroup of `max_subgroup` would straddle two rows' lanes.
 fn tile(n_tokens: u32, max_subgroup: u32) -> (u32, u32) {
     if n_tokens <= FEW_TOKENS {
         (2, 1)
