@@ -438,3 +438,140 @@ fn moe_router_timing() {
         println!("  {name:<12} hot {hot:7.2}  after a flush {cold:7.2}");
     }
 }
+
+/// gpt-oss-20b's grouped expert products of a prompt (32 MXFP4 experts of 2,880 x 2,880, four
+/// a token, random routing) on cooperative matrices, 128 and 512 tokens: the grouping, the GLU
+/// (gate, up, biases, the clamped SwiGLU) and the down product in tiles of 64 pairs and of 128
+/// (`MoeExperts::with_coop_wide`), GPU time, outputs compared (`cargo test -p octoflow-kernels
+/// --release --features bench --lib moe_prefill_timing -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn moe_prefill_timing() {
+    use crate::moe::{Groups, MoeAct};
+    let Some(ctx) = gpu_or_skip("moe_prefill_timing") else {
+        return;
+    };
+    let gpu_ns = crate::linear_bench::gpu_ns;
+    let ty = GgmlType::MXFP4;
+    let (n_expert, n_used, n_rows, n_cols) = (32u32, 4u32, 2880u32, 2880u32);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let stacked = (n_expert * n_rows) as usize;
+    let (gate, up, down) = (
+        with(
+            &ctx,
+            "gate",
+            &weight_bytes(&mut rng, ty, stacked, n_cols as usize),
+        ),
+        with(
+            &ctx,
+            "up",
+            &weight_bytes(&mut rng, ty, stacked, n_cols as usize),
+        ),
+        with(
+            &ctx,
+            "down",
+            &weight_bytes(&mut rng, ty, stacked, n_cols as usize),
+        ),
+    );
+    let bias = with(&ctx, "bias", &random(&mut rng, stacked));
+    let narrow = MoeExperts::new().with_coop(true);
+    let wide = MoeExperts::new().with_coop(true).with_coop_wide(1);
+    if !narrow.uses_coop(ctx.caps()) {
+        println!("moe_prefill_timing: no cooperative matrices on this device");
+        return;
+    }
+    let group = MoeGroup::new(&ctx).unwrap();
+    for n_tokens in [128u32, 512] {
+        let n_pairs = n_tokens * n_used;
+        let mut ids = Vec::with_capacity(n_pairs as usize);
+        for _ in 0..n_tokens {
+            let mut chosen: Vec<u32> = Vec::new();
+            while chosen.len() < n_used as usize {
+                let e = rng.gen_range(0..n_expert);
+                if !chosen.contains(&e) {
+                    chosen.push(e);
+                }
+            }
+            ids.extend(chosen);
+        }
+        let (offsets, list) = moe_group_ref(&ids, n_expert as usize);
+        let max_group = offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+        let ib = with(&ctx, "ids", &ids);
+        let (ob, lb) = (with(&ctx, "offsets", &offsets), with(&ctx, "list", &list));
+        let xb = with(&ctx, "x", &random(&mut rng, (n_tokens * n_cols) as usize));
+        let hb = with(&ctx, "h", &random(&mut rng, (n_pairs * n_cols) as usize));
+        let outputs = (n_pairs * n_rows) as usize;
+        let yb = poisoned(&ctx, "y", outputs);
+        let (ids_s, off_s, list_s) = (ib.whole(), ob.whole(), lb.whole());
+        let grouping = gpu_ns(&ctx, 11, &|c| {
+            group
+                .record(c, &ids_s, &off_s, &list_s, n_pairs, n_expert)
+                .unwrap()
+        });
+        println!(
+            "x{n_tokens}: grouping {n_pairs} pairs {:.1} us, groups of up to {max_group} pairs",
+            grouping / 1e3
+        );
+        let (gs, us, ds, bs) = (gate.whole(), up.whole(), down.whole(), bias.whole());
+        let (xs, hs, ys) = (xb.whole(), hb.whole(), yb.whole());
+        let ew = |data| ExpertWeights {
+            ty,
+            data,
+            e_begin: 0,
+            n_experts: n_expert,
+            n_rows,
+            n_cols,
+        };
+        let groups = Groups {
+            offsets: &off_s,
+            list: &list_s,
+            max_group,
+        };
+        let act = MoeAct::SwigluOai {
+            alpha: 1.702,
+            limit: 7.0,
+        };
+        let args = |glu: bool| ExpertsArgs {
+            w: ew(if glu { &gs } else { &ds }),
+            glu: glu.then_some((ew(&us), act)),
+            bias: Some(&bs),
+            bias_up: glu.then_some(&bs),
+            n_expert,
+            x: if glu { &xs } else { &hs },
+            x_div: if glu { n_used } else { 1 },
+            y: &ys,
+            ids: &ids_s,
+            n_pairs,
+            groups: Some(groups),
+            combine: None,
+            xq: None,
+        };
+        for glu in [true, false] {
+            let a = args(glu);
+            let mats = if glu { 2.0 } else { 1.0 };
+            let flop = 2.0 * mats * f64::from(n_pairs) * f64::from(n_rows) * f64::from(n_cols);
+            let mut line = format!("x{n_tokens} {}", if glu { "GLU " } else { "down" });
+            let mut want = Vec::new();
+            for (name, k) in [("64 pairs", &narrow), ("128 pairs", &wide)] {
+                ctx.fill(&yb, 0, yb.size(), f32::NAN.to_bits()).unwrap();
+                let ns = gpu_ns(&ctx, 11, &|c| k.record(c, &a).unwrap());
+                let got = crate::testkit::read(&ctx, &yb, outputs);
+                let ok = if want.is_empty() {
+                    want = got;
+                    "ref".to_string()
+                } else {
+                    match crate::check_close(&got, &want, 1e-3) {
+                        Ok(()) => "ok".to_string(),
+                        Err(e) => format!("WRONG ({e})"),
+                    }
+                };
+                line += &format!(
+                    " | {name} {:8.1} us {:4.0} TFLOP/s {ok}",
+                    ns / 1e3,
+                    flop / ns / 1e3
+                );
+            }
+            println!("{line}");
+        }
+    }
+}

@@ -16,6 +16,10 @@ pub const FALLBACK_COMPUTE_UNITS: u32 = 128;
 /// 0.8M-weight projections keep the f32 matvec (docs/PERFORMANCE.md).
 pub const DOT_MIN_WEIGHTS: u64 = 1_000_000;
 
+/// [`Tuning::moe_coop_wide_min`]'s default: groups past one tile of 64 pairs (a prompt's, of
+/// ~64–128 pairs an expert) take the tiles of 128, which decode each expert's weights once.
+pub const MOE_COOP_WIDE_MIN: u32 = 65;
+
 /// How the kernels split their work and which fusions a recording uses. Built once per device
 /// by [`Tuning::for_device`] (defaults from the device's reported limits, then the measurement
 /// switches of the environment) and held by [`crate::Linear`] ([`crate::Linear::tuning`]);
@@ -31,6 +35,7 @@ pub const DOT_MIN_WEIGHTS: u64 = 1_000_000;
 /// | `OCTOFLOW_UNFUSED_POST=1` | [`Tuning::unfused_post`] | single-token steps of post-norm models (gemma3) record each post-norm and its add as a stage |
 /// | `OCTOFLOW_UNFUSED_MOE=1` | [`Tuning::unfused_moe`] | steps of a few tokens record a mixture of experts' norm, router, routing, down products and combine as separate stages |
 /// | `OCTOFLOW_MOE_COOP=0` or `1` | [`Tuning::moe_coop`] | batches' expert products on cooperative matrices (the MOE variants of `matmul_coop.comp`) off or on |
+/// | `OCTOFLOW_MOE_COOP_WIDE_MIN=N` or `none` | [`Tuning::moe_coop_wide_min`] | grouped expert products on cooperative matrices take the tiles of 128 pairs where the largest group has at least N pairs, or never |
 /// | `OCTOFLOW_MATVEC_DOT=0` or `1` | [`Tuning::matvec_dot`] | one-token Q4_K, Q5_K and Q6_K products on 8-bit dot products of a quantized x (`matvec_dot.comp`), off or on |
 /// | `OCTOFLOW_DOT_MIN_WEIGHTS=N` or `none` | [`Tuning::dot_min_weights`] | one-token products of the blocks of 32 (Q4_0 … Q8_0) with at least N weights on 8-bit dot products (with [`Tuning::matvec_dot`]), or none |
 /// | `OCTOFLOW_QUANTIZE_ONCE=0` or `1` | [`Tuning::quantize_once`] | the 8-bit dot products' x quantized once per product (`quantize_q8.comp`, then `matvec_dot.comp`'s XQ variants) instead of in every workgroup, off or on |
@@ -67,6 +72,10 @@ pub struct Tuning {
     /// them (by default; the kernel tests exercise them there whatever this says, lavapipe has
     /// none).
     pub moe_coop: bool,
+    /// With [`Tuning::moe_coop`], batches whose largest expert group has at least this many
+    /// pairs take the grouped products' tiles of 128 pairs instead of 64
+    /// ([`crate::moe::MoeExperts::with_coop_wide`]); default [`MOE_COOP_WIDE_MIN`].
+    pub moe_coop_wide_min: u32,
     /// One-token Q4_K, Q5_K and Q6_K products take `matvec_dot.comp` (x quantized to 8 bits per block of 32,
     /// integer dot products) where the shape fits it. On by default where the device
     /// accelerates 4x8-bit dot products: elsewhere they are emulated and the f32 matvec stays.
@@ -165,6 +174,7 @@ impl Tuning {
             unfused_post: false,
             unfused_moe: false,
             moe_coop: false,
+            moe_coop_wide_min: MOE_COOP_WIDE_MIN,
             matvec_dot: false,
             dot_batches: DotBatches::Off,
             moe_dot: false,
@@ -194,6 +204,15 @@ impl Tuning {
             .filter(|&n: &u32| n >= 1)
         {
             self.matmul_target_groups = n;
+        }
+        match var("OCTOFLOW_MOE_COOP_WIDE_MIN").as_deref() {
+            Some("none") => self.moe_coop_wide_min = u32::MAX,
+            Some(v) => {
+                if let Ok(n) = v.parse() {
+                    self.moe_coop_wide_min = n;
+                }
+            }
+            None => {}
         }
         if let Some(n) = var("OCTOFLOW_MOE_DOT_GROUPS").and_then(|v| v.parse().ok()) {
             self.moe_dot_groups = n;

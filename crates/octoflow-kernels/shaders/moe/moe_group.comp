@@ -4,13 +4,15 @@
 // offsets[e] = the pairs of experts below e, offsets[n_expert] = n_pairs, and list[offsets[e] ..
 // offsets[e + 1]) = the pairs of expert e in increasing order: a stable counting sort, so the
 // order (and every product's summation order) is the same in every run.
-// Invocation i owns experts i, i + WG, ...: it counts and places their pairs alone, scanning
-// the ids through shared memory a tile at a time (every invocation reads the same word: a
-// broadcast). Two scans: counts, then (after a serial prefix sum over the experts) placement.
+// The pairs are cut into S = WG / n_expert segments (1 where there are more experts than
+// invocations); slot (e, s) = invocation e * S + s (and every WG-th after it) counts the pairs of
+// expert e in segment s, then places them at the running position of its slot: a prefix sum
+// over the slots in (expert, segment) order gives every slot its start, so the order within an
+// expert is the pairs' order. Each slot reads its segment's ids (the S slots of a segment read
+// the same words: cached), so a few experts still keep every invocation busy.
 #extension GL_GOOGLE_include_directive : require
 
 #define WG 256u
-#define TILE 2048u
 // Host-checked limit (moe/group.rs).
 #define MAX_EXPERTS 1024u
 
@@ -27,51 +29,49 @@ layout(push_constant) uniform Push {
     uint n_expert;
 } pc;
 
-shared uint tile[TILE];
+// Per slot: its pair count, then its first place in the list. Slots: n_expert * S, at most
+// max(WG, MAX_EXPERTS).
 shared uint cnt[MAX_EXPERTS];
-
-// One scan over every pair: counts (place false) or writes each owned expert's pairs at its
-// running position cnt[e] (place true).
-void scan(uint tid, bool place) {
-    for (uint base = 0u; base < pc.n_pairs; base += TILE) {
-        uint len = min(TILE, pc.n_pairs - base);
-        barrier(); // the last tile's reads are done
-        for (uint i = tid; i < len; i += WG) {
-            tile[i] = ids[base + i];
-        }
-        barrier();
-        for (uint e = tid; e < pc.n_expert; e += WG) {
-            uint c = cnt[e];
-            for (uint i = 0u; i < len; i++) {
-                if (tile[i] == e) {
-                    if (place) {
-                        list[c] = base + i;
-                    }
-                    c++;
-                }
-            }
-            cnt[e] = c;
-        }
-    }
-    barrier();
-}
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
-    for (uint e = tid; e < pc.n_expert; e += WG) {
-        cnt[e] = 0u;
+    uint segs = pc.n_expert <= WG ? WG / pc.n_expert : 1u;
+    uint seg_len = (pc.n_pairs + segs - 1u) / segs;
+    uint slots = pc.n_expert * segs;
+    for (uint slot = tid; slot < slots; slot += WG) {
+        uint e = slot / segs;
+        uint begin = (slot % segs) * seg_len;
+        uint end = min(begin + seg_len, pc.n_pairs);
+        uint c = 0u;
+        for (uint p = begin; p < end; p++) {
+            c += ids[p] == e ? 1u : 0u;
+        }
+        cnt[slot] = c;
     }
-    scan(tid, false);
+    barrier();
     if (tid == 0u) {
         uint off = 0u;
-        for (uint e = 0u; e < pc.n_expert; e++) {
-            uint c = cnt[e];
-            offsets[e] = off;
-            cnt[e] = off;
+        for (uint slot = 0u; slot < slots; slot++) {
+            if (slot % segs == 0u) {
+                offsets[slot / segs] = off;
+            }
+            uint c = cnt[slot];
+            cnt[slot] = off;
             off += c;
         }
         offsets[pc.n_expert] = off;
     }
     barrier();
-    scan(tid, true);
+    for (uint slot = tid; slot < slots; slot += WG) {
+        uint e = slot / segs;
+        uint begin = (slot % segs) * seg_len;
+        uint end = min(begin + seg_len, pc.n_pairs);
+        uint c = cnt[slot];
+        for (uint p = begin; p < end; p++) {
+            if (ids[p] == e) {
+                list[c] = p;
+                c++;
+            }
+        }
+    }
 }

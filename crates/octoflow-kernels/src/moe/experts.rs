@@ -34,6 +34,10 @@ const MATMUL_TN: u32 = 64;
 /// `moe_matmul_coop_*` and `moe_matmul_coop_glu_*` lines of variants.txt).
 const COOP_TILE: [u32; 2] = [128, 64];
 const COOP_TILE_GLU: [u32; 2] = [64, 64];
+/// The same for the wide variants (`moe_matmul_coop_wide_*`, `moe_matmul_coop_glu_wide_*`):
+/// twice the pairs, so a group of up to 128 pairs decodes its expert's weights once.
+const COOP_TILE_WIDE: [u32; 2] = [128, 128];
+const COOP_TILE_GLU_WIDE: [u32; 2] = [64, 128];
 /// The subgroup size the cooperative-matrix variants are laid out for.
 const COOP_SUBGROUP: u32 = 32;
 /// Push-constant bytes of every variant (12 words).
@@ -125,8 +129,13 @@ pub struct MoeExperts {
     matmul_glu: Vec<SpecPipelines>,
     matmul_coop: Vec<SpecPipelines>,
     matmul_coop_glu: Vec<SpecPipelines>,
+    matmul_coop_wide: Vec<SpecPipelines>,
+    matmul_coop_glu_wide: Vec<SpecPipelines>,
     /// Grouped products take the cooperative-matrix variants where the device has them.
     coop: bool,
+    /// ... the wide ones where the largest group has at least this many pairs
+    /// ([`MoeExperts::with_coop_wide`]).
+    coop_wide_min: u32,
     /// The matvec's products on 8-bit integer dot products where they fit
     /// ([`MoeExperts::with_dot`]).
     dot: Option<MoeDot>,
@@ -169,6 +178,9 @@ impl MoeExperts {
             matmul_glu: per(QOp::MoeMatmulGlu, 8),
             matmul_coop: coop(QOp::MoeMatmulCoop, 6),
             matmul_coop_glu: coop(QOp::MoeMatmulCoopGlu, 8),
+            matmul_coop_wide: coop(QOp::MoeMatmulCoopWide, 6),
+            matmul_coop_glu_wide: coop(QOp::MoeMatmulCoopGluWide, 8),
+            coop_wide_min: u32::MAX,
             coop: false,
             dot: None,
             dot_groups: 0,
@@ -246,6 +258,16 @@ impl MoeExperts {
     /// (`on`; [`crate::Tuning::moe_coop`]).
     pub fn with_coop(mut self, on: bool) -> Self {
         self.coop = on;
+        self
+    }
+
+    /// The same kernels, grouped products on cooperative matrices in tiles of twice the pairs
+    /// where the largest group has at least `min_group` pairs
+    /// ([`crate::Tuning::moe_coop_wide_min`]): a prompt's groups of ~65–128 pairs then decode
+    /// each expert's weights once instead of twice, at the cost of products over the empty
+    /// part of the tile.
+    pub fn with_coop_wide(mut self, min_group: u32) -> Self {
+        self.coop_wide_min = min_group;
         self
     }
 
@@ -450,10 +472,13 @@ impl MoeExperts {
                 need(OP, "list", g.list, u128::from(a.n_pairs))?;
                 bind.push(g.offsets.clone());
                 bind.push(g.list.clone());
-                let [tm, tn] = match (coop, up.is_some()) {
-                    (true, true) => COOP_TILE_GLU,
-                    (true, false) => COOP_TILE,
-                    (false, _) => [MATMUL_TM, MATMUL_TN],
+                let wide = coop && g.max_group >= self.coop_wide_min;
+                let [tm, tn] = match (coop, wide, up.is_some()) {
+                    (true, false, true) => COOP_TILE_GLU,
+                    (true, false, false) => COOP_TILE,
+                    (true, true, true) => COOP_TILE_GLU_WIDE,
+                    (true, true, false) => COOP_TILE_WIDE,
+                    (false, ..) => [MATMUL_TM, MATMUL_TN],
                 };
                 let groups = [
                     w.n_rows.div_ceil(tm),
@@ -461,6 +486,8 @@ impl MoeExperts {
                     w.n_experts,
                 ];
                 let set = match (coop, up.is_some()) {
+                    (true, true) if wide => &self.matmul_coop_glu_wide,
+                    (true, false) if wide => &self.matmul_coop_wide,
                     (true, true) => &self.matmul_coop_glu,
                     (true, false) => &self.matmul_coop,
                     (false, true) => &self.matmul_glu,

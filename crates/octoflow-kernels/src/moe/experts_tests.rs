@@ -50,6 +50,12 @@ fn check_experts_type(ty: GgmlType) {
     let (seed, mut rng) = seeded(&format!("moe_experts_{ty}"));
     // the cooperative-matrix variants wherever the device has them
     let k = MoeExperts::new().with_coop(true);
+    // ... and their tiles of 128 pairs for any group (a prompt's groups take them)
+    let k_wide = MoeExperts::new().with_coop(true).with_coop_wide(1);
+    let mut ways = vec![(false, &k), (true, &k)];
+    if k.uses_coop(ctx.caps()) {
+        ways.push((true, &k_wide));
+    }
     let acts = [
         MoeAct::Silu,
         MoeAct::SwigluOai {
@@ -124,7 +130,7 @@ fn check_experts_type(ty: GgmlType) {
                     .unwrap()
                 };
                 let (plain, coop) = (want(false), want(true));
-                for grouped in [false, true] {
+                for &(grouped, k) in &ways {
                     let want = if grouped && k.uses_coop(ctx.caps()) {
                         &coop
                     } else {
@@ -177,7 +183,9 @@ fn check_experts_type(ty: GgmlType) {
                         if let Err(e) = check_close(&got, want, REL) {
                             panic!(
                                 "moe experts {ty} {n_tokens}x{n_used} of {n_expert}, {n_rows}x{n_cols}, \
-                                 glu {glu:?}, bias {biased}, grouped {grouped}, {} pieces, seed {seed}: {e}",
+                                 glu {glu:?}, bias {biased}, grouped {grouped} (wide tiles {}), {} pieces, \
+                                 seed {seed}: {e}",
+                                std::ptr::eq(k, &k_wide),
                                 set.len()
                             );
                         }

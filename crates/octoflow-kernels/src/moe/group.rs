@@ -86,7 +86,7 @@ mod tests {
         };
         let (seed, mut rng) = seeded(module_path!());
         let k = MoeGroup::new(&ctx).unwrap();
-        // pairs past one shared-memory tile (2048) too, and experts past one per invocation
+        // one expert (256 segments) to more experts than invocations (one segment each)
         for (n_tokens, n_used, n_expert) in [
             (1usize, 1usize, 1usize),
             (7, 2, 4),

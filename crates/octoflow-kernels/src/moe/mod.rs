@@ -120,6 +120,7 @@ impl Moe {
                 let t = crate::Tuning::for_device(ctx.caps());
                 MoeExperts::new()
                     .with_coop(t.moe_coop)
+                    .with_coop_wide(t.moe_coop_wide_min)
                     .with_dot(ctx.caps(), t.moe_dot)
                     .with_dot_groups(t.moe_dot_groups)
                     .with_xq(t.moe_xq)
