@@ -205,26 +205,14 @@ impl Tuning {
         {
             self.matmul_target_groups = n;
         }
-        match var("OCTOFLOW_MOE_COOP_WIDE_MIN").as_deref() {
-            Some("none") => self.moe_coop_wide_min = u32::MAX,
-            Some(v) => {
-                if let Ok(n) = v.parse() {
-                    self.moe_coop_wide_min = n;
-                }
-            }
-            None => {}
+        if let Some(n) = at_least(var("OCTOFLOW_MOE_COOP_WIDE_MIN"), u32::MAX) {
+            self.moe_coop_wide_min = n;
         }
         if let Some(n) = var("OCTOFLOW_MOE_DOT_GROUPS").and_then(|v| v.parse().ok()) {
             self.moe_dot_groups = n;
         }
-        match var("OCTOFLOW_DOT_MIN_WEIGHTS").as_deref() {
-            Some("none") => self.dot_min_weights = u64::MAX,
-            Some(v) => {
-                if let Ok(n) = v.parse() {
-                    self.dot_min_weights = n;
-                }
-            }
-            None => {}
+        if let Some(n) = at_least(var("OCTOFLOW_DOT_MIN_WEIGHTS"), u64::MAX) {
+            self.dot_min_weights = n;
         }
         let on = |name| var(name).is_some_and(|v| v == "1");
         self.unfused_rope = on("OCTOFLOW_UNFUSED_ROPE");
@@ -249,6 +237,16 @@ impl Tuning {
             _ => {}
         }
         self
+    }
+}
+
+/// A threshold switch's value: a number, or `none` (the threshold never reached: `never`);
+/// `None` where the variable is absent or not a number.
+fn at_least<T: std::str::FromStr>(value: Option<String>, never: T) -> Option<T> {
+    match value.as_deref() {
+        Some("none") => Some(never),
+        Some(v) => v.parse().ok(),
+        None => None,
     }
 }
 
@@ -307,7 +305,14 @@ mod tests {
             ("OCTOFLOW_DOT_MIN_WEIGHTS", "4096"),
             ("OCTOFLOW_MOE_DOT_GROUPS", "64"),
             ("OCTOFLOW_MOE_XQ", "1"),
+            ("OCTOFLOW_MOE_COOP_WIDE_MIN", "200"),
         ]));
+        assert_eq!(
+            (t.moe_coop_wide_min, base.moe_coop_wide_min),
+            (200, MOE_COOP_WIDE_MIN)
+        );
+        let never = t.with_switches(env(&[("OCTOFLOW_MOE_COOP_WIDE_MIN", "none")]));
+        assert_eq!(never.moe_coop_wide_min, u32::MAX);
         assert_eq!((t.moe_dot_groups, base.moe_dot_groups), (64, 0));
         assert!(t.moe_xq && !base.moe_xq);
         assert!(t.moe_dot && !base.moe_dot);
