@@ -16,9 +16,10 @@ pub const FALLBACK_COMPUTE_UNITS: u32 = 128;
 /// 0.8M-weight projections keep the f32 matvec (docs/PERFORMANCE.md).
 pub const DOT_MIN_WEIGHTS: u64 = 1_000_000;
 
-/// [`Tuning::moe_coop_wide_min`]'s default: groups past one tile of 64 pairs (a prompt's, of
-/// ~64–128 pairs an expert) take the tiles of 128, which decode each expert's weights once.
-pub const MOE_COOP_WIDE_MIN: u32 = 65;
+/// [`Tuning::moe_coop_wide_min`]'s default: never, until the tiles of 128 pairs (for groups
+/// past one tile of 64, a prompt's ~64–128 pairs an expert) have run on a device with
+/// cooperative matrices (docs/perf-log, session 37).
+pub const MOE_COOP_WIDE_MIN: u32 = u32::MAX;
 
 /// How the kernels split their work and which fusions a recording uses. Built once per device
 /// by [`Tuning::for_device`] (defaults from the device's reported limits, then the measurement
