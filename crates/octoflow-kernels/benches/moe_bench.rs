@@ -437,6 +437,52 @@ fn moe_router_timing() {
         let cold = unit_us(&ctx, n / 4, Some(&flush), rec);
         println!("  {name:<12} hot {hot:7.2}  after a flush {cold:7.2}");
     }
+    // a prompt's router (512 tokens: tiles of 8 rows x 8 tokens), its token loops rolled and
+    // unrolled, GPU time, outputs compared
+    let t = 512u32;
+    let xp = with(&ctx, "x", &random(&mut rng, (t * d) as usize));
+    let hp = poisoned(&ctx, "h", (t * d) as usize);
+    let lp = poisoned(&ctx, "logits", (t * e) as usize);
+    let ip = poisoned(&ctx, "ids", (t * used) as usize);
+    let wp = poisoned(&ctx, "weights", (t * used) as usize);
+    let (xs, hs, ls, is, ws) = (xp.whole(), hp.whole(), lp.whole(), ip.whole(), wp.whole());
+    let args = RouterArgs {
+        x: &xs,
+        norm: &gw,
+        eps: 1e-5,
+        ty: GgmlType::F32,
+        w: &rw,
+        bias: Some(&bw),
+        n_expert: e,
+        n_cols: d,
+        n_tokens: t,
+        n_used: used,
+        gating: MoeGating::SoftmaxOfSelected,
+        scale: 1.0,
+        h: &hs,
+        logits: &ls,
+        ids: &is,
+        weights: &ws,
+        xq: None,
+    };
+    let mut want: Vec<f32> = Vec::new();
+    for (name, router) in [
+        ("rolled", MoeRouter::new().rolled()),
+        ("unrolled", MoeRouter::new()),
+    ] {
+        let ns = crate::linear_bench::gpu_ns(&ctx, 11, &|c| router.record(c, &args).unwrap());
+        let got = crate::testkit::read(&ctx, &lp, (t * e) as usize);
+        let ok = if want.is_empty() {
+            want = got;
+            "ref".to_string()
+        } else {
+            match crate::check_close(&got, &want, 1e-5) {
+                Ok(()) => "ok".to_string(),
+                Err(e) => format!("WRONG ({e})"),
+            }
+        };
+        println!("  512 tokens, {name:<8} {:8.2} us  {ok}", ns / 1e3);
+    }
 }
 
 /// gpt-oss-20b's grouped expert products of a prompt (32 MXFP4 experts of 2,880 x 2,880, four

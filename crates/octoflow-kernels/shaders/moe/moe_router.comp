@@ -34,6 +34,15 @@ layout(local_size_x = 256) in;
 layout(constant_id = 0) const uint ROWS = 2u;
 layout(constant_id = 1) const uint TT = 1u;
 const uint TPR = WG / ROWS;
+// The loops over a workgroup's tokens: unrolled in the UNROLL_TT variants (GPUs), so that the
+// per-token sums stay in registers and a chunk's loads for every token are in flight at once
+// (rolled, each token's loads waited for the last's); rolled elsewhere (lavapipe compiled the
+// unrolled router in ~50 s).
+#ifdef UNROLL_TT
+#define TT_LOOP [[unroll]]
+#else
+#define TT_LOOP
+#endif
 
 #include "common.glsl"
 
@@ -80,12 +89,12 @@ void main() {
     // 1. the norm's scale of each token (each workgroup its own; x is small and in cache): the
     // tokens' loads in one pass, their sums in one reduction (wg_sum's order, per token)
     float ss[TT];
-    for (uint j = 0u; j < TT; j++) {
+    TT_LOOP for (uint j = 0u; j < TT; j++) {
         ss[j] = 0.0;
     }
     if (xvec) {
         for (uint i = tid; i < pc.n_cols / 4u; i += WG) {
-            for (uint j = 0u; j < TT; j++) {
+            TT_LOOP for (uint j = 0u; j < TT; j++) {
                 if (j < nt) {
                     vec4 v = x4[(((t0 + j) * pc.n_cols) >> 2) + i];
                     ss[j] += dot(v, v);
@@ -94,7 +103,7 @@ void main() {
         }
     } else {
         for (uint i = tid; i < pc.n_cols; i += WG) {
-            for (uint j = 0u; j < TT; j++) {
+            TT_LOOP for (uint j = 0u; j < TT; j++) {
                 if (j < nt) {
                     float v = x[(t0 + j) * pc.n_cols + i];
                     ss[j] += v * v;
@@ -102,7 +111,7 @@ void main() {
             }
         }
     }
-    for (uint j = 0u; j < TT; j++) {
+    TT_LOOP for (uint j = 0u; j < TT; j++) {
         float a = subgroupAdd(ss[j]);
         if (subgroupElect()) {
             red[j * WG + gl_SubgroupID] = a;
@@ -110,7 +119,7 @@ void main() {
     }
     barrier();
     float inv[TT];
-    for (uint j = 0u; j < TT; j++) {
+    TT_LOOP for (uint j = 0u; j < TT; j++) {
         float tot = 0.0;
         for (uint i = 0u; i < gl_NumSubgroups; i++) {
             tot += red[j * WG + i];
@@ -156,7 +165,7 @@ void main() {
     uint lane = tid % TPR;
     uint r = gl_WorkGroupID.x * ROWS + lr;
     float acc[TT];
-    for (uint j = 0u; j < TT; j++) {
+    TT_LOOP for (uint j = 0u; j < TT; j++) {
         acc[j] = 0.0;
     }
     if (r < pc.n_expert) {
@@ -166,21 +175,20 @@ void main() {
             uint len = chunk_len(c, pc.n_cols);
             float v[32];
             dequant_chunk(rb, c, pc.n_cols, v);
-            for (uint j = 0u; j < TT; j++) {
-                if (j >= nt) {
-                    break;
-                }
-                uint xb = (t0 + j) * pc.n_cols;
-                if (len == 32u && xvec) {
-                    [[unroll]] for (uint i = 0u; i < 8u; i++) {
-                        uint q = ((xb + 32u * c) >> 2) + i;
-                        vec4 xv = x4[q] * g4[8u * c + i];
-                        acc[j] += dot(vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]), xv);
-                    }
-                } else {
-                    for (uint i = 0u; i < len; i++) {
-                        uint k = 32u * c + i;
-                        acc[j] += v[i] * (x[xb + k] * g[k]);
+            TT_LOOP for (uint j = 0u; j < TT; j++) {
+                if (j < nt) {
+                    uint xb = (t0 + j) * pc.n_cols;
+                    if (len == 32u && xvec) {
+                        [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                            uint q = ((xb + 32u * c) >> 2) + i;
+                            vec4 xv = x4[q] * g4[8u * c + i];
+                            acc[j] += dot(vec4(v[4u * i], v[4u * i + 1u], v[4u * i + 2u], v[4u * i + 3u]), xv);
+                        }
+                    } else {
+                        for (uint i = 0u; i < len; i++) {
+                            uint k = 32u * c + i;
+                            acc[j] += v[i] * (x[xb + k] * g[k]);
+                        }
                     }
                 }
             }
@@ -188,7 +196,7 @@ void main() {
     }
     // each row's sums: its subgroups' sums (a subgroup never straddles two rows: sizes divide
     // TPR), then lane 0 of the row adds them
-    for (uint j = 0u; j < TT; j++) {
+    TT_LOOP for (uint j = 0u; j < TT; j++) {
         float a = subgroupAdd(acc[j]);
         if (subgroupElect()) {
             red[j * WG + gl_SubgroupID] = a;

@@ -63,6 +63,11 @@ pub struct RouterArgs<'a> {
 /// The fused routing kernel, a pipeline per router type, built on first use.
 pub struct MoeRouter {
     pipelines: Vec<SpecPipelines>,
+    /// The same with the loops over a tile's tokens unrolled, for tiles of several tokens on
+    /// GPUs (lavapipe keeps the rolled loops: it compiled these in ~50 s).
+    unrolled: Vec<SpecPipelines>,
+    /// Whether GPUs take [`Self::unrolled`] (benchmarks compare both).
+    unroll: bool,
     counts: QueueScratch,
 }
 
@@ -74,15 +79,27 @@ impl Default for MoeRouter {
 
 impl MoeRouter {
     pub fn new() -> Self {
-        MoeRouter {
-            pipelines: (0..TYPES.len())
+        let set = |op: QOp| {
+            (0..TYPES.len())
                 .map(|i| {
-                    let s = QOp::MoeRouter.variant(i);
+                    let s = op.variant(i);
                     SpecPipelines::new(s, 10, PUSH_BYTES, s.name)
                 })
-                .collect(),
+                .collect()
+        };
+        MoeRouter {
+            pipelines: set(QOp::MoeRouter),
+            unrolled: set(QOp::MoeRouterUnrolled),
+            unroll: true,
             counts: QueueScratch::zeroed("moe_router_count"),
         }
+    }
+
+    /// The same kernels, the tiles' token loops rolled on every device (benchmarks).
+    #[cfg(all(test, feature = "bench"))]
+    pub(crate) fn rolled(mut self) -> Self {
+        self.unroll = false;
+        self
     }
 
     /// Records `a`: one dispatch. Checks the type, the limits and every operand's size.
@@ -141,7 +158,12 @@ impl MoeRouter {
             .u32(a.n_tokens);
         let ctx = chain.context();
         let (rows, tt) = tile(a.n_tokens, ctx.caps().subgroup.max_size);
-        let pipeline = self.pipelines[ti].get(ctx, [rows, tt, 0, 0, 0, 0, 0])?;
+        let set = if self.unroll && tt > 1 && ctx.caps().kind != octoflow_vk::DeviceKind::Cpu {
+            &self.unrolled
+        } else {
+            &self.pipelines
+        };
+        let pipeline = set[ti].get(ctx, [rows, tt, 0, 0, 0, 0, 0])?;
         chain.dispatch(
             &pipeline,
             &[
