@@ -467,8 +467,8 @@ fn moe_router_timing() {
     };
     let mut want: Vec<f32> = Vec::new();
     for (name, router) in [
-        ("rolled", MoeRouter::new().rolled()),
-        ("unrolled", MoeRouter::new()),
+        ("rolled", MoeRouter::new()),
+        ("unrolled", MoeRouter::new().with_unroll(true)),
     ] {
         let ns = crate::linear_bench::gpu_ns(&ctx, 11, &|c| router.record(c, &args).unwrap());
         let got = crate::testkit::read(&ctx, &lp, (t * e) as usize);

@@ -37,6 +37,7 @@ pub const MOE_COOP_WIDE_MIN: u32 = u32::MAX;
 /// | `OCTOFLOW_UNFUSED_MOE=1` | [`Tuning::unfused_moe`] | steps of a few tokens record a mixture of experts' norm, router, routing, down products and combine as separate stages |
 /// | `OCTOFLOW_MOE_COOP=0` or `1` | [`Tuning::moe_coop`] | batches' expert products on cooperative matrices (the MOE variants of `matmul_coop.comp`) off or on |
 /// | `OCTOFLOW_MOE_COOP_WIDE_MIN=N` or `none` | [`Tuning::moe_coop_wide_min`] | grouped expert products on cooperative matrices take the tiles of 128 pairs where the largest group has at least N pairs, or never |
+/// | `OCTOFLOW_MOE_ROUTER_UNROLL=1` | [`Tuning::moe_router_unroll`] | the fused router's loops over a tile's tokens (prompts) unrolled on GPUs (`moe_router.comp`'s UNROLL_TT variants) |
 /// | `OCTOFLOW_MATVEC_DOT=0` or `1` | [`Tuning::matvec_dot`] | one-token Q4_K, Q5_K and Q6_K products on 8-bit dot products of a quantized x (`matvec_dot.comp`), off or on |
 /// | `OCTOFLOW_DOT_MIN_WEIGHTS=N` or `none` | [`Tuning::dot_min_weights`] | one-token products of the blocks of 32 (Q4_0 … Q8_0) with at least N weights on 8-bit dot products (with [`Tuning::matvec_dot`]), or none |
 /// | `OCTOFLOW_QUANTIZE_ONCE=0` or `1` | [`Tuning::quantize_once`] | the 8-bit dot products' x quantized once per product (`quantize_q8.comp`, then `matvec_dot.comp`'s XQ variants) instead of in every workgroup, off or on |
@@ -77,6 +78,10 @@ pub struct Tuning {
     /// pairs take the grouped products' tiles of 128 pairs instead of 64
     /// ([`crate::moe::MoeExperts::with_coop_wide`]); default [`MOE_COOP_WIDE_MIN`].
     pub moe_coop_wide_min: u32,
+    /// The fused router's tiles of several tokens (prompts) take the variants with their
+    /// token loops unrolled on GPUs ([`crate::moe::MoeRouter::with_unroll`]); off until they
+    /// have run on one (docs/perf-log, session 37).
+    pub moe_router_unroll: bool,
     /// One-token Q4_K, Q5_K and Q6_K products take `matvec_dot.comp` (x quantized to 8 bits per block of 32,
     /// integer dot products) where the shape fits it. On by default where the device
     /// accelerates 4x8-bit dot products: elsewhere they are emulated and the f32 matvec stays.
@@ -176,6 +181,7 @@ impl Tuning {
             unfused_moe: false,
             moe_coop: false,
             moe_coop_wide_min: MOE_COOP_WIDE_MIN,
+            moe_router_unroll: false,
             matvec_dot: false,
             dot_batches: DotBatches::Off,
             moe_dot: false,
@@ -220,6 +226,7 @@ impl Tuning {
         self.unfused_glu = on("OCTOFLOW_UNFUSED_GLU");
         self.unfused_post = on("OCTOFLOW_UNFUSED_POST");
         self.unfused_moe = on("OCTOFLOW_UNFUSED_MOE");
+        self.moe_router_unroll = on("OCTOFLOW_MOE_ROUTER_UNROLL");
         // switches with a device-dependent default: "0" off, "1" on, anything else the default
         let either = |name: &str, v: &mut bool| match var(name).as_deref() {
             Some("0") => *v = false,
@@ -307,7 +314,9 @@ mod tests {
             ("OCTOFLOW_MOE_DOT_GROUPS", "64"),
             ("OCTOFLOW_MOE_XQ", "1"),
             ("OCTOFLOW_MOE_COOP_WIDE_MIN", "200"),
+            ("OCTOFLOW_MOE_ROUTER_UNROLL", "1"),
         ]));
+        assert!(t.moe_router_unroll && !base.moe_router_unroll);
         assert_eq!(
             (t.moe_coop_wide_min, base.moe_coop_wide_min),
             (200, MOE_COOP_WIDE_MIN)

@@ -112,12 +112,12 @@ pub struct Moe {
 impl Moe {
     /// Builds the pipelines.
     pub fn new(ctx: &Context) -> Result<Self> {
+        let t = crate::Tuning::for_device(ctx.caps());
         Ok(Moe {
             route: MoeRoute::new(ctx)?,
-            router: MoeRouter::new(),
+            router: MoeRouter::new().with_unroll(t.moe_router_unroll),
             group: MoeGroup::new(ctx)?,
             experts: {
-                let t = crate::Tuning::for_device(ctx.caps());
                 MoeExperts::new()
                     .with_coop(t.moe_coop)
                     .with_coop_wide(t.moe_coop_wide_min)

@@ -66,7 +66,7 @@ pub struct MoeRouter {
     /// The same with the loops over a tile's tokens unrolled, for tiles of several tokens on
     /// GPUs (lavapipe keeps the rolled loops: it compiled these in ~50 s).
     unrolled: Vec<SpecPipelines>,
-    /// Whether GPUs take [`Self::unrolled`] (benchmarks compare both).
+    /// Whether GPUs take [`Self::unrolled`] ([`MoeRouter::with_unroll`]).
     unroll: bool,
     counts: QueueScratch,
 }
@@ -90,15 +90,15 @@ impl MoeRouter {
         MoeRouter {
             pipelines: set(QOp::MoeRouter),
             unrolled: set(QOp::MoeRouterUnrolled),
-            unroll: true,
+            unroll: false,
             counts: QueueScratch::zeroed("moe_router_count"),
         }
     }
 
-    /// The same kernels, the tiles' token loops rolled on every device (benchmarks).
-    #[cfg(all(test, feature = "bench"))]
-    pub(crate) fn rolled(mut self) -> Self {
-        self.unroll = false;
+    /// The same kernels, the loops over a tile's tokens unrolled on GPUs where `on`
+    /// ([`crate::Tuning::moe_router_unroll`]; lavapipe keeps them rolled).
+    pub fn with_unroll(mut self, on: bool) -> Self {
+        self.unroll = on;
         self
     }
 
@@ -274,7 +274,9 @@ mod tests {
             return;
         };
         let (seed, mut rng) = seeded(module_path!());
-        let k = MoeRouter::new();
+        let rolled = MoeRouter::new();
+        // half the batches' tiles with their token loops unrolled (on GPUs; lavapipe rolls them)
+        let unrolled = MoeRouter::new().with_unroll(true);
         let gatings = [
             MoeGating::SoftmaxOfSelected,
             MoeGating::Softmax { norm: false },
@@ -295,6 +297,7 @@ mod tests {
             };
             let gating = gatings[i % 3];
             let biased = i % 2 == 0;
+            let k = if (i / 4) % 2 == 1 { &unrolled } else { &rolled };
             let w = random_weights(&mut rng, ty, n_expert, n_cols);
             let x = random(&mut rng, n * n_cols);
             let norm: Vec<f32> = (0..n_cols).map(|_| rng.gen_range(0.5..1.5)).collect();
