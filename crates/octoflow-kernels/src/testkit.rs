@@ -8,9 +8,12 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 /// A fresh seed and its generator; the seed is printed so that a failing run can be repeated
-/// (`StdRng::seed_from_u64(seed)`), which cargo shows with the failure.
+/// (cargo shows it with the failure): `OCTOFLOW_TEST_SEED=<seed>` gives every test that seed.
 pub fn seeded(test: &str) -> (u64, StdRng) {
-    let seed: u64 = rand::random();
+    let seed: u64 = std::env::var("OCTOFLOW_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(rand::random);
     println!("{test}: seed {seed}");
     (seed, StdRng::seed_from_u64(seed))
 }
