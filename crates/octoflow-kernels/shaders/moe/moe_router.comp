@@ -36,8 +36,8 @@ layout(constant_id = 1) const uint TT = 1u;
 const uint TPR = WG / ROWS;
 // The loops over a workgroup's tokens: unrolled in the UNROLL_TT variants (GPUs), so that the
 // per-token sums stay in registers and a chunk's loads for every token are in flight at once
-// (rolled, each token's loads waited for the last's); rolled elsewhere (lavapipe compiled the
-// unrolled router in ~50 s).
+// (rolled, each token's loads waited for the last's); rolled elsewhere (lavapipe's compiler
+// takes long over the unrolled router).
 #ifdef UNROLL_TT
 #define TT_LOOP [[unroll]]
 #else

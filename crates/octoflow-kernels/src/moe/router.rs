@@ -64,7 +64,7 @@ pub struct RouterArgs<'a> {
 pub struct MoeRouter {
     pipelines: Vec<SpecPipelines>,
     /// The same with the loops over a tile's tokens unrolled, for tiles of several tokens on
-    /// GPUs (lavapipe keeps the rolled loops: it compiled these in ~50 s).
+    /// GPUs (lavapipe keeps the rolled loops: its compiler takes long over these).
     unrolled: Vec<SpecPipelines>,
     /// Whether GPUs take [`Self::unrolled`] ([`MoeRouter::with_unroll`]).
     unroll: bool,
