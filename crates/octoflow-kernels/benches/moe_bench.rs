@@ -398,32 +398,26 @@ fn moe_router_timing() {
         ids.whole(),
         wts.whole(),
     );
-    let route = |chain: &mut Chain| {
-        moe.router
-            .record(
-                chain,
-                &RouterArgs {
-                    x: &xw,
-                    norm: &gw,
-                    eps: 1e-5,
-                    ty: GgmlType::F32,
-                    w: &rw,
-                    bias: Some(&bw),
-                    n_expert: e,
-                    n_cols: d,
-                    n_tokens: 1,
-                    n_used: used,
-                    gating: MoeGating::SoftmaxOfSelected,
-                    scale: 1.0,
-                    h: &hw,
-                    logits: &lw,
-                    ids: &iw,
-                    weights: &ww,
-                    xq: None,
-                },
-            )
-            .unwrap();
+    let one = RouterArgs {
+        x: &xw,
+        norm: &gw,
+        eps: 1e-5,
+        ty: GgmlType::F32,
+        w: &rw,
+        bias: Some(&bw),
+        n_expert: e,
+        n_cols: d,
+        n_tokens: 1,
+        n_used: used,
+        gating: MoeGating::SoftmaxOfSelected,
+        scale: 1.0,
+        h: &hw,
+        logits: &lw,
+        ids: &iw,
+        weights: &ww,
+        xq: None,
     };
+    let route = |chain: &mut Chain| moe.router.record(chain, &one).unwrap();
     let rms = |chain: &mut Chain| norm.record(chain, &xw, &gw, &hw, 1, d, 1e-5).unwrap();
     let nothing = |_: &mut Chain| {};
     let n = 240;
@@ -448,22 +442,12 @@ fn moe_router_timing() {
     let (xs, hs, ls, is, ws) = (xp.whole(), hp.whole(), lp.whole(), ip.whole(), wp.whole());
     let args = RouterArgs {
         x: &xs,
-        norm: &gw,
-        eps: 1e-5,
-        ty: GgmlType::F32,
-        w: &rw,
-        bias: Some(&bw),
-        n_expert: e,
-        n_cols: d,
         n_tokens: t,
-        n_used: used,
-        gating: MoeGating::SoftmaxOfSelected,
-        scale: 1.0,
         h: &hs,
         logits: &ls,
         ids: &is,
         weights: &ws,
-        xq: None,
+        ..one
     };
     let mut want: Vec<f32> = Vec::new();
     for (name, router) in [

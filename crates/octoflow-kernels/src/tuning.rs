@@ -18,7 +18,7 @@ pub const DOT_MIN_WEIGHTS: u64 = 1_000_000;
 
 /// [`Tuning::moe_coop_wide_min`]'s default: never, until the tiles of 128 pairs (for groups
 /// past one tile of 64, a prompt's ~64–128 pairs an expert) have run on a device with
-/// cooperative matrices (docs/perf-log, session 37).
+/// cooperative matrices (docs/PERFORMANCE.md).
 pub const MOE_COOP_WIDE_MIN: u32 = u32::MAX;
 
 /// How the kernels split their work and which fusions a recording uses. Built once per device
@@ -80,7 +80,7 @@ pub struct Tuning {
     pub moe_coop_wide_min: u32,
     /// The fused router's tiles of several tokens (prompts) take the variants with their
     /// token loops unrolled on GPUs ([`crate::moe::MoeRouter::with_unroll`]); off until they
-    /// have run on one (docs/perf-log, session 37).
+    /// have run on one (docs/PERFORMANCE.md).
     pub moe_router_unroll: bool,
     /// One-token Q4_K, Q5_K and Q6_K products take `matvec_dot.comp` (x quantized to 8 bits per block of 32,
     /// integer dot products) where the shape fits it. On by default where the device
