@@ -456,15 +456,7 @@ fn moe_router_timing() {
     ] {
         let ns = crate::linear_bench::gpu_ns(&ctx, 11, &|c| router.record(c, &args).unwrap());
         let got = crate::testkit::read(&ctx, &lp, (t * e) as usize);
-        let ok = if want.is_empty() {
-            want = got;
-            "ref".to_string()
-        } else {
-            match crate::check_close(&got, &want, 1e-5) {
-                Ok(()) => "ok".to_string(),
-                Err(e) => format!("WRONG ({e})"),
-            }
-        };
+        let ok = against_first(&mut want, got, 1e-5);
         println!("  512 tokens, {name:<8} {:8.2} us  {ok}", ns / 1e3);
     }
 }
@@ -586,15 +578,7 @@ fn moe_prefill_timing() {
                 ctx.fill(&yb, 0, yb.size(), f32::NAN.to_bits()).unwrap();
                 let ns = gpu_ns(&ctx, 11, &|c| k.record(c, &a).unwrap());
                 let got = crate::testkit::read(&ctx, &yb, outputs);
-                let ok = if want.is_empty() {
-                    want = got;
-                    "ref".to_string()
-                } else {
-                    match crate::check_close(&got, &want, 1e-3) {
-                        Ok(()) => "ok".to_string(),
-                        Err(e) => format!("WRONG ({e})"),
-                    }
-                };
+                let ok = against_first(&mut want, got, 1e-3);
                 line += &format!(
                     " | {name} {:8.1} us {:4.0} TFLOP/s {ok}",
                     ns / 1e3,
@@ -603,5 +587,18 @@ fn moe_prefill_timing() {
             }
             println!("{line}");
         }
+    }
+}
+
+/// The first way's outputs become `want` ("ref"); later ones are checked against them within
+/// `rel` ("ok", or what differs).
+fn against_first(want: &mut Vec<f32>, got: Vec<f32>, rel: f32) -> String {
+    if want.is_empty() {
+        *want = got;
+        return "ref".to_string();
+    }
+    match crate::check_close(&got, want, rel) {
+        Ok(()) => "ok".to_string(),
+        Err(e) => format!("WRONG ({e})"),
     }
 }
