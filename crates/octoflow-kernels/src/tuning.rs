@@ -16,10 +16,10 @@ pub const FALLBACK_COMPUTE_UNITS: u32 = 128;
 /// 0.8M-weight projections keep the f32 matvec (docs/PERFORMANCE.md).
 pub const DOT_MIN_WEIGHTS: u64 = 1_000_000;
 
-/// [`Tuning::moe_coop_wide_min`]'s default: never, until the tiles of 128 pairs (for groups
-/// past one tile of 64, a prompt's ~64–128 pairs an expert) have run on a device with
-/// cooperative matrices (docs/PERFORMANCE.md).
-pub const MOE_COOP_WIDE_MIN: u32 = u32::MAX;
+/// [`Tuning::moe_coop_wide_min`]'s default: groups past one tile of 64 pairs (a prompt's
+/// ~64–128 pairs an expert) take the tiles of 128 (docs/PERFORMANCE.md: gpt-oss-20b's pp512
+/// on the H100).
+pub const MOE_COOP_WIDE_MIN: u32 = 65;
 
 /// How the kernels split their work and which fusions a recording uses. Built once per device
 /// by [`Tuning::for_device`] (defaults from the device's reported limits, then the measurement
@@ -79,8 +79,8 @@ pub struct Tuning {
     /// ([`crate::moe::MoeExperts::with_coop_wide`]); default [`MOE_COOP_WIDE_MIN`].
     pub moe_coop_wide_min: u32,
     /// The fused router's tiles of several tokens (prompts) take the variants with their
-    /// token loops unrolled on GPUs ([`crate::moe::MoeRouter::with_unroll`]); off until they
-    /// have run on one (docs/PERFORMANCE.md).
+    /// token loops unrolled on GPUs ([`crate::moe::MoeRouter::with_unroll`]); off: as fast as
+    /// the rolled loops on the H100, and slower to build (docs/PERFORMANCE.md).
     pub moe_router_unroll: bool,
     /// One-token Q4_K, Q5_K and Q6_K products take `matvec_dot.comp` (x quantized to 8 bits per block of 32,
     /// integer dot products) where the shape fits it. On by default where the device
