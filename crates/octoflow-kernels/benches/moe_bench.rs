@@ -462,9 +462,10 @@ fn moe_router_timing() {
 }
 
 /// gpt-oss-20b's grouped expert products of a prompt (32 MXFP4 experts of 2,880 x 2,880, four
-/// a token, random routing) on cooperative matrices, 128 and 512 tokens: the grouping, the GLU
-/// (gate, up, biases, the clamped SwiGLU) and the down product in tiles of 64 pairs and of 128
-/// (`MoeExperts::with_coop_wide`), GPU time, outputs compared (`cargo test -p octoflow-kernels
+/// a token, random routing) on cooperative matrices, 8 to 512 tokens: the grouping, the GLU
+/// (gate, up, biases, the clamped SwiGLU) and the down product in tiles of 64 pairs, of 128
+/// (`MoeExperts::with_coop_wide`) and of 16 (`MoeExperts::with_coop_narrow`), GPU time, outputs
+/// compared (`cargo test -p octoflow-kernels
 /// --release --features bench --lib moe_prefill_timing -- --ignored --nocapture`).
 #[test]
 #[ignore]
@@ -496,14 +497,16 @@ fn moe_prefill_timing() {
         ),
     );
     let bias = with(&ctx, "bias", &random(&mut rng, stacked));
-    let narrow = MoeExperts::new().with_coop(true);
+    let base = MoeExperts::new().with_coop(true);
     let wide = MoeExperts::new().with_coop(true).with_coop_wide(1);
-    if !narrow.uses_coop(ctx.caps()) {
+    let narrow = MoeExperts::new().with_coop(true).with_coop_narrow(u32::MAX);
+    if !base.uses_coop(ctx.caps()) {
         println!("moe_prefill_timing: no cooperative matrices on this device");
         return;
     }
     let group = MoeGroup::new(&ctx).unwrap();
-    for n_tokens in [128u32, 512] {
+    // several streams' decode steps, then prompts
+    for n_tokens in [8u32, 32, 64, 128, 512] {
         let n_pairs = n_tokens * n_used;
         let mut ids = Vec::with_capacity(n_pairs as usize);
         for _ in 0..n_tokens {
@@ -574,7 +577,7 @@ fn moe_prefill_timing() {
             let flop = 2.0 * mats * f64::from(n_pairs) * f64::from(n_rows) * f64::from(n_cols);
             let mut line = format!("x{n_tokens} {}", if glu { "GLU " } else { "down" });
             let mut want = Vec::new();
-            for (name, k) in [("64 pairs", &narrow), ("128 pairs", &wide)] {
+            for (name, k) in [("64 pairs", &base), ("128", &wide), ("16", &narrow)] {
                 ctx.fill(&yb, 0, yb.size(), f32::NAN.to_bits()).unwrap();
                 let ns = gpu_ns(&ctx, 11, &|c| k.record(c, &a).unwrap());
                 let got = crate::testkit::read(&ctx, &yb, outputs);

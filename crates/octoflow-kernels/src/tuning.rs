@@ -21,6 +21,11 @@ pub const DOT_MIN_WEIGHTS: u64 = 1_000_000;
 /// on the H100).
 pub const MOE_COOP_WIDE_MIN: u32 = 65;
 
+/// [`Tuning::moe_coop_narrow_max`]'s default: none (0), until the tiles of 16 pairs for steps
+/// of a few tokens an expert (several streams' decode rows) have run on a device with
+/// cooperative matrices (`OCTOFLOW_MOE_COOP_NARROW_MAX=64` takes them up to 64 tokens).
+pub const MOE_COOP_NARROW_MAX: u32 = 0;
+
 /// How the kernels split their work and which fusions a recording uses. Built once per device
 /// by [`Tuning::for_device`] (defaults from the device's reported limits, then the measurement
 /// switches of the environment) and held by [`crate::Linear`] ([`crate::Linear::tuning`]);
@@ -37,6 +42,7 @@ pub const MOE_COOP_WIDE_MIN: u32 = 65;
 /// | `OCTOFLOW_UNFUSED_MOE=1` | [`Tuning::unfused_moe`] | steps of a few tokens record a mixture of experts' norm, router, routing, down products and combine as separate stages |
 /// | `OCTOFLOW_MOE_COOP=0` or `1` | [`Tuning::moe_coop`] | batches' expert products on cooperative matrices (the MOE variants of `matmul_coop.comp`) off or on |
 /// | `OCTOFLOW_MOE_COOP_WIDE_MIN=N` or `none` | [`Tuning::moe_coop_wide_min`] | grouped expert products on cooperative matrices take the tiles of 128 pairs where the largest group has at least N pairs, or never |
+/// | `OCTOFLOW_MOE_COOP_NARROW_MAX=N` | [`Tuning::moe_coop_narrow_max`] | grouped expert products on cooperative matrices take the tiles of 16 pairs where no group can have more than N pairs (0: never) |
 /// | `OCTOFLOW_MOE_ROUTER_UNROLL=1` | [`Tuning::moe_router_unroll`] | the fused router's loops over a tile's tokens (prompts) unrolled on GPUs (`moe_router.comp`'s UNROLL_TT variants) |
 /// | `OCTOFLOW_MATVEC_DOT=0` or `1` | [`Tuning::matvec_dot`] | one-token Q4_K, Q5_K and Q6_K products on 8-bit dot products of a quantized x (`matvec_dot.comp`), off or on |
 /// | `OCTOFLOW_DOT_MIN_WEIGHTS=N` or `none` | [`Tuning::dot_min_weights`] | one-token products of the blocks of 32 (Q4_0 … Q8_0) with at least N weights on 8-bit dot products (with [`Tuning::matvec_dot`]), or none |
@@ -78,6 +84,10 @@ pub struct Tuning {
     /// pairs take the grouped products' tiles of 128 pairs instead of 64
     /// ([`crate::moe::MoeExperts::with_coop_wide`]); default [`MOE_COOP_WIDE_MIN`].
     pub moe_coop_wide_min: u32,
+    /// With [`Tuning::moe_coop`], batches whose largest possible expert group (their tokens)
+    /// has at most this many pairs take the tiles of 16 pairs
+    /// ([`crate::moe::MoeExperts::with_coop_narrow`]); default [`MOE_COOP_NARROW_MAX`].
+    pub moe_coop_narrow_max: u32,
     /// The fused router's tiles of several tokens (prompts) take the variants with their
     /// token loops unrolled on GPUs ([`crate::moe::MoeRouter::with_unroll`]); off: as fast as
     /// the rolled loops on the H100, and slower to build (docs/PERFORMANCE.md).
@@ -181,6 +191,7 @@ impl Tuning {
             unfused_moe: false,
             moe_coop: false,
             moe_coop_wide_min: MOE_COOP_WIDE_MIN,
+            moe_coop_narrow_max: MOE_COOP_NARROW_MAX,
             moe_router_unroll: false,
             matvec_dot: false,
             dot_batches: DotBatches::Off,
@@ -214,6 +225,9 @@ impl Tuning {
         }
         if let Some(n) = at_least(var("OCTOFLOW_MOE_COOP_WIDE_MIN"), u32::MAX) {
             self.moe_coop_wide_min = n;
+        }
+        if let Some(n) = var("OCTOFLOW_MOE_COOP_NARROW_MAX").and_then(|v| v.parse().ok()) {
+            self.moe_coop_narrow_max = n;
         }
         if let Some(n) = var("OCTOFLOW_MOE_DOT_GROUPS").and_then(|v| v.parse().ok()) {
             self.moe_dot_groups = n;
@@ -315,7 +329,12 @@ mod tests {
             ("OCTOFLOW_MOE_XQ", "1"),
             ("OCTOFLOW_MOE_COOP_WIDE_MIN", "200"),
             ("OCTOFLOW_MOE_ROUTER_UNROLL", "1"),
+            ("OCTOFLOW_MOE_COOP_NARROW_MAX", "48"),
         ]));
+        assert_eq!(
+            (t.moe_coop_narrow_max, base.moe_coop_narrow_max),
+            (48, MOE_COOP_NARROW_MAX)
+        );
         assert!(t.moe_router_unroll && !base.moe_router_unroll);
         assert_eq!(
             (t.moe_coop_wide_min, base.moe_coop_wide_min),

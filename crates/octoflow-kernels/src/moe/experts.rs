@@ -38,6 +38,11 @@ const COOP_TILE_GLU: [u32; 2] = [64, 64];
 /// twice the pairs, so a group of up to 128 pairs decodes its expert's weights once.
 const COOP_TILE_WIDE: [u32; 2] = [128, 128];
 const COOP_TILE_GLU_WIDE: [u32; 2] = [64, 128];
+/// The same for the narrow variants (`moe_matmul_coop_narrow_*`, `moe_matmul_coop_glu_narrow_*`):
+/// 16 pairs, so a group of a few pairs (several streams' decode rows) does not pay for products
+/// over a tile of 64.
+const COOP_TILE_NARROW: [u32; 2] = [128, 16];
+const COOP_TILE_GLU_NARROW: [u32; 2] = [64, 16];
 /// The subgroup size the cooperative-matrix variants are laid out for.
 const COOP_SUBGROUP: u32 = 32;
 /// Push-constant bytes of every variant (12 words).
@@ -131,11 +136,16 @@ pub struct MoeExperts {
     matmul_coop_glu: Vec<SpecPipelines>,
     matmul_coop_wide: Vec<SpecPipelines>,
     matmul_coop_glu_wide: Vec<SpecPipelines>,
+    matmul_coop_narrow: Vec<SpecPipelines>,
+    matmul_coop_glu_narrow: Vec<SpecPipelines>,
     /// Grouped products take the cooperative-matrix variants where the device has them.
     coop: bool,
     /// ... the wide ones where the largest group has at least this many pairs
     /// ([`MoeExperts::with_coop_wide`]).
     coop_wide_min: u32,
+    /// ... the narrow ones where no group can have more than this many pairs
+    /// ([`MoeExperts::with_coop_narrow`]).
+    coop_narrow_max: u32,
     /// The matvec's products on 8-bit integer dot products where they fit
     /// ([`MoeExperts::with_dot`]).
     dot: Option<MoeDot>,
@@ -180,7 +190,10 @@ impl MoeExperts {
             matmul_coop_glu: coop(QOp::MoeMatmulCoopGlu, 8),
             matmul_coop_wide: coop(QOp::MoeMatmulCoopWide, 6),
             matmul_coop_glu_wide: coop(QOp::MoeMatmulCoopGluWide, 8),
+            matmul_coop_narrow: coop(QOp::MoeMatmulCoopNarrow, 6),
+            matmul_coop_glu_narrow: coop(QOp::MoeMatmulCoopGluNarrow, 8),
             coop_wide_min: u32::MAX,
+            coop_narrow_max: 0,
             coop: false,
             dot: None,
             dot_groups: 0,
@@ -268,6 +281,14 @@ impl MoeExperts {
     /// part of the tile.
     pub fn with_coop_wide(mut self, min_group: u32) -> Self {
         self.coop_wide_min = min_group;
+        self
+    }
+
+    /// The same kernels, grouped products on cooperative matrices in tiles of 16 pairs where
+    /// the largest group can have at most `max_group` pairs ([`crate::Tuning::moe_coop_narrow_max`]):
+    /// several streams' decode steps, ~n_used / n_expert of their tokens an expert.
+    pub fn with_coop_narrow(mut self, max_group: u32) -> Self {
+        self.coop_narrow_max = max_group;
         self
     }
 
@@ -473,7 +494,10 @@ impl MoeExperts {
                 bind.push(g.offsets.clone());
                 bind.push(g.list.clone());
                 let wide = coop && g.max_group >= self.coop_wide_min;
+                let narrow = coop && !wide && g.max_group <= self.coop_narrow_max;
                 let [tm, tn] = match (coop, wide, up.is_some()) {
+                    (true, false, true) if narrow => COOP_TILE_GLU_NARROW,
+                    (true, false, false) if narrow => COOP_TILE_NARROW,
                     (true, false, true) => COOP_TILE_GLU,
                     (true, false, false) => COOP_TILE,
                     (true, true, true) => COOP_TILE_GLU_WIDE,
@@ -488,6 +512,8 @@ impl MoeExperts {
                 let set = match (coop, up.is_some()) {
                     (true, true) if wide => &self.matmul_coop_glu_wide,
                     (true, false) if wide => &self.matmul_coop_wide,
+                    (true, true) if narrow => &self.matmul_coop_glu_narrow,
+                    (true, false) if narrow => &self.matmul_coop_narrow,
                     (true, true) => &self.matmul_coop_glu,
                     (true, false) => &self.matmul_coop,
                     (false, true) => &self.matmul_glu,

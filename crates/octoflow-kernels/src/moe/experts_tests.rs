@@ -52,10 +52,22 @@ fn check_experts_type(ty: GgmlType) {
     let k = MoeExperts::new().with_coop(true);
     // ... and their tiles of 128 pairs for any group (a prompt's groups take them)
     let k_wide = MoeExperts::new().with_coop(true).with_coop_wide(1);
+    // ... and their tiles of 16 pairs for any group (groups past 16 pairs take several)
+    let k_narrow = MoeExperts::new().with_coop(true).with_coop_narrow(u32::MAX);
     let mut ways = vec![(false, &k), (true, &k)];
     if k.uses_coop(ctx.caps()) {
         ways.push((true, &k_wide));
+        ways.push((true, &k_narrow));
     }
+    let tiles = |k: &MoeExperts| {
+        if std::ptr::eq(k, &k_wide) {
+            "wide"
+        } else if std::ptr::eq(k, &k_narrow) {
+            "narrow"
+        } else {
+            "default"
+        }
+    };
     let acts = [
         MoeAct::Silu,
         MoeAct::SwigluOai {
@@ -183,9 +195,9 @@ fn check_experts_type(ty: GgmlType) {
                         if let Err(e) = check_close(&got, want, REL) {
                             panic!(
                                 "moe experts {ty} {n_tokens}x{n_used} of {n_expert}, {n_rows}x{n_cols}, \
-                                 glu {glu:?}, bias {biased}, grouped {grouped} (wide tiles {}), {} pieces, \
+                                 glu {glu:?}, bias {biased}, grouped {grouped} ({} tiles), {} pieces, \
                                  seed {seed}: {e}",
-                                std::ptr::eq(k, &k_wide),
+                                tiles(k),
                                 set.len()
                             );
                         }

@@ -121,6 +121,7 @@ impl Moe {
                 MoeExperts::new()
                     .with_coop(t.moe_coop)
                     .with_coop_wide(t.moe_coop_wide_min)
+                    .with_coop_narrow(t.moe_coop_narrow_max)
                     .with_dot(ctx.caps(), t.moe_dot)
                     .with_dot_groups(t.moe_dot_groups)
                     .with_xq(t.moe_xq)
