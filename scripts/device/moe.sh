@@ -11,7 +11,9 @@
 #    `moe_dot.comp` run there whatever the switches say)
 # 3. `octoflow bench` on the gpt-oss-20b shaped file (written once into ~/models, ~100 s): the
 #    grouped products plain and on cooperative matrices, the few-token fusions off, decode with
-#    the expert products and the large Q8_0 products on 8-bit dots, and the decode profile
+#    the expert products and the large Q8_0 products on 8-bit dots, 8 and 32 streams with the
+#    grouped products in tiles of 16 pairs and of 64 (OCTOFLOW_MOE_COOP_NARROW_MAX=64, 0), and
+#    the decode profile
 set -uo pipefail
 repo=$PWD
 cd ~/dev/.dev && source ./setup.sh >/dev/null 2>&1
@@ -41,6 +43,12 @@ wait
     echo "== OCTOFLOW_MOE_DOT=$1 OCTOFLOW_DOT_MIN_WEIGHTS=$2"
     OCTOFLOW_MOE_DOT=$1 OCTOFLOW_DOT_MIN_WEIGHTS=$2 timeout 60 ./octoflow bench -m $m -p 0 -n 128 -r 2 2>&1 |
       grep -E "error|\| *tg"
+  done
+  # several streams' decode steps: the grouped products in tiles of 16 pairs, then of 64
+  for n in 64 0; do
+    echo "== OCTOFLOW_MOE_COOP_NARROW_MAX=$n"
+    OCTOFLOW_MOE_COOP_NARROW_MAX=$n timeout 120 ./octoflow bench -m $m --streams 8,32 2>&1 |
+      grep -E "error|^\| *[0-9]"
   done
 } > "$OUT/moe_bench.log" 2>&1
 OCTOFLOW_MOE_DOT=1 OCTOFLOW_DOT_MIN_WEIGHTS=1000000 timeout 60 ./octoflow bench -m $m -p 0 -n 64 -r 1 --profile \
