@@ -431,8 +431,7 @@ fn moe_router_timing() {
         let cold = unit_us(&ctx, n / 4, Some(&flush), rec);
         println!("  {name:<12} hot {hot:7.2}  after a flush {cold:7.2}");
     }
-    // a prompt's router (512 tokens: tiles of 8 rows x 8 tokens), its token loops rolled and
-    // unrolled, GPU time, outputs compared
+    // a prompt's router (512 tokens: tiles of 8 rows x 8 tokens), GPU time
     let t = 512u32;
     let xp = with(&ctx, "x", &random(&mut rng, (t * d) as usize));
     let hp = poisoned(&ctx, "h", (t * d) as usize);
@@ -449,16 +448,9 @@ fn moe_router_timing() {
         weights: &ws,
         ..one
     };
-    let mut want: Vec<f32> = Vec::new();
-    for (name, router) in [
-        ("rolled", MoeRouter::new()),
-        ("unrolled", MoeRouter::new().with_unroll(true)),
-    ] {
-        let ns = crate::linear_bench::gpu_ns(&ctx, 11, &|c| router.record(c, &args).unwrap());
-        let got = crate::testkit::read(&ctx, &lp, (t * e) as usize);
-        let ok = against_first(&mut want, got, 1e-5);
-        println!("  512 tokens, {name:<8} {:8.2} us  {ok}", ns / 1e3);
-    }
+    let router = MoeRouter::new();
+    let ns = crate::linear_bench::gpu_ns(&ctx, 11, &|c| router.record(c, &args).unwrap());
+    println!("  512 tokens           {:8.2} us", ns / 1e3);
 }
 
 /// gpt-oss-20b's grouped expert products of a prompt (32 MXFP4 experts of 2,880 x 2,880, four
@@ -498,7 +490,7 @@ fn moe_prefill_timing() {
     );
     let bias = with(&ctx, "bias", &random(&mut rng, stacked));
     let base = MoeExperts::new().with_coop(true);
-    let wide = MoeExperts::new().with_coop(true).with_coop_wide(1);
+    let wide = MoeExperts::new().with_coop(true).with_coop_wide(0);
     let narrow = MoeExperts::new().with_coop(true).with_coop_narrow(u32::MAX);
     if !base.uses_coop(ctx.caps()) {
         println!("moe_prefill_timing: no cooperative matrices on this device");

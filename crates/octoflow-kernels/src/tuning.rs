@@ -16,10 +16,11 @@ pub const FALLBACK_COMPUTE_UNITS: u32 = 128;
 /// 0.8M-weight projections keep the f32 matvec (docs/PERFORMANCE.md).
 pub const DOT_MIN_WEIGHTS: u64 = 1_000_000;
 
-/// [`Tuning::moe_coop_wide_min`]'s default: groups past one tile of 64 pairs (a prompt's
-/// ~64–128 pairs an expert) take the tiles of 128 (docs/PERFORMANCE.md: gpt-oss-20b's pp512
-/// on the H100).
-pub const MOE_COOP_WIDE_MIN: u32 = 65;
+/// [`Tuning::moe_coop_wide_min`]'s default: batches whose pairs average 56 or more an expert
+/// (gpt-oss: prompts of 448 tokens or more, whose largest groups pass one tile of 64 pairs)
+/// take the tiles of 128 (docs/PERFORMANCE.md: gpt-oss-20b's pp512 on the H100, groups of ~64
+/// pairs, faster with them; 128 tokens, groups of up to 25, slower).
+pub const MOE_COOP_WIDE_MIN: u32 = 56;
 
 /// [`Tuning::moe_coop_narrow_max`]'s default: none (0), until the tiles of 16 pairs for steps
 /// of a few tokens an expert (several streams' decode rows) have run on a device with
@@ -41,9 +42,8 @@ pub const MOE_COOP_NARROW_MAX: u32 = 0;
 /// | `OCTOFLOW_UNFUSED_POST=1` | [`Tuning::unfused_post`] | single-token steps of post-norm models (gemma3) record each post-norm and its add as a stage |
 /// | `OCTOFLOW_UNFUSED_MOE=1` | [`Tuning::unfused_moe`] | steps of a few tokens record a mixture of experts' norm, router, routing, down products and combine as separate stages |
 /// | `OCTOFLOW_MOE_COOP=0` or `1` | [`Tuning::moe_coop`] | batches' expert products on cooperative matrices (the MOE variants of `matmul_coop.comp`) off or on |
-/// | `OCTOFLOW_MOE_COOP_WIDE_MIN=N` or `none` | [`Tuning::moe_coop_wide_min`] | grouped expert products on cooperative matrices take the tiles of 128 pairs where the largest group has at least N pairs, or never |
+/// | `OCTOFLOW_MOE_COOP_WIDE_MIN=N` or `none` | [`Tuning::moe_coop_wide_min`] | grouped expert products on cooperative matrices take the tiles of 128 pairs where the batch's pairs average at least N an expert (0: always), or never |
 /// | `OCTOFLOW_MOE_COOP_NARROW_MAX=N` | [`Tuning::moe_coop_narrow_max`] | grouped expert products on cooperative matrices take the tiles of 16 pairs where no group can have more than N pairs (0: never) |
-/// | `OCTOFLOW_MOE_ROUTER_UNROLL=1` | [`Tuning::moe_router_unroll`] | the fused router's loops over a tile's tokens (prompts) unrolled on GPUs (`moe_router.comp`'s UNROLL_TT variants) |
 /// | `OCTOFLOW_MATVEC_DOT=0` or `1` | [`Tuning::matvec_dot`] | one-token Q4_K, Q5_K and Q6_K products on 8-bit dot products of a quantized x (`matvec_dot.comp`), off or on |
 /// | `OCTOFLOW_DOT_MIN_WEIGHTS=N` or `none` | [`Tuning::dot_min_weights`] | one-token products of the blocks of 32 (Q4_0 … Q8_0) with at least N weights on 8-bit dot products (with [`Tuning::matvec_dot`]), or none |
 /// | `OCTOFLOW_QUANTIZE_ONCE=0` or `1` | [`Tuning::quantize_once`] | the 8-bit dot products' x quantized once per product (`quantize_q8.comp`, then `matvec_dot.comp`'s XQ variants) instead of in every workgroup, off or on |
@@ -80,18 +80,14 @@ pub struct Tuning {
     /// them (by default; the kernel tests exercise them there whatever this says, lavapipe has
     /// none).
     pub moe_coop: bool,
-    /// With [`Tuning::moe_coop`], batches whose largest expert group has at least this many
-    /// pairs take the grouped products' tiles of 128 pairs instead of 64
+    /// With [`Tuning::moe_coop`], batches whose (token, expert) pairs average at least this
+    /// many an expert take the grouped products' tiles of 128 pairs instead of 64
     /// ([`crate::moe::MoeExperts::with_coop_wide`]); default [`MOE_COOP_WIDE_MIN`].
     pub moe_coop_wide_min: u32,
     /// With [`Tuning::moe_coop`], batches whose largest possible expert group (their tokens)
     /// has at most this many pairs take the tiles of 16 pairs
     /// ([`crate::moe::MoeExperts::with_coop_narrow`]); default [`MOE_COOP_NARROW_MAX`].
     pub moe_coop_narrow_max: u32,
-    /// The fused router's tiles of several tokens (prompts) take the variants with their
-    /// token loops unrolled on GPUs ([`crate::moe::MoeRouter::with_unroll`]); off: as fast as
-    /// the rolled loops on the H100, and slower to build (docs/PERFORMANCE.md).
-    pub moe_router_unroll: bool,
     /// One-token Q4_K, Q5_K and Q6_K products take `matvec_dot.comp` (x quantized to 8 bits per block of 32,
     /// integer dot products) where the shape fits it. On by default where the device
     /// accelerates 4x8-bit dot products: elsewhere they are emulated and the f32 matvec stays.
@@ -192,7 +188,6 @@ impl Tuning {
             moe_coop: false,
             moe_coop_wide_min: MOE_COOP_WIDE_MIN,
             moe_coop_narrow_max: MOE_COOP_NARROW_MAX,
-            moe_router_unroll: false,
             matvec_dot: false,
             dot_batches: DotBatches::Off,
             moe_dot: false,
@@ -240,7 +235,6 @@ impl Tuning {
         self.unfused_glu = on("OCTOFLOW_UNFUSED_GLU");
         self.unfused_post = on("OCTOFLOW_UNFUSED_POST");
         self.unfused_moe = on("OCTOFLOW_UNFUSED_MOE");
-        self.moe_router_unroll = on("OCTOFLOW_MOE_ROUTER_UNROLL");
         // switches with a device-dependent default: "0" off, "1" on, anything else the default
         let either = |name: &str, v: &mut bool| match var(name).as_deref() {
             Some("0") => *v = false,
@@ -328,14 +322,12 @@ mod tests {
             ("OCTOFLOW_MOE_DOT_GROUPS", "64"),
             ("OCTOFLOW_MOE_XQ", "1"),
             ("OCTOFLOW_MOE_COOP_WIDE_MIN", "200"),
-            ("OCTOFLOW_MOE_ROUTER_UNROLL", "1"),
             ("OCTOFLOW_MOE_COOP_NARROW_MAX", "48"),
         ]));
         assert_eq!(
             (t.moe_coop_narrow_max, base.moe_coop_narrow_max),
             (48, MOE_COOP_NARROW_MAX)
         );
-        assert!(t.moe_router_unroll && !base.moe_router_unroll);
         assert_eq!(
             (t.moe_coop_wide_min, base.moe_coop_wide_min),
             (200, MOE_COOP_WIDE_MIN)

@@ -34,15 +34,6 @@ layout(local_size_x = 256) in;
 layout(constant_id = 0) const uint ROWS = 2u;
 layout(constant_id = 1) const uint TT = 1u;
 const uint TPR = WG / ROWS;
-// The loops over a workgroup's tokens: unrolled in the UNROLL_TT variants (GPUs), so that the
-// per-token sums stay in registers and a chunk's loads for every token are in flight at once
-// (rolled, each token's loads waited for the last's); rolled elsewhere (lavapipe's compiler
-// takes long over the unrolled router).
-#ifdef UNROLL_TT
-#define TT_LOOP [[unroll]]
-#else
-#define TT_LOOP
-#endif
 
 #include "common.glsl"
 
@@ -89,12 +80,12 @@ void main() {
     // 1. the norm's scale of each token (each workgroup its own; x is small and in cache): the
     // tokens' loads in one pass, their sums in one reduction (wg_sum's order, per token)
     float ss[TT];
-    TT_LOOP for (uint j = 0u; j < TT; j++) {
+    for (uint j = 0u; j < TT; j++) {
         ss[j] = 0.0;
     }
     if (xvec) {
         for (uint i = tid; i < pc.n_cols / 4u; i += WG) {
-            TT_LOOP for (uint j = 0u; j < TT; j++) {
+            for (uint j = 0u; j < TT; j++) {
                 if (j < nt) {
                     vec4 v = x4[(((t0 + j) * pc.n_cols) >> 2) + i];
                     ss[j] += dot(v, v);
@@ -103,7 +94,7 @@ void main() {
         }
     } else {
         for (uint i = tid; i < pc.n_cols; i += WG) {
-            TT_LOOP for (uint j = 0u; j < TT; j++) {
+            for (uint j = 0u; j < TT; j++) {
                 if (j < nt) {
                     float v = x[(t0 + j) * pc.n_cols + i];
                     ss[j] += v * v;
@@ -111,7 +102,7 @@ void main() {
             }
         }
     }
-    TT_LOOP for (uint j = 0u; j < TT; j++) {
+    for (uint j = 0u; j < TT; j++) {
         float a = subgroupAdd(ss[j]);
         if (subgroupElect()) {
             red[j * WG + gl_SubgroupID] = a;
@@ -119,7 +110,7 @@ void main() {
     }
     barrier();
     float inv[TT];
-    TT_LOOP for (uint j = 0u; j < TT; j++) {
+    for (uint j = 0u; j < TT; j++) {
         float tot = 0.0;
         for (uint i = 0u; i < gl_NumSubgroups; i++) {
             tot += red[j * WG + i];
@@ -165,7 +156,7 @@ void main() {
     uint lane = tid % TPR;
     uint r = gl_WorkGroupID.x * ROWS + lr;
     float acc[TT];
-    TT_LOOP for (uint j = 0u; j < TT; j++) {
+    for (uint j = 0u; j < TT; j++) {
         acc[j] = 0.0;
     }
     if (r < pc.n_expert) {
@@ -175,7 +166,7 @@ void main() {
             uint len = chunk_len(c, pc.n_cols);
             float v[32];
             dequant_chunk(rb, c, pc.n_cols, v);
-            TT_LOOP for (uint j = 0u; j < TT; j++) {
+            for (uint j = 0u; j < TT; j++) {
                 if (j < nt) {
                     uint xb = (t0 + j) * pc.n_cols;
                     if (len == 32u && xvec) {
@@ -196,7 +187,7 @@ void main() {
     }
     // each row's sums: its subgroups' sums (a subgroup never straddles two rows: sizes divide
     // TPR), then lane 0 of the row adds them
-    TT_LOOP for (uint j = 0u; j < TT; j++) {
+    for (uint j = 0u; j < TT; j++) {
         float a = subgroupAdd(acc[j]);
         if (subgroupElect()) {
             red[j * WG + gl_SubgroupID] = a;

@@ -140,7 +140,7 @@ pub struct MoeExperts {
     matmul_coop_glu_narrow: Vec<SpecPipelines>,
     /// Grouped products take the cooperative-matrix variants where the device has them.
     coop: bool,
-    /// ... the wide ones where the largest group has at least this many pairs
+    /// ... the wide ones where the expert groups average at least this many pairs
     /// ([`MoeExperts::with_coop_wide`]).
     coop_wide_min: u32,
     /// ... the narrow ones where no group can have more than this many pairs
@@ -275,12 +275,14 @@ impl MoeExperts {
     }
 
     /// The same kernels, grouped products on cooperative matrices in tiles of twice the pairs
-    /// where the largest group has at least `min_group` pairs
-    /// ([`crate::Tuning::moe_coop_wide_min`]): a prompt's groups of ~65–128 pairs then decode
-    /// each expert's weights once instead of twice, at the cost of products over the empty
-    /// part of the tile.
-    pub fn with_coop_wide(mut self, min_group: u32) -> Self {
-        self.coop_wide_min = min_group;
+    /// where the batch's pairs average at least `min_mean` an expert
+    /// ([`crate::Tuning::moe_coop_wide_min`]; 0: always): a long prompt's groups of ~65–128
+    /// pairs then decode each expert's weights once instead of twice, at the cost of products
+    /// over the empty part of the tile, which is all they add where every group fits 64 pairs.
+    /// The mean, not the largest possible group (the step's tokens), because only groups past
+    /// 64 pairs gain.
+    pub fn with_coop_wide(mut self, min_mean: u32) -> Self {
+        self.coop_wide_min = min_mean;
         self
     }
 
@@ -493,7 +495,9 @@ impl MoeExperts {
                 need(OP, "list", g.list, u128::from(a.n_pairs))?;
                 bind.push(g.offsets.clone());
                 bind.push(g.list.clone());
-                let wide = coop && g.max_group >= self.coop_wide_min;
+                let wide = coop
+                    && u64::from(a.n_pairs)
+                        >= u64::from(self.coop_wide_min) * u64::from(a.n_expert);
                 let narrow = coop && !wide && g.max_group <= self.coop_narrow_max;
                 let [tm, tn] = match (coop, wide, up.is_some()) {
                     (true, false, true) if narrow => COOP_TILE_GLU_NARROW,

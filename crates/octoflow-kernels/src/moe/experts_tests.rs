@@ -50,8 +50,8 @@ fn check_experts_type(ty: GgmlType) {
     let (seed, mut rng) = seeded(&format!("moe_experts_{ty}"));
     // the cooperative-matrix variants wherever the device has them
     let k = MoeExperts::new().with_coop(true);
-    // ... and their tiles of 128 pairs for any group (a prompt's groups take them)
-    let k_wide = MoeExperts::new().with_coop(true).with_coop_wide(1);
+    // ... and their tiles of 128 pairs for any batch (a long prompt's groups take them)
+    let k_wide = MoeExperts::new().with_coop(true).with_coop_wide(0);
     // ... and their tiles of 16 pairs for any group (groups past 16 pairs take several)
     let k_narrow = MoeExperts::new().with_coop(true).with_coop_narrow(u32::MAX);
     let mut ways = vec![(false, &k), (true, &k)];

@@ -115,7 +115,7 @@ impl Moe {
         let t = crate::Tuning::for_device(ctx.caps());
         Ok(Moe {
             route: MoeRoute::new(ctx)?,
-            router: MoeRouter::new().with_unroll(t.moe_router_unroll),
+            router: MoeRouter::new(),
             group: MoeGroup::new(ctx)?,
             experts: {
                 MoeExperts::new()

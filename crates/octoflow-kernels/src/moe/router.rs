@@ -63,11 +63,6 @@ pub struct RouterArgs<'a> {
 /// The fused routing kernel, a pipeline per router type, built on first use.
 pub struct MoeRouter {
     pipelines: Vec<SpecPipelines>,
-    /// The same with the loops over a tile's tokens unrolled, for tiles of several tokens on
-    /// GPUs (lavapipe keeps the rolled loops: its compiler takes long over these).
-    unrolled: Vec<SpecPipelines>,
-    /// Whether GPUs take [`Self::unrolled`] ([`MoeRouter::with_unroll`]).
-    unroll: bool,
     counts: QueueScratch,
 }
 
@@ -79,27 +74,15 @@ impl Default for MoeRouter {
 
 impl MoeRouter {
     pub fn new() -> Self {
-        let set = |op: QOp| {
-            (0..TYPES.len())
+        MoeRouter {
+            pipelines: (0..TYPES.len())
                 .map(|i| {
-                    let s = op.variant(i);
+                    let s = QOp::MoeRouter.variant(i);
                     SpecPipelines::new(s, 10, PUSH_BYTES, s.name)
                 })
-                .collect()
-        };
-        MoeRouter {
-            pipelines: set(QOp::MoeRouter),
-            unrolled: set(QOp::MoeRouterUnrolled),
-            unroll: false,
+                .collect(),
             counts: QueueScratch::zeroed("moe_router_count"),
         }
-    }
-
-    /// The same kernels, the loops over a tile's tokens unrolled on GPUs where `on`
-    /// ([`crate::Tuning::moe_router_unroll`]; lavapipe keeps them rolled).
-    pub fn with_unroll(mut self, on: bool) -> Self {
-        self.unroll = on;
-        self
     }
 
     /// Records `a`: one dispatch. Checks the type, the limits and every operand's size.
@@ -158,12 +141,7 @@ impl MoeRouter {
             .u32(a.n_tokens);
         let ctx = chain.context();
         let (rows, tt) = tile(a.n_tokens, ctx.caps().subgroup.max_size);
-        let set = if self.unroll && tt > 1 && ctx.caps().kind != octoflow_vk::DeviceKind::Cpu {
-            &self.unrolled
-        } else {
-            &self.pipelines
-        };
-        let pipeline = set[ti].get(ctx, [rows, tt, 0, 0, 0, 0, 0])?;
+        let pipeline = self.pipelines[ti].get(ctx, [rows, tt, 0, 0, 0, 0, 0])?;
         chain.dispatch(
             &pipeline,
             &[
@@ -274,9 +252,7 @@ mod tests {
             return;
         };
         let (seed, mut rng) = seeded(module_path!());
-        let rolled = MoeRouter::new();
-        // half the batches' tiles with their token loops unrolled (on GPUs; lavapipe rolls them)
-        let unrolled = MoeRouter::new().with_unroll(true);
+        let k = MoeRouter::new();
         let gatings = [
             MoeGating::SoftmaxOfSelected,
             MoeGating::Softmax { norm: false },
@@ -297,7 +273,6 @@ mod tests {
             };
             let gating = gatings[i % 3];
             let biased = i % 2 == 0;
-            let k = if (i / 4) % 2 == 1 { &unrolled } else { &rolled };
             let w = random_weights(&mut rng, ty, n_expert, n_cols);
             let x = random(&mut rng, n * n_cols);
             let norm: Vec<f32> = (0..n_cols).map(|_| rng.gen_range(0.5..1.5)).collect();
