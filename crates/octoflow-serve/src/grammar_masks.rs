@@ -3,16 +3,16 @@
 //! "Pipelining").
 
 use octoflow_core::TokenMask;
+use rayon::prelude::*;
 
 use super::{Loop, RowMeta};
 use crate::seq::Seq;
 
 impl<'t> Loop<'_, 't> {
     /// The grammars' masks of a step's device draws: one entry per row of its `n_rows`
-    /// (`None`: unconstrained or not `wanted`), computed on up to one thread per core, each
-    /// taking at least `MASKS_PER_THREAD` (a mask of a JSON schema over qwen2.5's 151,936
-    /// tokens takes tens of microseconds, about what starting a thread does). A grammar that
-    /// gives no mask leaves its error on the row's meta.
+    /// (`None`: unconstrained or not `wanted`), computed on the host's cores (a mask of a JSON
+    /// schema over qwen2.5's 151,936 tokens takes tens of microseconds). A grammar that gives
+    /// no mask leaves its error on the row's meta.
     pub(super) fn masks(
         &mut self,
         n_rows: usize,
@@ -36,41 +36,27 @@ impl<'t> Loop<'_, 't> {
         if work.is_empty() {
             return out;
         }
-        const MASKS_PER_THREAD: usize = 4;
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(work.len().div_ceil(MASKS_PER_THREAD));
-        let per = work.len().div_ceil(threads);
-        let mut got: Vec<(usize, Result<TokenMask, String>)> = Vec::with_capacity(work.len());
-        if threads <= 1 {
-            for (i, seq) in &mut work {
-                if let Some(m) = seq.next_mask() {
-                    got.push((*i, m.map_err(|e| e.to_string())));
+        // Rayon's pool, not threads of our own: starting threads every step put their start-up
+        // on the path between a step's read-back and its late masks' signal. A grammar that
+        // panics fails its row, as one that gives no mask does.
+        let one = |(i, seq): &mut (usize, &mut Seq<'t>)| {
+            let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| seq.next_mask()));
+            match got {
+                Ok(m) => Some((*i, m?.map_err(|e| e.to_string()))),
+                Err(_) => {
+                    tracing::error!("a grammar's mask panicked");
+                    Some((
+                        *i,
+                        Err("the grammar failed while computing its mask".to_string()),
+                    ))
                 }
             }
+        };
+        let got: Vec<(usize, Result<TokenMask, String>)> = if work.len() == 1 {
+            work.iter_mut().filter_map(one).collect()
         } else {
-            std::thread::scope(|scope| {
-                let handles: Vec<_> = work
-                    .chunks_mut(per)
-                    .map(|chunk| {
-                        scope.spawn(move || {
-                            chunk
-                                .iter_mut()
-                                .filter_map(|(i, seq)| {
-                                    Some((*i, seq.next_mask()?.map_err(|e| e.to_string())))
-                                })
-                                .collect::<Vec<_>>()
-                        })
-                    })
-                    .collect();
-                for h in handles {
-                    match h.join() {
-                        Ok(v) => got.extend(v),
-                        Err(_) => tracing::error!("a grammar mask thread panicked"),
-                    }
-                }
-            });
-        }
+            work.par_iter_mut().filter_map(one).collect()
+        };
         for (i, m) in got {
             let row = meta[i].row;
             match m {
