@@ -42,6 +42,10 @@ const EVENTS_PER_INSTANCE_STEP: u32 = 2;
 /// them in the arena, which the host then reads whole.
 const OUTBOX_TOKENS_PER_INSTANCE: u32 = 256;
 
+/// How often the host checks the chain it waits for: short against a chain of K steps (a few
+/// milliseconds at the least), long enough that checking costs the host next to nothing.
+const WAKE_INTERVAL: std::time::Duration = std::time::Duration::from_micros(200);
+
 /// What one chain did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SubmitReport {
@@ -558,7 +562,9 @@ impl<'m> GpuRun<'m> {
             .pop_front()
             .ok_or_else(|| AgentError::Gpu("no chain in flight".into()))?;
         let chain = &mut self.chains[c];
-        chain.wait().map_err(vk)?;
+        // asleep: the other chain is queued behind this one, so the device does not wait for
+        // the host to wake (the host is the power button, not a spinning core)
+        chain.wait_sleeping(WAKE_INTERVAL).map_err(vk)?;
         let gpu_ns = match self.profile.as_mut() {
             Some(total) => {
                 let times = chain.timings().map_err(vk)?.unwrap_or_default();
