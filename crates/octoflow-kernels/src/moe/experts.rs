@@ -287,8 +287,9 @@ impl MoeExperts {
     }
 
     /// The same kernels, grouped products on cooperative matrices in tiles of 16 pairs where
-    /// the largest group can have at most `max_group` pairs ([`crate::Tuning::moe_coop_narrow_max`]):
-    /// several streams' decode steps, ~n_used / n_expert of their tokens an expert.
+    /// the largest group can have at most `max_group` pairs
+    /// ([`crate::Tuning::moe_coop_narrow_max`]): several streams' decode steps, ~n_used /
+    /// n_expert of their tokens an expert.
     pub fn with_coop_narrow(mut self, max_group: u32) -> Self {
         self.coop_narrow_max = max_group;
         self
