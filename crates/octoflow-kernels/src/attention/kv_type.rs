@@ -211,7 +211,12 @@ pub(crate) fn check_q8(got: &[f32], exact: &[f32], rel: f32) -> std::result::Res
         let skew = (f16::from_f32(d).to_f32() - d).abs() / d.max(f32::MIN_POSITIVE);
         for (i, (&g, &x)) in gs.iter().zip(xs).enumerate() {
             let e = (g - x).abs();
-            let bound = 0.5 * d * (1.0 + skew) + x.abs() * (skew + rel) + 1e-6 * d;
+            // plus the f32 rounding of `g - x` and of the bound itself, which a value at a tie
+            // (x = (q + 1/2) d, rounded away from zero) meets exactly
+            let bound = 0.5 * d * (1.0 + skew)
+                + x.abs() * (skew + rel)
+                + 1e-6 * d
+                + 4.0 * f32::EPSILON * x.abs();
             if e.is_nan() || e > bound {
                 return Err(format!(
                     "block {b} value {i}: {g} for {x} (max |x| of the block {amax}: more than half a step off)"
