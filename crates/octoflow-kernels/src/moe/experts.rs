@@ -500,30 +500,22 @@ impl MoeExperts {
                     && u64::from(a.n_pairs)
                         >= u64::from(self.coop_wide_min) * u64::from(a.n_expert);
                 let narrow = coop && !wide && g.max_group <= self.coop_narrow_max;
-                let [tm, tn] = match (coop, wide, up.is_some()) {
-                    (true, false, true) if narrow => COOP_TILE_GLU_NARROW,
-                    (true, false, false) if narrow => COOP_TILE_NARROW,
-                    (true, false, true) => COOP_TILE_GLU,
-                    (true, false, false) => COOP_TILE,
-                    (true, true, true) => COOP_TILE_GLU_WIDE,
-                    (true, true, false) => COOP_TILE_WIDE,
-                    (false, ..) => [MATMUL_TM, MATMUL_TN],
+                // the pipelines and their tile (rows, pairs)
+                let (set, [tm, tn]) = match (coop, up.is_some()) {
+                    (true, true) if wide => (&self.matmul_coop_glu_wide, COOP_TILE_GLU_WIDE),
+                    (true, false) if wide => (&self.matmul_coop_wide, COOP_TILE_WIDE),
+                    (true, true) if narrow => (&self.matmul_coop_glu_narrow, COOP_TILE_GLU_NARROW),
+                    (true, false) if narrow => (&self.matmul_coop_narrow, COOP_TILE_NARROW),
+                    (true, true) => (&self.matmul_coop_glu, COOP_TILE_GLU),
+                    (true, false) => (&self.matmul_coop, COOP_TILE),
+                    (false, true) => (&self.matmul_glu, [MATMUL_TM, MATMUL_TN]),
+                    (false, false) => (&self.matmul, [MATMUL_TM, MATMUL_TN]),
                 };
                 let groups = [
                     w.n_rows.div_ceil(tm),
                     g.max_group.max(1).div_ceil(tn),
                     w.n_experts,
                 ];
-                let set = match (coop, up.is_some()) {
-                    (true, true) if wide => &self.matmul_coop_glu_wide,
-                    (true, false) if wide => &self.matmul_coop_wide,
-                    (true, true) if narrow => &self.matmul_coop_glu_narrow,
-                    (true, false) if narrow => &self.matmul_coop_narrow,
-                    (true, true) => &self.matmul_coop_glu,
-                    (true, false) => &self.matmul_coop,
-                    (false, true) => &self.matmul_glu,
-                    (false, false) => &self.matmul,
-                };
                 (set[ti].get(ctx, [0; 7])?, groups)
             }
         };
